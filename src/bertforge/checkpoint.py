@@ -1,0 +1,291 @@
+"""Checkpoint folders: ``config.json`` + ``model.safetensors`` (+ tokenizer files), transformers' layout.
+
+Reading accepts what the ecosystem writes: bertforge and transformers folders, safetensors single
+files or shards (``model.safetensors.index.json``), ``pytorch_model.bin`` (single or sharded,
+read with ``torch.load(weights_only=True)``: nothing is unpickled beyond plain tensors), bare
+`BertModel` checkpoints without the ``bert.`` prefix, and the old ``LayerNorm.gamma / beta`` names.
+Writing is atomic per file. Problems with a checkpoint are errors that name the offending keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertforge.config import BertConfig
+from bertforge.heads import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertforge.io import atomic_path
+from bertforge.modeling import BertModel, BertPreTrainedModel
+
+__all__ = [
+    "CheckpointError",
+    "LoadReport",
+    "MODEL_CLASSES",
+    "read_state_dict",
+    "load_pretrained",
+    "save_pretrained",
+    "convert",
+]
+
+logger = logging.getLogger("bertforge")
+
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    c.__name__: c
+    for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+              BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
+}
+# Keys of the bare encoder inside a head model; the pooler may be absent (MLM / tagging / QA
+# checkpoints have none) and is then created fresh.
+_ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+
+M = TypeVar("M", bound=BertPreTrainedModel)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded as asked: the message names the file and keys."""
+
+
+@dataclass
+class LoadReport:
+    """What loading did beyond a one-to-one copy (also logged as warnings)."""
+
+    newly_initialized: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    reinitialized_mismatched: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- reading
+def _weights_files(folder: Path) -> list[Path]:
+    for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
+        index = folder / index_name
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{index}: not a valid shard index ({e})") from e
+            files = [folder / name for name in sorted(set(weight_map.values()))]
+            absent = [str(f) for f in files if not f.is_file()]
+            if absent:
+                raise CheckpointError(f"{index} lists shards that are missing: {', '.join(absent)}")
+            return files
+    for name in (SAFETENSORS_NAME, BIN_NAME):
+        if (folder / name).is_file():
+            return [folder / name]
+    present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    raise CheckpointError(
+        f"{folder}: no weights found (expected {SAFETENSORS_NAME}, {SAFETENSORS_INDEX}, {BIN_NAME} "
+        f"or {BIN_INDEX}); the folder holds: {', '.join(present) or 'nothing'}"
+    )
+
+
+def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder, on the CPU, with their stored names."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a checkpoint folder (it does not exist or is not a directory)")
+    state: dict[str, torch.Tensor] = {}
+    for path in _weights_files(folder):
+        try:
+            if path.name.endswith(".safetensors"):
+                part = load_file(path)
+            else:
+                part = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - safetensors, zip and unpickler errors all mean "unreadable"
+            raise CheckpointError(f"{path}: cannot read weights (truncated or not a checkpoint?): {e}") from e
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise CheckpointError(f"{path}: expected a mapping of names to tensors")
+        state.update(part)
+    return state
+
+
+def _normalize_keys(state: dict[str, torch.Tensor], model: BertPreTrainedModel, source: str) -> dict[str, torch.Tensor]:
+    """Bring ecosystem variants of BERT's names to this model's names."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.endswith("LayerNorm.gamma"):
+            key = key[: -len("gamma")] + "weight"
+        elif key.endswith("LayerNorm.beta"):
+            key = key[: -len("beta")] + "bias"
+        if key.endswith("embeddings.position_ids"):  # a buffer older transformers saved
+            continue
+        out[key] = value
+
+    # The MLM decoder is tied to the word embeddings: an explicit copy must be that same matrix.
+    decoder = out.pop("cls.predictions.decoder.weight", None)
+    embeddings = out.get("bert.embeddings.word_embeddings.weight")
+    if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
+        raise CheckpointError(f"{source}: cls.predictions.decoder.weight differs from the word embeddings; "
+                              "bertforge's MLM decoder is always tied to them")
+    decoder_bias = out.pop("cls.predictions.decoder.bias", None)
+    if decoder_bias is not None:
+        out.setdefault("cls.predictions.bias", decoder_bias)
+
+    prefix = model.base_model_prefix + "."
+    has_prefix = any(k.startswith(prefix) for k in out)
+    if isinstance(model, BertModel):
+        if has_prefix:  # a head model's checkpoint loaded as the bare encoder: keep its encoder
+            out = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in out.items()}
+    elif not has_prefix:  # a bare encoder's checkpoint loaded under a head
+        out = {prefix + k if k.startswith(_ENCODER_PREFIXES) else k: v for k, v in out.items()}
+    return out
+
+
+# ---------------------------------------------------------------------------- loading
+def load_pretrained(
+    cls: type[M],
+    folder: str | Path,
+    *,
+    config: BertConfig | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    ignore_mismatched_sizes: bool = False,
+    **config_overrides: Any,
+) -> M:
+    """Build ``cls`` from a checkpoint folder.
+
+    Keys the class's own fresh head needs (e.g. ``classifier.*`` when fine-tuning from a
+    pre-trained encoder) and a missing pooler are initialised and reported; keys of other BERT
+    heads are ignored and reported. Anything else — missing encoder weights, unknown keys,
+    wrong shapes — raises `CheckpointError` naming the keys. ``ignore_mismatched_sizes`` lets a
+    head of a different size (say 3 labels instead of 2) be re-initialised instead.
+    ``config_overrides`` change config fields first (``num_labels=3``, ``hidden_dropout_prob=0``).
+    """
+    folder = Path(folder)
+    if config is None:
+        try:
+            config = BertConfig.load(folder)
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{folder}: not a checkpoint folder ({e})") from e
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
+    if config_overrides:
+        config = config.replace(**config_overrides)
+    model = cls(config)
+    source = str(folder)
+    state = _normalize_keys(read_state_dict(folder), model, source)
+    expected = model.state_dict()
+
+    prefix = "" if isinstance(model, BertModel) else model.base_model_prefix + "."
+    freshable = tuple(cls._fresh_head_prefixes) + (prefix + "pooler.",)
+    other_heads = _HEAD_PREFIXES + (prefix + "pooler.",)
+
+    report = LoadReport()
+    missing = [k for k in expected if k not in state]
+    hard_missing = [k for k in missing if not k.startswith(freshable)]
+    if hard_missing:
+        raise CheckpointError(f"{source}: weights missing from the checkpoint for {cls.__name__}: "
+                              f"{_names(hard_missing)}")
+    report.newly_initialized = missing
+
+    unexpected = [k for k in state if k not in expected]
+    hard_unexpected = [k for k in unexpected if not k.startswith(other_heads)]
+    if hard_unexpected:
+        raise CheckpointError(
+            f"{source}: the checkpoint has weights {cls.__name__} does not know (does config.json match "
+            f"the weights?): {_names(hard_unexpected)}"
+        )
+    report.ignored = unexpected
+
+    mismatched = [(k, tuple(state[k].shape), tuple(expected[k].shape))
+                  for k in expected if k in state and state[k].shape != expected[k].shape]
+    if mismatched:
+        fixable = ignore_mismatched_sizes and all(k.startswith(freshable) for k, _, _ in mismatched)
+        if not fixable:
+            details = "; ".join(f"{k}: checkpoint {a}, model {b}" for k, a, b in mismatched[:10])
+            more = f" (+{len(mismatched) - 10} more)" if len(mismatched) > 10 else ""
+            hint = (" (pass ignore_mismatched_sizes=True to re-initialise a task head of another size)"
+                    if all(k.startswith(freshable) for k, _, _ in mismatched) else "")
+            raise CheckpointError(f"{source}: shapes differ between checkpoint and config: {details}{more}{hint}")
+        for k, _, _ in mismatched:
+            del state[k]
+        report.reinitialized_mismatched = [k for k, _, _ in mismatched]
+
+    state = {k: v for k, v in state.items() if k in expected}
+    model.load_state_dict(state, strict=False)
+    if report.newly_initialized or report.reinitialized_mismatched:
+        logger.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, source,
+                       _names(report.newly_initialized + report.reinitialized_mismatched))
+    if report.ignored:
+        logger.info("%s: ignored checkpoint weights of other heads in %s: %s", cls.__name__, source,
+                    _names(report.ignored))
+    model.load_report = report  # type: ignore[attr-defined]
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    return model
+
+
+def _names(keys: list[str], limit: int = 12) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+# ---------------------------------------------------------------------------- saving
+def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: Any = None) -> None:
+    """Write ``config.json``, ``model.safetensors`` and, if given, the tokenizer's files.
+
+    Each file is replaced atomically, weights first, so a crash leaves either the old checkpoint or
+    the new weights beside the old config of the same model.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    with atomic_path(folder / SAFETENSORS_NAME) as tmp:
+        save_file(state, tmp, metadata={"format": "pt"})
+    model.config.replace(architectures=[type(model).__name__]).save(folder / "config.json")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+
+
+def infer_model_class(folder: str | Path) -> type[BertPreTrainedModel]:
+    """The class a folder was saved from: ``architectures`` in config.json, else from its keys."""
+    config = BertConfig.load(folder)
+    for name in config.architectures or []:
+        if name in MODEL_CLASSES:
+            return MODEL_CLASSES[name]
+    keys = set(read_state_dict(folder))
+    if any("seq_relationship" in k for k in keys):
+        return BertForPreTraining
+    if any(k.startswith("cls.predictions") for k in keys):
+        return BertForMaskedLM
+    if any(k.startswith("qa_outputs") for k in keys):
+        return BertForQuestionAnswering
+    if "classifier.weight" in keys:
+        raise CheckpointError(f"{folder}: has a classifier but config.json names no architecture; "
+                              "pass the model class explicitly")
+    return BertModel
+
+
+def convert(src: str | Path, dst: str | Path, *, model_class: str | None = None,
+            dtype: torch.dtype | None = None) -> type[BertPreTrainedModel]:
+    """Re-write any BERT checkpoint folder as a canonical bertforge / transformers folder.
+
+    The tokenizer (``vocab.txt`` and settings) is carried over when present. Returns the class used.
+    """
+    cls = MODEL_CLASSES[model_class] if model_class else infer_model_class(src)
+    model = load_pretrained(cls, src, dtype=dtype)
+    tokenizer = None
+    if (Path(src) / "vocab.txt").is_file():
+        from bertforge.tokenization import BertTokenizer
+
+        tokenizer = BertTokenizer.from_pretrained(src)
+    save_pretrained(model, dst, tokenizer=tokenizer)
+    return cls

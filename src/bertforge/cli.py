@@ -1,0 +1,166 @@
+"""The ``bertforge`` command line: a table of subcommands, each a thin wrapper over a plain function.
+
+    bertforge vocab      learn a WordPiece vocab.txt from text files   (bertforge.vocab.learn_vocab)
+    bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
+    bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
+    bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
+    bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "COMMANDS"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------- vocab
+def _vocab_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", help="text files (plain, .gz, .bz2 or .xz), read line by line")
+    p.add_argument("--out", "-o", required=True, help="folder to write vocab.txt and tokenizer settings into")
+    p.add_argument("--vocab-size", type=int, default=30522, help="size of the vocab, special tokens included")
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
+    p.add_argument("--min-frequency", type=int, default=2, help="ignore pieces seen fewer times")
+    p.add_argument("--limit-alphabet", type=int, default=1000, help="keep at most this many distinct characters")
+    p.add_argument("--num-unused", type=int, default=99,
+                   help="[unused] slots (99 reproduces Google's layout: [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103)")
+
+
+def _vocab(a: argparse.Namespace) -> int:
+    from bertforge.vocab import learn_vocab
+
+    tok = learn_vocab(a.files, a.out, vocab_size=a.vocab_size, do_lower_case=not a.cased,
+                      min_frequency=a.min_frequency, limit_alphabet=a.limit_alphabet, num_unused=a.num_unused)
+    print(f"wrote {Path(a.out) / 'vocab.txt'}: {tok.vocab_size} entries")
+    return 0
+
+
+# ---------------------------------------------------------------------------- tokenize
+def _tokenize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", "-t", required=True, help="checkpoint folder or vocab.txt")
+    p.add_argument("text", nargs="*", help="texts to tokenize (default: one per line from stdin)")
+    p.add_argument("--pair", help="a second segment, encoded as [CLS] text [SEP] pair [SEP]")
+    p.add_argument("--jsonl", action="store_true", help="print JSON lines (tokens, input_ids, token_type_ids)")
+
+
+def _tokenize(a: argparse.Namespace) -> int:
+    from bertforge.tokenization import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(a.tokenizer)
+    texts = a.text or [line.rstrip("\n") for line in sys.stdin]
+    for text in texts:
+        enc = tok(text, a.pair)
+        tokens = tok.convert_ids_to_tokens(enc["input_ids"])
+        if a.jsonl:
+            print(json.dumps({"text": text, "tokens": tokens, "input_ids": enc["input_ids"],
+                              "token_type_ids": enc["token_type_ids"]}, ensure_ascii=False))
+        else:
+            print(" ".join(tokens))
+    return 0
+
+
+# ---------------------------------------------------------------------------- convert / info
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.checkpoint import MODEL_CLASSES
+
+    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin)")
+    p.add_argument("dst", help="folder to write config.json + model.safetensors (+ tokenizer files) into")
+    p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
+                   help="class to load as (default: config.json's architectures, else inferred from the weights)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), help="cast the weights (default: keep float32)")
+
+
+def _convert(a: argparse.Namespace) -> int:
+    from bertforge.checkpoint import convert
+
+    cls = convert(a.src, a.dst, model_class=a.model_class, dtype=_DTYPES[a.dtype] if a.dtype else None)
+    print(f"wrote {a.dst} as {cls.__name__}")
+    return 0
+
+
+def _info_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="a checkpoint folder")
+
+
+def _info(a: argparse.Namespace) -> int:
+    from bertforge.checkpoint import infer_model_class, read_state_dict
+    from bertforge.config import BertConfig
+
+    config = BertConfig.load(a.checkpoint)
+    state = read_state_dict(a.checkpoint)
+    cls = infer_model_class(a.checkpoint)
+    params = sum(t.numel() for t in state.values())
+    dtypes = sorted({str(t.dtype).replace("torch.", "") for t in state.values()})
+    print(f"{a.checkpoint}: {cls.__name__}, {params:,} parameters ({', '.join(dtypes)})")
+    print(f"  L={config.num_hidden_layers} H={config.hidden_size} A={config.num_attention_heads} "
+          f"I={config.intermediate_size} V={config.vocab_size} positions={config.max_position_embeddings} "
+          f"act={config.hidden_act}")
+    if config.id2label:
+        print(f"  labels: {config.id2label}")
+    has_vocab = (Path(a.checkpoint) / "vocab.txt").is_file()
+    print(f"  tokenizer: {'vocab.txt present' if has_vocab else 'none in this folder'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- demo
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="folder for the demo's outputs")
+
+
+def _demo(a: argparse.Namespace) -> int:
+    from bertforge.demo import run_demo
+
+    run_demo(a.out)
+    return 0
+
+
+# name -> (help, add arguments, run)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "vocab": ("learn a WordPiece vocab.txt from text files", _vocab_args, _vocab),
+    "tokenize": ("show the WordPiece tokens and ids of text", _tokenize_args, _tokenize),
+    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors)",
+                _convert_args, _convert),
+    "info": ("describe a checkpoint folder", _info_args, _info),
+    "demo": ("run the end-to-end demo on real data", _demo_args, _demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bertforge import __version__
+
+    parser = argparse.ArgumentParser(prog="bertforge", description="BERT, as the paper describes it.")
+    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, add_args, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        # Bad input is the user's to fix: one clear line, no traceback (use -v to see one).
+        if args.verbose:
+            raise
+        print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

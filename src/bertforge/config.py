@@ -1,0 +1,198 @@
+"""The model configuration: a typed dataclass whose defaults are BERT-base.
+
+`BertConfig` reads and writes transformers' ``config.json`` keys unchanged, so a folder moves
+between the two libraries as it is. Keys bertforge does not use are kept in ``extra`` and written
+back, so a round trip through bertforge loses nothing a transformers user put there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertforge import __version__
+from bertforge.io import atomic_write_text
+
+__all__ = ["BertConfig", "PRESETS", "ACTIVATIONS"]
+
+# hidden_act names as transformers spells them. "gelu" is the exact erf form (transformers' default);
+# Google's TF release used the tanh approximation, which transformers calls "gelu_new".
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python", "relu", "silu", "swish")
+
+
+@dataclass
+class BertConfig:
+    """BERT hyper-parameters (defaults: BERT-base, uncased English vocab)."""
+
+    vocab_size: int = 30522
+    """Rows of the word-embedding matrix (30522 for Google's English uncased vocab)."""
+    hidden_size: int = 768
+    """H: width of every hidden state."""
+    num_hidden_layers: int = 12
+    """L: number of Transformer blocks."""
+    num_attention_heads: int = 12
+    """A: attention heads per block; H must be divisible by A."""
+    intermediate_size: int = 3072
+    """Width of the feed-forward inner layer (4H in the paper)."""
+    hidden_act: str = "gelu"
+    """Feed-forward activation: "gelu" (exact, erf) or "gelu_new" (tanh approximation, the TF release)."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and on each residual branch."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on attention probabilities."""
+    max_position_embeddings: int = 512
+    """Learned absolute positions: the longest sequence the model accepts."""
+    type_vocab_size: int = 2
+    """Segment (token type) embeddings: A and B."""
+    initializer_range: float = 0.02
+    """Std of the normal initialiser for weights."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon, everywhere (BERT uses 1e-12, not PyTorch's 1e-5)."""
+    pad_token_id: int = 0
+    """Id of [PAD] (used for the padding_idx of the word embeddings)."""
+    classifier_dropout: float | None = None
+    """Dropout before task classifiers; None means hidden_dropout_prob."""
+    num_labels: int = 2
+    """Outputs of the sequence / token classification heads (1 = regression)."""
+    problem_type: str | None = None
+    """"regression", "single_label_classification" or "multi_label_classification"; None = infer."""
+    id2label: dict[int, str] | None = None
+    """Label names by class index, saved with fine-tuned checkpoints."""
+    architectures: list[str] | None = None
+    """Class names the weights were saved from (transformers' convention)."""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    """config.json keys bertforge does not use, kept so a round trip loses nothing."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
+            raise ValueError(f"unknown problem_type {self.problem_type!r}")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            self.num_labels = len(self.id2label)
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def label2id(self) -> dict[str, int] | None:
+        return None if self.id2label is None else {v: k for k, v in self.id2label.items()}
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "BertConfig":
+        """One of the paper's sizes: tiny, mini, small, medium, base, large (A = H/64, I = 4H)."""
+        try:
+            layers, hidden = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+        sizes = dict(num_hidden_layers=layers, hidden_size=hidden,
+                     num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+        return cls(**{**sizes, **overrides})
+
+    # ---------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        """transformers-compatible ``config.json`` contents."""
+        out: dict[str, Any] = dict(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name in ("extra", "id2label", "num_labels"):
+                continue
+            out[f.name] = getattr(self, f.name)
+        if self.architectures is None:
+            out.pop("architectures")
+        if self.id2label is not None:
+            out["id2label"] = {str(k): v for k, v in self.id2label.items()}
+            out["label2id"] = self.label2id
+        else:
+            # transformers derives num_labels from id2label; with no names it reads num_labels.
+            out["num_labels"] = self.num_labels
+        out["model_type"] = "bert"
+        out.setdefault("tie_word_embeddings", True)
+        out["bertforge_version"] = __version__
+        return dict(sorted(out.items()))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "BertConfig":
+        """Build from transformers' ``config.json`` keys; unknown keys go to ``extra``."""
+        data = dict(data)
+        model_type = data.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(f"{source}: model_type is {model_type!r}, expected 'bert'")
+        if data.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{source}: only absolute position embeddings are supported "
+                             f"(got {data['position_embedding_type']!r})")
+        if data.get("is_decoder") or data.get("add_cross_attention"):
+            raise ValueError(f"{source}: decoder / cross-attention BERT variants are not supported")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs = {k: data.pop(k) for k in list(data) if k in known}
+        data.pop("label2id", None)
+        data.pop("bertforge_version", None)
+        # Keys `to_dict` always writes itself: kept out of `extra` so save -> load gives an equal config.
+        data.pop("model_type", None)
+        if data.get("tie_word_embeddings") is True:
+            del data["tie_word_embeddings"]
+        if kwargs.get("id2label") is not None and "num_labels" in kwargs:
+            if int(kwargs["num_labels"]) != len(kwargs["id2label"]):
+                raise ValueError(f"{source}: num_labels {kwargs['num_labels']} does not match "
+                                 f"{len(kwargs['id2label'])} entries of id2label")
+        # transformers writes default id2label {"0": "LABEL_0", ...}; keep it only if meaningful.
+        if kwargs.get("id2label") and all(v == f"LABEL_{k}" for k, v in kwargs["id2label"].items()):
+            kwargs["num_labels"] = len(kwargs.pop("id2label"))
+        try:
+            return cls(**kwargs, extra=data)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from e
+
+    def save(self, path: str | Path) -> None:
+        """Write ``config.json`` atomically."""
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BertConfig":
+        """Read a ``config.json`` (or the folder holding one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        return cls.from_dict(data, source=str(path))
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        # id2label decides num_labels in __post_init__; a new num_labels must not be overruled by the
+        # old label names (``from_pretrained(folder, num_labels=3)`` on a 2-label checkpoint).
+        if ("num_labels" in changes and "id2label" not in changes and self.id2label is not None
+                and len(self.id2label) != changes["num_labels"]):
+            changes["id2label"] = None
+        return dataclasses.replace(self, **changes)
+
+
+# (layers, hidden) of the paper's models and of Google's 24 smaller BERTs.
+PRESETS: dict[str, tuple[int, int]] = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}

@@ -1,0 +1,324 @@
+"""Task heads on top of `BertModel`: pre-training (MLM + NSP), masked LM, sequence classification /
+regression, token classification, span QA and multiple choice.
+
+Each class keeps transformers' attribute names (``bert``, ``cls.predictions``, ``cls.seq_relationship``,
+``classifier``, ``qa_outputs``) so its state dict is transformers' checkpoint format. Heads compute
+logits; the loss, when labels are given, comes from the plain functions in `bertforge.losses`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge import losses
+from bertforge.config import BertConfig
+from bertforge.modeling import BertModel, BertPreTrainedModel, activation
+
+__all__ = [
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "gather_positions",
+]
+
+
+# ---------------------------------------------------------------------------- outputs
+@dataclass
+class ModelOutput:
+    """Named outputs; also readable as ``out["logits"]`` like transformers' outputs."""
+
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+
+@dataclass
+class BertForPreTrainingOutput(ModelOutput):
+    prediction_logits: torch.Tensor | None = None  # (B, T, V), or (B, P, V) at masked_positions
+    seq_relationship_logits: torch.Tensor | None = None  # (B, 2): 0 = IsNext, 1 = NotNext
+
+
+@dataclass
+class MaskedLMOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # (B, T, V), or (B, P, V) at masked_positions
+
+
+@dataclass
+class SequenceClassifierOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # (B, num_labels)
+
+
+@dataclass
+class TokenClassifierOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # (B, T, num_labels)
+
+
+@dataclass
+class QuestionAnsweringModelOutput(ModelOutput):
+    start_logits: torch.Tensor | None = None  # (B, T)
+    end_logits: torch.Tensor | None = None  # (B, T)
+
+
+@dataclass
+class MultipleChoiceModelOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # (B, C): one score per choice
+
+
+# ---------------------------------------------------------------------------- MLM / NSP heads
+def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """hidden (B, T, H), positions (B, P) -> (B, P, H): the states at the positions to predict."""
+    index = positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, index)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Dense -> act -> LayerNorm -> decoder tied to the word embeddings, plus an output bias (V,).
+
+    The decoder weight is not a parameter of its own: it *is* the word-embedding matrix, passed in
+    at call time, so tying can never come undone (load, ``.to()``, DDP, FSDP wrapping).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(hidden), word_embeddings, self.bias)  # (..., V)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class _MLMMixin:
+    """Shared MLM logic: logits at every position, or only where predictions are wanted."""
+
+    bert: BertModel
+    cls: BertOnlyMLMHead | BertPreTrainingHeads
+
+    def _mlm_logits(self, sequence_output: torch.Tensor, masked_positions: torch.Tensor | None) -> torch.Tensor:
+        # The full (B, T, V) projection dominates the cost of small BERTs; with masked_positions
+        # (B, P) only the P predicted positions are projected: (B, P, V).
+        if masked_positions is not None:
+            sequence_output = gather_positions(sequence_output, masked_positions)
+        return self.cls.predictions(sequence_output, self.bert.embeddings.word_embeddings.weight)
+
+
+class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
+    """BERT with the paper's two pre-training heads: masked LM and next sentence prediction."""
+
+    _fresh_head_prefixes = ("cls.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> BertForPreTrainingOutput:
+        """labels: (B, T) token ids to predict, -100 elsewhere; or (B, P) aligned with
+        ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        prediction_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        loss = None
+        if labels is not None:
+            loss = losses.pretraining_loss(prediction_logits, nsp_logits, labels, next_sentence_label)
+        return BertForPreTrainingOutput(loss=loss, prediction_logits=prediction_logits,
+                                        seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states)
+
+
+class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
+    """BERT with the masked-LM head only (no pooler, no NSP): fill-mask, MLM-only pre-training."""
+
+    _fresh_head_prefixes = ("cls.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> MaskedLMOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self._mlm_logits(out.last_hidden_state, masked_positions)
+        loss = losses.masked_lm_loss(logits, labels) if labels is not None else None
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+# ---------------------------------------------------------------------------- fine-tuning heads
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Dropout + Linear on the pooled [CLS] output: classification, or regression with num_labels=1."""
+
+    _fresh_head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> SequenceClassifierOutput:
+        """labels: (B,) class ids, (B,) floats for regression, or (B, C) multi-hot for multi-label."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
+        loss = None
+        if labels is not None:
+            loss = losses.sequence_classification_loss(logits, labels, self.config.problem_type)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Dropout + Linear on every token's final hidden state (tagging, e.g. NER)."""
+
+    _fresh_head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> TokenClassifierOutput:
+        """labels: (B, T) tag ids, -100 on sub-word continuations, specials and padding."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C)
+        loss = losses.token_classification_loss(logits, labels) if labels is not None else None
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Linear(H, 2) on every token: a start and an end score for extractive span QA (SQuAD)."""
+
+    _fresh_head_prefixes = ("qa_outputs.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> QuestionAnsweringModelOutput:
+        """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # 2 x (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = losses.span_loss(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
+                                            end_logits=end_logits.contiguous(), hidden_states=out.hidden_states)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """One score per (context, choice) sequence from the pooled output; softmax over the choices."""
+
+    _fresh_head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> MultipleChoiceModelOutput:
+        """input_ids, attention_mask, token_type_ids: (B, C, T), C choices; labels: (B,) right choice."""
+        if input_ids.dim() != 3:
+            raise ValueError(f"input_ids must be (batch, choices, length), got {tuple(input_ids.shape)}")
+        B, C, T = input_ids.shape
+
+        def flat(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.reshape(B * C, T)
+
+        out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states)
+        logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # (B, C)
+        loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
+        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)

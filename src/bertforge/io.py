@@ -1,0 +1,67 @@
+"""Crash-safe file writes: write a temporary file beside the target, fsync, then rename over it.
+
+A reader (or a resumed run) sees either the old file or the new one in full, never a torn write,
+whatever kills the writer (exception, SIGKILL, power loss after the fsync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes"]
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary path in ``target``'s folder; on success it replaces ``target`` atomically.
+
+    Use it with writers that want a file name (e.g. ``safetensors.torch.save_file``). On an
+    exception the temporary file is removed and ``target`` is left untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Make the rename itself durable; not every platform lets a directory be opened.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write(target: str | Path, mode: str, data: str | bytes, **kw: str) -> None:
+    with atomic_path(target) as tmp:
+        f: IO
+        with open(tmp, mode, **kw) as f:
+            f.write(data)
+
+
+def atomic_write_text(target: str | Path, text: str) -> None:
+    """Replace ``target`` with ``text`` (UTF-8) atomically."""
+    _write(target, "w", text, encoding="utf-8")
+
+
+def atomic_write_bytes(target: str | Path, data: bytes) -> None:
+    """Replace ``target`` with ``data`` atomically."""
+    _write(target, "wb", data)

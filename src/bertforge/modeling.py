@@ -1,0 +1,317 @@
+"""The BERT encoder: embeddings, self-attention, post-LN Transformer blocks, pooler, `BertModel`.
+
+Shape letters used in comments:
+    B batch, T sequence length, H hidden size, A attention heads, D head size (H / A),
+    I intermediate size, N real (non-padding) tokens in a batch, V vocab size.
+
+Module and parameter names are transformers' (``embeddings.word_embeddings``,
+``encoder.layer.N.attention.self.query``, ...) because the state dict *is* the checkpoint format:
+keeping the names lets weights move between the two libraries with no conversion table.
+
+Speed, without changing the maths:
+  * attention runs through ``scaled_dot_product_attention`` (flash / memory-efficient kernels
+    where the device has them);
+  * the query, key and value projections run as one matrix product;
+  * when a batch has padding, every dense layer runs on the N real tokens only ("unpadding");
+    only attention sees the padded (B, T) layout. Outputs at padding positions are then zero,
+    where transformers returns values computed from padding; no real position is affected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.config import BertConfig
+
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation"]
+
+
+def activation(name: str):
+    """The feed-forward non-linearity named by ``hidden_act`` (transformers' names)."""
+    if name in ("gelu", "gelu_python"):
+        return F.gelu  # exact erf form
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")  # the TF release's approximation
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unknown hidden_act {name!r}")
+
+
+@dataclass
+class _Padding:
+    """Where the real tokens of a padded (B, T) batch are, for unpadding dense layers."""
+
+    indices: torch.Tensor  # (N,) flat positions in B*T of the real tokens
+    key_mask: torch.Tensor  # (B, 1, 1, T) bool, True = attend
+    batch: int
+    length: int
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...) with zeros at padding."""
+        out = x.new_zeros(self.batch * self.length, *x.shape[1:])
+        out = out.index_copy(0, self.indices, x)
+        return out.view(self.batch, self.length, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...)."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.indices)
+
+
+class BertEmbeddings(nn.Module):
+    """word + learned position + token type embeddings, summed, LayerNorm, dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=1e-5)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids, token_type_ids: (B, T) -> (B, T, H)
+        length = input_ids.shape[1]
+        positions = self.position_embeddings.weight[:length]  # (T, H), broadcast over B
+        x = self.word_embeddings(input_ids) + positions + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention over the whole sequence (no causal mask)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int]) -> torch.Tensor:
+        # x: (N, H) real tokens, or (B*T, H) when the batch has no padding
+        B, T = shape
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        qkv = F.linear(x, weight, bias)  # (N, 3H)
+        qkv = padding.pad(qkv) if padding is not None else qkv.view(B, T, -1)  # (B, T, 3H)
+        q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=padding.key_mask if padding is not None else None,
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )  # (B, A, T, D), softmax(QK^T / sqrt(D)) V
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
+        return padding.unpad(y) if padding is not None else y.view(B * T, -1)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dropout(self.dense(y)))  # post-LN
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int]) -> torch.Tensor:
+        return self.output(self.self(x, padding, shape), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))  # (N, I)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dropout(self.dense(y)))  # (N, H)
+
+
+class BertLayer(nn.Module):
+    """One post-LN block: h = LN(x + Attn(x)); out = LN(h + FFN(h))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int]) -> torch.Tensor:
+        h = self.attention(x, padding, shape)
+        return self.output(self.intermediate(h), h)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    """tanh(Dense(h_[CLS])): the sentence representation fed to NSP and sentence classifiers."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden[:, 0]))  # (B, T, H) -> (B, H)
+
+
+class BertPreTrainedModel(nn.Module):
+    """Base of every bertforge model: weight initialisation and checkpoint folders."""
+
+    base_model_prefix = "bert"
+    # Parameters a checkpoint may lack without error because this class creates them fresh
+    # (task heads); prefixes of state-dict keys.
+    _fresh_head_prefixes: tuple[str, ...] = ()
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        self.apply(self._init_module)
+        self.tie_weights()
+
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def tie_weights(self) -> None:
+        """Heads with an output embedding share it with the input embedding (MLM)."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    @classmethod
+    def from_pretrained(cls, folder, **kwargs):
+        """Load a bertforge or transformers BERT checkpoint folder (see `bertforge.checkpoint.load`)."""
+        from bertforge.checkpoint import load_pretrained
+
+        return load_pretrained(cls, folder, **kwargs)
+
+    def save_pretrained(self, folder, tokenizer=None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (+ the tokenizer files) atomically."""
+        from bertforge.checkpoint import save_pretrained
+
+        save_pretrained(self, folder, tokenizer=tokenizer)
+
+
+@dataclass
+class BertModelOutput:
+    """What `BertModel` returns (transformers' field names)."""
+
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor | None = None  # (B, H)
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, T, H): embeddings, each layer
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+class BertModel(BertPreTrainedModel):
+    """The bare encoder: embeddings -> L post-LN blocks -> (optional) pooler."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> BertModelOutput:
+        """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T)."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        padding = None
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != "
+                                 f"input_ids shape {tuple(input_ids.shape)}")
+            keep = attention_mask.bool()
+            if not bool(keep.all()):
+                padding = _Padding(
+                    indices=keep.reshape(-1).nonzero().squeeze(1),
+                    key_mask=keep[:, None, None, :],
+                    batch=B, length=T,
+                )
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = padding.unpad(x) if padding is not None else x.reshape(B * T, -1)  # (N, H)
+        layers = [x]
+        for layer in self.encoder.layer:
+            x = layer(x, padding, (B, T))
+            layers.append(x)
+
+        def full(h: torch.Tensor) -> torch.Tensor:
+            return padding.pad(h) if padding is not None else h.view(B, T, -1)
+
+        last = full(x)
+        return BertModelOutput(
+            last_hidden_state=last,
+            pooler_output=self.pooler(last) if self.pooler is not None else None,
+            hidden_states=tuple(full(h) for h in layers) if output_hidden_states else None,
+        )
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings

