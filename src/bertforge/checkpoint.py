@@ -150,6 +150,15 @@ def _normalize_keys(state: dict[str, torch.Tensor], model: BertPreTrainedModel, 
 
 
 # ---------------------------------------------------------------------------- loading
+def _load_config(folder: Path) -> BertConfig:
+    try:
+        return BertConfig.load(folder)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{folder}: not a checkpoint folder ({e})") from e
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+
+
 def load_pretrained(
     cls: type[M],
     folder: str | Path,
@@ -171,12 +180,7 @@ def load_pretrained(
     """
     folder = Path(folder)
     if config is None:
-        try:
-            config = BertConfig.load(folder)
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{folder}: not a checkpoint folder ({e})") from e
-        except ValueError as e:
-            raise CheckpointError(str(e)) from e
+        config = _load_config(folder)
     if config_overrides:
         config = config.replace(**config_overrides)
     model = cls(config)
@@ -251,13 +255,35 @@ def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: A
     with atomic_path(folder / SAFETENSORS_NAME) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     model.config.replace(architectures=[type(model).__name__]).save(folder / "config.json")
+    _remove_stale_shards(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
 
 
+def _remove_stale_shards(folder: Path) -> None:
+    """Delete shard indexes (and the shards they list) left by an earlier save into ``folder``.
+
+    Readers (ours and transformers') take an index before ``model.safetensors``, so a stale one
+    would silently load the old weights instead of those just written. Removed last, so a crash
+    before this point still leaves the old checkpoint complete.
+    """
+    for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
+        index = folder / index_name
+        if not index.is_file():
+            continue
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            shards = set()
+        index.unlink()
+        for name in shards:
+            if isinstance(name, str) and name == Path(name).name and name != SAFETENSORS_NAME:
+                (folder / name).unlink(missing_ok=True)
+
+
 def infer_model_class(folder: str | Path) -> type[BertPreTrainedModel]:
     """The class a folder was saved from: ``architectures`` in config.json, else from its keys."""
-    config = BertConfig.load(folder)
+    config = _load_config(Path(folder))
     for name in config.architectures or []:
         if name in MODEL_CLASSES:
             return MODEL_CLASSES[name]

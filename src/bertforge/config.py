@@ -122,7 +122,9 @@ class BertConfig:
             # transformers derives num_labels from id2label; with no names it reads num_labels.
             out["num_labels"] = self.num_labels
         out["model_type"] = "bert"
-        out.setdefault("tie_word_embeddings", True)
+        # bertforge's MLM decoder *is* the word-embedding matrix and is saved only once, so a reader
+        # must tie them (transformers would otherwise leave cls.predictions.decoder untrained).
+        out["tie_word_embeddings"] = True
         out["bertforge_version"] = __version__
         return dict(sorted(out.items()))
 
@@ -143,9 +145,9 @@ class BertConfig:
         data.pop("label2id", None)
         data.pop("bertforge_version", None)
         # Keys `to_dict` always writes itself: kept out of `extra` so save -> load gives an equal config.
+        # (An untied checkpoint is refused when its weights are read: the decoder must equal the embeddings.)
         data.pop("model_type", None)
-        if data.get("tie_word_embeddings") is True:
-            del data["tie_word_embeddings"]
+        data.pop("tie_word_embeddings", None)
         if kwargs.get("id2label") is not None and "num_labels" in kwargs:
             if int(kwargs["num_labels"]) != len(kwargs["id2label"]):
                 raise ValueError(f"{source}: num_labels {kwargs['num_labels']} does not match "
@@ -184,6 +186,7 @@ class BertConfig:
         if ("num_labels" in changes and "id2label" not in changes and self.id2label is not None
                 and len(self.id2label) != changes["num_labels"]):
             changes["id2label"] = None
+        changes.setdefault("extra", dict(self.extra))  # the copy must not share the dict
         return dataclasses.replace(self, **changes)
 
 

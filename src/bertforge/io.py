@@ -30,6 +30,9 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        # mkstemp (and some writers) create the file 0600; give it the mode an ordinary open() would
+        # (0666 minus umask), or a checkpoint written here would be unreadable to every other user.
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -38,6 +41,12 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it is to set it and put it back
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,0 +1,397 @@
+"""Parity with transformers on identical weights: every class, outputs, losses and gradients.
+
+Our model runs dense layers on real tokens only, so per-token outputs are compared at real
+(non-padding) positions; at padding ours returns zeros by design (see `bertforge.modeling`).
+Sequence-level outputs (pooler, NSP, classification, multiple choice) are compared in full.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertforge import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bertforge.heads import gather_positions
+
+CONFIGS = {
+    "L2-A4-gelu": dict(),
+    "L3-A6-gelu_new-I64-types3": dict(num_hidden_layers=3, hidden_size=48, num_attention_heads=6,
+                                      intermediate_size=64, hidden_act="gelu_new", type_vocab_size=3),
+    "L1-A8-gelu-I128-types1": dict(num_hidden_layers=1, num_attention_heads=8, intermediate_size=128,
+                                   type_vocab_size=1),
+}
+PADDING = {"unpadded": (11, 11, 11), "padded": (11, 7, 4)}
+
+config_params = pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+padding_params = pytest.mark.parametrize("lengths", PADDING.values(), ids=PADDING.keys())
+
+
+def _mlm_labels(batch, vocab_size: int, share: float = 0.3) -> torch.Tensor:
+    """(B, T) labels: a random id at ~30% of real positions (at least one per row), -100 elsewhere."""
+    mask = batch["attention_mask"].bool()
+    chosen = (torch.rand(mask.shape) < share) & mask
+    chosen[:, 1] = True
+    labels = torch.randint(0, vocab_size, mask.shape)
+    return labels.masked_fill(~chosen, -100)
+
+
+@pytest.fixture
+def pair(hf_twin, randomize):
+    """``pair(cls, config)`` -> (ours with random weights, transformers' twin), both in eval mode."""
+
+    def make(cls, config):
+        ours = randomize(cls(config)).eval()
+        return ours, hf_twin(ours)
+
+    return make
+
+
+# ---------------------------------------------------------------------------- BertModel
+@config_params
+@padding_params
+def test_bert_model(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides)
+    ours, theirs = pair(BertModel, config)
+    batch = make_batch(config, lengths)
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        a = ours(**batch, output_hidden_states=True)
+        b = theirs(**batch, output_hidden_states=True)
+    assert a.last_hidden_state.shape == (3, 11, config.hidden_size)
+    assert_close(a.last_hidden_state, b.last_hidden_state, mask, what="last_hidden_state")
+    assert_close(a.pooler_output, b.pooler_output, what="pooler_output")
+    assert len(a.hidden_states) == len(b.hidden_states) == config.num_hidden_layers + 1
+    for i, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
+        assert_close(x, y, mask, what=f"hidden_states[{i}]")
+    # by design: exact zeros at padding positions
+    assert torch.all(a.last_hidden_state[~mask.bool()] == 0)
+
+
+def test_left_padding_and_holes(tiny_config, pair, make_batch, assert_close):
+    """Any mask layout works, not only right padding: masked positions simply take no part."""
+    config = tiny_config()
+    ours, theirs = pair(BertModel, config)
+    batch = make_batch(config, (11, 11, 11))
+    mask = batch["attention_mask"]
+    mask[0, :4] = 0  # left padding
+    mask[1, 5:7] = 0  # a hole in the middle
+    with torch.no_grad():
+        a, b = ours(**batch), theirs(**batch)
+    assert_close(a.last_hidden_state, b.last_hidden_state, mask, what="last_hidden_state")
+    assert_close(a.pooler_output[1:], b.pooler_output[1:], what="pooler_output")  # row 0's [CLS] is masked
+
+
+def test_token_type_ids_matter_and_match(tiny_config, pair, make_batch, assert_close):
+    config = tiny_config()
+    ours, theirs = pair(BertModel, config)
+    batch = make_batch(config)
+    without = {k: v for k, v in batch.items() if k != "token_type_ids"}
+    with torch.no_grad():
+        a, b = ours(**batch).last_hidden_state, theirs(**batch).last_hidden_state
+        a0, b0 = ours(**without).last_hidden_state, theirs(**without).last_hidden_state
+    m = batch["attention_mask"]
+    assert_close(a, b, m)
+    assert_close(a0, b0, m)
+    assert (a - a0)[m.bool()].abs().max() > 1e-3  # segments do change the encoding
+
+
+def test_no_attention_mask_equals_all_ones(tiny_config, make_batch, assert_close):
+    config = tiny_config()
+    model = BertModel(config).eval()
+    batch = make_batch(config, (9, 9))
+    with torch.no_grad():
+        a = model(batch["input_ids"], token_type_ids=batch["token_type_ids"]).last_hidden_state
+        b = model(**batch).last_hidden_state
+    assert_close(a, b, atol=0)
+
+
+# ---------------------------------------------------------------------------- pre-training heads
+@config_params
+@padding_params
+def test_pretraining(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides)
+    ours, theirs = pair(BertForPreTraining, config)
+    batch = make_batch(config, lengths)
+    labels = _mlm_labels(batch, config.vocab_size)
+    nsp = torch.tensor([0, 1, 1])
+    with torch.no_grad():
+        a = ours(**batch, labels=labels, next_sentence_label=nsp)
+        b = theirs(**batch, labels=labels, next_sentence_label=nsp)
+    assert a.prediction_logits.shape == (3, 11, config.vocab_size)
+    assert_close(a.prediction_logits, b.prediction_logits, batch["attention_mask"], what="prediction_logits")
+    assert_close(a.seq_relationship_logits, b.seq_relationship_logits, what="seq_relationship_logits")
+    assert_close(a.loss, b.loss, what="loss")
+    assert a.loss.item() > 1.0  # a real loss near ln(V) + ln(2), not a degenerate zero
+
+
+@config_params
+@padding_params
+def test_masked_lm(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides)
+    ours, theirs = pair(BertForMaskedLM, config)
+    batch = make_batch(config, lengths)
+    labels = _mlm_labels(batch, config.vocab_size)
+    with torch.no_grad():
+        a, b = ours(**batch, labels=labels), theirs(**batch, labels=labels)
+    assert_close(a.logits, b.logits, batch["attention_mask"], what="logits")
+    assert_close(a.loss, b.loss, what="loss")
+
+
+# ---------------------------------------------------------------------------- fine-tuning heads
+SEQ_TASKS = {
+    "classification": (3, lambda: torch.tensor([0, 2, 1])),
+    "regression": (1, lambda: torch.tensor([0.5, -1.0, 2.0])),
+    "multi_label": (3, lambda: torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])),
+}
+
+
+@config_params
+@padding_params
+@pytest.mark.parametrize("task", SEQ_TASKS, ids=SEQ_TASKS.keys())
+def test_sequence_classification(task, overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    num_labels, make_labels = SEQ_TASKS[task]
+    config = tiny_config(**overrides, num_labels=num_labels)
+    ours, theirs = pair(BertForSequenceClassification, config)
+    batch = make_batch(config, lengths)
+    labels = make_labels()
+    with torch.no_grad():
+        a, b = ours(**batch, labels=labels), theirs(**batch, labels=labels)
+    assert a.logits.shape == (3, num_labels)
+    assert_close(a.logits, b.logits, what="logits")
+    assert_close(a.loss, b.loss, what="loss")
+    assert a.loss.item() > 0
+
+
+@config_params
+@padding_params
+def test_token_classification(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides, num_labels=5)
+    ours, theirs = pair(BertForTokenClassification, config)
+    batch = make_batch(config, lengths)
+    mask = batch["attention_mask"]
+    labels = torch.randint(0, 5, mask.shape).masked_fill(mask == 0, -100)
+    labels[:, 0] = -100  # [CLS]: no tag
+    with torch.no_grad():
+        a, b = ours(**batch, labels=labels), theirs(**batch, labels=labels)
+    assert a.logits.shape == (3, 11, 5)
+    assert_close(a.logits, b.logits, mask, what="logits")
+    assert_close(a.loss, b.loss, what="loss")
+
+
+@config_params
+@padding_params
+def test_question_answering(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides)
+    ours, theirs = pair(BertForQuestionAnswering, config)
+    batch = make_batch(config, lengths)
+    mask = batch["attention_mask"]
+    start, end = torch.tensor([3, 0, 2]), torch.tensor([5, 0, 3])
+    with torch.no_grad():
+        a = ours(**batch, start_positions=start, end_positions=end)
+        b = theirs(**batch, start_positions=start, end_positions=end)
+    assert a.start_logits.shape == a.end_logits.shape == (3, 11)
+    assert_close(a.start_logits, b.start_logits, mask, what="start_logits")
+    assert_close(a.end_logits, b.end_logits, mask, what="end_logits")
+    if lengths == PADDING["unpadded"]:
+        # With padding the softmax over positions also sees padding logits, which differ by design
+        # (ours: the head's bias; transformers: values computed from [PAD]); see test below.
+        assert_close(a.loss, b.loss, what="loss")
+
+
+def test_question_answering_out_of_range_positions(tiny_config, pair, make_batch, assert_close):
+    config = tiny_config()
+    ours, theirs = pair(BertForQuestionAnswering, config)
+    batch = make_batch(config, PADDING["unpadded"])
+    T = batch["input_ids"].shape[1]
+    start, end = torch.tensor([3, 40, -2]), torch.tensor([T + 7, 4, 1])  # beyond T: ignored; < 0: [CLS]
+    with torch.no_grad():
+        a = ours(**batch, start_positions=start, end_positions=end)
+        b = theirs(**batch, start_positions=start, end_positions=end)
+    assert_close(a.loss, b.loss, what="loss")
+    # the same loss by hand: start over rows 0 and 2 (2 -> position 0), end over rows 1 and 2
+    ce = torch.nn.functional.cross_entropy
+    expected = (ce(a.start_logits[[0, 2]], torch.tensor([3, 0]))
+                + ce(a.end_logits[[1, 2]], torch.tensor([4, 1]))) / 2
+    assert_close(a.loss, expected, atol=1e-6)
+
+
+def test_question_answering_padding_logits_are_constant(tiny_config, make_batch):
+    """The documented deviation behind the padded QA loss: padding scores are exactly the head bias."""
+    config = tiny_config()
+    model = BertForQuestionAnswering(config).eval()
+    torch.nn.init.normal_(model.qa_outputs.bias)
+    batch = make_batch(config, PADDING["padded"])
+    with torch.no_grad():
+        out = model(**batch)
+    pad = batch["attention_mask"] == 0
+    assert torch.equal(out.start_logits[pad], model.qa_outputs.bias[0].expand(int(pad.sum())))
+    assert torch.equal(out.end_logits[pad], model.qa_outputs.bias[1].expand(int(pad.sum())))
+
+
+@config_params
+@padding_params
+def test_multiple_choice(overrides, lengths, tiny_config, pair, make_batch, assert_close):
+    config = tiny_config(**overrides)
+    ours, theirs = pair(BertForMultipleChoice, config)
+    B, C = 2, 3
+    flat = make_batch(config, lengths * 2)  # B * C = 6 sequences of length 11
+    batch = {k: v.view(B, C, -1) for k, v in flat.items()}
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        a, b = ours(**batch, labels=labels), theirs(**batch, labels=labels)
+    assert a.logits.shape == (B, C)
+    assert_close(a.logits, b.logits, what="logits")
+    assert_close(a.loss, b.loss, what="loss")
+
+
+# ---------------------------------------------------------------------------- sparse MLM
+@pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
+def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close):
+    config = tiny_config()
+    model = cls(config).eval()
+    torch.nn.init.normal_(model.cls.predictions.bias)  # make the output bias count
+    batch = make_batch(config, PADDING["padded"])
+    # (B, P) with P = 3; row 2 uses only two slots: its third slot points at 0 with label -100
+    positions = torch.tensor([[1, 4, 9], [2, 3, 6], [1, 2, 0]])
+    sparse_labels = torch.tensor([[5, 17, 42], [8, 1, 98], [33, 7, -100]])
+    dense_labels = torch.full(batch["input_ids"].shape, -100)
+    for row in range(3):
+        for pos, lab in zip(positions[row], sparse_labels[row]):
+            if lab != -100:
+                dense_labels[row, pos] = lab
+    extra = {"next_sentence_label": torch.tensor([0, 1, 0])} if cls is BertForPreTraining else {}
+    key = "prediction_logits" if cls is BertForPreTraining else "logits"
+    with torch.no_grad():
+        dense = model(**batch, labels=dense_labels, **extra)
+        sparse = model(**batch, labels=sparse_labels, masked_positions=positions, **extra)
+    assert sparse[key].shape == (3, 3, config.vocab_size)
+    assert_close(sparse[key], gather_positions(dense[key], positions), what="logits at positions")
+    assert_close(sparse.loss, dense.loss, atol=1e-6, what="loss")
+
+
+# ---------------------------------------------------------------------------- padding invariance
+@pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification, BertForTokenClassification])
+def test_padding_invariance(cls, tiny_config, make_batch, assert_close):
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)  # eval() must disable it
+    model = cls(config).eval()
+    batch = make_batch(config, (13, 5, 9))
+    alone = {k: v[1:2, :5] for k, v in batch.items()}
+    with torch.no_grad():
+        together, single = model(**batch), model(**alone)
+    if cls is BertModel:
+        assert_close(together.last_hidden_state[1:2, :5], single.last_hidden_state, what="last_hidden_state")
+        assert_close(together.pooler_output[1:2], single.pooler_output, what="pooler_output")
+    elif cls is BertForTokenClassification:
+        assert_close(together.logits[1:2, :5], single.logits, what="token logits")
+    else:
+        assert_close(together.logits[1:2], single.logits, what="logits")
+
+
+# ---------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("lengths", PADDING.values(), ids=PADDING.keys())
+def test_pretraining_gradients_match(lengths, tiny_config, pair, make_batch):
+    config = tiny_config(num_hidden_layers=2, hidden_act="gelu_new")
+    ours, theirs = pair(BertForPreTraining, config)
+    ours.train(), theirs.train()  # dropout is 0: train mode must still agree
+    batch = make_batch(config, lengths)
+    labels = _mlm_labels(batch, config.vocab_size)
+    nsp = torch.tensor([1, 0, 1])
+    ours(**batch, labels=labels, next_sentence_label=nsp).loss.backward()
+    theirs(**batch, labels=labels, next_sentence_label=nsp).loss.backward()
+    their_params = dict(theirs.named_parameters())
+    compared = 0
+    for name, p in ours.named_parameters():
+        q = their_params[name]
+        assert p.grad is not None and q.grad is not None, name
+        scale = q.grad.abs().max().item()
+        err = (p.grad - q.grad).abs().max().item()
+        assert err <= 1e-5 * max(scale, 1e-3), f"{name}: grad max diff {err:.3g} (scale {scale:.3g})"
+        compared += 1
+    assert compared == len(their_params)  # every parameter, the tied decoder counted once
+    assert ours.bert.embeddings.word_embeddings.weight.grad.abs().max() > 0
+
+
+# ---------------------------------------------------------------------------- tied weights
+def test_mlm_decoder_is_the_word_embedding_matrix(tiny_config, make_batch, assert_close):
+    config = tiny_config()
+    model = BertForMaskedLM(config).eval()
+    batch = make_batch(config)
+    batch["input_ids"][batch["input_ids"] == 7] = 8  # token 7 is not in the input: only the decoder uses it
+    assert "cls.predictions.decoder.weight" not in model.state_dict()
+    assert model.num_parameters() == sum(p.numel() for p in model.parameters())
+
+    def check() -> torch.Tensor:
+        with torch.no_grad():
+            hidden = model.bert(**batch).last_hidden_state
+            logits = model(**batch).logits
+            expected = model.cls.predictions.transform(hidden) @ model.bert.embeddings.word_embeddings.weight.T
+        assert_close(logits, expected + model.cls.predictions.bias, batch["attention_mask"], atol=1e-5)
+        return logits
+
+    before = check()
+    with torch.no_grad():  # change only the output side of token 7: its logit must move, others not
+        model.bert.embeddings.word_embeddings.weight[7] *= 3.0
+    after = check()
+    real = batch["attention_mask"].bool()
+    assert_close(after[..., 7], 3.0 * before[..., 7] - 2.0 * model.cls.predictions.bias[7], real)
+    assert_close(torch.cat([after[..., :7], after[..., 8:]], -1),
+                 torch.cat([before[..., :7], before[..., 8:]], -1), real, atol=0)
+
+
+def test_tied_after_from_pretrained(tmp_path, tiny_config, make_batch):
+    config = tiny_config()
+    BertForPreTraining(config).save_pretrained(tmp_path)
+    model = BertForPreTraining.from_pretrained(tmp_path).eval()
+    batch = make_batch(config)
+    with torch.no_grad():
+        before = model(**batch).prediction_logits
+        model.bert.embeddings.word_embeddings.weight[:, 0] += 1.0
+        hidden = model.bert(**batch).last_hidden_state
+        after = model(**batch).prediction_logits
+        expected = model.cls.predictions.transform(hidden) @ model.bert.embeddings.word_embeddings.weight.T
+    assert not torch.allclose(before, after)
+    real = batch["attention_mask"].bool()
+    assert (after - expected - model.cls.predictions.bias)[real].abs().max() < 1e-5
+
+
+# ---------------------------------------------------------------------------- dropout
+def test_dropout_only_in_train_mode(tiny_config, make_batch):
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = BertForSequenceClassification(config)
+    batch = make_batch(config)
+    model.train()
+    with torch.no_grad():
+        t1, t2 = model(**batch).logits, model(**batch).logits
+    model.eval()
+    with torch.no_grad():
+        e1, e2 = model(**batch).logits, model(**batch).logits
+    assert not torch.equal(t1, t2)
+    assert torch.equal(e1, e2)
+
+
+@pytest.mark.parametrize("which", ["hidden_dropout_prob", "attention_probs_dropout_prob"])
+def test_each_dropout_is_applied_in_train(which, tiny_config, make_batch, assert_close):
+    config = tiny_config(**{which: 0.5})
+    model = BertModel(config)
+    batch = make_batch(config)
+    model.eval()
+    with torch.no_grad():
+        reference = model(**batch).last_hidden_state
+    model.train()
+    with torch.no_grad():
+        noisy = model(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    assert (noisy - reference)[real].abs().max() > 1e-2
+    # and eval equals a twin built without dropout
+    twin = BertModel(config.replace(**{which: 0.0})).eval()
+    twin.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert_close(twin(**batch).last_hidden_state, reference, atol=0)
