@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,7 +69,8 @@ def _installed(pkg: _Package) -> Path:
     (tmp / ".complete").write_text("ok\n")
     try:
         os.replace(tmp, target)
-    except OSError:  # another process finished first
+    except OSError:  # another process (e.g. a parallel test worker) finished first
+        shutil.rmtree(tmp, ignore_errors=True)
         if not done.exists():
             raise
     return target
