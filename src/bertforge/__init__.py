@@ -4,38 +4,50 @@ The names mirror transformers' so users feel at home::
 
     from bertforge import BertConfig, BertForPreTraining, BertTokenizer
     model = BertForPreTraining(BertConfig.preset("mini"))
+
+Names are imported on first use, so ``import bertforge.tokenization`` (e.g. in data-preparation
+workers) does not pay for importing torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from bertforge.config import BertConfig  # noqa: E402
-from bertforge.heads import (  # noqa: E402
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from bertforge.modeling import BertModel  # noqa: E402
+_EXPORTS = {
+    "BertConfig": "bertforge.config",
+    "BertModel": "bertforge.modeling",
+    "BertForPreTraining": "bertforge.heads",
+    "BertForMaskedLM": "bertforge.heads",
+    "BertForSequenceClassification": "bertforge.heads",
+    "BertForTokenClassification": "bertforge.heads",
+    "BertForQuestionAnswering": "bertforge.heads",
+    "BertForMultipleChoice": "bertforge.heads",
+    "BertTokenizer": "bertforge.tokenization",
+}
+__all__ = list(_EXPORTS)
 
-__all__ = [
-    "BertConfig",
-    "BertModel",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-    "BertTokenizer",
-]
+if TYPE_CHECKING:
+    from bertforge.config import BertConfig
+    from bertforge.heads import (
+        BertForMaskedLM,
+        BertForMultipleChoice,
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertforge.modeling import BertModel
+    from bertforge.tokenization import BertTokenizer
 
 
 def __getattr__(name: str):
-    # The tokenizer imports `tokenizers`; load it only when asked for.
-    if name == "BertTokenizer":
-        from bertforge.tokenization import BertTokenizer
-
-        return BertTokenizer
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -68,7 +68,7 @@ def _write(target: str | Path, mode: str, data: str | bytes, **kw: str) -> None:
 
 def atomic_write_text(target: str | Path, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8) atomically."""
-    _write(target, "w", text, encoding="utf-8")
+    _write(target, "w", text, encoding="utf-8", newline="\n")
 
 
 def atomic_write_bytes(target: str | Path, data: bytes) -> None:

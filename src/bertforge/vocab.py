@@ -1,0 +1,128 @@
+"""Learn a WordPiece vocabulary from raw text, laid out like Google's BERT ``vocab.txt``.
+
+The learned pieces come from ``tokenizers``' ``WordPieceTrainer`` run on exactly the words
+:class:`~bertforge.tokenization.BertTokenizer` produces (same normaliser and pre-tokenizer), so every
+word the trainer saw can be segmented by the result. The file starts with the layout of the released
+uncased vocabulary::
+
+    id 0               [PAD]
+    ids 1..num_unused  [unused0] .. [unused{num_unused-1}]   (free slots for task-specific tokens)
+    then               [UNK] [CLS] [SEP] [MASK]
+    then               the learned pieces
+
+so with ``num_unused=99``: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from tokenizers import Tokenizer, models, trainers
+
+from bertforge.tokenization import BertTokenizer, bert_normalizer, bert_pre_tokenizer
+
+__all__ = ["learn_vocab", "iter_text_lines"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield the non-blank lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` decompressed).
+
+    Invalid UTF-8 raises ``ValueError`` naming the file, the line and the byte offset in the
+    (decompressed) text.
+    """
+    path = Path(path)
+    opener = _OPENERS.get(path.suffix.lower(), open)
+    offset = 0
+    with opener(path, "rb") as f:
+        raw_lines: IO[bytes] = f  # type: ignore[assignment]
+        for lineno, raw in enumerate(raw_lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {lineno}: invalid UTF-8 at byte offset {offset + e.start} "
+                    f"({raw[e.start:e.start + 4]!r}); the text must be UTF-8"
+                ) from None
+            offset += len(raw)
+            line = line.rstrip("\r\n")
+            if line.strip():
+                yield line
+
+
+def learn_vocab(
+    files: Iterable[str | os.PathLike[str]] | Iterable[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    vocab_size: int = 30522,
+    do_lower_case: bool = True,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    num_unused: int = 99,
+    show_progress: bool = True,
+) -> BertTokenizer:
+    """Learn a WordPiece vocabulary, save the tokenizer to ``out_dir`` and return it.
+
+    Args:
+        files: text to learn from. A list or tuple (or a single path) names files, read line by
+            line, ``.gz``/``.bz2``/``.xz`` transparently; any other iterable (a generator, an
+            iterator over lines) yields the text itself.
+        out_dir: where :meth:`BertTokenizer.save_pretrained` writes ``vocab.txt`` and the rest.
+        vocab_size: upper bound on the size of the whole vocabulary, special and ``[unused]``
+            tokens included (a small corpus can give fewer pieces).
+        do_lower_case: learn an uncased vocabulary (lower-case, strip accents).
+        min_frequency: a merge must occur at least this often.
+        limit_alphabet: keep at most this many distinct characters; rarer ones become [UNK].
+        num_unused: number of ``[unusedN]`` slots after [PAD].
+
+    Example::
+
+        tok = learn_vocab(["corpus.txt.gz"], "my_vocab", vocab_size=8000)
+        tok.tokenize("unaffable")
+    """
+    n_reserved = len(SPECIAL_TOKENS) + num_unused
+    if num_unused < 0:
+        raise ValueError(f"num_unused must be >= 0, got {num_unused}")
+    if vocab_size <= n_reserved:
+        raise ValueError(f"vocab_size={vocab_size} leaves no room beside {n_reserved} special and unused tokens")
+
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    if isinstance(files, (list, tuple)):
+        paths = [Path(p) for p in files]
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"{p}: no such text file")
+        lines: Iterable[str] = (line for p in paths for line in iter_text_lines(p))
+    else:
+        lines = files  # type: ignore[assignment]
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    backend.normalizer = bert_normalizer(do_lower_case=do_lower_case)
+    backend.pre_tokenizer = bert_pre_tokenizer()
+    trainer = trainers.WordPieceTrainer(
+        # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
+        vocab_size=vocab_size - num_unused,
+        min_frequency=min_frequency,
+        limit_alphabet=limit_alphabet,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    backend.train_from_iterator(lines, trainer=trainer)
+
+    learned = sorted(backend.get_vocab().items(), key=lambda kv: kv[1])
+    pieces = [t for t, _ in learned if t not in SPECIAL_TOKENS]
+    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(num_unused)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]
+    tokenizer = BertTokenizer(tokens, do_lower_case=do_lower_case)
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
