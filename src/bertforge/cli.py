@@ -1,6 +1,7 @@
 """The ``bertforge`` command line: a table of subcommands, each a thin wrapper over a plain function.
 
     bertforge vocab      learn a WordPiece vocab.txt from text files   (bertforge.vocab.learn_vocab)
+    bertforge prepare    raw text -> pre-training shards               (bertforge.data.prepare.prepare)
     bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
     bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
     bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
@@ -10,17 +11,89 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import functools
+import inspect
 import json
 import logging
 import sys
+import textwrap
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = ["main", "COMMANDS"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------- typed configs <-> flags
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (they become ``--help`` texts)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _scalar_type(annotation: Any) -> type:
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(typing), {})  # "int | None" etc. from `from __future__ import annotations`
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return args[0] if len(args) == 1 else str
+    return annotation
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per dataclass field, typed, with the field's default and docstring."""
+    docs = field_docs(cls)
+    group = parser.add_argument_group(f"{cls.__name__} (also settable with --config FILE.json)")
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not f.init:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = _scalar_type(f.type)
+        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind in (int, float, str):
+            group.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper(), help=help_text)
+
+
+def config_from_args(cls: type, args: argparse.Namespace, *, file: str | None = None) -> Any:
+    """Defaults <- the JSON ``file`` <- flags given on the command line."""
+    values: dict[str, Any] = {}
+    if file:
+        try:
+            values.update(json.loads(Path(file).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{file}: cannot read the config file ({e})") from e
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
+    for f in dataclasses.fields(cls):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return cls(**values)
 
 
 # ---------------------------------------------------------------------------- vocab
@@ -41,6 +114,36 @@ def _vocab(a: argparse.Namespace) -> int:
     tok = learn_vocab(a.files, a.out, vocab_size=a.vocab_size, do_lower_case=not a.cased,
                       min_frequency=a.min_frequency, limit_alphabet=a.limit_alphabet, num_unused=a.num_unused)
     print(f"wrote {Path(a.out) / 'vocab.txt'}: {tok.vocab_size} entries")
+    return 0
+
+
+# ---------------------------------------------------------------------------- prepare
+def _prepare_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.data.prepare import PrepareConfig
+
+    p.add_argument("inputs", nargs="*", help="input files or globs (.gz/.bz2/.xz read transparently)")
+    p.add_argument("--out", "-o", help="output folder for shards + manifest.json")
+    p.add_argument("--tokenizer", "-t", help="checkpoint or vocab folder (vocab.txt + tokenizer settings)")
+    p.add_argument("--workers", type=int, default=1, help="processes building shards in parallel")
+    p.add_argument("--num-shards", type=int, default=1, help="split the work across this many machines")
+    p.add_argument("--shard-index", type=int, default=0, help="which part of --num-shards this run builds")
+    p.add_argument("--stats", metavar="FOLDER", help="print the statistics of a prepared folder and exit")
+    p.add_argument("--config", metavar="FILE", help="JSON file of settings (flags override it)")
+    add_config_arguments(p, PrepareConfig)
+
+
+def _prepare(a: argparse.Namespace) -> int:
+    from bertforge.data.prepare import PrepareConfig, format_stats, load_manifest, prepare
+
+    if a.stats:
+        print(format_stats(load_manifest(a.stats)))
+        return 0
+    if not a.inputs or not a.out or not a.tokenizer:
+        raise ValueError("prepare needs input files, --out and --tokenizer (or --stats FOLDER)")
+    cfg = config_from_args(PrepareConfig, a, file=a.config)
+    manifest = prepare(a.inputs, a.out, a.tokenizer, cfg, workers=a.workers, num_shards=a.num_shards,
+                       shard_index=a.shard_index)
+    print(format_stats(manifest))
     return 0
 
 
@@ -126,6 +229,8 @@ def _demo(a: argparse.Namespace) -> int:
 # name -> (help, add arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "vocab": ("learn a WordPiece vocab.txt from text files", _vocab_args, _vocab),
+    "prepare": ("turn raw text into pre-training shards (Google's create_pretraining_data, streamed)",
+                _prepare_args, _prepare),
     "tokenize": ("show the WordPiece tokens and ids of text", _tokenize_args, _tokenize),
     "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors)",
                 _convert_args, _convert),

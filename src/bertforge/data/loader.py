@@ -1,0 +1,202 @@
+"""Prepared shards -> batches for `BertForPreTraining`: seeded order, split by rank, exactly resumable.
+
+Order. Epoch ``e`` visits the shards in a permutation drawn from ``(seed, e)`` and each shard's
+instances in a permutation drawn from ``(seed, e, shard)``: one shard is held in memory at a time,
+and the order is a pure function of (seed, epoch, position).
+
+Ranks. The epoch is cut into *global* batches of ``batch_size * world_size`` consecutive instances;
+rank ``r`` takes the r-th slice of each. So N processes see, together, exactly the batches one
+process with an N-times larger batch would see; the last incomplete global batch is dropped so
+every rank takes the same number of steps.
+
+Resume. ``state_dict()`` is ``{"epoch", "position"}`` (instances of the epoch consumed by all
+ranks); ``load_state_dict`` continues from there with the very same batches.
+
+Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
+generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same
+whatever the number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
+from bertforge.data.prepare import load_manifest
+from bertforge.data.shards import Shard, ShardError, read_shard
+from bertforge.losses import IGNORE_INDEX
+
+__all__ = ["PretrainingDataset", "PretrainingLoader"]
+
+
+class PretrainingDataset:
+    """A prepared folder: its manifest, checked, and its shards, loaded on demand (one at a time)."""
+
+    def __init__(self, folder: str | Path, *, vocab_hash: str | None = None, verify_checksums: bool = True):
+        self.folder = Path(folder)
+        self.manifest = load_manifest(self.folder)
+        m = self.manifest
+        if m.get("format") != "bertforge-pretraining-v1":
+            raise ShardError(f"{self.folder}: unknown dataset format {m.get('format')!r}")
+        if not m.get("complete"):
+            raise ShardError(f"{self.folder}: incomplete: shards {m.get('missing_shards')} are missing "
+                             "(re-run prepare; with --num-shards, every shard index must have run)")
+        if vocab_hash is not None and m["vocab_hash"] != vocab_hash:
+            raise ShardError(f"{self.folder}: prepared with another vocab (hash {m['vocab_hash'][:12]}) than the "
+                             f"model's tokenizer (hash {vocab_hash[:12]}); prepare the data with this tokenizer")
+        self.config: dict[str, Any] = m["config"]
+        self.shards: list[dict[str, Any]] = m["shards"]
+        self.sizes = np.array([s["instances"] for s in self.shards], dtype=np.int64)
+        self.verify_checksums = verify_checksums
+        self._cached: tuple[int, Shard] | None = None
+
+    def __len__(self) -> int:
+        return int(self.sizes.sum())
+
+    @property
+    def vocab_hash(self) -> str:
+        return self.manifest["vocab_hash"]
+
+    def shard(self, index: int) -> Shard:
+        if self._cached is None or self._cached[0] != index:
+            entry = self.shards[index]
+            shard = read_shard(self.folder / entry["file"], vocab_hash=self.vocab_hash,
+                               sha256=entry["sha256"] if self.verify_checksums else None)
+            if len(shard) != entry["instances"]:
+                raise ShardError(f"{self.folder / entry['file']}: {len(shard)} instances, manifest says "
+                                 f"{entry['instances']}")
+            self._cached = (index, shard)
+        return self._cached[1]
+
+
+class PretrainingLoader:
+    """Iterates batches of one epoch per ``iter()``; the next ``iter()`` continues with the next epoch."""
+
+    def __init__(
+        self,
+        dataset: PretrainingDataset,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        special: SpecialIds | None = None,
+        pad_to_multiple_of: int = 8,
+    ):
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad batch_size / rank / world_size: {batch_size}, {rank}, {world_size}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.pad_to_multiple_of = pad_to_multiple_of
+        cfg = dataset.config
+        self.max_predictions = cfg["max_predictions_per_seq"]
+        self.nsp = cfg["nsp"]
+        self.masking: MaskingConfig | None = None
+        if cfg["dynamic_masking"]:
+            if special is None:
+                raise ValueError("dynamic masking needs the tokenizer's special ids (special=...)")
+            self.masking = MaskingConfig(cfg["masked_lm_prob"], cfg["max_predictions_per_seq"],
+                                         cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
+        self.special = special
+        self.epoch = 0
+        self.position = 0  # instances of this epoch consumed (all ranks together)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch (per rank)."""
+        return len(self.dataset) // self.global_batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("seed", self.seed) != self.seed or state.get("global_batch", self.global_batch) != self.global_batch:
+            raise ValueError(f"loader state is for seed {state.get('seed')} and global batch "
+                             f"{state.get('global_batch')}; this loader has {self.seed} and {self.global_batch}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard order, start offset of each visited shard in the epoch)."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.sizes))
+        starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])
+        return order, starts
+
+    def _instances(self, epoch: int, begin: int, end: int) -> list[tuple[int, int]]:
+        """(shard, index in shard) of the epoch's instances begin..end-1."""
+        order, starts = self._order(epoch)
+        out = []
+        j = int(np.searchsorted(starts, begin, side="right")) - 1
+        g = begin
+        while g < end:
+            shard = int(order[j])
+            perm = np.random.default_rng([self.seed, epoch, shard]).permutation(int(self.dataset.sizes[shard]))
+            stop = min(end, int(starts[j + 1]))
+            out.extend((shard, int(perm[k - starts[j]])) for k in range(g, stop))
+            g = stop
+            j += 1
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        n = len(self.dataset)
+        while self.position + self.global_batch <= n:
+            first = self.position + self.rank * self.batch_size
+            mine = self._instances(self.epoch, first, first + self.batch_size)
+            instances = [self.dataset.shard(s).instance(i) for s, i in mine]
+            if self.masking is not None:
+                self._mask(instances, first)
+            self.position += self.global_batch
+            yield self.collate(instances)
+        self.epoch += 1
+        self.position = 0
+
+    def _mask(self, instances: list, first: int) -> None:
+        # Each instance's masks come from a generator seeded by (seed, epoch, its index in the
+        # epoch), so they do not depend on the number of ranks or on where a run was resumed.
+        assert self.special is not None and self.masking is not None
+        for k, inst in enumerate(instances):
+            rng = np.random.default_rng([self.seed, self.epoch, first + k, 0x6D61736B])
+            (ids, positions, labels), = mask_instances([inst.input_ids], self.special, self.masking, rng)
+            inst.input_ids, inst.masked_positions, inst.masked_labels = ids, positions, labels
+
+    def collate(self, instances: list) -> dict[str, torch.Tensor]:
+        """Instances -> padded tensors named as `BertForPreTraining.forward` takes them."""
+        B = len(instances)
+        longest = max(len(x.input_ids) for x in instances)
+        m = self.pad_to_multiple_of
+        T = -(-longest // m) * m if m > 1 else longest
+        P = self.max_predictions
+        input_ids = np.zeros((B, T), dtype=np.int64)
+        token_type_ids = np.zeros((B, T), dtype=np.int64)
+        attention_mask = np.zeros((B, T), dtype=np.int64)
+        positions = np.zeros((B, P), dtype=np.int64)
+        labels = np.full((B, P), IGNORE_INDEX, dtype=np.int64)
+        for i, x in enumerate(instances):
+            L = len(x.input_ids)
+            input_ids[i, :L] = x.input_ids
+            token_type_ids[i, x.num_a:L] = 1
+            attention_mask[i, :L] = 1
+            p = len(x.masked_positions)
+            positions[i, :p] = x.masked_positions
+            labels[i, :p] = x.masked_labels
+        batch = {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "masked_positions": torch.from_numpy(positions),
+            "labels": torch.from_numpy(labels),
+        }
+        if self.nsp:
+            batch["next_sentence_label"] = torch.tensor([int(x.is_random_next) for x in instances])
+        return batch

@@ -1,0 +1,415 @@
+"""``bertforge prepare``: raw text -> a folder of pre-training shards, streamed, in parallel.
+
+The input is read once, as a stream, and cut into *windows* of whole documents (``shard_chars``
+characters each). Each window becomes one shard, built independently by a worker process: split
+sentences, tokenize, run Google's instance algorithm ``dupe_factor`` times with fresh masks, shuffle,
+write. Memory is bounded by the window, not the corpus.
+
+The one deviation from Google's script, which holds the whole corpus in memory: a NotNext segment
+B is drawn from another document *of the same window* (Google: of the whole corpus), and instances
+are shuffled within their shard (the loader then shuffles shards and instances every epoch). With
+windows of thousands of documents, the statistics of the output are the same; only a pair of
+documents that fall in different windows can never meet as A and B.
+
+Determinism: a window's content depends only on the input, and its random generator only on the
+seed and its index, so the same inputs and settings give byte-identical shards whatever the number
+of workers, and ``--num-shards K --shard-index k`` on K machines writes exactly the shards one
+machine would. Finished shards (those with a sidecar ``.json`` of the same settings) are skipped
+when the command runs again.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bertforge.data.corpus import FORMATS, CorpusStats, RawDocument, expand_inputs, iter_documents
+from bertforge.data.instances import (
+    MaskingConfig,
+    SpecialIds,
+    TrainingInstance,
+    apply_masks,
+    create_instances_from_document,
+    create_packed_instances,
+)
+from bertforge.data.shards import ShardError, shard_name, write_shard
+from bertforge.io import atomic_write_text
+
+__all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats"]
+
+MANIFEST = "manifest.json"
+SETTINGS = "settings.json"
+
+
+@dataclass
+class PrepareConfig:
+    """Settings of ``bertforge prepare`` (defaults: Google's ``create_pretraining_data.py``)."""
+
+    max_seq_length: int = 128
+    """Longest instance, in tokens, special tokens included."""
+    max_predictions_per_seq: int = 20
+    """Masked-LM predictions per instance at most (the paper: 20 at 128, about 80 at 512)."""
+    masked_lm_prob: float = 0.15
+    """Share of tokens to predict."""
+    mask_token_prob: float = 0.8
+    """Of the predicted tokens, the share replaced by [MASK]."""
+    random_token_prob: float = 0.1
+    """Of the predicted tokens, the share replaced by a random token (the rest stay unchanged)."""
+    whole_word_mask: bool = False
+    """Mask whole words (a piece and its ## continuations) together."""
+    short_seq_prob: float = 0.1
+    """Probability of a shorter random target length, so the model also sees short inputs."""
+    dupe_factor: int = 10
+    """Passes over the data, each with fresh masks and fresh A/B splits."""
+    seed: int = 12345
+    """Seed of every random choice; with the inputs, it fixes the output exactly."""
+    nsp: bool = True
+    """Next sentence prediction pairs (the paper). Off: pack whole sentences, MLM only (RoBERTa)."""
+    dynamic_masking: bool = False
+    """Store instances unmasked; the loader masks them afresh each epoch (off: the paper's static masks)."""
+    format: str = "auto"
+    """Input format: auto, google, text, jsonl, wiki-json."""
+    text_field: str = "text"
+    """The JSON field holding the text, for jsonl / wiki-json input."""
+    shard_chars: int = 2_000_000
+    """Characters of input per shard: the window NotNext documents are drawn from and the unit of work."""
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 8 or self.max_seq_length > 65535:
+            raise ValueError(f"max_seq_length must be in [8, 65535], got {self.max_seq_length}")
+        if self.dupe_factor < 1:
+            raise ValueError("dupe_factor must be >= 1")
+        if not 0 <= self.short_seq_prob <= 1:
+            raise ValueError("short_seq_prob must be in [0, 1]")
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown format {self.format!r}; choose from {', '.join(FORMATS)}")
+        if self.shard_chars < 1:
+            raise ValueError("shard_chars must be >= 1")
+        self.masking  # validates the masking fields
+
+    @property
+    def masking(self) -> MaskingConfig:
+        return MaskingConfig(self.masked_lm_prob, self.max_predictions_per_seq, self.mask_token_prob,
+                             self.random_token_prob, self.whole_word_mask)
+
+    def fingerprint(self, vocab_hash: str) -> str:
+        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------ one shard (a worker)
+@dataclass
+class _Task:
+    index: int
+    documents: list[RawDocument]
+    out_dir: str
+    tokenizer_dir: str
+    config: PrepareConfig
+    fingerprint: str
+
+
+_TOKENIZER_CACHE: dict[str, Any] = {}
+
+
+def _tokenizer(folder: str):
+    if folder not in _TOKENIZER_CACHE:
+        from bertforge.tokenization import BertTokenizer
+
+        _TOKENIZER_CACHE[folder] = BertTokenizer.from_pretrained(folder)
+    return _TOKENIZER_CACHE[folder]
+
+
+def shard_rngs(seed: int, index: int) -> tuple[random.Random, np.random.Generator]:
+    """The generators of shard ``index`` (structure, masks): independent of worker count and of
+    other shards."""
+    return random.Random(f"bertforge-prepare:{seed}:{index}"), np.random.default_rng([seed, index])
+
+
+def _special_ids(tok) -> SpecialIds:
+    vocab = tok.vocab
+    continuation = np.zeros(len(vocab), dtype=bool)
+    for token, i in vocab.items():
+        continuation[i] = token.startswith("##")
+    return SpecialIds(cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
+                      vocab_size=len(vocab), continuation=continuation)
+
+
+def build_instances(documents: list[list[list[int]]], cfg: PrepareConfig, special: SpecialIds,
+                    rng: random.Random, mask_rng: np.random.Generator) -> list[TrainingInstance]:
+    """Google's main loop over one pool of tokenized documents: shuffle documents, ``dupe_factor``
+    passes, shuffle instances."""
+    rng.shuffle(documents)
+    instances: list[TrainingInstance] = []
+    for _ in range(cfg.dupe_factor):
+        for index in range(len(documents)):
+            if cfg.nsp:
+                instances.extend(create_instances_from_document(
+                    documents, index, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                    special=special, rng=rng))
+            else:
+                instances.extend(create_packed_instances(
+                    documents[index], max_seq_length=cfg.max_seq_length, special=special))
+    rng.shuffle(instances)
+    if not cfg.dynamic_masking:  # static masks, fresh for every dupe pass (the paper)
+        apply_masks(instances, special, cfg.masking, mask_rng)
+    return instances
+
+
+def _instance_stats(instances: list[TrainingInstance], cfg: PrepareConfig, special: SpecialIds) -> dict[str, Any]:
+    lengths = np.fromiter((len(x.input_ids) for x in instances), dtype=np.int64, count=len(instances))
+    npred = np.fromiter((len(x.masked_positions) for x in instances), dtype=np.int64, count=len(instances))
+    replacements = {"mask": 0, "random": 0, "keep": 0}
+    if npred.sum():
+        at = np.concatenate([x.input_ids[x.masked_positions] for x in instances])
+        labels = np.concatenate([x.masked_labels for x in instances])
+        # A random replacement that happens to draw the original token counts as "keep" (1 in V).
+        replacements["mask"] = int((at == special.mask).sum())
+        replacements["keep"] = int(((at == labels) & (at != special.mask)).sum())
+        replacements["random"] = len(at) - replacements["mask"] - replacements["keep"]
+    return {
+        "not_next": int(sum(x.is_random_next for x in instances)),
+        "length_histogram": np.bincount(lengths, minlength=cfg.max_seq_length + 1).tolist(),
+        "predictions_histogram": np.bincount(npred, minlength=cfg.max_predictions_per_seq + 1).tolist(),
+        "replacements": replacements,
+    }
+
+
+def build_shard(task: _Task) -> dict[str, Any]:
+    """Tokenize one window, build its instances, write its shard; return the sidecar entry."""
+    t0 = time.perf_counter()
+    cfg = task.config
+    tok = _tokenizer(task.tokenizer_dir)
+    special = _special_ids(tok)
+    sentences_per_doc = [doc.sentences() for doc in task.documents]
+    flat = [s for doc in sentences_per_doc for s in doc]
+    ids = tok.encode_batch_ids(flat)
+    documents: list[list[list[int]]] = []
+    k = 0
+    for doc in sentences_per_doc:
+        pieces = [ids[k + j] for j in range(len(doc)) if ids[k + j]]  # Google drops empty sentences
+        k += len(doc)
+        if pieces:
+            documents.append(pieces)
+    input_tokens = sum(len(s) for d in documents for s in d)
+    instances = build_instances(documents, cfg, special, *shard_rngs(cfg.seed, task.index))
+    info = {
+        "index": task.index,
+        "fingerprint": task.fingerprint,
+        "documents": len(documents),
+        "one_sentence_documents": sum(len(d) == 1 for d in documents),
+        "sentences": sum(len(d) for d in documents),
+        "input_tokens": input_tokens,
+        "seconds": 0.0,
+        **_instance_stats(instances, cfg, special),
+    }
+    path = Path(task.out_dir) / shard_name(task.index)
+    info["seconds"] = round(time.perf_counter() - t0, 3)
+    return write_shard(path, instances, vocab_size=special.vocab_size, vocab_hash=tok.vocab_hash, info=info)
+
+
+# ------------------------------------------------------------------------------ the driver
+def _windows(docs: Iterator[RawDocument], shard_chars: int) -> Iterator[list[RawDocument]]:
+    window: list[RawDocument] = []
+    size = 0
+    for doc in docs:
+        window.append(doc)
+        size += sum(len(t) for t in doc.texts)
+        if size >= shard_chars:
+            yield window
+            window, size = [], 0
+    if window:
+        yield window
+
+
+def _finished(out: Path, index: int, fingerprint: str) -> dict[str, Any] | None:
+    sidecar = (out / shard_name(index)).with_suffix(".json")
+    if not sidecar.is_file() or not (out / shard_name(index)).is_file():
+        return None
+    try:
+        entry = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return entry if entry.get("fingerprint") == fingerprint else None
+
+
+def prepare(
+    inputs: list[str | Path],
+    out_dir: str | Path,
+    tokenizer: str | Path,
+    config: PrepareConfig | None = None,
+    *,
+    workers: int = 1,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Prepare pre-training shards from ``inputs`` into ``out_dir``; return the manifest.
+
+    ``tokenizer`` is a checkpoint folder or vocab folder (``vocab.txt`` + settings).
+    ``num_shards`` / ``shard_index`` split the work across machines: this call builds the windows
+    whose index is ``shard_index`` modulo ``num_shards``.
+    """
+    from bertforge.tokenization import BertTokenizer
+
+    cfg = config or PrepareConfig()
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}")
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    files = expand_inputs(inputs)
+    tok = BertTokenizer.from_pretrained(tokenizer)
+    tokenizer_dir = str(Path(tokenizer).resolve())
+    fingerprint = cfg.fingerprint(tok.vocab_hash)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
+                "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "fingerprint": fingerprint,
+                "inputs": [str(f) for f in files]}
+    settings_path = out / SETTINGS
+    if settings_path.is_file():
+        old = json.loads(settings_path.read_text(encoding="utf-8"))
+        if old.get("fingerprint") != fingerprint:
+            diff = [k for k in settings["config"] if old.get("config", {}).get(k) != settings["config"][k]]
+            if old.get("vocab_hash") != tok.vocab_hash:
+                diff.append("vocab")
+            raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
+                             "use a new output folder")
+    atomic_write_text(settings_path, json.dumps(settings, indent=1) + "\n")
+
+    corpus = CorpusStats()
+    entries: dict[int, dict[str, Any]] = {}
+    total_windows = 0
+    t0 = time.perf_counter()
+    bar = tqdm(desc="prepare", unit=" docs", disable=not progress, dynamic_ncols=True)
+    done_tokens = 0
+
+    def record(entry: dict[str, Any]) -> None:
+        nonlocal done_tokens
+        entries[entry["index"]] = entry
+        done_tokens += entry["input_tokens"]
+        bar.update(entry["documents"])
+        elapsed = time.perf_counter() - t0
+        bar.set_postfix(shards=len(entries), instances=sum(e["instances"] for e in entries.values()),
+                        tok_s=f"{done_tokens / max(elapsed, 1e-9):,.0f}")
+
+    pool = None
+    if workers > 1:
+        # Each worker is single-threaded; tokenizers' own threads would oversubscribe the cores.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        pool = mp.get_context("spawn").Pool(workers)
+    pending: collections.deque = collections.deque()
+    try:
+        for index, window in enumerate(_windows(iter_documents(files, fmt=cfg.format, text_field=cfg.text_field,
+                                                               stats=corpus), cfg.shard_chars)):
+            total_windows = index + 1
+            if index % num_shards != shard_index:
+                continue
+            finished = _finished(out, index, fingerprint)
+            if finished is not None:
+                record(finished)
+                continue
+            task = _Task(index, window, str(out), tokenizer_dir, cfg, fingerprint)
+            if pool is None:
+                record(build_shard(task))
+                continue
+            pending.append(pool.apply_async(build_shard, (task,)))
+            while len(pending) >= 2 * workers:  # bounded: at most 2 windows per worker in flight
+                record(pending.popleft().get())
+        while pending:
+            record(pending.popleft().get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+        bar.close()
+    manifest = _write_manifest(out, settings, corpus, total_windows)
+    if progress:
+        elapsed = time.perf_counter() - t0
+        print(f"prepare: {len(entries)} shards this run, {done_tokens:,} input tokens in {elapsed:.1f} s "
+              f"({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); manifest {'complete' if manifest['complete'] else 'partial'}")
+    return manifest
+
+
+def _write_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, total: int) -> dict[str, Any]:
+    shards, missing = [], []
+    for index in range(total):
+        entry = _finished(out, index, settings["fingerprint"])
+        if entry is None:
+            missing.append(index)
+        else:
+            shards.append(entry)
+    L = settings["config"]["max_seq_length"] + 1
+    P = settings["config"]["max_predictions_per_seq"] + 1
+    totals: dict[str, Any] = {
+        "shards": len(shards),
+        "instances": sum(e["instances"] for e in shards),
+        "tokens": sum(e["tokens"] for e in shards),
+        "input_tokens": sum(e["input_tokens"] for e in shards),
+        "documents": sum(e["documents"] for e in shards),
+        "one_sentence_documents": sum(e["one_sentence_documents"] for e in shards),
+        "sentences": sum(e["sentences"] for e in shards),
+        "not_next": sum(e["not_next"] for e in shards),
+        "length_histogram": np.sum([e["length_histogram"] for e in shards], axis=0).tolist() if shards else [0] * L,
+        "predictions_histogram": (np.sum([e["predictions_histogram"] for e in shards], axis=0).tolist()
+                                  if shards else [0] * P),
+        "replacements": dict(sum((collections.Counter(e["replacements"]) for e in shards), collections.Counter())),
+    }
+    manifest = {**settings, "complete": not missing, "missing_shards": missing, "total_shards": total,
+                "corpus": dataclasses.asdict(corpus), "totals": totals, "shards": shards}
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def load_manifest(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ShardError(f"{folder}: no {MANIFEST} (not a prepared dataset, or prepare has not finished)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{path}: corrupt manifest ({e})") from e
+
+
+def format_stats(manifest: dict[str, Any]) -> str:
+    """A readable summary of what was written, to compare with Google's script's output."""
+    t = manifest["totals"]
+    n = max(t["instances"], 1)
+    lengths = np.array(t["length_histogram"])
+    preds = np.array(t["predictions_histogram"])
+    rep = t["replacements"]
+    n_rep = max(sum(rep.values()), 1)
+    cfg = manifest["config"]
+    full = int(lengths[cfg["max_seq_length"]])
+    mean_len = float((lengths * np.arange(len(lengths))).sum() / n)
+    mean_pred = float((preds * np.arange(len(preds))).sum() / n)
+    c = manifest["corpus"]
+    lines = [
+        f"shards {t['shards']}/{manifest['total_shards']}{'' if manifest['complete'] else ' (incomplete)'}; "
+        f"instances {t['instances']:,}; tokens {t['tokens']:,} from {t['input_tokens']:,} input tokens "
+        f"(dupe_factor {cfg['dupe_factor']})",
+        f"documents {t['documents']:,} ({t['one_sentence_documents']:,} of one sentence); sentences {t['sentences']:,}",
+        f"NotNext share {t['not_next'] / n:.3f}" if cfg["nsp"] else "no NSP (packed sentences)",
+        f"length: mean {mean_len:.1f}, full-length ({cfg['max_seq_length']}) {full / n:.1%}, "
+        f"<= half {lengths[: cfg['max_seq_length'] // 2 + 1].sum() / n:.1%}",
+        f"masked positions per instance: mean {mean_pred:.2f}, max {int(np.nonzero(preds)[0].max()) if preds.any() else 0}",
+        f"replacements: [MASK] {rep.get('mask', 0) / n_rep:.3f}, random {rep.get('random', 0) / n_rep:.3f}, "
+        f"unchanged {rep.get('keep', 0) / n_rep:.3f}" if not cfg["dynamic_masking"] else "masking: dynamic (in the loader)",
+        f"input: {c['files']} files, {c['documents']:,} documents; invalid UTF-8 lines {c['invalid_utf8_lines']}, "
+        f"long lines skipped {c['long_lines_skipped']}, empty documents {c['empty_documents']}, "
+        f"bad JSON records {c['bad_json_records']}",
+    ]
+    for kind, where in c.get("first_problem", {}).items():
+        lines.append(f"  first {kind.replace('_', ' ')}: {where}")
+    return "\n".join(lines)

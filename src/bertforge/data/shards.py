@@ -1,0 +1,144 @@
+"""The on-disk format of prepared pre-training data: a folder of shards and a manifest.
+
+A shard is one safetensors file of flat integer arrays (no pickle; the header is checked, so a
+truncated file is detected on open), plus a sidecar ``.json`` with its counts, statistics and
+SHA-256. ``manifest.json`` gathers the settings, the vocab hash and every shard's entry.
+
+Arrays of a shard of n instances (token ids as uint16 when the vocab fits, else uint32):
+    input_ids        (sum L,)   instances concatenated, masked (static) or not (dynamic masking)
+    offsets          (n + 1,)   int64: instance i is input_ids[offsets[i]:offsets[i+1]]
+    num_a            (n,)       uint16: tokens of [CLS] A [SEP] (token type 0); the rest are type 1
+    next_sentence    (n,)       uint8: 0 IsNext, 1 NotNext
+    mask_offsets     (n + 1,)   int64: instance i's predictions are [mask_offsets[i]:mask_offsets[i+1]]
+    masked_positions (sum P,)   uint16, sorted within an instance
+    masked_labels    (sum P,)   original token ids at those positions
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from bertforge.data.instances import TrainingInstance
+from bertforge.io import atomic_path, atomic_write_text
+
+__all__ = ["FORMAT", "Shard", "ShardError", "write_shard", "read_shard", "shard_name", "sha256_file"]
+
+FORMAT = "bertforge-pretraining-v1"
+_ARRAYS = ("input_ids", "offsets", "num_a", "next_sentence", "mask_offsets", "masked_positions", "masked_labels")
+
+
+class ShardError(ValueError):
+    """A shard or manifest that is missing, truncated, corrupt or from another vocab."""
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Shard:
+    """A shard's arrays in memory, with instance-level access."""
+
+    input_ids: np.ndarray
+    offsets: np.ndarray
+    num_a: np.ndarray
+    next_sentence: np.ndarray
+    mask_offsets: np.ndarray
+    masked_positions: np.ndarray
+    masked_labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.num_a)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def instance(self, i: int) -> TrainingInstance:
+        m0, m1 = self.mask_offsets[i], self.mask_offsets[i + 1]
+        return TrainingInstance(
+            input_ids=self.input_ids[self.offsets[i]:self.offsets[i + 1]].astype(np.int64),
+            num_a=int(self.num_a[i]),
+            masked_positions=self.masked_positions[m0:m1].astype(np.int64),
+            masked_labels=self.masked_labels[m0:m1].astype(np.int64),
+            is_random_next=bool(self.next_sentence[i]),
+        )
+
+
+def _id_dtype(vocab_size: int) -> type:
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def write_shard(path: Path, instances: Sequence[TrainingInstance], *, vocab_size: int,
+                vocab_hash: str, info: dict[str, Any]) -> dict[str, Any]:
+    """Write ``instances`` to ``path`` (atomically) and its sidecar; return the sidecar entry."""
+    n = len(instances)
+    lengths = np.array([len(x.input_ids) for x in instances], dtype=np.int64)
+    npred = np.array([len(x.masked_positions) for x in instances], dtype=np.int64)
+    id_dtype = _id_dtype(vocab_size)
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+    arrays = {
+        "input_ids": cat([x.input_ids for x in instances], id_dtype),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "num_a": np.array([x.num_a for x in instances], dtype=np.uint16),
+        "next_sentence": np.array([x.is_random_next for x in instances], dtype=np.uint8),
+        "mask_offsets": np.concatenate([[0], np.cumsum(npred)]).astype(np.int64),
+        "masked_positions": cat([x.masked_positions for x in instances], np.uint16),
+        "masked_labels": cat([x.masked_labels for x in instances], id_dtype),
+    }
+    with atomic_path(path) as tmp:
+        save_file(arrays, str(tmp), metadata={"format": FORMAT, "vocab_hash": vocab_hash})
+    entry = {"file": path.name, "instances": n, "tokens": int(lengths.sum()),
+             "sha256": sha256_file(path), **info}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(entry, indent=1) + "\n")
+    return entry
+
+
+def read_shard(path: Path, *, vocab_hash: str | None = None, sha256: str | None = None) -> Shard:
+    """Load and check a shard: readable, complete, consistent, from the expected vocab."""
+    if not path.is_file():
+        raise ShardError(f"{path}: shard file missing")
+    if sha256 is not None and sha256_file(path) != sha256:
+        raise ShardError(f"{path}: contents differ from the manifest's checksum (corrupt or replaced)")
+    try:
+        arrays = load_file(str(path))
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # noqa: BLE001 - any failure here means an unreadable shard
+        raise ShardError(f"{path}: unreadable shard (truncated or not a bertforge shard?): {e}") from e
+    if meta.get("format") != FORMAT:
+        raise ShardError(f"{path}: not a {FORMAT} shard (format {meta.get('format')!r})")
+    if vocab_hash is not None and meta.get("vocab_hash") != vocab_hash:
+        raise ShardError(f"{path}: prepared with another vocab (hash {meta.get('vocab_hash', '?')[:12]}, "
+                         f"expected {vocab_hash[:12]})")
+    missing = [k for k in _ARRAYS if k not in arrays]
+    if missing:
+        raise ShardError(f"{path}: arrays missing: {', '.join(missing)}")
+    shard = Shard(**{k: arrays[k] for k in _ARRAYS})
+    n = len(shard.num_a)
+    ok = (len(shard.offsets) == n + 1 and len(shard.mask_offsets) == n + 1 and len(shard.next_sentence) == n
+          and shard.offsets[-1] == len(shard.input_ids) and shard.mask_offsets[-1] == len(shard.masked_positions)
+          and len(shard.masked_labels) == len(shard.masked_positions))
+    if not ok:
+        raise ShardError(f"{path}: inconsistent array sizes (corrupt shard)")
+    return shard
