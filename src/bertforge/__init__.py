@@ -27,7 +27,17 @@ _EXPORTS = {
     "BertForMultipleChoice": "bertforge.heads",
     "BertTokenizer": "bertforge.tokenization",
 }
-__all__ = list(_EXPORTS)
+__all__ = [
+    "BertConfig",
+    "BertModel",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "BertTokenizer",
+]
 
 if TYPE_CHECKING:
     from bertforge.config import BertConfig
