@@ -6,14 +6,31 @@ whatever kills the writer (exception, SIGKILL, power loss after the fsync).
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
+import lzma
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "open_binary", "COMPRESSED_SUFFIXES"]
+
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
+
+
+def open_binary(path: str | Path) -> IO[bytes]:
+    """Open a file for reading bytes, decompressing ``.gz``, ``.bz2``, ``.xz`` / ``.lzma`` on the fly."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".bz2":
+        return bz2.open(path, "rb")  # type: ignore[return-value]
+    if suffix in (".xz", ".lzma"):
+        return lzma.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
 
 
 @contextlib.contextmanager

@@ -15,9 +15,6 @@ so with ``num_unused=99``: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import lzma
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,14 +22,12 @@ from typing import IO
 
 from tokenizers import Tokenizer, models, trainers
 
+from bertforge.io import open_binary
 from bertforge.tokenization import BertTokenizer, bert_normalizer, bert_pre_tokenizer
 
 __all__ = ["learn_vocab", "iter_text_lines"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-
-_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-
 
 def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield the non-blank lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` decompressed).
@@ -41,9 +36,8 @@ def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     (decompressed) text.
     """
     path = Path(path)
-    opener = _OPENERS.get(path.suffix.lower(), open)
     offset = 0
-    with opener(path, "rb") as f:
+    with open_binary(path) as f:
         raw_lines: IO[bytes] = f  # type: ignore[assignment]
         for lineno, raw in enumerate(raw_lines, 1):
             try:

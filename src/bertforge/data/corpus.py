@@ -16,16 +16,15 @@ is counted in `CorpusStats`, with the first place it happened, for the user to s
 
 from __future__ import annotations
 
-import bz2
 import glob
-import gzip
 import json
 import lzma
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+
+from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 
 __all__ = ["FORMATS", "CorpusStats", "RawDocument", "expand_inputs", "iter_documents", "split_sentences"]
 
@@ -88,20 +87,9 @@ def expand_inputs(patterns: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    suffix = path.suffix.lower()
-    if suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if suffix == ".bz2":
-        return bz2.open(path, "rb")  # type: ignore[return-value]
-    if suffix in (".xz", ".lzma"):
-        return lzma.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
-
-
 def _base_suffix(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in (".gz", ".bz2", ".xz", ".lzma"):
+    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
         suffixes = suffixes[:-1]
     return suffixes[-1] if suffixes else ""
 
@@ -109,7 +97,7 @@ def _base_suffix(path: Path) -> str:
 def _lines(path: Path, stats: CorpusStats) -> Iterator[tuple[int, str]]:
     """(line number, text) with invalid UTF-8 replaced and over-long lines skipped (both counted)."""
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             for number, raw in enumerate(f, 1):
                 if len(raw) > 4 * MAX_LINE_CHARS:
                     stats.note("long_lines_skipped", f"{path}:{number}")
@@ -190,7 +178,7 @@ def _jsonl(path: Path, stats: CorpusStats, text_field: str) -> Iterator[RawDocum
 
 
 def _wiki_json(path: Path, stats: CorpusStats, text_field: str) -> Iterator[RawDocument]:
-    with _open_binary(path) as f:
+    with open_binary(path) as f:
         raw = f.read()
     try:
         data = json.loads(raw.decode("utf-8"))
