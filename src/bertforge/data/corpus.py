@@ -44,7 +44,8 @@ class RawDocument:
     presplit: bool
 
     def sentences(self) -> list[str]:
-        return self.texts if self.presplit else [s for t in self.texts for s in split_sentences(t)]
+        # Prose lines of one block are joined first, so hard-wrapped text is not cut mid-sentence.
+        return self.texts if self.presplit else split_sentences(" ".join(self.texts))
 
 
 @dataclass
@@ -53,12 +54,10 @@ class CorpusStats:
 
     files: int = 0
     documents: int = 0
-    sentences: int = 0
     characters: int = 0
     invalid_utf8_lines: int = 0
     long_lines_skipped: int = 0
     empty_documents: int = 0
-    one_sentence_documents: int = 0
     bad_json_records: int = 0
     first_problem: dict[str, str] = field(default_factory=dict)  # kind -> "file:line"
 
@@ -67,8 +66,8 @@ class CorpusStats:
         self.first_problem.setdefault(kind, where)
 
     def merge(self, other: "CorpusStats") -> None:
-        for name in ("files", "documents", "sentences", "characters", "invalid_utf8_lines",
-                     "long_lines_skipped", "empty_documents", "one_sentence_documents", "bad_json_records"):
+        for name in ("files", "documents", "characters", "invalid_utf8_lines", "long_lines_skipped",
+                     "empty_documents", "bad_json_records"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.first_problem.items():
             self.first_problem.setdefault(k, v)
@@ -99,6 +98,7 @@ def _lines(path: Path, stats: CorpusStats) -> Iterator[tuple[int, str]]:
     try:
         with open_binary(path) as f:
             for number, raw in enumerate(f, 1):
+                raw = raw.rstrip(b"\r\n")  # the line ending does not count towards the limit
                 if len(raw) > 4 * MAX_LINE_CHARS:
                     stats.note("long_lines_skipped", f"{path}:{number}")
                     continue
@@ -110,7 +110,7 @@ def _lines(path: Path, stats: CorpusStats) -> Iterator[tuple[int, str]]:
                 if len(line) > MAX_LINE_CHARS:
                     stats.note("long_lines_skipped", f"{path}:{number}")
                     continue
-                yield number, line.rstrip("\r\n")
+                yield number, line
     except (OSError, EOFError, lzma.LZMAError) as e:
         raise ValueError(f"{path}: cannot read ({e}); a truncated or corrupt compressed file?") from e
 
@@ -181,9 +181,18 @@ def _wiki_json(path: Path, stats: CorpusStats, text_field: str) -> Iterator[RawD
     with open_binary(path) as f:
         raw = f.read()
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a valid UTF-8 JSON document ({e})") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:  # as for line formats: count the lines, decode with replacements
+        for number, line in enumerate(raw.split(b"\n"), 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                stats.note("invalid_utf8_lines", f"{path}:{number}")
+        text = raw.decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a valid JSON document ({e})") from e
     records = data.values() if isinstance(data, dict) else data
     if not isinstance(records, Iterable):
         raise ValueError(f"{path}: expected a JSON object or list of articles")
@@ -199,7 +208,7 @@ def iter_documents(files: Iterable[str | Path], *, fmt: str = "auto", text_field
                    stats: CorpusStats | None = None) -> Iterator[RawDocument]:
     """Stream documents from ``files``; problems go into ``stats``.
 
-    Sentence and one-sentence-document counts are left to whoever calls ``sentences()``.
+    Sentences are counted by whoever calls ``sentences()`` (the shard builders, in parallel).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; choose from {', '.join(FORMATS)}")

@@ -150,23 +150,34 @@ class PretrainingLoader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         n = len(self.dataset)
-        while self.position + self.global_batch <= n:
+        if n < self.global_batch:
+            raise ValueError(f"{self.dataset.folder}: {n} instances, fewer than one global batch "
+                             f"({self.global_batch})")
+        if self.position + self.global_batch > n:  # resumed right after an epoch's last batch
+            self._next_epoch()
+        epoch = self.epoch
+        while self.epoch == epoch:
             first = self.position + self.rank * self.batch_size
-            mine = self._instances(self.epoch, first, first + self.batch_size)
+            mine = self._instances(epoch, first, first + self.batch_size)
             instances = [self.dataset.shard(s).instance(i) for s, i in mine]
             if self.masking is not None:
-                self._mask(instances, first)
+                self._mask(instances, epoch, first)
+            # Advance before yielding, so state_dict() taken after a batch resumes at the next one.
             self.position += self.global_batch
+            if self.position + self.global_batch > n:
+                self._next_epoch()
             yield self.collate(instances)
+
+    def _next_epoch(self) -> None:
         self.epoch += 1
         self.position = 0
 
-    def _mask(self, instances: list, first: int) -> None:
+    def _mask(self, instances: list, epoch: int, first: int) -> None:
         # Each instance's masks come from a generator seeded by (seed, epoch, its index in the
         # epoch), so they do not depend on the number of ranks or on where a run was resumed.
         assert self.special is not None and self.masking is not None
         for k, inst in enumerate(instances):
-            rng = np.random.default_rng([self.seed, self.epoch, first + k, 0x6D61736B])
+            rng = np.random.default_rng([self.seed, epoch, first + k, 0x6D61736B])
             (ids, positions, labels), = mask_instances([inst.input_ids], self.special, self.masking, rng)
             inst.input_ids, inst.masked_positions, inst.masked_labels = ids, positions, labels
 

@@ -105,8 +105,8 @@ class PrepareConfig:
         return MaskingConfig(self.masked_lm_prob, self.max_predictions_per_seq, self.mask_token_prob,
                              self.random_token_prob, self.whole_word_mask)
 
-    def fingerprint(self, vocab_hash: str) -> str:
-        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash}, sort_keys=True)
+    def fingerprint(self, vocab_hash: str, inputs: list | None = None) -> str:
+        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash, "inputs": inputs}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -128,7 +128,9 @@ def _tokenizer(folder: str):
     if folder not in _TOKENIZER_CACHE:
         from bertforge.tokenization import BertTokenizer
 
-        _TOKENIZER_CACHE[folder] = BertTokenizer.from_pretrained(folder)
+        # Corpus text is plain text: "[MASK]" or "[SEP]" written in it must not become the special
+        # tokens (Google's tokenizer splits them into "[", "mask", "]" too).
+        _TOKENIZER_CACHE[folder] = BertTokenizer.from_pretrained(folder, split_special_tokens=True)
     return _TOKENIZER_CACHE[folder]
 
 
@@ -272,12 +274,15 @@ def prepare(
     files = expand_inputs(inputs)
     tok = BertTokenizer.from_pretrained(tokenizer)
     tokenizer_dir = str(Path(tokenizer).resolve())
-    fingerprint = cfg.fingerprint(tok.vocab_hash)
+    # The shards are made of these files: a folder of shards of other inputs must not be resumed.
+    # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
+    input_files = [[f.name, f.stat().st_size] for f in files]
+    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
                 "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "fingerprint": fingerprint,
-                "inputs": [str(f) for f in files]}
+                "inputs": [str(f) for f in files], "input_files": input_files}
     settings_path = out / SETTINGS
     if settings_path.is_file():
         old = json.loads(settings_path.read_text(encoding="utf-8"))
@@ -307,9 +312,17 @@ def prepare(
 
     pool = None
     if workers > 1:
-        # Each worker is single-threaded; tokenizers' own threads would oversubscribe the cores.
+        # Each worker is single-threaded: tokenizers' own threads would oversubscribe the cores.
+        # The variable is set only while the workers are spawned (they inherit it), then restored.
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        pool = mp.get_context("spawn").Pool(workers)
+        try:
+            pool = mp.get_context("spawn").Pool(workers)
+        finally:
+            if saved is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
     pending: collections.deque = collections.deque()
     try:
         for index, window in enumerate(_windows(iter_documents(files, fmt=cfg.format, text_field=cfg.text_field,

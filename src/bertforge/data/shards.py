@@ -32,6 +32,7 @@ from bertforge.io import atomic_path, atomic_write_text
 __all__ = ["FORMAT", "Shard", "ShardError", "write_shard", "read_shard", "shard_name", "sha256_file"]
 
 FORMAT = "bertforge-pretraining-v1"
+_META_KEY = "bertforge"
 _ARRAYS = ("input_ids", "offsets", "num_a", "next_sentence", "mask_offsets", "masked_positions", "masked_labels")
 
 
@@ -104,8 +105,12 @@ def write_shard(path: Path, instances: Sequence[TrainingInstance], *, vocab_size
         "masked_positions": cat([x.masked_positions for x in instances], np.uint16),
         "masked_labels": cat([x.masked_labels for x in instances], id_dtype),
     }
+    # A single metadata entry: safetensors keeps the metadata in a hash map whose iteration order
+    # changes from run to run, so two entries would make the header (and the file's sha256) differ
+    # between identical runs.
+    meta = {_META_KEY: json.dumps({"format": FORMAT, "vocab_hash": vocab_hash}, sort_keys=True)}
     with atomic_path(path) as tmp:
-        save_file(arrays, str(tmp), metadata={"format": FORMAT, "vocab_hash": vocab_hash})
+        save_file(arrays, str(tmp), metadata=meta)
     entry = {"file": path.name, "instances": n, "tokens": int(lengths.sum()),
              "sha256": sha256_file(path), **info}
     atomic_write_text(path.with_suffix(".json"), json.dumps(entry, indent=1) + "\n")
@@ -124,6 +129,8 @@ def read_shard(path: Path, *, vocab_hash: str | None = None, sha256: str | None 
 
         with safe_open(str(path), framework="np") as f:
             meta = f.metadata() or {}
+        if _META_KEY in meta:
+            meta = json.loads(meta[_META_KEY])
     except Exception as e:  # noqa: BLE001 - any failure here means an unreadable shard
         raise ShardError(f"{path}: unreadable shard (truncated or not a bertforge shard?): {e}") from e
     if meta.get("format") != FORMAT:

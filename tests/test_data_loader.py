@@ -1,0 +1,371 @@
+"""The loader of prepared shards: batches for `BertForPreTraining`, seeded order, every instance
+once per epoch, ranks, exact resume, dynamic masking, and the checks on damaged data."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from data_fixtures import (
+    CLS,
+    MASK,
+    SEP,
+    SPECIAL,
+    VOCAB_SIZE,
+    check_tokenizer,
+    documents,
+    expected_mask_count,
+    read_instances,
+    write_google,
+    write_tokenizer,
+)
+
+from bertforge import BertConfig, BertForPreTraining
+from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+from bertforge.data.prepare import PrepareConfig, prepare
+from bertforge.data.shards import ShardError, read_shard
+from bertforge.tokenization import BertTokenizer
+
+MAX_SEQ = 32
+KEYS = {"input_ids", "token_type_ids", "attention_mask", "masked_positions", "labels", "next_sentence_label"}
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory) -> Path:
+    return write_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tok_dir) -> BertTokenizer:
+    return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "c.txt"
+    return write_google(path, documents(seed=41, n_docs=80, min_sents=2, max_sents=20))
+
+
+def _prepare(tmp_path_factory, corpus, tok_dir, name, **cfg):
+    out = tmp_path_factory.mktemp(name) / "data"
+    config = PrepareConfig(**{"max_seq_length": MAX_SEQ, "dupe_factor": 1, "shard_chars": 8000, **cfg})
+    manifest = prepare([corpus], out, tok_dir, config, progress=False)
+    assert manifest["complete"] and len(manifest["shards"]) >= 5
+    return out
+
+
+@pytest.fixture(scope="module")
+def static_dir(tmp_path_factory, corpus, tok_dir):
+    return _prepare(tmp_path_factory, corpus, tok_dir, "static")
+
+
+@pytest.fixture(scope="module")
+def dynamic_dir(tmp_path_factory, corpus, tok_dir):
+    return _prepare(tmp_path_factory, corpus, tok_dir, "dynamic", dynamic_masking=True)
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory, corpus, tok_dir):
+    return _prepare(tmp_path_factory, corpus, tok_dir, "packed", nsp=False)
+
+
+def loader(folder, batch_size, **kw):
+    return PretrainingLoader(PretrainingDataset(folder), batch_size, **kw)
+
+
+def rows(batch) -> list[tuple]:
+    """Each row of a batch as (ids, num_a, positions, labels, next) without padding."""
+    out = []
+    for i in range(len(batch["input_ids"])):
+        L = int(batch["attention_mask"][i].sum())
+        num_a = L - int(batch["token_type_ids"][i].sum())
+        p = int((batch["labels"][i] != -100).sum())
+        nsl = int(batch["next_sentence_label"][i]) if "next_sentence_label" in batch else None
+        out.append((tuple(batch["input_ids"][i, :L].tolist()), num_a, tuple(batch["masked_positions"][i, :p].tolist()),
+                    tuple(batch["labels"][i, :p].tolist()), nsl))
+    return out
+
+
+def instance_key(inst, nsp=True) -> tuple:
+    return (tuple(inst.input_ids.tolist()), inst.num_a, tuple(inst.masked_positions.tolist()),
+            tuple(inst.masked_labels.tolist()), int(inst.is_random_next) if nsp else None)
+
+
+def epoch_rows(ldr) -> list[list[tuple]]:
+    return [rows(b) for b in ldr]
+
+
+# ------------------------------------------------------------------------------ batches
+def test_batches_have_the_model_layout_and_give_a_finite_loss(static_dir):
+    ldr = loader(static_dir, 8, seed=0)
+    n = len(ldr.dataset)
+    assert len(ldr) == n // 8
+    batch = next(iter(ldr))
+    assert set(batch) == KEYS
+    assert all(t.dtype == torch.int64 for t in batch.values())
+    B, T = batch["input_ids"].shape
+    assert B == 8 and T % 8 == 0 and T <= MAX_SEQ
+    assert batch["masked_positions"].shape == batch["labels"].shape == (8, 20)
+    assert batch["next_sentence_label"].shape == (8,)
+    am = batch["attention_mask"]
+    assert int(am.sum(1).max()) > T - 8  # padded to the next multiple of 8 only
+    for i, (ids, num_a, pos, labels, nsl) in enumerate(rows(batch)):
+        L = len(ids)
+        assert am[i, :L].all() and not am[i, L:].any()
+        assert not batch["input_ids"][i, L:].any()  # [PAD] = 0
+        assert ids[0] == CLS and ids[num_a - 1] == SEP and ids[-1] == SEP  # never masked
+        tt = batch["token_type_ids"][i]
+        assert not tt[:num_a].any() and tt[num_a:L].all() and not tt[L:].any()
+        assert 3 <= num_a <= L - 2
+        assert len(pos) == expected_mask_count(L, 20)
+        assert max(pos) < L and 0 not in pos and num_a - 1 not in pos and L - 1 not in pos
+        assert (batch["masked_positions"][i, len(pos):] == 0).all()
+        assert nsl in (0, 1)
+    # At least one of the batch's NSP labels of each kind over a few batches, and real masks.
+    first = [b for _, b in zip(range(10), iter(loader(static_dir, 8, seed=0)))]
+    labels = torch.cat([b["next_sentence_label"] for b in first])
+    assert 0 < labels.float().mean() < 1
+    at = torch.cat([b["input_ids"].gather(1, b["masked_positions"])[b["labels"] != -100] for b in first])
+    assert 0.6 < (at == MASK).float().mean() < 0.95
+
+    config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    model = BertForPreTraining(config)
+    out = model(**batch)
+    assert torch.isfinite(out.loss)
+    # an untrained model: MLM about ln(V), NSP about ln(2)
+    assert abs(out.loss.item() - (np.log(VOCAB_SIZE) + np.log(2))) < 1.5
+    out.loss.backward()
+    assert torch.isfinite(model.bert.embeddings.word_embeddings.weight.grad).all()
+    assert out.prediction_logits.shape[:2] == (8, 20)
+
+
+def test_every_instance_once_per_epoch(static_dir):
+    everything = collections.Counter(instance_key(x) for x in read_instances(static_dir))
+    n = sum(everything.values())
+    # batch size 1: the epoch is exactly the dataset
+    got = collections.Counter(r for b in loader(static_dir, 1, seed=2) for r in rows(b))
+    assert got == everything
+    # batch size 16: all but the remainder (the last incomplete batch is dropped)
+    ldr = loader(static_dir, 16, seed=2)
+    dropped = []
+    for _ in range(2):
+        got = collections.Counter(r for b in ldr for r in rows(b))
+        assert sum(got.values()) == 16 * (n // 16) == 16 * len(ldr)
+        assert not got - everything  # nothing seen twice or invented
+        dropped.append(everything - got)
+        assert sum(dropped[-1].values()) == n % 16
+    assert n % 16 and dropped[0] != dropped[1]  # a different remainder each epoch
+
+
+def test_order_follows_the_seed(static_dir):
+    a, b, c = loader(static_dir, 8, seed=3), loader(static_dir, 8, seed=3), loader(static_dir, 8, seed=4)
+    a0, a1 = epoch_rows(a), epoch_rows(a)
+    assert epoch_rows(b) == a0 and epoch_rows(b) == a1  # same seed: same batches, epoch after epoch
+    c0 = epoch_rows(c)
+    assert sum(x != y for x, y in zip(a0, c0)) > 0.9 * len(a0)  # another seed, another order
+    assert sum(x != y for x, y in zip(a0, a1)) > 0.9 * len(a0)  # a new order every epoch
+
+    # Shards are read one at a time, each in one run, in an order that changes every epoch.
+    where = collections.defaultdict(set)
+    ds = a.dataset
+    for k in range(len(ds.sizes)):
+        shard = ds.shard(k)
+        for i in range(len(shard)):
+            where[instance_key(shard.instance(i))].add(k)
+    assert all(len(v) == 1 for v in where.values())
+
+    def shard_runs(epoch):
+        seq = [next(iter(where[r])) for b in epoch for r in b]
+        runs = [s for j, s in enumerate(seq) if j == 0 or seq[j - 1] != s]
+        assert len(runs) == len(set(runs))  # no shard visited twice
+        return runs
+
+    assert len(shard_runs(a0)) >= len(ds.sizes) - 1  # (the dropped remainder may hold a small one)
+    assert shard_runs(a0) != shard_runs(a1) and shard_runs(a0) != shard_runs(c0)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_ranks_split_the_global_batch(kind, static_dir, dynamic_dir):
+    folder = static_dir if kind == "static" else dynamic_dir
+    special = SPECIAL if kind == "dynamic" else None
+    single = loader(folder, 8, seed=5, special=special)
+    ranks = [loader(folder, 4, seed=5, rank=r, world_size=2, special=special) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == len(single)
+    for _ in range(2):  # two epochs
+        s, r0, r1 = epoch_rows(single), epoch_rows(ranks[0]), epoch_rows(ranks[1])
+        assert len(s) == len(r0) == len(r1) > 10
+        for k in range(len(s)):
+            assert r0[k] == s[k][:4] and r1[k] == s[k][4:]
+    with pytest.raises(ValueError):
+        loader(folder, 4, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_resume_gives_exactly_the_remaining_batches(kind, static_dir, dynamic_dir):
+    folder = static_dir if kind == "static" else dynamic_dir
+    special = SPECIAL if kind == "dynamic" else None
+    make = lambda: loader(folder, 16, seed=6, special=special)
+    ref = make()
+    epochs = [epoch_rows(ref) for _ in range(3)]
+    assert len(epochs[0]) > 8
+
+    # mid-epoch
+    a = make()
+    it = iter(a)
+    head = [rows(next(it)) for _ in range(5)]
+    assert head == epochs[0][:5]
+    state = a.state_dict()
+    assert state["epoch"] == 0 and state["position"] == 5 * 16
+    b = make()
+    b.load_state_dict(json.loads(json.dumps(state)))  # survives a JSON round trip
+    assert epoch_rows(b) == epochs[0][5:]
+    assert epoch_rows(b) == epochs[1]
+
+    # across an epoch boundary: a whole epoch, then 3 batches of the next
+    a = make()
+    assert epoch_rows(a) == epochs[0]
+    it = iter(a)
+    assert [rows(next(it)) for _ in range(3)] == epochs[1][:3]
+    state = a.state_dict()
+    assert state["epoch"] == 1 and state["position"] == 3 * 16
+    b = make()
+    b.load_state_dict(state)
+    assert epoch_rows(b) == epochs[1][3:]
+    assert epoch_rows(b) == epochs[2]
+
+    # saved right after the last batch of an epoch: the rest of the stream is the next epoch
+    a = make()
+    it = iter(a)
+    assert [rows(next(it)) for _ in range(len(a))] == epochs[0]
+    assert a.state_dict()["epoch"] == 1 and a.state_dict()["position"] == 0  # counted as finished
+    b = make()
+    b.load_state_dict(a.state_dict())
+    assert epoch_rows(b) == epochs[1]
+    assert epoch_rows(b) == epochs[2]
+
+    with pytest.raises(ValueError, match="seed"):
+        loader(folder, 16, seed=7, special=special).load_state_dict(state)
+    with pytest.raises(ValueError, match="global batch"):
+        loader(folder, 8, seed=6, special=special).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------ dynamic masking, no NSP
+def test_dynamic_masking_masks_afresh_each_epoch_and_deterministically(dynamic_dir):
+    ds = PretrainingDataset(dynamic_dir)
+    assert all(len(ds.shard(k).masked_positions) == 0 for k in range(len(ds.sizes)))  # nothing stored
+    with pytest.raises(ValueError, match="special"):
+        PretrainingLoader(ds, 8)
+    a = loader(dynamic_dir, 1, seed=8, special=SPECIAL)
+    masks = []
+    for _ in range(2):
+        per_instance = {}
+        for b in a:
+            (ids, num_a, pos, labels, nsl), = rows(b)
+            orig = np.array(ids)
+            orig[list(pos)] = labels
+            key = (tuple(orig.tolist()), num_a, nsl)
+            assert len(pos) == expected_mask_count(len(ids), 20)
+            assert not np.isin(labels, [CLS, SEP]).any()
+            per_instance.setdefault(key, []).append(pos)
+        masks.append(per_instance)
+    assert masks[0].keys() == masks[1].keys()
+    unique = [k for k, v in masks[0].items() if len(v) == 1 and len(masks[1][k]) == 1]
+    assert len(unique) > 300
+    changed = sum(masks[0][k] != masks[1][k] for k in unique)
+    assert changed > 0.8 * len(unique)  # fresh masks every epoch
+    b = loader(dynamic_dir, 8, seed=8, special=SPECIAL)
+    c = loader(dynamic_dir, 8, seed=8, special=SPECIAL)
+    for _ in range(2):
+        assert epoch_rows(b) == epoch_rows(c)  # but the same ones for the same seed and epoch
+
+
+def test_no_nsp_batches_are_single_segments(packed_dir):
+    ldr = loader(packed_dir, 8, seed=9)
+    batches = list(ldr)
+    assert len(batches) == len(ldr) > 5
+    config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=64)
+    model = BertForPreTraining(config)
+    for batch in batches:
+        assert set(batch) == KEYS - {"next_sentence_label"}
+        assert not batch["token_type_ids"].any()
+        for ids, num_a, pos, labels, _ in rows(batch):
+            assert num_a == len(ids) and SEP not in [l for l in labels]
+            assert len(pos) == expected_mask_count(len(ids), 20)
+    lengths = torch.cat([b["attention_mask"].sum(1) for b in batches])
+    assert (lengths > MAX_SEQ - 12).float().mean() > 0.5  # packed up to the length
+    loss = model(**batches[0]).loss
+    assert torch.isfinite(loss) and abs(loss.item() - np.log(VOCAB_SIZE)) < 1.5  # MLM only
+
+
+# ------------------------------------------------------------------------------ damaged or foreign data
+def test_vocab_mismatch_is_refused(static_dir, tokenizer):
+    PretrainingDataset(static_dir, vocab_hash=tokenizer.vocab_hash)  # the right one is fine
+    with pytest.raises(ShardError, match="another vocab"):
+        PretrainingDataset(static_dir, vocab_hash="0" * 64)
+    manifest = json.loads((static_dir / "manifest.json").read_text())
+    with pytest.raises(ShardError, match="another vocab"):
+        read_shard(static_dir / manifest["shards"][0]["file"], vocab_hash="f" * 64)
+
+
+@pytest.fixture
+def copy(tmp_path, static_dir):
+    target = tmp_path / "copy"
+    shutil.copytree(static_dir, target)
+    return target
+
+
+def test_truncated_shard_is_an_error_on_access(copy):
+    path = copy / "shard-00001.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    ds = PretrainingDataset(copy)  # the manifest is fine; the shard is read when needed
+    ds.shard(0)
+    with pytest.raises(ShardError, match="checksum"):
+        ds.shard(1)
+    with pytest.raises(ShardError, match="unreadable shard"):
+        PretrainingDataset(copy, verify_checksums=False).shard(1)
+    with pytest.raises(ShardError):
+        for _ in loader(copy, 8, seed=0):
+            pass
+    path.write_bytes(data[:5])  # not even a header
+    with pytest.raises(ShardError, match="unreadable shard"):
+        PretrainingDataset(copy, verify_checksums=False).shard(1)
+
+
+def test_corrupted_byte_fails_the_checksum(copy):
+    path = copy / "shard-00002.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) - 7] ^= 0x01  # in the arrays, not the header: safetensors cannot notice
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="checksum"):
+        PretrainingDataset(copy).shard(2)
+    PretrainingDataset(copy, verify_checksums=False).shard(2)  # unverified, it would load
+
+
+def test_incomplete_or_broken_manifest_is_an_error(tmp_path, corpus, tok_dir, copy):
+    cfg = PrepareConfig(max_seq_length=MAX_SEQ, dupe_factor=1, shard_chars=8000)
+    m = prepare([corpus], tmp_path / "half", tok_dir, cfg, num_shards=2, shard_index=1, progress=False)
+    assert not m["complete"] and m["missing_shards"][:2] == [0, 2]
+    with pytest.raises(ShardError, match=r"incomplete: shards \[0, 2"):
+        PretrainingDataset(tmp_path / "half")
+    with pytest.raises(ShardError, match="no manifest.json"):
+        PretrainingDataset(tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][1]["instances"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="manifest says"):
+        PretrainingDataset(copy, verify_checksums=False).shard(1)
+    (copy / "shard-00003.safetensors").unlink()
+    with pytest.raises(ShardError, match="missing"):
+        PretrainingDataset(copy).shard(3)
+    (copy / "manifest.json").write_text(json.dumps(manifest)[:-20])
+    with pytest.raises(ShardError, match="corrupt manifest"):
+        PretrainingDataset(copy)
