@@ -134,3 +134,21 @@ def minilm() -> Path:
     from bertforge.resources import minilm_folder
 
     return minilm_folder()
+
+
+# ---------------------------------------------------------------- the data pipeline's small tokenizer
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    """A folder with the hand-written test vocab of tests/data_fixtures.py (multi-piece words included)."""
+    from data_fixtures import write_tokenizer
+
+    return write_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tok_dir):
+    from data_fixtures import check_tokenizer
+
+    from bertforge.tokenization import BertTokenizer
+
+    return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,13 +15,11 @@ from data_fixtures import (
     SPECIAL,
     VOCAB_SIZE,
     check_layout,
-    check_tokenizer,
     documents,
     expected_mask_count,
     google_words,
     original_ids,
     tokenize_docs,
-    write_tokenizer,
 )
 
 from bertforge.data.instances import (
@@ -33,19 +30,8 @@ from bertforge.data.instances import (
     mask_instances,
     truncate_seq_pair,
 )
-from bertforge.tokenization import BertTokenizer
 
 FIRST_WORD = MASK + 1  # ids below are [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    return write_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tok_dir) -> BertTokenizer:
-    return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))
 
 
 def sigma(p: float, n: int) -> float:

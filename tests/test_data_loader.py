@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,32 +16,19 @@ from data_fixtures import (
     SEP,
     SPECIAL,
     VOCAB_SIZE,
-    check_tokenizer,
     documents,
     expected_mask_count,
     read_instances,
     write_google,
-    write_tokenizer,
 )
 
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, prepare
 from bertforge.data.shards import ShardError, read_shard
-from bertforge.tokenization import BertTokenizer
 
 MAX_SEQ = 32
 KEYS = {"input_ids", "token_type_ids", "attention_mask", "masked_positions", "labels", "next_sentence_label"}
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    return write_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tok_dir) -> BertTokenizer:
-    return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import collections
 import json
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from data_fixtures import (
     SPECIAL,
     TOKENS,
     check_layout,
-    check_tokenizer,
     documents,
     expected_mask_count,
     google_words,
@@ -30,7 +28,6 @@ from data_fixtures import (
     write_google,
     write_jsonl,
     write_text,
-    write_tokenizer,
     write_wiki_json,
 )
 
@@ -49,16 +46,6 @@ from bertforge.data.shards import ShardError
 from bertforge.tokenization import BertTokenizer
 
 BASE = {"max_seq_length": 64, "dupe_factor": 2, "shard_chars": 15_000}
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    return write_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tok_dir) -> BertTokenizer:
-    return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))
 
 
 def run(inputs, out, tok_dir, workers=1, **cfg):
