@@ -25,11 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 
 __all__ = ["main", "COMMANDS"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")  # torch is imported only by the commands that need it
 
 
 # ---------------------------------------------------------------------------- typed configs <-> flags
@@ -179,13 +178,15 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="folder to write config.json + model.safetensors (+ tokenizer files) into")
     p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
                    help="class to load as (default: config.json's architectures, else inferred from the weights)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), help="cast the weights (default: keep float32)")
+    p.add_argument("--dtype", choices=_DTYPES, help="cast the weights (default: keep float32)")
 
 
 def _convert(a: argparse.Namespace) -> int:
     from bertforge.checkpoint import convert
 
-    cls = convert(a.src, a.dst, model_class=a.model_class, dtype=_DTYPES[a.dtype] if a.dtype else None)
+    import torch
+
+    cls = convert(a.src, a.dst, model_class=a.model_class, dtype=getattr(torch, a.dtype) if a.dtype else None)
     print(f"wrote {a.dst} as {cls.__name__}")
     return 0
 
