@@ -108,6 +108,7 @@ class PretrainingLoader:
         self.special = special
         self.epoch = 0
         self.position = 0  # instances of this epoch consumed (all ranks together)
+        self._perm: tuple[tuple[int, int], np.ndarray] | None = None
 
     @property
     def global_batch(self) -> int:
@@ -133,6 +134,13 @@ class PretrainingLoader:
         starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])
         return order, starts
 
+    def _permutation(self, epoch: int, shard: int) -> np.ndarray:
+        """The shard's instance order in ``epoch``; kept while batches read the same shard."""
+        if self._perm is None or self._perm[0] != (epoch, shard):
+            perm = np.random.default_rng([self.seed, epoch, shard]).permutation(int(self.dataset.sizes[shard]))
+            self._perm = ((epoch, shard), perm)
+        return self._perm[1]
+
     def _instances(self, epoch: int, begin: int, end: int) -> list[tuple[int, int]]:
         """(shard, index in shard) of the epoch's instances begin..end-1."""
         order, starts = self._order(epoch)
@@ -141,7 +149,7 @@ class PretrainingLoader:
         g = begin
         while g < end:
             shard = int(order[j])
-            perm = np.random.default_rng([self.seed, epoch, shard]).permutation(int(self.dataset.sizes[shard]))
+            perm = self._permutation(epoch, shard)
             stop = min(end, int(starts[j + 1]))
             out.extend((shard, int(perm[k - starts[j]])) for k in range(g, stop))
             g = stop

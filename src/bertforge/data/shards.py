@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from bertforge.data.instances import TrainingInstance
 from bertforge.io import atomic_path, atomic_write_text
@@ -124,11 +125,9 @@ def read_shard(path: Path, *, vocab_hash: str | None = None, sha256: str | None 
     if sha256 is not None and sha256_file(path) != sha256:
         raise ShardError(f"{path}: contents differ from the manifest's checksum (corrupt or replaced)")
     try:
-        arrays = load_file(str(path))
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="np") as f:
+        with safe_open(str(path), framework="np") as f:  # one open: arrays and metadata together
             meta = f.metadata() or {}
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
         if _META_KEY in meta:
             meta = json.loads(meta[_META_KEY])
     except Exception as e:  # noqa: BLE001 - any failure here means an unreadable shard
