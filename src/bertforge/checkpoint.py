@@ -243,15 +243,18 @@ def _names(keys: list[str], limit: int = 12) -> str:
 
 
 # ---------------------------------------------------------------------------- saving
-def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: Any = None) -> None:
+def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: Any = None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``config.json``, ``model.safetensors`` and, if given, the tokenizer's files.
+
+    ``state_dict`` replaces the model's own (e.g. the full weights gathered from an FSDP-sharded model).
 
     Each file is replaced atomically, weights first, so a crash leaves either the old checkpoint or
     the new weights beside the old config of the same model.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().contiguous().cpu() for k, v in (state_dict or model.state_dict()).items()}
     with atomic_path(folder / SAFETENSORS_NAME) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     model.config.replace(architectures=[type(model).__name__]).save(folder / "config.json")

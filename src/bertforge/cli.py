@@ -5,6 +5,8 @@
     bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
     bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
     bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
+    bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
+    bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
     bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
 """
 
@@ -62,7 +64,7 @@ def _scalar_type(annotation: Any) -> type:
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
     """One ``--flag`` per dataclass field, typed, with the field's default and docstring."""
     docs = field_docs(cls)
-    group = parser.add_argument_group(f"{cls.__name__} (also settable with --config FILE.json)")
+    group = parser.add_argument_group(f"{cls.__name__} (also settable with --config FILE.json|.yaml)")
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
@@ -76,14 +78,30 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tu
             group.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper(), help=help_text)
 
 
+def read_config_file(file: str | Path) -> dict[str, Any]:
+    """Settings from a JSON or (``.yaml`` / ``.yml``) YAML file holding one mapping."""
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+        if str(file).endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: cannot read the config file ({e})") from e
+    except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError) without importing yaml up front
+        raise ValueError(f"{file}: not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a mapping of setting names to values")
+    return data
+
+
 def config_from_args(cls: type, args: argparse.Namespace, *, file: str | None = None) -> Any:
-    """Defaults <- the JSON ``file`` <- flags given on the command line."""
+    """Defaults <- the JSON / YAML ``file`` <- flags given on the command line."""
     values: dict[str, Any] = {}
     if file:
-        try:
-            values.update(json.loads(Path(file).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{file}: cannot read the config file ({e})") from e
+        values.update(read_config_file(file))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -215,6 +233,35 @@ def _info(a: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- pretrain / plot
+def _pretrain_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.pretrain import PretrainConfig
+
+    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
+    add_config_arguments(p, PretrainConfig)
+
+
+def _pretrain(a: argparse.Namespace) -> int:
+    from bertforge.pretrain import PretrainConfig, pretrain
+
+    result = pretrain(config_from_args(PretrainConfig, a, file=a.config))
+    if result.stopped_early:
+        print(f"pretrain: stopped at step {result.step}; continue with --resume")
+    return 0
+
+
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run folder holding metrics.jsonl")
+    p.add_argument("--out", help="PNG file to write (default: RUN_DIR/curves.png)")
+
+
+def _plot(a: argparse.Namespace) -> int:
+    from bertforge.plot import plot_run
+
+    print(f"wrote {plot_run(a.run_dir, a.out)}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="folder for the demo's outputs")
@@ -236,6 +283,9 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors)",
                 _convert_args, _convert),
     "info": ("describe a checkpoint folder", _info_args, _info),
+    "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
+                 "processes", _pretrain_args, _pretrain),
+    "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),
     "demo": ("run the end-to-end demo on real data", _demo_args, _demo),
 }
 

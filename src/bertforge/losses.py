@@ -22,15 +22,15 @@ __all__ = [
 IGNORE_INDEX = -100
 
 
-def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the predicted positions. logits (..., V), labels (...)."""
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over the predicted positions (mean, or "sum"). logits (..., V), labels (...)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+                           ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
-def next_sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def next_sentence_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """logits (B, 2), labels (B,) with 0 = IsNext, 1 = NotNext."""
-    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
 def pretraining_loss(prediction_logits: torch.Tensor, seq_relationship_logits: torch.Tensor | None,

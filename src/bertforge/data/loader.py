@@ -37,7 +37,9 @@ __all__ = ["PretrainingDataset", "PretrainingLoader"]
 class PretrainingDataset:
     """A prepared folder: its manifest, checked, and its shards, loaded on demand (one at a time)."""
 
-    def __init__(self, folder: str | Path, *, vocab_hash: str | None = None, verify_checksums: bool = True):
+    def __init__(self, folder: str | Path, *, vocab_hash: str | None = None, verify_checksums: bool = True,
+                 shards: list[int] | None = None):
+        """``shards``: use only these shard indices (e.g. hold the last ones out for evaluation)."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         m = self.manifest
@@ -51,6 +53,12 @@ class PretrainingDataset:
                              f"model's tokenizer (hash {vocab_hash[:12]}); prepare the data with this tokenizer")
         self.config: dict[str, Any] = m["config"]
         self.shards: list[dict[str, Any]] = m["shards"]
+        if shards is not None:
+            bad = [i for i in shards if not 0 <= i < len(self.shards)]
+            if bad or not shards:
+                raise ValueError(f"{self.folder}: shard selection {list(shards)} is empty or outside "
+                                 f"0..{len(self.shards) - 1}")
+            self.shards = [self.shards[i] for i in shards]
         self.sizes = np.array([s["instances"] for s in self.shards], dtype=np.int64)
         self.verify_checksums = verify_checksums
         self._cached: tuple[int, Shard] | None = None

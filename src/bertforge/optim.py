@@ -1,0 +1,147 @@
+"""Optimizers and learning-rate schedules of the paper (and of large-batch BERT training).
+
+* AdamW with decoupled weight decay, not applied to LayerNorm weights and biases (the paper;
+  Google's ``AdamWeightDecayOptimizer``). With ``bias_correction=True`` (the default, like
+  transformers and PyTorch) it is ``torch.optim.AdamW``; ``bias_correction=False`` reproduces the
+  TF release's optimizer, which has none (``Lamb`` with ``trust_ratio=False`` then does the step).
+* LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning"): Adam's update plus
+  decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update||.
+* Schedules: linear warmup from 0, then linear (the paper), polynomial, cosine or constant decay.
+
+The update formulas, for one tensor ``w`` with gradient ``g`` at step ``t`` (1-based):
+
+    m = b1 m + (1 - b1) g             v = b2 v + (1 - b2) g^2
+    m_hat = m / (1 - b1^t)            v_hat = v / (1 - b2^t)        (bias correction; else m, v)
+    u = m_hat / (sqrt(v_hat) + eps) + wd * w
+    AdamW: w -= lr * u                LAMB: w -= lr * (||w|| / ||u||) * u   (ratio 1 if a norm is 0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["Lamb", "param_groups", "build_optimizer", "lr_factor", "build_schedule", "OPTIMIZERS", "SCHEDULES"]
+
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("linear", "polynomial", "cosine", "constant")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weight decay for weight matrices and embeddings; none for biases and
+    LayerNorm parameters (the paper's exclusion, by Google's names ``bias`` / ``LayerNorm``)."""
+    decay, no_decay = [], []
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:  # tied parameters once
+            continue
+        seen.add(id(p))
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB, or (``trust_ratio=False``) AdamW with optional bias correction. See the module doc."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, *, bias_correction: bool = True,
+                 trust_ratio: bool = True):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid Lamb settings: lr {lr}, betas {betas}, eps {eps}, weight_decay {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, trust_ratio=trust_ratio)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            b1, b2 = group["betas"]
+            grads, ms, vs = [], [], []
+            for p in params:
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                grads.append(p.grad)
+                ms.append(state["exp_avg"])
+                vs.append(state["exp_avg_sq"])
+            t = float(self.state[params[0]]["step"])  # all tensors of a group step together
+            torch._foreach_lerp_(ms, grads, 1 - b1)  # m = b1 m + (1 - b1) g
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
+            c1 = 1 - b1 ** t if group["bias_correction"] else 1.0
+            c2 = 1 - b2 ** t if group["bias_correction"] else 1.0
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_div_(denom, math.sqrt(c2))
+            torch._foreach_add_(denom, group["eps"])
+            updates = torch._foreach_div(ms, denom)
+            torch._foreach_div_(updates, c1)
+            if group["weight_decay"]:
+                torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+            if group["trust_ratio"]:
+                w_norms = torch._foreach_norm(params)
+                u_norms = torch._foreach_norm(updates)
+                ratios = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(w_norms, u_norms)]
+                torch._foreach_mul_(updates, ratios)
+            torch._foreach_add_(params, updates, alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(model: nn.Module, name: str = "adamw", *, lr: float, weight_decay: float,
+                    betas: tuple[float, float], eps: float, bias_correction: bool = True) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``'s parameters, with the paper's weight-decay exclusions."""
+    groups = param_groups(model, weight_decay)
+    if name == "adamw":
+        if not bias_correction:
+            return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        bias_correction=False, trust_ratio=False)
+        # The fused kernel (one pass over all tensors) exists on CPU and CUDA in recent PyTorch.
+        fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+    raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+
+
+def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str = "linear",
+              power: float = 1.0, end_factor: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at ``step`` (0-based, the step about to be taken).
+
+    Warmup rises linearly from 1/warmup to 1 over ``warmup_steps``; then the factor decays from 1
+    to ``end_factor`` at ``total_steps``: linearly, as ``(1 - progress) ** power``, along a half
+    cosine, or not at all (constant).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        decay = 1.0 - progress
+    elif schedule == "polynomial":
+        decay = (1.0 - progress) ** power
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return end_factor + (1.0 - end_factor) * decay
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, **kwargs) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` applying `lr_factor` (keyword arguments as there)."""
+    lr_factor(0, **kwargs)  # validate now, not at the first step
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kwargs))

@@ -1,0 +1,239 @@
+"""``bertforge pretrain``: the paper's pre-training (masked LM + next sentence prediction) on prepared shards.
+
+The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
+prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
+`PretrainingTask` below, and the shared loop of `bertforge.trainer`.
+
+The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
+at length 512 that starts from the phase-1 weights with its own steps and schedule::
+
+    bertforge pretrain --data data128 --tokenizer vocab --model base --out phase1 --max-steps 900000
+    bertforge pretrain --data data512 --init-from phase1/model --out phase2 --max-steps 100000 \\
+        --warmup-steps 1000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertforge import losses
+from bertforge.config import BertConfig
+from bertforge.trainer import TrainConfig, Trainer, TrainResult, latest_checkpoint
+
+__all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
+
+logger = logging.getLogger("bertforge")
+
+
+@dataclass
+class PretrainConfig(TrainConfig):
+    """A pre-training run: the loop's settings (the paper's defaults) plus model and data."""
+
+    data: str = ""
+    """Folder prepared by `bertforge prepare` (its manifest fixes the vocab, length and NSP mode)."""
+    out: str = "runs/pretrain"
+    """Run folder: metrics.jsonl, curves.png, checkpoints/, and the final model/."""
+    tokenizer: str = ""
+    """Vocab or checkpoint folder of the data's tokenizer (default: the --init-from folder)."""
+    model: str = "base"
+    """Model size preset (tiny, mini, small, medium, base, large) or a config.json path."""
+    init_from: str = ""
+    """Start from these weights (a checkpoint folder, e.g. phase 1's model/) instead of a fresh init."""
+    dropout: float = 0.1
+    """Dropout on hidden states and attention probabilities."""
+    eval_data: str = ""
+    """Prepared folder of held-out data for evaluation (MLM / NSP accuracy)."""
+    eval_shards: int = 0
+    """Hold out the last this many shards of --data for evaluation (when no --eval-data)."""
+    eval_batches: int = 20
+    """Batches per evaluation at most."""
+    resume: bool = False
+    """Continue the run in --out from its latest checkpoint."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.eval_shards < 0 or self.eval_batches < 1:
+            raise ValueError("eval_shards must be >= 0 and eval_batches >= 1")
+
+
+class PretrainingTask:
+    """MLM (+ NSP) losses and accuracies. MLM logits are built at the masked positions only."""
+
+    def __init__(self, nsp: bool = True):
+        self.nsp = nsp
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        out = {"mlm": float((batch["labels"] != losses.IGNORE_INDEX).sum())}
+        if self.nsp:
+            out["nsp"] = float(batch["next_sentence_label"].numel())
+        return out
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                    masked_positions=batch["masked_positions"])
+        labels = batch["labels"]  # (B, P), -100 on unused prediction slots
+        mlm_logits = out.prediction_logits if self.nsp else out.logits  # (B, P, V)
+        valid = labels != losses.IGNORE_INDEX
+        terms = {"mlm": losses.masked_lm_loss(mlm_logits, labels, reduction="sum")}
+        stats = {"mlm_correct": ((mlm_logits.argmax(-1) == labels) & valid).sum()}
+        if self.nsp:
+            nsp_labels = batch["next_sentence_label"]
+            nsp_logits = out.seq_relationship_logits  # (B, 2)
+            terms["nsp"] = losses.next_sentence_loss(nsp_logits, nsp_labels, reduction="sum")
+            stats["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).sum()
+        return terms, stats
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+        out = {"mlm_accuracy": stats.get("mlm_correct", 0.0) / max(counts.get("mlm", 0.0), 1.0)}
+        if self.nsp:
+            out["nsp_accuracy"] = stats.get("nsp_correct", 0.0) / max(counts.get("nsp", 0.0), 1.0)
+        return out
+
+
+def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int) -> nn.Module:
+    """`BertForPreTraining` (NSP data) or `BertForMaskedLM` (no-NSP data): fresh, or from --init-from."""
+    from bertforge.heads import BertForMaskedLM, BertForPreTraining
+
+    cls = BertForPreTraining if nsp else BertForMaskedLM
+    dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
+    if cfg.init_from:
+        model = cls.from_pretrained(cfg.init_from, **dropout)
+        config = model.config
+    else:
+        if cfg.model.endswith(".json") or Path(cfg.model).is_dir():
+            config = BertConfig.load(cfg.model).replace(vocab_size=vocab_size, **dropout)
+        else:
+            config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout)
+        model = cls(config)
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"the model has {config.vocab_size} word embeddings but the data's vocab has "
+                         f"{vocab_size} entries")
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"the data has sequences of {max_seq_length} tokens; the model takes at most "
+                         f"{config.max_position_embeddings}")
+    return model
+
+
+def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: Any, special: Any):
+    """Held-out MLM / NSP loss and accuracy over the same instances at every evaluation."""
+    from bertforge.data.loader import PretrainingLoader
+
+    batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        loader = PretrainingLoader(dataset, batch, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
+                                   special=special)
+        names: list[str] = []
+        totals: torch.Tensor | None = None
+        for i, b in enumerate(loader):
+            if i >= cfg.eval_batches:
+                break
+            counts = task.counts(b)
+            b = {k: v.to(dist.device) for k, v in b.items()}
+            terms, stats = task.forward(model, b)
+            values = {**{f"loss:{k}": v.float() for k, v in terms.items()},
+                      **{f"count:{k}": torch.tensor(c, device=dist.device) for k, c in counts.items()},
+                      **{f"stat:{k}": v.float() for k, v in stats.items()}}
+            names = list(values)
+            row = torch.stack([values[k].double() for k in names])
+            totals = row if totals is None else totals + row
+        if totals is None:
+            return {}
+        got = dict(zip(names, dist.all_reduce_sum(totals).tolist()))
+        pick = lambda kind: {k.split(":", 1)[1]: v for k, v in got.items() if k.startswith(kind + ":")}  # noqa: E731
+        loss_sums, counts, stats = pick("loss"), pick("count"), pick("stat")
+        per_term = {f"{k}_loss": v / max(counts[k], 1.0) for k, v in loss_sums.items()}
+        return {"loss": sum(per_term.values()), **per_term, **task.metrics(loss_sums, counts, stats)}
+
+    return evaluate
+
+
+def pretrain(cfg: PretrainConfig) -> TrainResult:
+    """Run (or resume) a pre-training run; return the loop's final state."""
+    from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+    from bertforge.data.prepare import _special_ids, load_manifest
+    from bertforge.distributed import setup
+    from bertforge.tokenization import BertTokenizer
+
+    if not cfg.data:
+        raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
+    tokenizer_dir = cfg.tokenizer or cfg.init_from
+    if not tokenizer_dir:
+        raise ValueError("pretrain needs --tokenizer (the vocab folder the data was prepared with) or --init-from")
+    tok = BertTokenizer.from_pretrained(tokenizer_dir)
+    dist = setup(cfg.device)
+    out = Path(cfg.out)
+
+    manifest = load_manifest(cfg.data)
+    data_cfg = manifest["config"]
+    n_shards = len(manifest["shards"])
+    if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
+        raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
+    held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
+    train_shards = [i for i in range(n_shards) if i not in held_out]
+    dataset = PretrainingDataset(cfg.data, vocab_hash=tok.vocab_hash, shards=train_shards)
+    special = _special_ids(tok) if data_cfg.get("dynamic_masking") else None
+    loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+                               world_size=dist.world_size, special=special)
+    nsp = bool(data_cfg["nsp"])
+    task = PretrainingTask(nsp=nsp)
+    evaluate = None
+    if cfg.eval_data or held_out:
+        eval_set = (PretrainingDataset(cfg.eval_data, vocab_hash=tok.vocab_hash) if cfg.eval_data
+                    else PretrainingDataset(cfg.data, vocab_hash=tok.vocab_hash, shards=list(held_out)))
+        if bool(eval_set.config["nsp"]) != nsp:
+            raise ValueError(f"{cfg.eval_data}: NSP mode differs from the training data's")
+        evaluate = _evaluator(eval_set, task, cfg, dist, special)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every process
+    model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]))
+    torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
+    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume",)}
+    run_config["data_vocab_hash"] = manifest["vocab_hash"]
+    run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
+    trainer = Trainer(model, task, loader, cfg, out, dist=dist, evaluate=evaluate, tokenizer=tok,
+                      run_config=run_config,
+                      resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
+                                         "eval_every", "eval_batches", "max_time_minutes", "progress",
+                                         "compile", "out", "device"))
+    resume_from = None
+    if cfg.resume:
+        resume_from = latest_checkpoint(out)
+        if resume_from is None:
+            raise ValueError(f"--resume: {out} has no complete checkpoint to resume from")
+    elif dist.is_main and latest_checkpoint(out) is not None:
+        raise ValueError(f"{out} already holds checkpoints of a run; pass --resume to continue it, or use a new --out")
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
+        params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        print(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
+              f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
+              f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; precision {cfg.precision}")
+    result = trainer.fit(resume_from=resume_from)
+    if dist.is_main:
+        trainer.model.save_pretrained(out / "model", tokenizer=tok) if not trainer.fsdp else None
+        _plot(out)
+    return result
+
+
+def _plot(out: Path) -> None:
+    try:
+        from bertforge.plot import plot_run
+
+        path = plot_run(out)
+        print(f"pretrain: curves in {path}")
+    except ImportError as e:  # matplotlib missing: the metrics are still in metrics.jsonl
+        logger.warning("no plot (%s); metrics are in %s", e, out / "metrics.jsonl")

@@ -1,0 +1,608 @@
+"""The one training loop, shared by pre-training and every fine-tuning task.
+
+A recipe (``bertforge.pretrain``, fine-tuning) plugs in a model, a `Task` (how a batch becomes
+loss terms and statistics), a resumable batch source and, optionally, an evaluation; the loop owns
+everything around them: gradient accumulation, mixed precision, clipping, the optimizer and
+schedule, distributed wrapping, checkpoints, resume, signals, logging and the progress bar.
+
+Loss normalisation. A task returns each loss term as a *sum* (e.g. summed MLM cross-entropy) and
+says beforehand how many items each term averages over (`Task.counts`). The loop divides each sum
+by its count over the whole optimizer step (every micro-batch on every process), so the gradient is
+the one of a single big batch whatever the number of processes or accumulation steps, even though
+micro-batches hold different numbers of masked tokens. (A mean per micro-batch, averaged again by
+DDP, would weight the tokens of short micro-batches more.)
+
+Checkpoints. ``OUT/checkpoints/step-NNNNNNNN/`` is a normal checkpoint folder (config.json,
+model.safetensors, tokenizer files) plus ``trainer_state.pt`` (optimizer, schedule, step, every
+process's random-generator states, the batch source's position; read back with
+``torch.load(weights_only=True)``) and ``trainer_state.json`` (the same facts, readable). A folder
+is written under a temporary name and renamed when complete, so a crash or ``kill -9`` at any
+moment leaves every earlier checkpoint intact; only then are checkpoints beyond the last
+``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.distributed import Distributed, unwrap_model, wrap_model
+from bertforge.io import atomic_write_text
+from bertforge.optim import build_optimizer, build_schedule
+
+__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "PRECISIONS", "CHECKPOINTS_DIR"]
+
+logger = logging.getLogger("bertforge")
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+STATE_PT = "trainer_state.pt"
+STATE_JSON = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+@dataclass
+class TrainConfig:
+    """Settings of the shared training loop (defaults: the paper's pre-training)."""
+
+    batch_size: int = 256
+    """Global batch: sequences per optimizer step over all processes and accumulation steps."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step on each process (batch_size / (processes * grad_accum) each)."""
+    max_steps: int = 1_000_000
+    """Optimizer steps of the run (the schedule decays to its end over them)."""
+    lr: float = 1e-4
+    """Peak learning rate."""
+    warmup_steps: int = 10_000
+    """Steps of linear warmup from 0 to the peak."""
+    warmup_ratio: float = 0.0
+    """If > 0: warmup over this share of max_steps instead of warmup_steps (fine-tuning: 0.1)."""
+    schedule: str = "linear"
+    """Decay after warmup: linear (the paper), polynomial, cosine or constant."""
+    power: float = 1.0
+    """Exponent of the polynomial decay."""
+    end_lr_ratio: float = 0.0
+    """Learning rate at max_steps, as a share of the peak."""
+    optimizer: str = "adamw"
+    """adamw (the paper) or lamb (large batches)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay, not applied to LayerNorm weights and biases."""
+    adam_beta1: float = 0.9
+    """Adam's beta1."""
+    adam_beta2: float = 0.999
+    """Adam's beta2."""
+    adam_eps: float = 1e-6
+    """Adam's epsilon (the TF release: 1e-6)."""
+    bias_correction: bool = True
+    """Adam bias correction (the TF release's optimizer has none: --no-bias-correction)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    precision: str = "fp32"
+    """fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA)."""
+    compile: bool = False
+    """Run the model through torch.compile."""
+    device: str = "auto"
+    """auto (CUDA if present), cpu, cuda or cuda:K."""
+    strategy: str = "ddp"
+    """With several processes: ddp, or fsdp to shard parameters and optimizer state."""
+    seed: int = 12345
+    """Seed of initialisation, dropout and data order."""
+    checkpoint_every: int = 1000
+    """Save a checkpoint every this many steps (and at the end, and on SIGINT / SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Keep the last this many checkpoints (0: keep all)."""
+    log_every: int = 10
+    """Write a metrics line every this many steps."""
+    eval_every: int = 1000
+    """Evaluate on held-out data every this many steps (0: only at the end)."""
+    max_time_minutes: float = 0.0
+    """Stop (with a checkpoint) after this much training time (0: no limit)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
+            raise ValueError("warmup_steps, keep_checkpoints and eval_every must be >= 0")
+
+    @property
+    def warmup(self) -> int:
+        return int(self.warmup_ratio * self.max_steps) if self.warmup_ratio > 0 else self.warmup_steps
+
+    def micro_batch(self, world_size: int) -> int:
+        """Sequences per forward pass on each process."""
+        per = self.batch_size // (world_size * self.grad_accum)
+        if per * world_size * self.grad_accum != self.batch_size:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by processes ({world_size}) "
+                             f"x grad_accum ({self.grad_accum})")
+        return per
+
+
+class Task(Protocol):
+    """How a recipe's batches become losses and statistics."""
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Items each loss term averages over in ``batch`` (e.g. masked tokens), known before the forward."""
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(summed loss per term, summed statistics such as correct predictions)."""
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+        """Readable metrics (accuracies, ...) from totals over a logging window."""
+
+
+class BatchSource(Protocol):
+    """A resumable, endless-by-epochs batch iterable (`bertforge.data.loader.PretrainingLoader`)."""
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    step: int
+    stopped_early: bool
+    final_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    checkpoint: Path | None
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder of a run (temporary, half-written ones are ignored)."""
+    folder = Path(run_dir) / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file()]
+    return max(steps)[1] if steps else None
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+
+
+def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+class _Stop:
+    """SIGINT / SIGTERM set a flag the loop checks between steps (a second SIGINT interrupts at once)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no handlers, the run stops only at its end
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    """Trains ``model`` on ``batches`` with ``task``; writes metrics and checkpoints into ``out_dir``.
+
+    ``run_config`` (any JSON-able dict, e.g. the recipe's config) is stored with every checkpoint;
+    resuming with a config that differs outside ``resumable_changes`` is an error naming the fields.
+    ``evaluate(model) -> metrics`` runs every ``eval_every`` steps and at the end, on every process.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        batches: BatchSource,
+        config: TrainConfig,
+        out_dir: str | Path,
+        *,
+        dist: Distributed | None = None,
+        evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+        tokenizer: Any = None,
+        run_config: dict[str, Any] | None = None,
+        resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
+                                              "eval_every", "max_time_minutes", "progress", "compile"),
+    ):
+        self.cfg = config
+        self.dist = dist or Distributed()
+        self.task = task
+        self.batches = batches
+        self.evaluate_fn = evaluate
+        self.tokenizer = tokenizer
+        self.out = Path(out_dir)
+        self.run_config = run_config if run_config is not None else dataclasses.asdict(config)
+        self.resumable_changes = resumable_changes
+        self.micro_batch = config.micro_batch(self.dist.world_size)
+        self.device = self.dist.device
+
+        self.model = unwrap_model(model).to(self.device)  # the bare model: saving, evaluation
+        wrapped = wrap_model(self.model, self.dist, config.strategy)
+        self.fsdp = self.dist.enabled and config.strategy == "fsdp"
+        self.optimizer = build_optimizer(
+            wrapped, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+            bias_correction=config.bias_correction)
+        self.scheduler = build_schedule(self.optimizer, total_steps=config.max_steps, warmup_steps=config.warmup,
+                                        schedule=config.schedule, power=config.power, end_factor=config.end_lr_ratio)
+        self.wrapped = wrapped
+        self.train_model = torch.compile(wrapped) if config.compile else wrapped
+        self.ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
+
+        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        if config.precision == "fp16" and self.device.type != "cuda":
+            raise ValueError("precision fp16 needs a CUDA device (its gradient scaler); on CPU use bf16")
+        self.autocast_dtype = amp
+        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+        self.step = 0
+        self.elapsed = 0.0  # training seconds, carried across resumes
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Full (unsharded) model and optimizer state; a collective call under FSDP."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            return get_state_dict(self.model, self.optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.model.state_dict(), self.optimizer.state_dict()
+
+    def save_checkpoint(self) -> Path:
+        """Write the checkpoint of the current step (every process must call this)."""
+        rngs = self.dist.gather_objects(_rng_state())
+        model_state, optim_state = self._state_dicts()
+        final = self.out / CHECKPOINTS_DIR / f"step-{self.step:08d}"
+        if self.dist.is_main:
+            from bertforge.checkpoint import save_pretrained
+
+            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=model_state)
+            state = {
+                "step": self.step,
+                "elapsed": self.elapsed,
+                "optimizer": optim_state,
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rngs,
+                "batches": self.batches.state_dict(),
+                "world_size": self.dist.world_size,
+            }
+            torch.save(state, tmp / STATE_PT)
+            info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3), "world_size": self.dist.world_size,
+                    "batches": self.batches.state_dict(), "run_config": self.run_config}
+            atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
+            with open(tmp / STATE_PT, "rb") as f:
+                os.fsync(f.fileno())
+            if final.exists():  # the same step saved again (a resumed run): swap, never a gap
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            self._prune()
+        self.dist.barrier()
+        return final
+
+    def _prune(self) -> None:
+        folder = self.out / CHECKPOINTS_DIR
+        if self.cfg.keep_checkpoints:
+            done = sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))
+            for old in done[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in folder.glob(".step-*.tmp-*"):  # left by a crashed save
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Continue from a checkpoint folder written by `save_checkpoint`."""
+        from bertforge.checkpoint import CheckpointError, read_state_dict
+
+        folder = Path(folder)
+        info_path, state_path = folder / STATE_JSON, folder / STATE_PT
+        if not state_path.is_file() or not info_path.is_file():
+            raise CheckpointError(f"{folder}: not a training checkpoint (no {STATE_PT} / {STATE_JSON})")
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+        self._check_compatible(info.get("run_config", {}), folder)
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure means an unreadable file
+            raise CheckpointError(f"{state_path}: unreadable training state: {e}") from e
+        if state["world_size"] != self.dist.world_size:
+            logger.warning("%s was written by %d processes, resuming with %d: the data order is the same "
+                           "(global batches), dropout draws differ", folder, state["world_size"], self.dist.world_size)
+        weights = read_state_dict(folder)
+        expected = self.model.state_dict()
+        bad = sorted(k for k in expected if k not in weights or weights[k].shape != expected[k].shape)
+        if bad:
+            raise CheckpointError(f"{folder}: its weights do not fit this model ({', '.join(bad[:8])}"
+                                  f"{' ...' if len(bad) > 8 else ''})")
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(self.model, self.optimizer, model_state_dict=weights,
+                           optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict({k: weights[k] for k in expected})
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.batches.load_state_dict(state["batches"])
+        rngs = state["rng"]
+        _set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
+        self.step = int(state["step"])
+        self.elapsed = float(state.get("elapsed", 0.0))
+        if self.dist.is_main:
+            logger.info("resumed from %s at step %d", folder, self.step)
+
+    def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
+        changed = sorted(k for k in set(saved) | set(self.run_config)
+                         if k not in self.resumable_changes and saved.get(k) != self.run_config.get(k))
+        if changed:
+            details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.run_config.get(k)!r}" for k in changed[:8])
+            raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); "
+                             "use the original settings or a new output folder")
+
+    # ------------------------------------------------------------------ metrics
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            split = record["split"]
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step", "split"):
+                    self._tb.add_scalar(f"{split}/{k}", v, record["step"])
+
+    def _open_tensorboard(self) -> Any:
+        if not self.dist.is_main:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            return None
+        return SummaryWriter(str(self.out / "tensorboard"))
+
+    def _truncate_metrics(self) -> None:
+        """Drop metrics logged after the step training starts from (a run that went on past its last
+        checkpoint before it was killed), so the file holds one history."""
+        path = self.out / METRICS_FILE
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= self.step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):  # a line cut by a crash
+                continue
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def run_evaluation(self) -> dict[str, float]:
+        if self.evaluate_fn is None:
+            return {}
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                metrics = self.evaluate_fn(self.model)  # under FSDP, the sharded model itself
+        finally:
+            self.model.train()
+        metrics = _rounded(metrics)
+        self._log({"split": "eval", "step": self.step, "time": round(self.elapsed, 3), **metrics})
+        return metrics
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    # ------------------------------------------------------------------ the loop
+    def _micro_batches(self, it: Iterator) -> tuple[list[dict[str, torch.Tensor]], Iterator]:
+        out = []
+        while len(out) < self.cfg.grad_accum:
+            try:
+                out.append(next(it))
+            except StopIteration:  # end of an epoch: the source continues with the next one
+                it = iter(self.batches)
+        return out, it
+
+    def train_step(self, micro: list[dict[str, torch.Tensor]]) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
+        """One optimizer step over ``micro`` (this process's micro-batches).
+
+        Returns this process's loss sums and stats, the step's global counts, and the gradient norm."""
+        counts_local: dict[str, float] = {}
+        for b in micro:
+            for k, v in self.task.counts(b).items():
+                counts_local[k] = counts_local.get(k, 0.0) + float(v)
+        names = sorted(counts_local)
+        counts_t = self.dist.all_reduce_sum(torch.tensor([counts_local[k] for k in names], dtype=torch.float64,
+                                                         device=self.device))
+        counts = dict(zip(names, counts_t.tolist()))
+        loss_sums: dict[str, float] = {}
+        stats: dict[str, float] = {}
+        sums_acc: list[torch.Tensor] = []
+        keys: list[str] | None = None
+        for i, b in enumerate(micro):
+            b = _to_device(b, self.device)
+            # DDP averages gradients only on the last micro-batch of the step.
+            sync = self.wrapped.no_sync() if self.ddp and i < len(micro) - 1 else contextlib.nullcontext()
+            with sync:
+                with self._autocast():
+                    terms, st = self.task.forward(self.train_model, b)
+                    loss = sum(terms[k] / max(counts[k], 1.0) for k in terms) * self.dist.world_size
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            # Totals stay on the device until the step's end: one transfer, no sync per micro-batch.
+            if keys is None:
+                keys = [f"loss:{k}" for k in terms] + [f"stat:{k}" for k in st]
+            sums_acc.append(torch.stack([t.detach().float() for t in terms.values()]
+                                        + [s.detach().float() for s in st.values()]))
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        else:
+            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = torch.stack(sums_acc).sum(0).tolist()
+        for key, value in zip(keys or [], totals):
+            kind, name = key.split(":", 1)
+            (loss_sums if kind == "loss" else stats)[name] = value
+        return loss_sums, stats, counts, float(grad_norm)
+
+    def fit(self, resume_from: str | Path | None = None) -> TrainResult:
+        """Train until ``max_steps`` (or the time limit, or a signal); return the final state."""
+        cfg = self.cfg
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._truncate_metrics()
+        self._tb = self._open_tensorboard()
+        self.model.train()
+        bar = None
+        if cfg.progress and self.dist.is_main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        window: dict[str, dict[str, float]] = {"loss": {}, "count": {}, "stat": {}}
+        window_tokens = 0.0
+        window_time = 0.0
+        last_ckpt: Path | None = None
+        eval_metrics: dict[str, float] = {}
+        final: dict[str, float] = {}
+        stopped_early = False
+        it = iter(self.batches)
+        with _Stop() as stop:
+            while self.step < cfg.max_steps:
+                t0 = time.perf_counter()
+                micro, it = self._micro_batches(it)
+                tokens = sum(float(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
+                             for b in micro)
+                loss_sums, stats, counts, grad_norm = self.train_step(micro)
+                self.step += 1
+                dt = time.perf_counter() - t0
+                self.elapsed += dt
+                window_time += dt
+                window_tokens += tokens
+                for k, v in loss_sums.items():
+                    window["loss"][k] = window["loss"].get(k, 0.0) + v
+                for k, v in counts.items():
+                    window["count"][k] = window["count"].get(k, 0.0) + v
+                for k, v in stats.items():
+                    window["stat"][k] = window["stat"].get(k, 0.0) + v
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    final = self._log_train(window, window_tokens, window_time, grad_norm, bar)
+                    window = {"loss": {}, "count": {}, "stat": {}}
+                    window_tokens = window_time = 0.0
+                if bar is not None:
+                    bar.update(1)
+                stop_now = stop.requested or (cfg.max_time_minutes > 0 and self.elapsed >= cfg.max_time_minutes * 60)
+                if self.dist.enabled:  # every process stops at the same step
+                    flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now)], device=self.device))
+                    stop_now = bool(flag.item() > 0)
+                done = self.step >= cfg.max_steps or stop_now
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
+                    eval_metrics = self.run_evaluation()
+                if self.step % cfg.checkpoint_every == 0 or done:
+                    last_ckpt = self.save_checkpoint()
+                if stop_now:
+                    stopped_early = self.step < cfg.max_steps
+                    break
+        if bar is not None:
+            bar.close()
+        if not stop.requested:
+            eval_metrics = self.run_evaluation() or eval_metrics
+        if self._tb is not None:
+            self._tb.close()
+        return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
+                           eval_metrics=eval_metrics, checkpoint=last_ckpt)
+
+    def _log_train(self, window: dict[str, dict[str, float]], tokens: float, seconds: float, grad_norm: float,
+                   bar: Any) -> dict[str, float]:
+        names = sorted(window["loss"]) + sorted(window["stat"])
+        local = torch.tensor([window["loss"][k] for k in sorted(window["loss"])]
+                             + [window["stat"][k] for k in sorted(window["stat"])] + [tokens], dtype=torch.float64,
+                             device=self.device)
+        total = self.dist.all_reduce_sum(local).tolist()
+        values = dict(zip(names, total))
+        loss_sums = {k: values[k] for k in window["loss"]}
+        stats = {k: values[k] for k in window["stat"]}
+        counts = window["count"]
+        metrics: dict[str, float] = {
+            "loss": sum(loss_sums[k] / max(counts.get(k, 0.0), 1.0) for k in loss_sums),
+            **{f"{k}_loss": loss_sums[k] / max(counts.get(k, 0.0), 1.0) for k in loss_sums if len(loss_sums) > 1},
+            **self.task.metrics(loss_sums, counts, stats),
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": grad_norm,
+            "tokens_per_s": total[-1] / max(seconds, 1e-9),
+        }
+        metrics = _rounded(metrics)
+        self._log({"split": "train", "step": self.step, "time": round(self.elapsed, 3), **metrics})
+        if bar is not None:
+            shown = {k: metrics[k] for k in ("loss", "mlm_accuracy", "nsp_accuracy", "accuracy") if k in metrics}
+            bar.set_postfix({**{k: f"{v:.4f}" for k, v in shown.items()}, "lr": f"{metrics['lr']:.2e}",
+                             "tok/s": f"{metrics['tokens_per_s']:,.0f}"}, refresh=False)
+        return metrics
