@@ -50,10 +50,11 @@ What it measures, on the real corpus (the 10,033 English Wikipedia leads of
 4. **Where a shard's time goes** (``--phases``, default on): the steps of
    ``bertforge.data.prepare.build_shard`` timed one by one on the first window of the leads
    (wiki-json, so sentence splitting is included), single-threaded like a worker, at each dupe
-   factor. The steps are re-assembled here from the module's own functions (``build_instances``
-   with ``dynamic_masking=True``, then ``apply_masks`` with the same generators); if
-   ``build_shard`` changes, update ``shard_phases``. ``--profile`` adds a cProfile of the real
-   ``build_shard`` on that window (top functions by own time).
+   factor. The steps are re-assembled here from the module's own functions
+   (``DocumentPool.from_sentences``, ``create_instances``, ``mask_batch``, ``_instance_stats``,
+   ``write_shard``, with the same generators); if ``build_shard`` changes, update
+   ``shard_phases``. ``--profile`` adds a cProfile of the real ``build_shard`` on that window (top
+   functions by own time).
 
 Run from the repository root (about 10 minutes on 2 idle cores with the defaults)::
 
@@ -94,7 +95,7 @@ except ImportError:  # run from a checkout without installing
 
 from bertforge.data import prepare as P
 from bertforge.data.corpus import iter_documents
-from bertforge.data.instances import apply_masks
+from bertforge.data.instances import DocumentPool, create_instances, mask_batch
 from bertforge.data.shards import write_shard
 from bertforge.resources import minilm_folder, wikipedia_leads_file
 
@@ -409,8 +410,6 @@ def first_window(path: Path, shard_chars: int):
 
 def shard_phases(window, tokenizer_dir: Path, dupe: int, out_dir: Path) -> dict[str, Any]:
     """``build_shard``'s steps, timed one by one (single-threaded tokenizer, as in a worker)."""
-    import dataclasses
-
     cfg = P.PrepareConfig(dupe_factor=dupe)
     tok = P._tokenizer(str(tokenizer_dir))
     T: dict[str, float] = {}
@@ -429,27 +428,22 @@ def shard_phases(window, tokenizer_dir: Path, dupe: int, out_dir: Path) -> dict[
     tick("sentences() (split)")
     ids = tok.encode_batch_ids(flat)
     tick("encode_batch_ids")
-    documents, k = [], 0
-    for d in per_doc:
-        pieces = [ids[k + j] for j in range(len(d)) if ids[k + j]]
-        k += len(d)
-        if pieces:
-            documents.append(pieces)
-    input_tokens = sum(len(s) for d in documents for s in d)
-    tick("regroup")
+    pool = DocumentPool.from_sentences(ids, [len(d) for d in per_doc])
+    tick("DocumentPool (flat tokens)")
     rng, mask_rng = P.shard_rngs(cfg.seed, 0)
-    instances = P.build_instances(documents, dataclasses.replace(cfg, dynamic_masking=True), special, rng, mask_rng)
-    tick("instances (NSP pairs, shuffle)")
-    apply_masks(instances, special, cfg.masking, mask_rng)
-    tick("apply_masks")
+    instances = create_instances(pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                                 dupe_factor=cfg.dupe_factor, nsp=cfg.nsp, special=special, rng=rng)
+    tick("create_instances (NSP ranges, assemble)")
+    instances = mask_batch(instances, special, cfg.masking, mask_rng)
+    tick("mask_batch")
     info = P._instance_stats(instances, cfg, special)
     tick("_instance_stats")
     write_shard(out_dir / "phase.safetensors", instances, vocab_size=special.vocab_size, vocab_hash=tok.vocab_hash,
-                info={"input_tokens": input_tokens, **info})
+                info={"input_tokens": len(pool.tokens), **info})
     tick("write_shard")
     total = sum(T.values())
-    return {"dupe_factor": dupe, "input_tokens": input_tokens, "instances": len(instances), "seconds": total,
-            "tokens_per_s": input_tokens / total, "phases": T}
+    return {"dupe_factor": dupe, "input_tokens": len(pool.tokens), "instances": len(instances), "seconds": total,
+            "tokens_per_s": len(pool.tokens) / total, "phases": T}
 
 
 def profile_shard(window, tokenizer_dir: Path, dupe: int, out_dir: Path, top: int) -> str:

@@ -23,10 +23,14 @@ from data_fixtures import (
 )
 
 from bertforge.data.instances import (
+    DocumentPool,
+    InstanceBatch,
     MaskingConfig,
     apply_masks,
+    create_instances,
     create_instances_from_document,
     create_packed_instances,
+    mask_batch,
     mask_instances,
     truncate_seq_pair,
 )
@@ -419,3 +423,99 @@ def test_packed_instances_are_whole_sentences_filled_up(long_docs):
             assert taken == len(body)
             if k < len(doc):
                 assert len(body) + len(doc[k]) > 62  # the next sentence would not have fit
+
+
+# ------------------------------------------------------------------------------ the columnar path is Google's loop
+def google_reference(documents, index, max_seq_length, short_seq_prob, rng):
+    """Google's ``create_instances_from_document`` transcribed literally (token lists, ``randint``,
+    one ``rng.random()`` per truncated token): (A, B, is_random_next) per instance."""
+    document = documents[index]
+    max_num_tokens = max_seq_length - 3
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = rng.randint(2, max_num_tokens)
+    out, chunk, length, i = [], [], 0, 0
+    while i < len(document):
+        chunk.append(document[i])
+        length += len(document[i])
+        if i == len(document) - 1 or length >= target:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            a = [t for s in chunk[:a_end] for t in s]
+            b = []
+            if len(chunk) == 1 or rng.random() < 0.5:
+                random_next = True
+                for _ in range(10):
+                    other = rng.randint(0, len(documents) - 1)
+                    if other != index:
+                        break
+                for s in documents[other][rng.randint(0, len(documents[other]) - 1):]:
+                    b.extend(s)
+                    if len(b) >= target - len(a):
+                        break
+                i -= len(chunk) - a_end
+            else:
+                random_next = False
+                b = [t for s in chunk[a_end:] for t in s]
+            while len(a) + len(b) > max_num_tokens:
+                trunc = a if len(a) > len(b) else b
+                if rng.random() < 0.5:
+                    del trunc[0]
+                else:
+                    trunc.pop()
+            out.append(([CLS, *a, SEP, *b, SEP], len(a) + 2, random_next))
+            chunk, length = [], 0
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("max_seq_length,short_seq_prob", [(16, 0.5), (64, 0.1), (128, 0.0)])
+def test_columnar_instances_are_googles_loop(long_docs, tokenizer, max_seq_length, short_seq_prob):
+    """The same instances, in the same order, and the generator left in the same state, as
+    Google's main loop (shuffle documents, passes, shuffle instances) on the literal transcription."""
+    short = tokenize_docs(tokenizer, documents(seed=41, n_docs=30, min_sents=1, max_sents=4))
+    docs = long_docs[:6] + short
+    for seed in (0, 1):
+        ref_rng = random.Random(seed)
+        shuffled = list(docs)
+        ref_rng.shuffle(shuffled)
+        expected = [x for _ in range(3) for i in range(len(shuffled))
+                    for x in google_reference(shuffled, i, max_seq_length, short_seq_prob, ref_rng)]
+        ref_rng.shuffle(expected)
+        rng = random.Random(seed)
+        batch = create_instances(DocumentPool.from_documents(docs), max_seq_length=max_seq_length,
+                                 short_seq_prob=short_seq_prob, dupe_factor=3, nsp=True, special=SPECIAL, rng=rng)
+        got = [(x.input_ids.tolist(), x.num_a, x.is_random_next) for x in batch.instances()]
+        assert got == expected
+        assert rng.getstate() == ref_rng.getstate()
+        assert len(batch.masked_positions) == 0 and np.all(batch.mask_offsets == 0)
+
+    # No NSP: each pass packs every document the same way; the instances are shuffled.
+    rng = random.Random(2)
+    batch = create_instances(DocumentPool.from_documents(docs), max_seq_length=max_seq_length, short_seq_prob=0.0,
+                             dupe_factor=2, nsp=False, special=SPECIAL, rng=rng)
+    packed = [x.input_ids.tolist() for d in docs for x in create_packed_instances(d, max_seq_length=max_seq_length,
+                                                                                 special=SPECIAL)]
+    assert sorted(x.input_ids.tolist() for x in batch.instances()) == sorted(packed * 2)
+
+
+def test_document_pool_drops_empty_sentences_and_documents():
+    pool = DocumentPool.from_sentences([[5, 6], [], [7], [], [], [8, 9, 10]], [3, 2, 1])
+    assert pool.tokens.tolist() == [5, 6, 7, 8, 9, 10]
+    assert pool.bounds == [[0, 2, 3], [0, 3]]
+    assert pool.starts.tolist() == [0, 3]
+    assert pool.sentence_counts().tolist() == [2, 1]
+
+
+def test_mask_batch_is_mask_instances_on_the_flat_layout(long_docs):
+    pairs = all_instances(long_docs[:5], passes=1, seed=3, max_seq_length=64, short_seq_prob=0.1)
+    insts = [inst for _, inst in pairs]
+    batch = InstanceBatch.from_instances(insts)
+    for wwm in (False, True):
+        cfg = MaskingConfig(whole_word_mask=wwm)
+        masked = mask_batch(batch, SPECIAL, cfg, np.random.default_rng(9))
+        listed = mask_instances([x.input_ids for x in insts], SPECIAL, cfg, np.random.default_rng(9))
+        for i, (ids, pos, labels) in enumerate(listed):
+            x = masked.instance(i)
+            assert np.array_equal(x.input_ids, ids) and np.array_equal(x.masked_positions, pos)
+            assert np.array_equal(x.masked_labels, labels) and x.num_a == insts[i].num_a
+        assert np.array_equal(batch.input_ids, InstanceBatch.from_instances(insts).input_ids)  # not in place

@@ -38,12 +38,12 @@ from tqdm.auto import tqdm
 
 from bertforge.data.corpus import FORMATS, CorpusStats, RawDocument, expand_inputs, iter_documents
 from bertforge.data.instances import (
+    DocumentPool,
+    InstanceBatch,
     MaskingConfig,
     SpecialIds,
-    TrainingInstance,
-    apply_masks,
-    create_instances_from_document,
-    create_packed_instances,
+    create_instances,
+    mask_batch,
 )
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
@@ -149,43 +149,29 @@ def _special_ids(tok) -> SpecialIds:
                       vocab_size=len(vocab), continuation=continuation)
 
 
-def build_instances(documents: list[list[list[int]]], cfg: PrepareConfig, special: SpecialIds,
-                    rng: random.Random, mask_rng: np.random.Generator) -> list[TrainingInstance]:
-    """Google's main loop over one pool of tokenized documents: shuffle documents, ``dupe_factor``
-    passes, shuffle instances."""
-    rng.shuffle(documents)
-    instances: list[TrainingInstance] = []
-    for _ in range(cfg.dupe_factor):
-        for index in range(len(documents)):
-            if cfg.nsp:
-                instances.extend(create_instances_from_document(
-                    documents, index, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                    special=special, rng=rng))
-            else:
-                instances.extend(create_packed_instances(
-                    documents[index], max_seq_length=cfg.max_seq_length, special=special))
-    rng.shuffle(instances)
-    if not cfg.dynamic_masking:  # static masks, fresh for every dupe pass (the paper)
-        apply_masks(instances, special, cfg.masking, mask_rng)
-    return instances
+def build_instances(pool: DocumentPool, cfg: PrepareConfig, special: SpecialIds, rng: random.Random,
+                    mask_rng: np.random.Generator) -> InstanceBatch:
+    """Google's main loop over one pool of tokenized documents (shuffle documents, ``dupe_factor``
+    passes, shuffle instances), then static masks unless masking is dynamic."""
+    batch = create_instances(pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                             dupe_factor=cfg.dupe_factor, nsp=cfg.nsp, special=special, rng=rng)
+    if not cfg.dynamic_masking:  # static masks, drawn per instance: fresh for every dupe pass (the paper)
+        batch = mask_batch(batch, special, cfg.masking, mask_rng)
+    return batch
 
 
-def _instance_stats(instances: list[TrainingInstance], cfg: PrepareConfig, special: SpecialIds) -> dict[str, Any]:
-    lengths = np.fromiter((len(x.input_ids) for x in instances), dtype=np.int64, count=len(instances))
-    npred = np.fromiter((len(x.masked_positions) for x in instances), dtype=np.int64, count=len(instances))
-    replacements = {"mask": 0, "random": 0, "keep": 0}
-    if npred.sum():
-        at = np.concatenate([x.input_ids[x.masked_positions] for x in instances])
-        labels = np.concatenate([x.masked_labels for x in instances])
-        # A random replacement that happens to draw the original token counts as "keep" (1 in V).
-        replacements["mask"] = int((at == special.mask).sum())
-        replacements["keep"] = int(((at == labels) & (at != special.mask)).sum())
-        replacements["random"] = len(at) - replacements["mask"] - replacements["keep"]
+def _instance_stats(batch: InstanceBatch, cfg: PrepareConfig, special: SpecialIds) -> dict[str, Any]:
+    npred = np.diff(batch.mask_offsets)
+    at = batch.input_ids[np.repeat(batch.offsets[:-1], npred) + batch.masked_positions]
+    labels = batch.masked_labels
+    # A random replacement that happens to draw the original token counts as "keep" (1 in V).
+    mask = int((at == special.mask).sum())
+    keep = int(((at == labels) & (at != special.mask)).sum())
     return {
-        "not_next": int(sum(x.is_random_next for x in instances)),
-        "length_histogram": np.bincount(lengths, minlength=cfg.max_seq_length + 1).tolist(),
+        "not_next": int(batch.next_sentence.sum()),
+        "length_histogram": np.bincount(batch.lengths(), minlength=cfg.max_seq_length + 1).tolist(),
         "predictions_histogram": np.bincount(npred, minlength=cfg.max_predictions_per_seq + 1).tolist(),
-        "replacements": replacements,
+        "replacements": {"mask": mask, "random": len(at) - mask - keep, "keep": keep},
     }
 
 
@@ -197,29 +183,22 @@ def build_shard(task: _Task) -> dict[str, Any]:
     special = _special_ids(tok)
     sentences_per_doc = [doc.sentences() for doc in task.documents]
     flat = [s for doc in sentences_per_doc for s in doc]
-    ids = tok.encode_batch_ids(flat)
-    documents: list[list[list[int]]] = []
-    k = 0
-    for doc in sentences_per_doc:
-        pieces = [ids[k + j] for j in range(len(doc)) if ids[k + j]]  # Google drops empty sentences
-        k += len(doc)
-        if pieces:
-            documents.append(pieces)
-    input_tokens = sum(len(s) for d in documents for s in d)
-    instances = build_instances(documents, cfg, special, *shard_rngs(cfg.seed, task.index))
+    pool = DocumentPool.from_sentences(tok.encode_batch_ids(flat), [len(d) for d in sentences_per_doc])
+    batch = build_instances(pool, cfg, special, *shard_rngs(cfg.seed, task.index))
+    counts = pool.sentence_counts()
     info = {
         "index": task.index,
         "fingerprint": task.fingerprint,
-        "documents": len(documents),
-        "one_sentence_documents": sum(len(d) == 1 for d in documents),
-        "sentences": sum(len(d) for d in documents),
-        "input_tokens": input_tokens,
+        "documents": len(pool),
+        "one_sentence_documents": int((counts == 1).sum()),
+        "sentences": int(counts.sum()),
+        "input_tokens": len(pool.tokens),
         "seconds": 0.0,
-        **_instance_stats(instances, cfg, special),
+        **_instance_stats(batch, cfg, special),
     }
     path = Path(task.out_dir) / shard_name(task.index)
     info["seconds"] = round(time.perf_counter() - t0, 3)
-    return write_shard(path, instances, vocab_size=special.vocab_size, vocab_hash=tok.vocab_hash, info=info)
+    return write_shard(path, batch, vocab_size=special.vocab_size, vocab_hash=tok.vocab_hash, info=info)
 
 
 # ------------------------------------------------------------------------------ the driver

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bertforge.data.instances import TrainingInstance
+from bertforge.data.instances import InstanceBatch, TrainingInstance
 from bertforge.io import atomic_path, atomic_write_text
 
 __all__ = ["FORMAT", "Shard", "ShardError", "write_shard", "read_shard", "shard_name", "sha256_file"]
@@ -53,58 +52,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-@dataclass
-class Shard:
-    """A shard's arrays in memory, with instance-level access."""
-
-    input_ids: np.ndarray
-    offsets: np.ndarray
-    num_a: np.ndarray
-    next_sentence: np.ndarray
-    mask_offsets: np.ndarray
-    masked_positions: np.ndarray
-    masked_labels: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.num_a)
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def instance(self, i: int) -> TrainingInstance:
-        m0, m1 = self.mask_offsets[i], self.mask_offsets[i + 1]
-        return TrainingInstance(
-            input_ids=self.input_ids[self.offsets[i]:self.offsets[i + 1]].astype(np.int64),
-            num_a=int(self.num_a[i]),
-            masked_positions=self.masked_positions[m0:m1].astype(np.int64),
-            masked_labels=self.masked_labels[m0:m1].astype(np.int64),
-            is_random_next=bool(self.next_sentence[i]),
-        )
+class Shard(InstanceBatch):
+    """A shard's arrays in memory, with instance-level access (``instance(i)``, ``lengths()``)."""
 
 
 def _id_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
 
 
-def write_shard(path: Path, instances: Sequence[TrainingInstance], *, vocab_size: int,
+def write_shard(path: Path, instances: InstanceBatch | Sequence[TrainingInstance], *, vocab_size: int,
                 vocab_hash: str, info: dict[str, Any]) -> dict[str, Any]:
     """Write ``instances`` to ``path`` (atomically) and its sidecar; return the sidecar entry."""
-    n = len(instances)
-    lengths = np.array([len(x.input_ids) for x in instances], dtype=np.int64)
-    npred = np.array([len(x.masked_positions) for x in instances], dtype=np.int64)
+    batch = instances if isinstance(instances, InstanceBatch) else InstanceBatch.from_instances(instances)
     id_dtype = _id_dtype(vocab_size)
-
-    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
-
     arrays = {
-        "input_ids": cat([x.input_ids for x in instances], id_dtype),
-        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        "num_a": np.array([x.num_a for x in instances], dtype=np.uint16),
-        "next_sentence": np.array([x.is_random_next for x in instances], dtype=np.uint8),
-        "mask_offsets": np.concatenate([[0], np.cumsum(npred)]).astype(np.int64),
-        "masked_positions": cat([x.masked_positions for x in instances], np.uint16),
-        "masked_labels": cat([x.masked_labels for x in instances], id_dtype),
+        "input_ids": batch.input_ids.astype(id_dtype),
+        "offsets": batch.offsets.astype(np.int64),
+        "num_a": batch.num_a.astype(np.uint16),
+        "next_sentence": batch.next_sentence.astype(np.uint8),
+        "mask_offsets": batch.mask_offsets.astype(np.int64),
+        "masked_positions": batch.masked_positions.astype(np.uint16),
+        "masked_labels": batch.masked_labels.astype(id_dtype),
     }
     # A single metadata entry: safetensors keeps the metadata in a hash map whose iteration order
     # changes from run to run, so two entries would make the header (and the file's sha256) differ
@@ -112,7 +80,7 @@ def write_shard(path: Path, instances: Sequence[TrainingInstance], *, vocab_size
     meta = {_META_KEY: json.dumps({"format": FORMAT, "vocab_hash": vocab_hash}, sort_keys=True)}
     with atomic_path(path) as tmp:
         save_file(arrays, str(tmp), metadata=meta)
-    entry = {"file": path.name, "instances": n, "tokens": int(lengths.sum()),
+    entry = {"file": path.name, "instances": len(batch), "tokens": int(batch.offsets[-1]),
              "sha256": sha256_file(path), **info}
     atomic_write_text(path.with_suffix(".json"), json.dumps(entry, indent=1) + "\n")
     return entry
