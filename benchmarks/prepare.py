@@ -432,7 +432,7 @@ def shard_phases(window, tokenizer_dir: Path, dupe: int, out_dir: Path) -> dict[
     tick("DocumentPool (flat tokens)")
     rng, mask_rng = P.shard_rngs(cfg.seed, 0)
     instances = create_instances(pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                                 dupe_factor=cfg.dupe_factor, nsp=cfg.nsp, special=special, rng=rng)
+                                 dupe_factor=P.passes(cfg), nsp=cfg.nsp, special=special, rng=rng)
     tick("create_instances (NSP ranges, assemble)")
     instances = mask_batch(instances, special, cfg.masking, mask_rng)
     tick("mask_batch")

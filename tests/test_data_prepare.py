@@ -308,6 +308,32 @@ def test_no_nsp_packs_whole_sentences(tmp_path, docs, tokenizer, tok_dir):
         assert len(inst.masked_positions) == expected_mask_count(len(inst.input_ids), 20)
     assert manifest["totals"]["not_next"] == 0
     assert "no NSP (packed sentences)" in format_stats(manifest)
+    # The three passes are the same packings, each copy masked afresh: the copies' masks differ.
+    masks = collections.defaultdict(set)
+    for x in insts:
+        masks[tuple(original_ids(x).tolist())].add(tuple(x.masked_positions.tolist()))
+    assert sum(len(m) == 1 for m in masks.values()) < 0.02 * len(masks)
+
+
+def test_no_nsp_with_dynamic_masking_stores_one_pass(tmp_path, docs, tokenizer, tok_dir):
+    """Unmasked copies of the same packing would be byte-identical: stored once, with a warning."""
+    path = write_google(tmp_path / "g.txt", docs[:40])
+    with pytest.warns(UserWarning, match="identical copies, so one is stored"):
+        manifest = run([path], tmp_path / "data", tok_dir, nsp=False, dynamic_masking=True, dupe_factor=3)
+    packed = [tuple(x.input_ids.tolist()) for d in tokenize_docs(tokenizer, docs[:40])
+              for x in create_packed_instances(d, max_seq_length=64, special=SPECIAL)]
+    got = [tuple(x.input_ids.tolist()) for x in read_instances(tmp_path / "data")]
+    assert sorted(got) == sorted(packed)
+    assert manifest["totals"]["instances"] == len(packed) and manifest["config"]["dupe_factor"] == 3
+
+
+def test_a_window_of_one_document_warns(tmp_path, base, tok_dir):
+    """NotNext segments come from the window; a window of one document can only draw from itself."""
+    one = documents(seed=33, n_docs=1, min_sents=40, max_sents=40)
+    with pytest.warns(UserWarning, match=r"shard 0: its window holds a single document"):
+        m = run([write_google(tmp_path / "one.txt", one)], tmp_path / "one", tok_dir, shard_chars=10**9)
+    assert m["totals"]["not_next"] > 0 and "single document" in m["shards"][0]["warnings"][0]
+    assert all(e["warnings"] == [] for e in base[1]["shards"])  # windows of many documents: none
 
 
 def test_whole_word_masking_in_prepared_shards(tmp_path, corpus, tok_dir):

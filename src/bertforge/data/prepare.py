@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import random
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,12 +150,20 @@ def _special_ids(tok) -> SpecialIds:
                       vocab_size=len(vocab), continuation=continuation)
 
 
+def passes(cfg: PrepareConfig) -> int:
+    """Dupe passes actually built. Without NSP, packing draws nothing, so the passes are identical
+    token sequences: with static masks each copy gets its own masks (worth storing); with dynamic
+    masking the copies would be byte-identical, so one is stored (the loader masks afresh every
+    epoch: train more epochs instead)."""
+    return 1 if not cfg.nsp and cfg.dynamic_masking else cfg.dupe_factor
+
+
 def build_instances(pool: DocumentPool, cfg: PrepareConfig, special: SpecialIds, rng: random.Random,
                     mask_rng: np.random.Generator) -> InstanceBatch:
     """Google's main loop over one pool of tokenized documents (shuffle documents, ``dupe_factor``
     passes, shuffle instances), then static masks unless masking is dynamic."""
     batch = create_instances(pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                             dupe_factor=cfg.dupe_factor, nsp=cfg.nsp, special=special, rng=rng)
+                             dupe_factor=passes(cfg), nsp=cfg.nsp, special=special, rng=rng)
     if not cfg.dynamic_masking:  # static masks, drawn per instance: fresh for every dupe pass (the paper)
         batch = mask_batch(batch, special, cfg.masking, mask_rng)
     return batch
@@ -185,6 +194,10 @@ def build_shard(task: _Task) -> dict[str, Any]:
     flat = [s for doc in sentences_per_doc for s in doc]
     pool = DocumentPool.from_sentences(tok.encode_batch_ids(flat), [len(d) for d in sentences_per_doc])
     batch = build_instances(pool, cfg, special, *shard_rngs(cfg.seed, task.index))
+    notes = []
+    if cfg.nsp and len(pool) == 1:
+        notes.append(f"shard {task.index}: its window holds a single document, so every NotNext segment B "
+                     "is drawn from that same document (raise --shard-chars, or give more documents)")
     counts = pool.sentence_counts()
     info = {
         "index": task.index,
@@ -194,6 +207,7 @@ def build_shard(task: _Task) -> dict[str, Any]:
         "sentences": int(counts.sum()),
         "input_tokens": len(pool.tokens),
         "seconds": 0.0,
+        "warnings": notes,
         **_instance_stats(batch, cfg, special),
     }
     path = Path(task.out_dir) / shard_name(task.index)
@@ -272,6 +286,10 @@ def prepare(
             raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
                              "use a new output folder")
     atomic_write_text(settings_path, json.dumps(settings, indent=1) + "\n")
+    if passes(cfg) < cfg.dupe_factor:
+        warnings.warn(f"no NSP with dynamic masking: the {cfg.dupe_factor} dupe passes would be identical copies, "
+                      "so one is stored (the loader masks afresh every epoch; train more epochs instead)",
+                      stacklevel=2)
 
     corpus = CorpusStats()
     entries: dict[int, dict[str, Any]] = {}
@@ -283,6 +301,8 @@ def prepare(
     def record(entry: dict[str, Any]) -> None:
         nonlocal done_tokens
         entries[entry["index"]] = entry
+        for note in entry.get("warnings", ()):
+            warnings.warn(note, stacklevel=3)
         done_tokens += entry["input_tokens"]
         bar.update(entry["documents"])
         elapsed = time.perf_counter() - t0
