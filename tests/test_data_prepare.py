@@ -4,6 +4,7 @@ determinism (runs, workers, machines), resuming, and the command line."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import re
 import shutil
@@ -40,7 +41,7 @@ from bertforge.data.corpus import (
     split_sentences,
 )
 from bertforge.data.instances import create_packed_instances
-from bertforge.data.loader import PretrainingDataset
+from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, format_stats, load_manifest, prepare
 from bertforge.data.shards import ShardError
 from bertforge.tokenization import BertTokenizer
@@ -367,6 +368,19 @@ def test_nsp_share_long_documents_and_one_sentence_documents(tmp_path, tok_dir):
     assert m["totals"]["instances"] == 2 * 400
     assert m["totals"]["not_next"] == 2 * 400  # the documented quirk: all NotNext
     assert "NotNext share 1.000" in format_stats(m)
+
+
+def test_dynamic_masking_special_ids_must_match_the_dataset_vocab(tmp_path, corpus, tok_dir):
+    out = tmp_path / "data"
+    run([corpus / "part-0.txt"], out, tok_dir, dynamic_masking=True, dupe_factor=1)
+    ds = PretrainingDataset(out)
+    PretrainingLoader(ds, 4, special=SPECIAL)  # the dataset's own vocab: fine
+    bad = {"vocab of 31 tokens": dataclasses.replace(SPECIAL, vocab_size=31, continuation=None),
+           "outside the vocab": dataclasses.replace(SPECIAL, mask=len(TOKENS)),
+           "continuation has 5 entries": dataclasses.replace(SPECIAL, continuation=np.zeros(5, dtype=bool))}
+    for message, special in bad.items():
+        with pytest.raises(ValueError, match=message):
+            PretrainingLoader(ds, 4, special=special)
 
 
 # ------------------------------------------------------------------------------ determinism

@@ -82,6 +82,22 @@ class PretrainingDataset:
         return self._cached[1]
 
 
+def _check_special(special: SpecialIds, dataset: PretrainingDataset) -> None:
+    """The ids dynamic masking writes must belong to the vocab the dataset was prepared with."""
+    V = dataset.manifest.get("vocab_size")
+    where = f"{dataset.folder} (vocab hash {dataset.vocab_hash[:12]})"
+    if special.vocab_size != V:
+        raise ValueError(f"special ids are for a vocab of {special.vocab_size} tokens, but {where} was prepared "
+                         f"with {V}: pass the special ids of the dataset's tokenizer")
+    bad = {name: i for name, i in (("cls", special.cls), ("sep", special.sep), ("mask", special.mask))
+           if not 0 <= i < V}
+    if bad:
+        raise ValueError(f"special ids {bad} are outside the vocab of {where} ({V} tokens)")
+    if special.continuation is not None and len(special.continuation) != V:
+        raise ValueError(f"special.continuation has {len(special.continuation)} entries; the vocab of {where} "
+                         f"has {V} tokens")
+
+
 class PretrainingLoader:
     """Iterates batches of one epoch per ``iter()``; the next ``iter()`` continues with the next epoch."""
 
@@ -111,6 +127,7 @@ class PretrainingLoader:
         if cfg["dynamic_masking"]:
             if special is None:
                 raise ValueError("dynamic masking needs the tokenizer's special ids (special=...)")
+            _check_special(special, dataset)
             self.masking = MaskingConfig(cfg["masked_lm_prob"], cfg["max_predictions_per_seq"],
                                          cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
         self.special = special
