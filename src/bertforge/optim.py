@@ -79,14 +79,15 @@ class Lamb(torch.optim.Optimizer):
                 grads.append(p.grad)
                 ms.append(state["exp_avg"])
                 vs.append(state["exp_avg_sq"])
-            t = float(self.state[params[0]]["step"])  # all tensors of a group step together
+            # Each tensor's own step: one that got no gradient on earlier steps (grad None) started later.
+            steps = [float(self.state[p]["step"]) for p in params]
             torch._foreach_lerp_(ms, grads, 1 - b1)  # m = b1 m + (1 - b1) g
             torch._foreach_mul_(vs, b2)
             torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
-            c1 = 1 - b1 ** t if group["bias_correction"] else 1.0
-            c2 = 1 - b2 ** t if group["bias_correction"] else 1.0
+            c1 = [1 - b1 ** t if group["bias_correction"] else 1.0 for t in steps]
+            c2 = [1 - b2 ** t if group["bias_correction"] else 1.0 for t in steps]
             denom = torch._foreach_sqrt(vs)
-            torch._foreach_div_(denom, math.sqrt(c2))
+            torch._foreach_div_(denom, [math.sqrt(c) for c in c2])
             torch._foreach_add_(denom, group["eps"])
             updates = torch._foreach_div(ms, denom)
             torch._foreach_div_(updates, c1)
