@@ -183,8 +183,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def _rng_state() -> dict[str, Any]:
+    # numpy's key array goes in as a tensor: torch.load(weights_only=True) refuses numpy arrays.
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": np.random.get_state()}
+                             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -193,7 +195,8 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
