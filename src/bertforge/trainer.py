@@ -202,7 +202,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+    # Significant digits, not decimals: a learning rate of 1e-4 during warmup is far below 1e-6.
+    return {k: (float(f"{v:.8g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
 def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
