@@ -455,12 +455,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def _micro_batches(self, it: Iterator) -> tuple[list[dict[str, torch.Tensor]], Iterator]:
-        out = []
+        out: list[dict[str, torch.Tensor]] = []
+        new_epoch = False
         while len(out) < self.cfg.grad_accum:
             try:
                 out.append(next(it))
             except StopIteration:  # end of an epoch: the source continues with the next one
-                it = iter(self.batches)
+                if new_epoch:
+                    raise ValueError(f"an epoch of the training data holds fewer than grad_accum "
+                                     f"({self.cfg.grad_accum}) micro-batches") from None
+                # An epoch's last micro-batches that do not fill a step are dropped, as a source
+                # batching the whole step at once drops them: accumulation leaves the data order as is.
+                out, it, new_epoch = [], iter(self.batches), True
         return out, it
 
     def train_step(self, micro: list[dict[str, torch.Tensor]]) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
