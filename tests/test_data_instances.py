@@ -504,6 +504,13 @@ def test_document_pool_drops_empty_sentences_and_documents():
     assert pool.bounds == [[0, 2, 3], [0, 3]]
     assert pool.starts.tolist() == [0, 3]
     assert pool.sentence_counts().tolist() == [2, 1]
+    # A window whose text tokenizes to nothing: no documents, no instances, nothing breaks.
+    empty = DocumentPool.from_sentences([[], []], [1, 1])
+    for nsp in (True, False):
+        batch = create_instances(empty, max_seq_length=16, short_seq_prob=0.1, dupe_factor=2, nsp=nsp,
+                                 special=SPECIAL, rng=random.Random(0))
+        batch = mask_batch(batch, SPECIAL, MaskingConfig(), np.random.default_rng(0))
+        assert len(empty) == len(batch) == 0 and batch.offsets.tolist() == [0]
 
 
 def test_mask_batch_is_mask_instances_on_the_flat_layout(long_docs):

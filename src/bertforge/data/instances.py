@@ -302,7 +302,7 @@ def _assemble(tokens: np.ndarray, a_start: np.ndarray, len_a: np.ndarray, b_star
     else:
         seg_start = np.stack([cls_at * ones, a_start, sep_at * ones, b_start, sep_at * ones], axis=1).ravel()
         seg_len = np.stack([ones, len_a, ones, len_b, ones], axis=1).ravel()
-    lengths = seg_len.reshape(n, -1).sum(1)
+    lengths = seg_len.reshape(n, len(seg_len) // max(n, 1)).sum(1)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     index = np.int32 if offsets[-1] + len(tokens) < 2**31 else np.int64  # half the memory traffic
     source = np.repeat((seg_start - (np.cumsum(seg_len) - seg_len)).astype(index), seg_len)
