@@ -381,6 +381,11 @@ class Trainer:
             self.model.load_state_dict({k: weights[k] for k in expected})
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # The saved optimizer holds the lr of the saved run's schedule; max_steps may have changed
+        # since (a run extended), so the next step's lr comes from this run's schedule.
+        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                       self.scheduler.lr_lambdas):
+            group["lr"] = base * factor(self.scheduler.last_epoch)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["batches"])
