@@ -97,15 +97,29 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
     return data
 
 
+def _file_value(value: Any, kind: type, name: str, file: str) -> Any:
+    """A config file's value checked against its field's type. Numbers for float fields are
+    converted: YAML 1.1 reads ``lr: 1e-4`` (no dot) as a string, JSON ``1`` as an int."""
+    if kind is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif kind not in (int, float, str, bool) or type(value) is kind:  # a bool is no int here
+        return value
+    raise ValueError(f"{file}: {name} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
+
+
 def config_from_args(cls: type, args: argparse.Namespace, *, file: str | None = None) -> Any:
     """Defaults <- the JSON / YAML ``file`` <- flags given on the command line."""
     values: dict[str, Any] = {}
     if file:
         values.update(read_config_file(file))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        kinds = {f.name: _scalar_type(f.type) for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(kinds))
         if unknown:
             raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
+        values = {k: _file_value(v, kinds[k], k, file) for k, v in values.items()}
     for f in dataclasses.fields(cls):
         given = getattr(args, f.name, None)
         if given is not None:
