@@ -199,6 +199,9 @@ class DocumentPool:
 
 
 # ------------------------------------------------------------------------------ structure (random.Random)
+_HALF = 0.5
+
+
 def _cuts(len_a: int, len_b: int, excess: int, draw: Callable[[], float]) -> tuple[int, int, int, int]:
     """``truncate_seq_pair``'s cuts as counts (front A, back A, front B, back B), drawing the same
     ``excess`` numbers in the same order. Which segment loses each token depends on the lengths
@@ -213,9 +216,6 @@ def _cuts(len_a: int, len_b: int, excess: int, draw: Callable[[], float]) -> tup
     front_a = sum(map(_HALF.__gt__, to_a))  # a draw < 0.5 cuts the front
     front_b = sum(map(_HALF.__gt__, to_b))
     return front_a, len(to_a) - front_a, front_b, len(to_b) - front_b
-
-
-_HALF = 0.5
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
