@@ -277,6 +277,31 @@ def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close
     assert_close(sparse.loss, dense.loss, atol=1e-6, what="loss")
 
 
+@pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
+@pytest.mark.parametrize("lengths", PADDING.values(), ids=PADDING.keys())
+def test_masked_positions_gradients_equal_dense(cls, lengths, tiny_config, make_batch, randomize):
+    """With masked_positions the last layer runs at [CLS] + the predicted positions only: the loss
+    and every gradient must still be the dense model's."""
+    config = tiny_config()
+    model = randomize(cls(config))
+    batch = make_batch(config, lengths)
+    positions = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 2, 0]])  # inside every row's real tokens
+    sparse_labels = torch.tensor([[5, 17, 42], [8, 1, 98], [33, 7, -100]])
+    dense_labels = torch.full(batch["input_ids"].shape, -100)
+    dense_labels.scatter_(1, positions, sparse_labels)
+    dense_labels[2, 0] = -100  # the unused slot points at [CLS] with label -100
+    extra = {"next_sentence_label": torch.tensor([0, 1, 0])} if cls is BertForPreTraining else {}
+    grads = []
+    for kwargs in ({"labels": dense_labels}, {"labels": sparse_labels, "masked_positions": positions}):
+        model.zero_grad()
+        model(**batch, **kwargs, **extra).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    dense, sparse = grads
+    assert dense.keys() == sparse.keys()
+    worst = max((float((dense[n] - sparse[n]).abs().max()), n) for n in dense)
+    assert worst[0] < 1e-5, f"gradient of {worst[1]} differs by {worst[0]:.2e}"
+
+
 # ---------------------------------------------------------------------------- padding invariance
 @pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification, BertForTokenClassification])
 def test_padding_invariance(cls, tiny_config, make_batch, assert_close):

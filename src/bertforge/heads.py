@@ -9,6 +9,7 @@ logits; the loss, when labels are given, comes from the plain functions in `bert
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ from torch import nn
 
 from bertforge import losses
 from bertforge.config import BertConfig
-from bertforge.modeling import BertModel, BertPreTrainedModel, activation
+from bertforge.modeling import BertModel, BertPreTrainedModel, activation, gather_positions
 
 __all__ = [
     "BertForPreTraining",
@@ -77,12 +78,6 @@ class MultipleChoiceModelOutput(ModelOutput):
 
 
 # ---------------------------------------------------------------------------- MLM / NSP heads
-def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """hidden (B, T, H), positions (B, P) -> (B, P, H): the states at the positions to predict."""
-    index = positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-    return hidden.gather(1, index)
-
-
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -129,12 +124,27 @@ class _MLMMixin:
     bert: BertModel
     cls: BertOnlyMLMHead | BertPreTrainingHeads
 
-    def _mlm_logits(self, sequence_output: torch.Tensor, masked_positions: torch.Tensor | None) -> torch.Tensor:
+    def _mlm_logits(self, sequence_output: torch.Tensor) -> torch.Tensor:
         # The full (B, T, V) projection dominates the cost of small BERTs; with masked_positions
-        # (B, P) only the P predicted positions are projected: (B, P, V).
-        if masked_positions is not None:
-            sequence_output = gather_positions(sequence_output, masked_positions)
+        # (B, P) the encoder's last layer and the projection run at the P predicted positions only.
         return self.cls.predictions(sequence_output, self.bert.embeddings.word_embeddings.weight)
+
+    def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                token_type_ids: torch.Tensor | None, masked_positions: torch.Tensor | None,
+                output_hidden_states: bool, with_cls: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """(states to predict from (B, T or P, H), pooled output or None, encoder output)."""
+        if masked_positions is None:
+            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+            return out.last_hidden_state, out.pooler_output, out
+        if output_hidden_states:  # every layer in full was asked for: gather afterwards
+            out = self.bert(input_ids, attention_mask, token_type_ids, True)
+            return gather_positions(out.last_hidden_state, masked_positions), out.pooler_output, out
+        positions = masked_positions.long()
+        if with_cls:  # [CLS] first, for the pooler (NSP)
+            positions = torch.cat([positions.new_zeros(positions.shape[0], 1), positions], 1)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_positions=positions)
+        states = out.last_hidden_state[:, 1:] if with_cls else out.last_hidden_state  # (B, P, H)
+        return states, out.pooler_output, out
 
 
 class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
@@ -160,9 +170,10 @@ class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
     ) -> BertForPreTrainingOutput:
         """labels: (B, T) token ids to predict, -100 elsewhere; or (B, P) aligned with
         ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,)."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
-        prediction_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
-        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        states, pooled, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
+                                           output_hidden_states, with_cls=True)
+        prediction_logits = self._mlm_logits(states)
+        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
         loss = None
         if labels is not None:
             loss = losses.pretraining_loss(prediction_logits, nsp_logits, labels, next_sentence_label)
@@ -190,8 +201,9 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
         masked_positions: torch.Tensor | None = None,
         output_hidden_states: bool = False,
     ) -> MaskedLMOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
-        logits = self._mlm_logits(out.last_hidden_state, masked_positions)
+        states, _, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
+                                      output_hidden_states, with_cls=False)
+        logits = self._mlm_logits(states)
         loss = losses.masked_lm_loss(logits, labels) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from bertforge.config import BertConfig
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "gather_positions"]
 
 
 def activation(name: str):
@@ -63,6 +63,12 @@ class _Padding:
         return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.indices)
 
 
+def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """hidden (B, T, H), positions (B, P) -> (B, P, H): the states at the given positions."""
+    index = positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, index)
+
+
 class BertEmbeddings(nn.Module):
     """word + learned position + token type embeddings, summed, LayerNorm, dropout."""
 
@@ -94,20 +100,33 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int]) -> torch.Tensor:
-        # x: (N, H) real tokens, or (B*T, H) when the batch has no padding
+    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int],
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (N, H) real tokens, or (B*T, H) when the batch has no padding.
+        # queries: (B*K, H) states at K chosen positions per sequence: attend from those only.
         B, T = shape
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias)  # (N, 3H)
-        qkv = padding.pad(qkv) if padding is not None else qkv.view(B, T, -1)  # (B, T, 3H)
-        q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
+        A, D = self.num_heads, self.head_dim
+        if queries is None:
+            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+            qkv = F.linear(x, weight, bias)  # (N, 3H)
+            qkv = padding.pad(qkv) if padding is not None else qkv.view(B, T, -1)  # (B, T, 3H)
+            q, k, v = qkv.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
+        else:
+            weight = torch.cat([self.key.weight, self.value.weight])  # (2H, H)
+            bias = torch.cat([self.key.bias, self.value.bias])
+            kv = F.linear(x, weight, bias)  # (N, 2H)
+            kv = padding.pad(kv) if padding is not None else kv.view(B, T, -1)  # (B, T, 2H)
+            k, v = kv.view(B, T, 2, A, D).permute(2, 0, 3, 1, 4)  # 2 x (B, A, T, D)
+            q = self.query(queries).view(B, -1, A, D).transpose(1, 2)  # (B, A, K, D)
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=padding.key_mask if padding is not None else None,
             dropout_p=self.dropout_p if self.training else 0.0,
-        )  # (B, A, T, D), softmax(QK^T / sqrt(D)) V
-        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
+        )  # (B, A, T or K, D), softmax(QK^T / sqrt(D)) V
+        y = y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or K, H)
+        if queries is not None:
+            return y.view(-1, y.shape[-1])  # (B*K, H)
         return padding.unpad(y) if padding is not None else y.view(B * T, -1)
 
 
@@ -162,8 +181,20 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int]) -> torch.Tensor:
-        h = self.attention(x, padding, shape)
+    def forward(self, x: torch.Tensor, padding: _Padding | None, shape: tuple[int, int],
+                select: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, H) -> (N, H); or, with ``select`` (B, K) positions, (B*K, H) at those positions only.
+
+        Outputs at a position depend on every position's keys and values but only on that position's
+        query, residual and feed-forward, so a selected output equals the full layer's there.
+        """
+        if select is None:
+            h = self.attention(x, padding, shape)
+        else:
+            B, T = shape
+            full = padding.pad(x) if padding is not None else x.view(B, T, -1)  # (B, T, H)
+            xs = gather_positions(full, select).reshape(-1, x.shape[-1])  # (B*K, H)
+            h = self.attention.output(self.attention.self(x, padding, shape, queries=xs), xs)
         return self.output(self.intermediate(h), h)
 
 
@@ -274,8 +305,15 @@ class BertModel(BertPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        output_positions: torch.Tensor | None = None,
     ) -> BertModelOutput:
-        """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T)."""
+        """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
+
+        ``output_positions`` (B, K): compute the last layer at these positions only and return
+        ``last_hidden_state`` (B, K, H) for them (equal to the full output there); the pooler then
+        reads the first of them, so put [CLS] (0) first when the pooled output is wanted.
+        Pre-training needs only [CLS] and the masked positions of the last layer.
+        """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
@@ -298,15 +336,18 @@ class BertModel(BertPreTrainedModel):
                 )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         x = padding.unpad(x) if padding is not None else x.reshape(B * T, -1)  # (N, H)
+        if output_positions is not None and output_hidden_states:
+            raise ValueError("output_positions cannot be combined with output_hidden_states")
         layers = [x]
-        for layer in self.encoder.layer:
-            x = layer(x, padding, (B, T))
+        last_index = len(self.encoder.layer) - 1
+        for i, layer in enumerate(self.encoder.layer):
+            x = layer(x, padding, (B, T), output_positions if i == last_index else None)
             layers.append(x)
 
         def full(h: torch.Tensor) -> torch.Tensor:
             return padding.pad(h) if padding is not None else h.view(B, T, -1)
 
-        last = full(x)
+        last = full(x) if output_positions is None else x.view(B, output_positions.shape[1], -1)
         return BertModelOutput(
             last_hidden_state=last,
             pooler_output=self.pooler(last) if self.pooler is not None else None,
