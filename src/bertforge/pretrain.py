@@ -223,8 +223,15 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
               f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
               f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; precision {cfg.precision}")
     result = trainer.fit(resume_from=resume_from)
+    weights = None
+    if trainer.fsdp:  # each process holds a shard: gathering the full weights is a collective call
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.is_main:
-        trainer.model.save_pretrained(out / "model", tokenizer=tok) if not trainer.fsdp else None
+        from bertforge.checkpoint import save_pretrained
+
+        save_pretrained(trainer.model, out / "model", tokenizer=tok, state_dict=weights)
         _plot(out)
     return result
 
