@@ -1,0 +1,304 @@
+"""Pre-training end to end, in this process, on a tiny prepared corpus: the loss falls and a tiny
+model memorises it; a stopped and resumed run equals an uninterrupted one; accumulation equals a
+bigger micro-batch; a checkpoint that dies mid-write leaves the previous one usable; incompatible
+resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs, bf16, and the final
+model read by transformers. (Runs in other processes: tests/test_pretrain_processes.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from pretrain_fixtures import config, evaluate_folder, lines, losses_by_step, make_data
+from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
+
+from bertforge import cli, trainer
+from bertforge.checkpoint import read_state_dict
+from bertforge.heads import BertForMaskedLM, BertForPreTraining
+from bertforge.optim import lr_factor
+from bertforge.pretrain import pretrain
+from bertforge.tokenization import BertTokenizer
+from bertforge.trainer import latest_checkpoint
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def mlm_data(root, tok) -> Path:
+    return make_data(root, tok, "mlm", nsp=False)
+
+
+@pytest.fixture(scope="module")
+def memorised(root, tok, nsp_data) -> Path:
+    """A run that learns the 21 training instances by heart (dropout 0, fixed masks, 60 steps)."""
+    out = root / "memorised"
+    pretrain(config(nsp_data, tok, out, batch_size=16, max_steps=60, lr=3e-3, warmup_steps=5, schedule="linear",
+                    end_lr_ratio=0.1, weight_decay=0.0, log_every=1))
+    return out
+
+
+def _weights_equal(a: Path, b: Path) -> None:
+    wa, wb = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+# ------------------------------------------------------------------------------ learning
+
+
+def test_a_tiny_model_memorises_a_tiny_corpus_and_its_outputs_are_usable(memorised, nsp_data, tok, tmp_path,
+                                                                        capsys):
+    train = lines(memorised)
+    assert [r["step"] for r in train] == list(range(1, 61))
+    first, last = train[0], train[-1]
+    assert first["loss"] > 5.0  # about ln(vocab) + ln(2) at the start
+    assert last["loss"] < 0.1 * first["loss"]
+    assert last["mlm_accuracy"] >= 0.9 and last["nsp_accuracy"] >= 0.9
+    # The saved model predicts every masked token of the training data (static masks) and every NSP label.
+    model = BertForPreTraining.from_pretrained(memorised / "model")
+    got = evaluate_folder(model, nsp_data)
+    assert got["mlm_accuracy"] >= 0.95, got
+    assert got["nsp_accuracy"] >= 0.95, got
+    # Each line's lr is the one the next step runs at: peak * lr_factor(step) (0-based steps).
+    expected = [3e-3 * lr_factor(r["step"], total_steps=60, warmup_steps=5, end_factor=0.1) for r in train]
+    assert [r["lr"] for r in train] == pytest.approx(expected, abs=1e-9)
+
+    # model/ is transformers' BertForPreTraining, with the same logits.
+    folder = memorised / "model"
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+    theirs = transformers.BertForPreTraining.from_pretrained(folder).eval()
+    enc = BertTokenizer.from_pretrained(tok)(["the old house", "walking by the river"], ["a good book", "no"],
+                                             padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = model.eval()(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = theirs(**enc)
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(a.prediction_logits[real], b.prediction_logits[real], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(a.seq_relationship_logits, b.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+
+    # The run drew its curves, and `bertforge plot` redraws them.
+    assert (memorised / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    png = tmp_path / "again.png"
+    assert cli.main(["plot", str(memorised), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert str(png) in capsys.readouterr().out
+
+
+def test_mlm_only_data_trains_a_masked_lm(root, tok, mlm_data):
+    out = root / "mlm-only"
+    result = pretrain(config(mlm_data, tok, out, batch_size=16, max_steps=30, lr=3e-3, warmup_steps=3))
+    train = lines(out)
+    assert "nsp_accuracy" not in train[-1] and "nsp_loss" not in train[-1]
+    assert train[-1]["loss"] < 0.5 * train[0]["loss"]
+    assert result.final_metrics["loss"] == train[-1]["loss"]
+    folder = out / "model"
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    ours = BertForMaskedLM.from_pretrained(folder).eval()
+    theirs = transformers.BertForMaskedLM.from_pretrained(folder).eval()
+    ids = BertTokenizer.from_pretrained(tok)("the little garden of stones", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-4, rtol=1e-5)
+    assert evaluate_folder(ours, mlm_data)["mlm_accuracy"] > 0.3
+
+
+def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data):
+    got = {}
+    for precision in ("fp32", "bf16"):
+        out = root / f"precision-{precision}"
+        pretrain(config(nsp_data, tok, out, max_steps=2, precision=precision))
+        got[precision] = [r["loss"] for r in lines(out)]
+    assert got["fp32"][0] == pytest.approx(got["bf16"][0], rel=2e-2)
+    assert got["fp32"][1] == pytest.approx(got["bf16"][1], rel=5e-2)
+    assert got["fp32"] != got["bf16"]  # bf16 really ran in bf16
+
+
+# ------------------------------------------------------------------------------ exactness
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, tok, nsp_data, monkeypatch):
+    """Dropout on: the resumed half must restore weights, optimizer, schedule, data position and
+    the random generators exactly. A real SIGTERM, sent to this process during step 4 of 8."""
+    settings = dict(max_steps=8, dropout=0.1, warmup_steps=2, schedule="linear", optimizer="adamw")
+    straight = root / "straight"
+    pretrain(config(nsp_data, tok, straight, **settings))
+    halves = root / "halves"
+    real_step, handler = trainer.Trainer.train_step, signal.getsignal(signal.SIGTERM)
+
+    def step_and_signal(self, micro):
+        if self.step == 3:  # the step counter moves on after train_step
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, micro)
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", step_and_signal)
+    first = pretrain(config(nsp_data, tok, halves, **settings))
+    assert first.stopped_early and first.step == 4
+    assert signal.getsignal(signal.SIGTERM) is handler  # the loop's handler is gone again
+    assert latest_checkpoint(halves).name == "step-00000004"
+    monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
+    second = pretrain(config(nsp_data, tok, halves, resume=True, **settings))
+    assert second.step == 8 and not second.stopped_early
+    a, b = losses_by_step(straight), losses_by_step(halves)
+    assert list(a) == list(range(1, 9))
+    assert b == a
+    assert len(set(a.values())) == 8
+    _weights_equal(straight, halves)
+
+
+def test_gradient_accumulation_equals_one_big_micro_batch(root, tok, nsp_data):
+    with pytest.raises(ValueError, match="fewer than grad_accum"):  # 21 instances, 32 a step
+        pretrain(config(nsp_data, tok, root / "accum-too-big", batch_size=32, grad_accum=32))
+    outs = {}
+    for accum in (1, 2, 4):
+        outs[accum] = root / f"accum-{accum}"
+        pretrain(config(nsp_data, tok, outs[accum], grad_accum=accum, max_steps=3))
+    one = losses_by_step(outs[1])
+    for accum in (2, 4):
+        other = losses_by_step(outs[accum])
+        assert list(other) == list(one)
+        assert list(other.values()) == pytest.approx(list(one.values()), abs=1e-5)
+        a, b = read_state_dict(outs[1] / "model"), read_state_dict(outs[accum] / "model")
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+# ------------------------------------------------------------------------------ checkpoints and resume
+
+
+class _Clock:
+    """A perf_counter that advances one second per reading: every training step takes 1 s, so a time
+    limit stops a run at a chosen step."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_checkpoint_that_dies_mid_write_leaves_the_previous_one(root, tok, nsp_data, monkeypatch):
+    out = root / "crash"
+    settings = dict(max_steps=4, checkpoint_every=1, keep_checkpoints=0)
+    monkeypatch.setattr(trainer, "time", _Clock())
+    assert pretrain(config(nsp_data, tok, out, max_time_minutes=1.5 / 60, **settings)).step == 2
+
+    real_save = torch.save
+
+    def save_then_die(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        Path(path).write_bytes(Path(path).read_bytes()[:100])  # truncated, as by a crash mid-write
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(trainer.torch, "save", save_then_die)
+    with pytest.raises(OSError, match="No space"):
+        pretrain(config(nsp_data, tok, out, resume=True, **settings))
+    monkeypatch.undo()
+    half = out / "checkpoints" / f".step-00000003.tmp-{os.getpid()}"
+    assert (half / "trainer_state.pt").stat().st_size == 100
+    # Leftovers of other deaths: an older process's temporary folder, and a folder with no state.
+    shutil.copytree(half, out / "checkpoints" / ".step-00000009.tmp-1")
+    (out / "checkpoints" / "step-00000010").mkdir()
+    assert latest_checkpoint(out).name == "step-00000002"
+    assert [r["step"] for r in lines(out)] == [1, 2, 3]
+
+    result = pretrain(config(nsp_data, tok, out, resume=True, **settings))
+    assert result.step == 4
+    assert [r["step"] for r in lines(out)] == [1, 2, 3, 4]  # step 3's first attempt is dropped
+    left = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert left == ["step-00000001", "step-00000002", "step-00000003", "step-00000004", "step-00000010"]
+    # The same run without the crash: identical (dropout 0 and 1 thread make it deterministic).
+    clean = root / "no-crash"
+    pretrain(config(nsp_data, tok, clean, **settings))
+    assert losses_by_step(clean) == losses_by_step(out)
+
+
+def test_an_extended_run_continues_on_the_longer_schedule(root, tok, nsp_data):
+    """max_steps may grow on resume: the steps after it run at the new schedule's rates. With one
+    warmup step and linear decay, runs of 2 and 4 steps both take their first two steps at the peak,
+    so a run of 2 extended to 4 equals a run of 4."""
+    straight, extended = root / "four-steps", root / "two-then-four"
+    pretrain(config(nsp_data, tok, straight, max_steps=4))
+    pretrain(config(nsp_data, tok, extended, max_steps=2))
+    assert lines(extended)[-1]["lr"] == 0.0
+    pretrain(config(nsp_data, tok, extended, max_steps=4, resume=True))
+    assert losses_by_step(extended) == losses_by_step(straight)
+    assert [r["lr"] for r in lines(extended)][2:] == [r["lr"] for r in lines(straight)][2:]
+    _weights_equal(straight, extended)
+
+
+def test_resume_checks_refuse_incompatible_runs(root, tok, nsp_data):
+    out = root / "guarded"
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        pretrain(config(nsp_data, tok, out, resume=True, max_steps=1))
+    pretrain(config(nsp_data, tok, out, max_steps=1))
+    with pytest.raises(ValueError, match="already holds checkpoints.*--resume"):
+        pretrain(config(nsp_data, tok, out, max_steps=2))
+    with pytest.raises(ValueError, match=r"settings differ \(.*model: 'tiny' -> 'mini'"):
+        pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, model="mini"))
+    with pytest.raises(ValueError, match=r"settings differ \(.*lr: 0.001 -> 0.002"):
+        pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, lr=2e-3))
+    # Data prepared with another vocab (and its tokenizer): the vocab hash and the model's size differ.
+    other_tok = root / "other-tok"
+    base = BertTokenizer.from_pretrained(tok)
+    BertTokenizer(base.convert_ids_to_tokens(list(range(base.vocab_size))) + ["zebra", "violin"]
+                  ).save_pretrained(other_tok)
+    other_data = make_data(root, other_tok, "other-vocab")
+    with pytest.raises(ValueError, match="data_vocab_hash"):
+        pretrain(config(other_data, other_tok, out, resume=True, max_steps=2))
+    # The tokenizer must be the data's.
+    with pytest.raises(ValueError, match="vocab"):
+        pretrain(config(other_data, tok, root / "mismatch", max_steps=1))
+    # Changes that do not alter the run are allowed: more steps, other logging.
+    result = pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, log_every=2))
+    assert result.step == 2
+
+
+# ------------------------------------------------------------------------------ evaluation and configuration
+
+
+def test_held_out_shards_are_evaluated(root, tok, nsp_data):
+    out = root / "held-out"
+    result = pretrain(config(nsp_data, tok, out, eval_shards=1, eval_every=2, max_steps=5))
+    evals = lines(out, "eval")
+    assert [r["step"] for r in evals] == [2, 4, 5]
+    assert {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"} <= set(evals[-1])
+    # The last evaluation is the final model on the whole held-out shard (8 instances, one batch).
+    model = BertForPreTraining.from_pretrained(out / "model")
+    expected = evaluate_folder(model, nsp_data, shards=[2])
+    for k, v in expected.items():
+        assert evals[-1][k] == pytest.approx(v, abs=1e-5), k
+    assert result.eval_metrics == {k: evals[-1][k] for k in result.eval_metrics}
+    with pytest.raises(ValueError, match="hold out all 3 shards"):
+        pretrain(config(nsp_data, tok, root / "all-held-out", eval_shards=3))
+
+
+def test_a_yaml_config_file_is_honoured_and_flags_override_it(root, tok, nsp_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    file = tmp_path / "run.yaml"
+    file.write_text(f"data: {nsp_data}\ntokenizer: {tok}\nout: {out}\nmodel: tiny\nbatch_size: 8\n"
+                    "max_steps: 5\nlr: 2e-3\nwarmup_steps: 0\nschedule: constant\nlog_every: 1\n"
+                    "progress: false\ndropout: 0.0\n")
+    assert cli.main(["pretrain", "--config", str(file), "--max-steps", "2"]) == 0
+    train = lines(out)
+    assert [r["step"] for r in train] == [1, 2]  # the flag beats the file
+    assert [r["lr"] for r in train] == [2e-3, 2e-3]  # YAML's 2e-3 (a string to YAML 1.1) read as a number
+    saved = json.loads((out / "run_config.json").read_text())
+    assert saved["lr"] == 2e-3 and saved["batch_size"] == 8 and saved["schedule"] == "constant"
+    capsys.readouterr()
+
+    file.write_text(f"data: {nsp_data}\ntokenizer: {tok}\nout: {tmp_path / 'other'}\nlearning_rate: 0.1\n")
+    assert cli.main(["pretrain", "--config", str(file)]) == 2
+    assert "unknown PretrainConfig settings: learning_rate" in capsys.readouterr().err
+    file.write_text(f"data: {nsp_data}\ntokenizer: {tok}\nout: {tmp_path / 'other'}\nmax_steps: many\n")
+    assert cli.main(["pretrain", "--config", str(file)]) == 2
+    assert "max_steps" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
