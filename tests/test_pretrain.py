@@ -1,8 +1,9 @@
 """Pre-training end to end, in this process, on a tiny prepared corpus: the loss falls and a tiny
-model memorises it; a stopped and resumed run equals an uninterrupted one; accumulation equals a
+model memorises it; its model/ is read by transformers and starts a second phase; a run stopped by
+SIGTERM and resumed equals an uninterrupted one, and so does an extended run; accumulation equals a
 bigger micro-batch; a checkpoint that dies mid-write leaves the previous one usable; incompatible
-resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs, bf16, and the final
-model read by transformers. (Runs in other processes: tests/test_pretrain_processes.py.)"""
+resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs and bf16.
+(Runs in other processes: tests/test_pretrain_processes.py.)"""
 
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ def test_a_tiny_model_memorises_a_tiny_corpus_and_its_outputs_are_usable(memoris
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(a.prediction_logits[real], b.prediction_logits[real], atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(a.seq_relationship_logits, b.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+
+    # model/ starts a second phase (its tokenizer too): the first loss is the trained model's.
+    phase2 = tmp_path / "phase2"
+    pretrain(config(nsp_data, "", phase2, init_from=str(folder), max_steps=1))
+    assert lines(phase2)[0]["loss"] < 0.1 * first["loss"]
 
     # The run drew its curves, and `bertforge plot` redraws them.
     assert (memorised / "curves.png").read_bytes()[:8] == PNG_MAGIC
