@@ -593,17 +593,17 @@ class Trainer:
                     window["count"][k] = window["count"].get(k, 0.0) + v
                 for k, v in stats.items():
                     window["stat"][k] = window["stat"].get(k, 0.0) + v
-                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    final = self._log_train(window, window_tokens, window_time, grad_norm, bar)
-                    window = {"loss": {}, "count": {}, "stat": {}}
-                    window_tokens = window_time = 0.0
-                if bar is not None:
-                    bar.update(1)
                 stop_now = stop.requested or (cfg.max_time_minutes > 0 and self.elapsed >= cfg.max_time_minutes * 60)
                 if self.dist.enabled:  # every process stops at the same step
                     flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now)], device=self.device))
                     stop_now = bool(flag.item() > 0)
                 done = self.step >= cfg.max_steps or stop_now
+                if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too
+                    final = self._log_train(window, window_tokens, window_time, grad_norm, bar)
+                    window = {"loss": {}, "count": {}, "stat": {}}
+                    window_tokens = window_time = 0.0
+                if bar is not None:
+                    bar.update(1)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                     eval_metrics = self.run_evaluation()
                 if self.step % cfg.checkpoint_every == 0 or done:
