@@ -227,6 +227,16 @@ def test_a_checkpoint_that_dies_mid_write_leaves_the_previous_one(root, tok, nsp
     assert losses_by_step(clean) == losses_by_step(out)
 
 
+def test_a_stopped_run_logs_the_steps_since_its_last_metrics_line(root, tok, nsp_data, monkeypatch):
+    out = root / "stopped-between-lines"
+    monkeypatch.setattr(trainer, "time", _Clock())
+    result = pretrain(config(nsp_data, tok, out, max_steps=10, log_every=4, max_time_minutes=5.5 / 60))
+    assert result.stopped_early and result.step == 6
+    train = lines(out)
+    assert [r["step"] for r in train] == [4, 6]
+    assert result.final_metrics == {k: v for k, v in train[-1].items() if k not in ("split", "step", "time")}
+
+
 def test_an_extended_run_continues_on_the_longer_schedule(root, tok, nsp_data):
     """max_steps may grow on resume: the steps after it run at the new schedule's rates. With one
     warmup step and linear decay, runs of 2 and 4 steps both take their first two steps at the peak,
