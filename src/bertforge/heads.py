@@ -17,7 +17,7 @@ from torch import nn
 
 from bertforge import losses
 from bertforge.config import BertConfig
-from bertforge.modeling import BertModel, BertPreTrainedModel, activation, gather_positions
+from bertforge.modeling import BertModel, BertPreTrainedModel, Dropout, activation, gather_positions
 
 __all__ = [
     "BertForPreTraining",
@@ -209,9 +209,9 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
 
 
 # ---------------------------------------------------------------------------- fine-tuning heads
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+def _classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):

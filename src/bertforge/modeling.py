@@ -19,6 +19,7 @@ Speed, without changing the maths:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,8 @@ from torch import nn
 
 from bertforge.config import BertConfig
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "gather_positions"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Dropout", "activation", "dropout_mask",
+           "gather_positions"]
 
 
 def activation(name: str):
@@ -63,6 +65,43 @@ class _Padding:
         return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.indices)
 
 
+def dropout_mask(shape: torch.Size, p: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A dropout mask of ``shape``: 0 where dropped, 1 / (1 - p) where kept (same dtype as the values).
+
+    Drawn from 64-bit random words, each giving four 16-bit uniform draws, from the default
+    generator (so a saved and restored RNG state reproduces it). About 4x cheaper on CPU than
+    ``bernoulli_``, which draws one random number per element; ``p`` is rounded to a multiple of
+    1/65536 (0.1 -> 0.100006), and the scale uses the rounded value, so the expectation is exact.
+    """
+    n = math.prod(shape)
+    info = torch.iinfo(torch.int64)
+    words = torch.randint(info.min, info.max, ((n + 3) // 4,), dtype=torch.int64, device=device)
+    draws = words.view(torch.int16)[:n].view(shape)  # uniform over [-32768, 32767]
+    dropped = round(p * 65536)
+    keep = draws >= dropped - 32768
+    return keep.to(dtype) * (65536 / (65536 - dropped))
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` with `dropout_mask`'s cheaper draws on CPU; elsewhere PyTorch's own (fused on GPUs)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        return x * dropout_mask(x.shape, self.p, x.device, x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """hidden (B, T, H), positions (B, P) -> (B, P, H): the states at the given positions."""
     index = positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
@@ -78,7 +117,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         # input_ids, token_type_ids: (B, T) -> (B, T, H)
@@ -119,11 +158,19 @@ class BertSelfAttention(nn.Module):
             kv = padding.pad(kv) if padding is not None else kv.view(B, T, -1)  # (B, T, 2H)
             k, v = kv.view(B, T, 2, A, D).permute(2, 0, 3, 1, 4)  # 2 x (B, A, T, D)
             q = self.query(queries).view(B, -1, A, D).transpose(1, 2)  # (B, A, K, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=padding.key_mask if padding is not None else None,
-            dropout_p=self.dropout_p if self.training else 0.0,
-        )  # (B, A, T or K, D), softmax(QK^T / sqrt(D)) V
+        key_mask = padding.key_mask if padding is not None else None
+        p = self.dropout_p if self.training else 0.0
+        if p > 0.0 and q.device.type == "cpu":
+            # On CPU, SDPA with dropout runs this same unfused path with bernoulli_; written out
+            # here it draws the mask with the cheaper `dropout_mask`.
+            scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(D))  # (B, A, T or K, T)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, float("-inf"))
+            probs = scores.softmax(-1, dtype=torch.float32)  # in float32 under bf16 autocast too
+            y = (probs * dropout_mask(probs.shape, p, probs.device, probs.dtype)) @ v
+        else:  # flash / memory-efficient kernels where the device has them
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
+        # y: (B, A, T or K, D), softmax(QK^T / sqrt(D)) V
         y = y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or K, H)
         if queries is not None:
             return y.view(-1, y.shape[-1])  # (B*K, H)
@@ -135,7 +182,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(y)))  # post-LN
@@ -166,7 +213,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(y)))  # (N, H)

@@ -1,0 +1,78 @@
+"""bertforge's CPU dropout (masks from 64-bit random words) and the hand-written CPU attention path
+that uses it in training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bertforge.modeling as modeling
+from bertforge.heads import BertForPreTraining
+from bertforge.modeling import Dropout, dropout_mask
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.03])
+def test_mask_rate_and_scale(p):
+    torch.manual_seed(0)
+    mask = dropout_mask(torch.Size([1000, 1001]), p, torch.device("cpu"), torch.float32)  # odd size: a partial word
+    kept = mask != 0
+    dropped = round(p * 65536)
+    values = torch.unique(mask).tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(65536 / (65536 - dropped))
+    # 1,001,000 draws: the binomial standard deviation of the kept share is below 0.0005
+    assert abs(float(kept.float().mean()) - (1 - p)) < 0.003
+    assert abs(float(mask.mean()) - 1.0) < 0.005  # the scale keeps the expectation
+    # no pattern across the four 16-bit draws of a word: each lane keeps at the same rate
+    lanes = kept.reshape(-1)[: 4 * (kept.numel() // 4)].view(-1, 4).float().mean(0)
+    assert float(lanes.max() - lanes.min()) < 0.01
+
+
+def test_mask_follows_the_default_generator():
+    shape, cpu = torch.Size([64, 33]), torch.device("cpu")
+    torch.manual_seed(7)
+    a = dropout_mask(shape, 0.1, cpu, torch.float32)
+    state = torch.get_rng_state()
+    b = dropout_mask(shape, 0.1, cpu, torch.float32)
+    torch.set_rng_state(state)
+    assert torch.equal(dropout_mask(shape, 0.1, cpu, torch.float32), b)  # restored state, same mask
+    assert not torch.equal(a, b)
+    assert dropout_mask(shape, 0.1, cpu, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_dropout_module():
+    drop = Dropout(0.2)
+    x = torch.randn(50, 40, requires_grad=True)
+    assert drop.eval()(x) is x
+    assert Dropout(0.0).train()(x) is x
+    drop.train()
+    torch.manual_seed(3)
+    y = drop(x)
+    torch.manual_seed(3)
+    mask = dropout_mask(x.shape, 0.2, x.device, x.dtype)
+    assert torch.equal(y, x * mask)
+    y.sum().backward()
+    assert torch.equal(x.grad, mask)  # d(x * mask)/dx
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.0)
+
+
+def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch, randomize):
+    """With every mask forced to 'keep all', training mode (the hand-written attention) must give
+    eval mode's outputs (SDPA), padding and the sparse last layer included."""
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = randomize(BertForPreTraining(config))
+    batch = make_batch(config, (11, 7, 4))
+    positions = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 2, 0]])
+    calls = []
+
+    def keep_all(shape, p, device, dtype):
+        calls.append(tuple(shape))
+        return torch.ones(shape, dtype=dtype, device=device)
+
+    with torch.no_grad():
+        expected = model.eval()(**batch, masked_positions=positions)
+        monkeypatch.setattr(modeling, "dropout_mask", keep_all)
+        got = model.train()(**batch, masked_positions=positions)
+    assert any(len(s) == 4 for s in calls), "the attention-probability dropout was not drawn"
+    for key in ("prediction_logits", "seq_relationship_logits"):
+        assert float((got[key] - expected[key]).abs().max()) < 1e-5, key
