@@ -272,9 +272,16 @@ def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close
     with torch.no_grad():
         dense = model(**batch, labels=dense_labels, **extra)
         sparse = model(**batch, labels=sparse_labels, masked_positions=positions, **extra)
+        filled = sparse_labels != -100
+        compact = model(**batch, labels=sparse_labels, masked_positions=positions, prediction_mask=filled, **extra)
     assert sparse[key].shape == (3, 3, config.vocab_size)
     assert_close(sparse[key], gather_positions(dense[key], positions), what="logits at positions")
     assert_close(sparse.loss, dense.loss, atol=1e-6, what="loss")
+    assert compact[key].shape == (8, config.vocab_size)  # the filled slots only
+    assert_close(compact[key], sparse[key][filled], what="logits of the filled slots")
+    assert_close(compact.loss, dense.loss, atol=1e-6, what="loss (filled slots)")
+    with pytest.raises(ValueError, match="prediction_mask needs masked_positions"):
+        model(**batch, prediction_mask=filled)
 
 
 @pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
@@ -292,14 +299,16 @@ def test_masked_positions_gradients_equal_dense(cls, lengths, tiny_config, make_
     dense_labels[2, 0] = -100  # the unused slot points at [CLS] with label -100
     extra = {"next_sentence_label": torch.tensor([0, 1, 0])} if cls is BertForPreTraining else {}
     grads = []
-    for kwargs in ({"labels": dense_labels}, {"labels": sparse_labels, "masked_positions": positions}):
+    for kwargs in ({"labels": dense_labels}, {"labels": sparse_labels, "masked_positions": positions},
+                   {"labels": sparse_labels, "masked_positions": positions, "prediction_mask": sparse_labels != -100}):
         model.zero_grad()
         model(**batch, **kwargs, **extra).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    dense, sparse = grads
-    assert dense.keys() == sparse.keys()
-    worst = max((float((dense[n] - sparse[n]).abs().max()), n) for n in dense)
-    assert worst[0] < 1e-5, f"gradient of {worst[1]} differs by {worst[0]:.2e}"
+    dense = grads[0]
+    for sparse in grads[1:]:
+        assert dense.keys() == sparse.keys()
+        worst = max((float((dense[n] - sparse[n]).abs().max()), n) for n in dense)
+        assert worst[0] < 1e-5, f"gradient of {worst[1]} differs by {worst[0]:.2e}"
 
 
 # ---------------------------------------------------------------------------- padding invariance

@@ -47,13 +47,13 @@ class ModelOutput:
 
 @dataclass
 class BertForPreTrainingOutput(ModelOutput):
-    prediction_logits: torch.Tensor | None = None  # (B, T, V), or (B, P, V) at masked_positions
+    prediction_logits: torch.Tensor | None = None  # (B, T, V); (B, P, V) at masked_positions; (M, V) masked
     seq_relationship_logits: torch.Tensor | None = None  # (B, 2): 0 = IsNext, 1 = NotNext
 
 
 @dataclass
 class MaskedLMOutput(ModelOutput):
-    logits: torch.Tensor | None = None  # (B, T, V), or (B, P, V) at masked_positions
+    logits: torch.Tensor | None = None  # (B, T, V); (B, P, V) at masked_positions; (M, V) masked
 
 
 @dataclass
@@ -131,8 +131,16 @@ class _MLMMixin:
 
     def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_type_ids: torch.Tensor | None, masked_positions: torch.Tensor | None,
-                output_hidden_states: bool, with_cls: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """(states to predict from (B, T or P, H), pooled output or None, encoder output)."""
+                output_hidden_states: bool, with_cls: bool,
+                prediction_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """(states to predict from: (B, T or P, H), or (M, H) with ``prediction_mask``; pooled output
+        or None; encoder output)."""
+        if prediction_mask is not None:
+            if masked_positions is None or prediction_mask.shape != masked_positions.shape:
+                raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
+            states, pooled, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
+                                               output_hidden_states, with_cls)
+            return states[prediction_mask.bool()], pooled, out  # (M, H): the filled slots only
         if masked_positions is None:
             out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
             return out.last_hidden_state, out.pooler_output, out
@@ -167,11 +175,16 @@ class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
         next_sentence_label: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        prediction_mask: torch.Tensor | None = None,
     ) -> BertForPreTrainingOutput:
         """labels: (B, T) token ids to predict, -100 elsewhere; or (B, P) aligned with
-        ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,)."""
+        ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,).
+        ``prediction_mask`` (B, P) bool: build MLM logits only for the True slots (the filled ones):
+        ``prediction_logits`` is then (M, V), the slots in row-major order; ``labels`` stay (B, P)."""
         states, pooled, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
-                                           output_hidden_states, with_cls=True)
+                                           output_hidden_states, with_cls=True, prediction_mask=prediction_mask)
+        if prediction_mask is not None and labels is not None:
+            labels = labels[prediction_mask.bool()]  # (M,), aligned with the logits
         prediction_logits = self._mlm_logits(states)
         nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
         loss = None
@@ -200,9 +213,13 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
         labels: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        prediction_mask: torch.Tensor | None = None,
     ) -> MaskedLMOutput:
+        """As `BertForPreTraining.forward`, without NSP."""
         states, _, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
-                                      output_hidden_states, with_cls=False)
+                                      output_hidden_states, with_cls=False, prediction_mask=prediction_mask)
+        if prediction_mask is not None and labels is not None:
+            labels = labels[prediction_mask.bool()]
         logits = self._mlm_logits(states)
         loss = losses.masked_lm_loss(logits, labels) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)

@@ -81,13 +81,14 @@ class PretrainingTask:
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        filled = batch["labels"] != losses.IGNORE_INDEX  # (B, P): about a third of the slots are unused
         out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                    masked_positions=batch["masked_positions"])
-        labels = batch["labels"]  # (B, P), -100 on unused prediction slots
-        mlm_logits = out.prediction_logits if self.nsp else out.logits  # (B, P, V)
-        valid = labels != losses.IGNORE_INDEX
+                    masked_positions=batch["masked_positions"], prediction_mask=filled)
+        labels = batch["labels"][filled]  # (M,)
+        # (M, V) in float32: the loss needs it so, and argmax is much slower on bf16
+        mlm_logits = (out.prediction_logits if self.nsp else out.logits).float()
         terms = {"mlm": losses.masked_lm_loss(mlm_logits, labels, reduction="sum")}
-        stats = {"mlm_correct": ((mlm_logits.argmax(-1) == labels) & valid).sum()}
+        stats = {"mlm_correct": (mlm_logits.detach().argmax(-1) == labels).sum()}
         if self.nsp:
             nsp_labels = batch["next_sentence_label"]
             nsp_logits = out.seq_relationship_logits  # (B, 2)
