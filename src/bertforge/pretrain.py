@@ -67,6 +67,13 @@ class PretrainConfig(TrainConfig):
             raise ValueError("eval_shards must be >= 0 and eval_batches >= 1")
 
 
+def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """How many rows of ``logits`` (M, C) score their label highest: the label's logit equals the
+    row's maximum (a tie counts as right). ``amax`` is several times cheaper than ``argmax`` over V."""
+    logits = logits.detach()
+    return (logits.gather(-1, labels.unsqueeze(-1)) >= logits.amax(-1, keepdim=True)).sum()
+
+
 class PretrainingTask:
     """MLM (+ NSP) losses and accuracies. MLM logits are built at the masked positions only."""
 
@@ -85,15 +92,15 @@ class PretrainingTask:
         out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                     masked_positions=batch["masked_positions"], prediction_mask=filled)
         labels = batch["labels"][filled]  # (M,)
-        # (M, V) in float32: the loss needs it so, and argmax is much slower on bf16
+        # (M, V) in float32: the loss needs it so, and reductions over V are much slower on bf16
         mlm_logits = (out.prediction_logits if self.nsp else out.logits).float()
         terms = {"mlm": losses.masked_lm_loss(mlm_logits, labels, reduction="sum")}
-        stats = {"mlm_correct": (mlm_logits.detach().argmax(-1) == labels).sum()}
+        stats = {"mlm_correct": _correct(mlm_logits, labels)}
         if self.nsp:
             nsp_labels = batch["next_sentence_label"]
             nsp_logits = out.seq_relationship_logits  # (B, 2)
             terms["nsp"] = losses.next_sentence_loss(nsp_logits, nsp_labels, reduction="sum")
-            stats["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).sum()
+            stats["nsp_correct"] = _correct(nsp_logits, nsp_labels)
         return terms, stats
 
     def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
