@@ -6,6 +6,9 @@
     bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
     bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
     bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
+    bertforge finetune   fine-tune for sequence classification / regression (bertforge.finetune.finetune)
+    bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
+    bertforge predict    predictions of a fine-tuned model               (bertforge.finetune.predict)
     bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
     bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
 """
@@ -276,6 +279,72 @@ def _plot(a: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- finetune / evaluate / predict
+def _finetune_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.finetune import FinetuneConfig
+
+    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
+    add_config_arguments(p, FinetuneConfig)
+
+
+def _finetune(a: argparse.Namespace) -> int:
+    from bertforge.finetune import FinetuneConfig, finetune
+
+    result = finetune(config_from_args(FinetuneConfig, a, file=a.config))
+    if result.train.stopped_early:
+        print(f"finetune: stopped at step {result.train.step}; continue with --resume")
+    if result.eval_metrics:
+        print(json.dumps(result.eval_metrics))
+    return 0
+
+
+def _model_input_args(p: argparse.ArgumentParser, *, labels: bool) -> None:
+    """Arguments evaluate and predict share; unset ones default to the checkpoint's fine-tuning settings."""
+    p.add_argument("checkpoint", help="a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)")
+    p.add_argument("--task", help="GLUE task or classification / regression (default: the fine-tuning task)")
+    p.add_argument("--text-column", help="column (JSONL: key) of the text")
+    p.add_argument("--text-pair-column", help="column of the second text of a pair")
+    if labels:
+        p.add_argument("--label-column", help="column of the label")
+    p.add_argument("--max-seq-length", type=int, help="tokens per window (default: the fine-tuning one)")
+    p.add_argument("--stride", type=int, help="tokens between window starts (default: the fine-tuning one)")
+    p.add_argument("--batch-size", type=int, default=64, help="sequences per forward pass")
+    p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:K")
+
+
+def _model_inputs(a: argparse.Namespace) -> dict[str, Any]:
+    names = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "stride", "batch_size",
+             "skip_bad_rows", "device")
+    return {k: getattr(a, k) for k in names if hasattr(a, k)}
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    _model_input_args(p, labels=True)
+    p.add_argument("--file", required=True, help="labelled file(s), comma-separated, or a GLUE task folder (dev)")
+
+
+def _evaluate(a: argparse.Namespace) -> int:
+    from bertforge.finetune import evaluate
+
+    print(json.dumps(evaluate(a.checkpoint, file=a.file, **_model_inputs(a))))
+    return 0
+
+
+def _predict_args(p: argparse.ArgumentParser) -> None:
+    _model_input_args(p, labels=False)
+    p.add_argument("file", help="file to predict on (labels not needed), or a GLUE task folder (test.tsv)")
+    p.add_argument("--out", "-o", required=True, help="predictions: .jsonl (records), else TSV (index, prediction)")
+
+
+def _predict(a: argparse.Namespace) -> int:
+    from bertforge.finetune import predict
+
+    records = predict(a.checkpoint, a.file, a.out, **_model_inputs(a))
+    print(f"wrote {len(records):,} predictions to {a.out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="folder for the demo's outputs")
@@ -299,6 +368,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "info": ("describe a checkpoint folder", _info_args, _info),
     "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
                  "processes", _pretrain_args, _pretrain),
+    "finetune": ("fine-tune for sequence classification or regression (GLUE's files or your own CSV / TSV / JSONL)",
+                 _finetune_args, _finetune),
+    "evaluate": ("metrics of a fine-tuned model on labelled data", _evaluate_args, _evaluate),
+    "predict": ("predictions of a fine-tuned model, written as TSV or JSONL", _predict_args, _predict),
     "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),
     "demo": ("run the end-to-end demo on real data", _demo_args, _demo),
 }

@@ -1,0 +1,381 @@
+"""Fine-tuning for sequence classification and regression, end to end on generated data.
+
+GLUE's own file layouts (SST-2, MRPC, STS-B, CoLA without header, MNLI matched / mismatched, ...) and
+generic CSV / JSONL are read as they are written; errors name file and line; skipped rows are
+counted. A tiny model learns an easy task (the label is the word "good" or "bad") to near-perfect
+accuracy, also when that word lies beyond the first window of a long text; STS-B-style regression
+learns; the fine-tuned folder is transformers' BertForSequenceClassification with equal logits and
+the right id2label; a run stopped by SIGTERM and resumed equals an uninterrupted one; the CLI runs
+finetune / evaluate / predict.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from data_fixtures import PLAIN_WORDS, VOCAB_SIZE, write_tokenizer
+from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
+from safetensors.torch import load_file
+
+from bertforge import cli, trainer
+from bertforge.config import BertConfig
+from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.heads import BertForPreTraining, BertForSequenceClassification
+from bertforge.tasks.classification import (
+    Example,
+    FeatureBatches,
+    encode_examples,
+    glue_files,
+    label_list,
+    read_examples,
+    targets,
+)
+from bertforge.tokenization import BertTokenizer
+
+FILLER = [w for w in PLAIN_WORDS if w not in ("good", "bad")]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("finetune")
+
+
+@pytest.fixture(scope="module")
+def base(root) -> Path:
+    """A "pre-trained" tiny BERT (random weights, dropout 0.1) saved with the test vocab's tokenizer."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    folder = root / "base"
+    BertForPreTraining(config).save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder
+
+
+def polar(rng: random.Random, n_words: tuple[int, int] = (3, 8), at: int | None = None) -> tuple[str, str]:
+    """A sentence of filler words with "good" (label pos) or "bad" (neg) in it (at word ``at``, or anywhere)."""
+    words = [rng.choice(FILLER) for _ in range(rng.randint(*n_words))]
+    label = rng.choice(["pos", "neg"])
+    words.insert(rng.randint(0, len(words)) if at is None else at, "good" if label == "pos" else "bad")
+    return " ".join(words), label
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    return write(path, "review,sentiment\n" + "".join(f'"{t}, really",{y}\n' for t, y in rows))
+
+
+def config(base: Path, out: Path, **overrides) -> FinetuneConfig:
+    settings = dict(model=str(base), out=str(out), lr=1e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.0,
+                    log_every=1, progress=False, seed=7)
+    return FinetuneConfig(**{**settings, **overrides})
+
+
+def train_lines(out: Path, split: str = "train") -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+# ------------------------------------------------------------------------------ reading files
+def test_glue_layouts_are_read_as_written(tmp_path):
+    sst = write(tmp_path / "sst.tsv", 'sentence\tlabel\nit \'s a "charming" film \t1\nflat , dull\t0\n')
+    ex, _ = read_examples(sst, "sst2")
+    assert ex == [Example('it \'s a "charming" film ', None, "1", 2), Example("flat , dull", None, "0", 3)]
+
+    mrpc = write(tmp_path / "mrpc.tsv", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+                                        "1\t702876\t702977\tAmrozi accused his brother .\tReferring to him .\n")
+    assert read_examples(mrpc, "mrpc")[0] == [Example("Amrozi accused his brother .", "Referring to him .", "1", 2)]
+
+    sts = write(tmp_path / "sts.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
+                                      "sentence2\tscore\n0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\t"
+                                      "A plane is taking off.\tAn air plane is taking off.\t5.000\n")
+    ex, _ = read_examples(sts, "stsb")
+    assert ex == [Example("A plane is taking off.", "An air plane is taking off.", "5.000", 2)]
+    assert targets(ex, sts, None).tolist() == [5.0]
+
+    cola = write(tmp_path / "cola.tsv", "gj04\t1\t\tOur friends won't buy this analysis.\n"
+                                        "gj04\t0\t*\tThey drank the pub.\n")
+    ex, _ = read_examples(cola, "cola")
+    assert ex == [Example("Our friends won't buy this analysis.", None, "1", 1),
+                  Example("They drank the pub.", None, "0", 2)]
+    cola_test = write(tmp_path / "cola_test.tsv", "index\tsentence\n0\tBill whistled past the house.\n")
+    assert read_examples(cola_test, "cola", require_labels=False)[0] == [
+        Example("Bill whistled past the house.", None, None, 2)]
+
+    qqp = write(tmp_path / "qqp.tsv", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+                                      "1\t2\t3\tHow do I learn?\tHow can I learn?\t1\n")
+    assert read_examples(qqp, "qqp")[0] == [Example("How do I learn?", "How can I learn?", "1", 2)]
+    for task, a, b in (("qnli", "question", "sentence"), ("rte", "sentence1", "sentence2")):
+        f = write(tmp_path / f"{task}.tsv", f"index\t{a}\t{b}\tlabel\n0\tx y\tz\tnot_entailment\n")
+        ex, _ = read_examples(f, task)
+        assert ex == [Example("x y", "z", "not_entailment", 2)]
+        assert targets(ex, f, {n: i for i, n in enumerate(label_list(ex, task))}).tolist() == [1]
+
+
+def test_mnli_folder_gives_matched_and_mismatched_and_skips_rows_without_gold_label(tmp_path):
+    head = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    folder = tmp_path / "MNLI"
+    folder.mkdir()
+    write(folder / "train.tsv", head + "0\t1\t1n\tgov\tA man eats.\tA person eats.\tentailment\tentailment\n"
+                                       "1\t2\t2n\tgov\tA man eats.\tNobody eats.\tneutral\t-\n")
+    for name in ("dev_matched.tsv", "dev_mismatched.tsv"):
+        write(folder / name, head + "0\t1\t1n\tgov\tIt rains.\tIt is dry.\tcontradiction\tcontradiction\n")
+    assert [f.name for f in glue_files("mnli", folder, "dev")] == ["dev_matched.tsv", "dev_mismatched.tsv"]
+    ex, report = read_examples(glue_files("mnli", folder, "train")[0], "mnli")
+    assert ex == [Example("A man eats.", "A person eats.", "entailment", 2)]
+    assert report.skipped == {"no gold label '-'": [3]} and "skipped 1 rows" in report.summary()
+    assert label_list(ex, "mnli") == ["contradiction", "entailment", "neutral"]
+    with pytest.raises(FileNotFoundError, match="test_matched.tsv"):
+        glue_files("mnli", folder, "test")
+
+
+def test_generic_csv_and_jsonl_with_named_columns(tmp_path):
+    csv_file = write(tmp_path / "d.csv", 'text,other,y\n"a, quoted ""text""",1,b\nplain,2,a\n')
+    ex, _ = read_examples(csv_file, text_column="text", label_column="y")
+    assert ex == [Example('a, quoted "text"', None, "b", 2), Example("plain", None, "a", 3)]
+    assert label_list(ex) == ["a", "b"]
+    assert label_list([Example("", None, y, 1) for y in ("10", "2", "1")]) == ["1", "2", "10"]
+    jsonl = tmp_path / "d.jsonl.gz"
+    with gzip.open(jsonl, "wt", encoding="utf-8") as f:
+        f.write('{"q": "first?", "p": "yes.", "label": 1}\n\n{"q": "second?", "p": "no.", "label": 0}\n')
+    ex, report = read_examples(jsonl, text_column="q", text_pair_column="p")
+    assert ex == [Example("first?", "yes.", "1", 1), Example("second?", "no.", "0", 3)]
+    assert report.blank_lines == 1 and report.num_skipped == 0
+
+
+def test_errors_name_file_and_line_and_skips_are_counted(tmp_path):
+    f = write(tmp_path / "a.tsv", "sentence\tlabel\nfine\t1\ntoo\tmany\tfields\n\t\n")
+    with pytest.raises(ValueError, match=r"a\.tsv:3: 3 fields"):
+        read_examples(f, "sst2")
+    ex, report = read_examples(f, "sst2", skip_bad_rows=True)
+    assert len(ex) == 1 and report.skipped == {"malformed": [3], "no label": [4]}
+    ex, report = read_examples(f, "sst2", skip_bad_rows=True, require_labels=False)  # to predict: every row
+    assert ex[1] == Example("", None, None, 4) and report.skipped == {"malformed": [3]}
+    with pytest.raises(ValueError, match=r"b\.tsv:1: no column 'label' \(columns: sentence, y\)"):
+        read_examples(write(tmp_path / "b.tsv", "sentence\ty\nx\t1\n"), "sst2")
+    assert read_examples(tmp_path / "b.tsv", "sst2", require_labels=False)[0] == [Example("x", None, None, 2)]
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: not a JSON record"):
+        read_examples(write(tmp_path / "c.jsonl", '{"text": "x", "label": 1}\n{"text": "y", \n'),
+                      text_column="text")
+    with pytest.raises(ValueError, match=r"d\.jsonl:1: no key 'label'"):
+        read_examples(write(tmp_path / "d.jsonl", '{"text": "x"}\n'), text_column="text")
+    dev = write(tmp_path / "dev.csv", "text,label\nx,pos\ny,maybe\n")
+    ex, _ = read_examples(dev, text_column="text")
+    with pytest.raises(ValueError, match=r"dev\.csv:3: unknown label 'maybe'"):
+        targets(ex, dev, {"neg": 0, "pos": 1})
+    with pytest.raises(ValueError, match=r"s\.tsv:2: the score 'high' is not a number"):
+        sts = write(tmp_path / "s.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
+        targets(read_examples(sts, "stsb")[0], sts, None)
+    with pytest.raises(ValueError, match="unknown file type"):
+        read_examples(write(tmp_path / "e.xml", ""), text_column="text")
+
+
+# ------------------------------------------------------------------------------ windows and batches
+def test_long_texts_become_overlapping_windows_covering_every_token(base):
+    tok = BertTokenizer.from_pretrained(base)
+    words = [f"{w}" for w in FILLER[:40]]
+    ex = [Example(" ".join(words), None, None, 1), Example("a short one", None, None, 2),
+          Example("the old house", " ".join(words), None, 3)]
+    f = encode_examples(ex, tok, max_seq_length=16, stride=8)
+    ids = tok.encode_batch_ids([" ".join(words)])[0]
+    windows = [w for w, e in zip(f.input_ids, f.example) if e == 0]
+    assert len(ids) == 40 and len(windows) == 5  # windows of 14 tokens every 8, until one reaches the end
+    assert [w[1:-1].tolist() for w in windows] == [ids[s:s + 14] for s in (0, 8, 16, 24, 32)]
+    assert f.windowed == 2 and f.num_examples == 3
+    pair = [(w, n) for w, n, e in zip(f.input_ids, f.num_a, f.example) if e == 2]
+    short = tok.encode_batch_ids(["the old house"])[0]
+    for w, n_a in pair:  # the shorter segment whole in every window, the longer one windowed
+        assert len(w) <= 16 and w[1:n_a - 1].tolist() == short
+    batch = f.collate([0, 5, len(f) - 1])  # a full window, "a short one", a pair window
+    assert batch["input_ids"].shape == (3, 16) and batch["attention_mask"][1].sum() == 5
+    assert batch["token_type_ids"][2].tolist()[:n_a] == [0] * n_a and batch["token_type_ids"][2, n_a] == 1
+    with pytest.raises(ValueError, match="stride 20 is longer than a window"):
+        encode_examples(ex, tok, max_seq_length=16, stride=20)
+
+
+def test_batches_are_seeded_per_epoch_split_by_rank_and_resume_exactly(base):
+    tok = BertTokenizer.from_pretrained(base)
+    f = encode_examples([Example(" ".join(FILLER[:i % 7 + 1]), None, None, i) for i in range(20)], tok, 32)
+    f.with_labels(np.arange(20))
+    one = FeatureBatches(f, 4, seed=1)
+    epochs = [[b["labels"].tolist() for b in one] for _ in range(2)]
+    assert sorted(sum(epochs[0], [])) == list(range(20)) and epochs[0] != epochs[1]
+    ranks = [FeatureBatches(f, 2, seed=1, rank=r, world_size=2) for r in (0, 1)]
+    assert [a["labels"].tolist() + b["labels"].tolist() for a, b in zip(*ranks)] == epochs[0]
+    again = FeatureBatches(f, 4, seed=1)
+    it = iter(again)
+    next(it), next(it)
+    state = again.state_dict()
+    resumed = FeatureBatches(f, 4, seed=1)
+    resumed.load_state_dict(state)
+    assert [b["labels"].tolist() for b in resumed] == epochs[0][2:]
+    first = next(iter(FeatureBatches(f, 4, seed=1)))
+    assert first["input_ids"].shape[1] == max(len(f.input_ids[i]) for i in epochs[0][0])  # padded to the longest
+
+
+# ------------------------------------------------------------------------------ learning
+@pytest.fixture(scope="module")
+def learned(root, base) -> tuple[Path, Path, Path]:
+    """A generic CSV task (the word "good" or "bad" decides) learned by the tiny model."""
+    rng = random.Random(1)
+    train = write_csv(root / "train.csv", [polar(rng) for _ in range(64)])
+    dev = write_csv(root / "dev.csv", [polar(rng) for _ in range(32)])
+    out = root / "polar"
+    finetune(config(base, out, task="classification", train_file=str(train), dev_file=str(dev),
+                    text_column="review", label_column="sentiment", epochs=25, checkpoint_every=1000))
+    return out, train, dev
+
+
+def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
+    out, train, dev = learned
+    lines = train_lines(out)
+    assert len(lines) == 100 and lines[0]["accuracy"] < 0.8 and min(r["accuracy"] for r in lines[-10:]) == 1.0
+    evals = train_lines(out, "eval")
+    assert [r["step"] for r in evals] == [4 * k for k in range(1, 26)]  # every epoch (64 / 16 steps)
+    best = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert best["metric"] == "accuracy" and best["value"] == max(r["accuracy"] for r in evals) >= 0.75
+    assert set(best["metrics"]) == {"accuracy", "f1"}
+    assert evaluate(out / "best", file=train)["accuracy"] >= 0.95  # near-perfect on the training data
+    assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
+
+
+def test_the_fine_tuned_folder_is_transformers_bert_for_sequence_classification(learned, tmp_path):
+    out, _, dev = learned
+    folder = out / "best"
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["BertForSequenceClassification"]
+    assert cfg["id2label"] == {"0": "neg", "1": "pos"} and cfg["label2id"] == {"neg": 0, "pos": 1}
+    theirs = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    assert theirs.config.id2label == {0: "neg", 1: "pos"}
+    ours = BertForSequenceClassification.from_pretrained(folder).eval()
+    enc = BertTokenizer.from_pretrained(folder)(["the good house", "a bad road by the river"], padding=True,
+                                                return_tensors="pt")
+    with torch.no_grad():
+        a, b = ours(**enc).logits, theirs(**enc).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    # predict(): one record per example, label names, TSV (GLUE's submission layout) or JSONL.
+    records = predict(folder, dev, tmp_path / "p.tsv")
+    assert len(records) == 32 and {r["prediction"] for r in records} <= {"neg", "pos"}
+    tsv = (tmp_path / "p.tsv").read_text().splitlines()
+    assert tsv[0] == "index\tprediction" and tsv[1] == f"0\t{records[0]['prediction']}"
+    predict(folder, dev, tmp_path / "p.jsonl")
+    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[3]) == records[3]
+
+
+def test_the_label_word_beyond_the_first_window_is_found(root, base):
+    """Texts of 40-50 tokens in windows of 14: the word that decides sits after token 28, so only the
+    last windows see it; the averaged window logits must still classify every example."""
+    rng = random.Random(3)
+    rows = [polar(rng, n_words=(40, 50), at=rng.randint(30, 39)) for _ in range(48)]
+    train = write_csv(root / "long.csv", rows)
+    out = root / "long"
+    result = finetune(config(base, out, task="classification", train_file=str(train), dev_file=str(train),
+                             text_column="review", label_column="sentiment", max_seq_length=16, stride=8,
+                             epochs=8, keep_best=False, log_every=50))
+    assert result.eval_metrics["accuracy"] >= 0.95
+    settings = json.loads((out / "model" / "config.json").read_text())["bertforge_finetune"]
+    assert settings["max_seq_length"] == 16 and settings["stride"] == 8  # evaluate / predict reuse them
+    assert evaluate(out / "model", file=train)["accuracy"] == result.eval_metrics["accuracy"]
+
+
+def test_stsb_regression_learns_the_score(root, base):
+    rng = random.Random(5)
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    rows = []
+    for i in range(64):
+        a, y = polar(rng)
+        b = " ".join(rng.choice(FILLER) for _ in range(4))
+        rows.append(f"{i}\tmain\tx\t2012\t{i}\tnone\tnone\t{a}\t{b}\t{4.5 if y == 'pos' else 0.5:.3f}\n")
+    train = write(root / "sts.tsv", head + "".join(rows))
+    out = root / "sts"
+    result = finetune(config(base, out, task="stsb", train_file=str(train), dev_file=str(train), epochs=25))
+    losses = [r["loss"] for r in train_lines(out)]
+    assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])  # Adam moves the output bias ~lr a step: slow
+    assert set(result.eval_metrics) == {"pearson", "spearman", "corr"} and result.best["metric"] == "pearson"
+    assert result.eval_metrics["pearson"] > 0.85 and result.eval_metrics["spearman"] > 0.8
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["num_labels"] == 1 and saved["problem_type"] == "regression"
+    assert isinstance(predict(out / "model", train)[0]["prediction"], float)
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, base, monkeypatch):
+    rng = random.Random(2)
+    train = write_csv(root / "resume.csv", [polar(rng) for _ in range(48)])
+    settings = dict(task="classification", train_file=str(train), dev_file=str(train), text_column="review",
+                    label_column="sentiment", epochs=2, checkpoint_every=2)  # 6 steps, evaluated at 3 and 6
+    straight, halves = root / "straight", root / "halves"
+    finetune(config(base, straight, **settings))
+    real_step = trainer.Trainer.train_step
+
+    def step_and_signal(self, micro):
+        if self.step == 3:  # during step 4: mid-epoch, after an evaluation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, micro)
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", step_and_signal)
+    first = finetune(config(base, halves, **settings))
+    assert first.train.stopped_early and first.train.step == 4
+    monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
+    with pytest.raises(ValueError, match="pass --resume"):
+        finetune(config(base, halves, **settings))
+    second = finetune(config(base, halves, resume=True, **settings))
+    assert second.train.step == 6
+    assert [r["loss"] for r in train_lines(halves)] == [r["loss"] for r in train_lines(straight)]
+    untimed = lambda out: [{k: v for k, v in r.items() if k != "time"} for r in train_lines(out, "eval")]  # noqa: E731
+    assert [r["step"] for r in untimed(halves)] == [3, 6] and untimed(halves) == untimed(straight)
+    assert json.loads((halves / "best" / "eval_metrics.json").read_text()) == json.loads(
+        (straight / "best" / "eval_metrics.json").read_text())
+    for folder in ("model", "best"):
+        a, b = load_file(straight / folder / "model.safetensors"), load_file(halves / folder / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), folder
+
+
+def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
+    rng = random.Random(4)
+    folder = root / "MNLI"
+    folder.mkdir()
+    head = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    labels = ["contradiction", "entailment", "neutral"]
+
+    def rows(n: int, labelled: bool = True) -> str:
+        out = []
+        for i in range(n):
+            a, _ = polar(rng)
+            y = rng.choice(labels)
+            ids = f"{i}\t{i}\t{i}n\tgov"
+            out.append(f"{ids}\t{a}\tthe {y}\t{y}\t{y}\n" if labelled else f"{ids}\t{a}\tx\n")
+        return "".join(out)
+
+    write(folder / "train.tsv", head + rows(32))
+    for name in ("dev_matched.tsv", "dev_mismatched.tsv"):
+        write(folder / name, head + rows(8))
+    write(folder / "test_matched.tsv", "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\n" + rows(5, False))
+    out = root / "mnli-run"
+    assert cli.main(["finetune", "--task", "mnli", "--model", str(base), "--train-file", str(folder),
+                     "--dev-file", str(folder), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
+                     "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 labels (contradiction, entailment, neutral)" in printed
+    metrics = json.loads(printed.strip().splitlines()[-1])
+    assert set(metrics) == {"dev_matched_accuracy", "dev_mismatched_accuracy"}
+    assert json.loads((out / "best" / "eval_metrics.json").read_text())["metric"] == "dev_matched_accuracy"
+    assert cli.main(["evaluate", str(out / "model"), "--file", str(folder / "dev_matched.tsv")]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"accuracy"}
+    assert cli.main(["predict", str(out / "model"), str(folder / "test_matched.tsv"), "--out",
+                     str(root / "mnli.tsv")]) == 0
+    lines = (root / "mnli.tsv").read_text().splitlines()
+    assert len(lines) == 6 and lines[1].split("\t")[1] in labels
+    assert cli.main(["evaluate", str(out / "model"), "--file", str(root / "nope.tsv")]) == 2
+    assert "nope.tsv: no such file" in capsys.readouterr().err
