@@ -403,6 +403,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Leave the process group a torchrun-launched command joined: exiting with its communication
+    threads still running aborts the process ("terminate called without an active exception")."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

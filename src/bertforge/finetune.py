@@ -25,8 +25,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ from bertforge.tasks.classification import (
     read_examples,
     targets,
 )
-from bertforge.trainer import TrainConfig, TrainResult, Trainer, latest_checkpoint
+from bertforge.trainer import TrainConfig, TrainResult, Trainer, resume_point
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "finetune", "evaluate", "predict", "GENERIC_TASKS"]
 
@@ -198,21 +196,9 @@ def _better(value: float, best: float | None) -> bool:
     return math.isfinite(value) and (best is None or value > best)
 
 
-def _swap_in(tmp: Path, final: Path) -> None:
-    """Replace ``final`` by the complete folder ``tmp`` (never a moment without one of them whole)."""
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-
-
 # ---------------------------------------------------------------------------- the recipe
 def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome."""
-    from bertforge.checkpoint import save_pretrained
     from bertforge.distributed import setup
     from bertforge.heads import BertForSequenceClassification
     from bertforge.tokenization import BertTokenizer
@@ -283,14 +269,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         trainer = holder["trainer"]
         if cfg.keep_best and _better(metrics[main], best["value"] if best else None):
             best = {"step": trainer.step, "metric": main, "value": metrics[main], "metrics": metrics}
-            weights = _full_weights(trainer)
-            if dist.is_main:
-                tmp = best_dir.with_name(f".{BEST_DIR}.tmp-{os.getpid()}")
-                shutil.rmtree(tmp, ignore_errors=True)
-                save_pretrained(trainer.model, tmp, tokenizer=tok, state_dict=weights)
-                (tmp / BEST_METRICS).write_text(json.dumps(best, indent=1) + "\n", encoding="utf-8")
-                _swap_in(tmp, best_dir)
-            dist.barrier()
+            trainer.save_model(best_dir, extra_files={BEST_METRICS: json.dumps(best, indent=1) + "\n"})
         return metrics
 
     trainer = Trainer(model, ClassificationTask(regression=labels is None), batches, cfg, out, dist=dist,
@@ -299,13 +278,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
                                          "compile", "out", "device", "epochs"))
     holder["trainer"] = trainer
-    resume_from = None
-    if cfg.resume:
-        resume_from = latest_checkpoint(out)
-        if resume_from is None:
-            raise ValueError(f"--resume: {out} has no complete checkpoint to resume from")
-    elif dist.is_main and latest_checkpoint(out) is not None:
-        raise ValueError(f"{out} already holds checkpoints of a run; pass --resume to continue it, or use a new --out")
+    resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
@@ -317,22 +290,12 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
             if r.num_skipped:
                 print(f"finetune: {r.summary()}")
     result = trainer.fit(resume_from=resume_from)
-    weights = _full_weights(trainer)
-    if dist.is_main:
-        save_pretrained(trainer.model, out / "model", tokenizer=tok, state_dict=weights)
-        if best is not None:
-            print(f"finetune: best {best['metric']} {best['value']:.4f} at step {best['step']} -> {best_dir}")
+    trainer.save_model(out / "model")
+    if dist.is_main and best is not None:
+        print(f"finetune: best {best['metric']} {best['value']:.4f} at step {best['step']} -> {best_dir}")
+    dist.barrier()  # no process leaves (and tears down the process group) while another still works
     return FinetuneResult(train=result, model_dir=out / "model", best_dir=best_dir if best else None, best=best,
                           eval_metrics=result.eval_metrics, reports=reports)
-
-
-def _full_weights(trainer: Trainer) -> dict[str, torch.Tensor] | None:
-    """Under FSDP, the gathered full weights (a collective call); otherwise None (the model's own)."""
-    if not trainer.fsdp:
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model

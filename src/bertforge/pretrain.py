@@ -27,7 +27,7 @@ from torch import nn
 
 from bertforge import losses
 from bertforge.config import BertConfig
-from bertforge.trainer import TrainConfig, Trainer, TrainResult, latest_checkpoint
+from bertforge.trainer import TrainConfig, Trainer, TrainResult, resume_point
 
 __all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
 
@@ -216,13 +216,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batches", "max_time_minutes", "progress",
                                          "compile", "out", "device"))
-    resume_from = None
-    if cfg.resume:
-        resume_from = latest_checkpoint(out)
-        if resume_from is None:
-            raise ValueError(f"--resume: {out} has no complete checkpoint to resume from")
-    elif dist.is_main and latest_checkpoint(out) is not None:
-        raise ValueError(f"{out} already holds checkpoints of a run; pass --resume to continue it, or use a new --out")
+    resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
@@ -231,16 +225,10 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
               f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
               f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; precision {cfg.precision}")
     result = trainer.fit(resume_from=resume_from)
-    weights = None
-    if trainer.fsdp:  # each process holds a shard: gathering the full weights is a collective call
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    trainer.save_model(out / "model")
     if dist.is_main:
-        from bertforge.checkpoint import save_pretrained
-
-        save_pretrained(trainer.model, out / "model", tokenizer=tok, state_dict=weights)
         _plot(out)
+    dist.barrier()  # no process leaves (and tears down the process group) while another still works
     return result
 
 

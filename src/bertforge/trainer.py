@@ -47,8 +47,8 @@ from bertforge.distributed import Distributed, unwrap_model, wrap_model
 from bertforge.io import atomic_write_text
 from bertforge.optim import build_optimizer, build_schedule
 
-__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "keep_freed_memory", "PRECISIONS",
-           "CHECKPOINTS_DIR"]
+__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
+           "PRECISIONS", "CHECKPOINTS_DIR"]
 
 logger = logging.getLogger("bertforge")
 
@@ -181,6 +181,29 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
         return None
     steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file()]
     return max(steps)[1] if steps else None
+
+
+def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
+    """The checkpoint a recipe continues from: the newest one with ``resume``; otherwise None, after
+    checking that ``run_dir`` holds no earlier run (starting afresh over one would mix two runs)."""
+    latest = latest_checkpoint(run_dir)
+    if resume and latest is None:
+        raise ValueError(f"--resume: {run_dir} has no complete checkpoint to resume from")
+    if not resume and latest is not None:
+        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, "
+                         "or use a new --out")
+    return latest if resume else None
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Put the complete folder ``tmp`` in place of ``final``: never a moment without one of them whole."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -327,6 +350,26 @@ class Trainer:
                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.model.state_dict(), self.optimizer.state_dict()
 
+    def save_model(self, folder: str | Path, extra_files: dict[str, str] | None = None) -> None:
+        """Write the model (and tokenizer, and ``extra_files``: name -> text) as a checkpoint folder,
+        replacing ``folder`` whole and atomically; every process must call this."""
+        from bertforge.checkpoint import save_pretrained
+
+        weights = None
+        if self.fsdp:  # each process holds a shard: gathering the full weights is a collective call
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.dist.is_main:
+            final = Path(folder)
+            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=weights)
+            for name, text in (extra_files or {}).items():
+                atomic_write_text(tmp / name, text)
+            _replace_dir(tmp, final)
+        self.dist.barrier()
+
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step (every process must call this)."""
         rngs = self.dist.gather_objects(_rng_state())
@@ -354,13 +397,7 @@ class Trainer:
             atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
             with open(tmp / STATE_PT, "rb") as f:
                 os.fsync(f.fileno())
-            if final.exists():  # the same step saved again (a resumed run): swap, never a gap
-                old = final.with_name(f".{final.name}.old-{os.getpid()}")
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            _replace_dir(tmp, final)  # the same step saved again (a resumed run) is swapped in
             self._prune()
         self.dist.barrier()
         return final
