@@ -251,19 +251,28 @@ def _info(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- pretrain / plot
+def _run_config_arguments(p: argparse.ArgumentParser, cls: type) -> None:
+    """A training recipe's flags: --config FILE plus one flag per field of its config dataclass."""
+    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
+    add_config_arguments(p, cls)
+
+
+def _report_stop(command: str, result: Any) -> None:
+    """``result``: the loop's `TrainResult`."""
+    if result.stopped_early:
+        print(f"{command}: stopped at step {result.step}; continue with --resume")
+
+
 def _pretrain_args(p: argparse.ArgumentParser) -> None:
     from bertforge.pretrain import PretrainConfig
 
-    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
-    add_config_arguments(p, PretrainConfig)
+    _run_config_arguments(p, PretrainConfig)
 
 
 def _pretrain(a: argparse.Namespace) -> int:
     from bertforge.pretrain import PretrainConfig, pretrain
 
-    result = pretrain(config_from_args(PretrainConfig, a, file=a.config))
-    if result.stopped_early:
-        print(f"pretrain: stopped at step {result.step}; continue with --resume")
+    _report_stop("pretrain", pretrain(config_from_args(PretrainConfig, a, file=a.config)))
     return 0
 
 
@@ -283,16 +292,14 @@ def _plot(a: argparse.Namespace) -> int:
 def _finetune_args(p: argparse.ArgumentParser) -> None:
     from bertforge.finetune import FinetuneConfig
 
-    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
-    add_config_arguments(p, FinetuneConfig)
+    _run_config_arguments(p, FinetuneConfig)
 
 
 def _finetune(a: argparse.Namespace) -> int:
     from bertforge.finetune import FinetuneConfig, finetune
 
     result = finetune(config_from_args(FinetuneConfig, a, file=a.config))
-    if result.train.stopped_early:
-        print(f"finetune: stopped at step {result.train.step}; continue with --resume")
+    _report_stop("finetune", result.train)
     if result.eval_metrics:
         print(json.dumps(result.eval_metrics))
     return 0
