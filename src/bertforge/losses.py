@@ -52,18 +52,20 @@ def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
 
 
 def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor,
-                                 problem_type: str | None = None) -> torch.Tensor:
-    """MSE (regression), cross-entropy (single label) or BCE-with-logits (multi-label). logits (B, C)."""
+                                 problem_type: str | None = None, reduction: str = "mean") -> torch.Tensor:
+    """MSE (regression), cross-entropy (single label) or BCE-with-logits (multi-label), mean or
+    "sum". logits (B, C)."""
     num_labels = logits.shape[-1]
     problem_type = problem_type or infer_problem_type(num_labels, labels)
     if problem_type == "regression":
         if num_labels == 1:
-            return F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float())
-        return F.mse_loss(logits.float(), labels.float())
+            return F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float(), reduction=reduction)
+        return F.mse_loss(logits.float(), labels.float(), reduction=reduction)
     if problem_type == "single_label_classification":
-        return F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1), ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1), ignore_index=IGNORE_INDEX,
+                               reduction=reduction)
     if problem_type == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction=reduction)
     raise ValueError(f"unknown problem_type {problem_type!r}")
 
 

@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertforge.data.loader import PretrainingLoader
+from bertforge import losses
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
@@ -480,10 +480,10 @@ class ClassificationTask:
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, C)
         labels = batch["labels"]
+        problem = "regression" if self.regression else "single_label_classification"
+        loss = losses.sequence_classification_loss(logits, labels, problem, reduction="sum")
         if self.regression:
-            err = logits.squeeze(-1).float() - labels.float()
-            return {self.term: (err * err).sum()}, {}
-        loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            return {self.term: loss}, {}
         return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}
 
     def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
