@@ -421,7 +421,7 @@ def shard_phases(window, tokenizer_dir: Path, dupe: int, out_dir: Path) -> dict[
         T[name] = now - t
         t = now
 
-    special = P._special_ids(tok)
+    special = P.special_ids(tok)
     tick("special ids (vocab scan)")
     per_doc = [d.sentences() for d in window]
     flat = [s for d in per_doc for s in d]

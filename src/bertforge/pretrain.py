@@ -171,7 +171,7 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
 def pretrain(cfg: PretrainConfig) -> TrainResult:
     """Run (or resume) a pre-training run; return the loop's final state."""
     from bertforge.data.loader import PretrainingDataset, PretrainingLoader
-    from bertforge.data.prepare import _special_ids, load_manifest
+    from bertforge.data.prepare import load_manifest, special_ids
     from bertforge.distributed import setup
     from bertforge.tokenization import BertTokenizer
 
@@ -192,7 +192,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
     train_shards = [i for i in range(n_shards) if i not in held_out]
     dataset = PretrainingDataset(cfg.data, vocab_hash=tok.vocab_hash, shards=train_shards)
-    special = _special_ids(tok) if data_cfg.get("dynamic_masking") else None
+    special = special_ids(tok) if data_cfg.get("dynamic_masking") else None
     loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                world_size=dist.world_size, special=special)
     nsp = bool(data_cfg["nsp"])

@@ -49,7 +49,7 @@ from bertforge.data.instances import (
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
 
-__all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats"]
+__all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats", "special_ids"]
 
 MANIFEST = "manifest.json"
 SETTINGS = "settings.json"
@@ -141,7 +141,9 @@ def shard_rngs(seed: int, index: int) -> tuple[random.Random, np.random.Generato
     return random.Random(f"bertforge-prepare:{seed}:{index}"), np.random.default_rng([seed, index])
 
 
-def _special_ids(tok) -> SpecialIds:
+def special_ids(tok) -> SpecialIds:
+    """A tokenizer's [CLS] / [SEP] / [MASK] ids and ``##`` flags, as masking needs them (in
+    `prepare` and in the loader's dynamic masking)."""
     vocab = tok.vocab
     continuation = np.zeros(len(vocab), dtype=bool)
     for token, i in vocab.items():
@@ -189,7 +191,7 @@ def build_shard(task: _Task) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = task.config
     tok = _tokenizer(task.tokenizer_dir)
-    special = _special_ids(tok)
+    special = special_ids(tok)
     sentences_per_doc = [doc.sentences() for doc in task.documents]
     flat = [s for doc in sentences_per_doc for s in doc]
     pool = DocumentPool.from_sentences(tok.encode_batch_ids(flat), [len(d) for d in sentences_per_doc])
