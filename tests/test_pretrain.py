@@ -116,6 +116,17 @@ def test_mlm_only_data_trains_a_masked_lm(root, tok, mlm_data):
     assert evaluate_folder(ours, mlm_data)["mlm_accuracy"] > 0.3
 
 
+def test_dynamically_masked_data_is_masked_in_the_loader_and_trains(root, tok):
+    """Data stored unmasked: pretrain hands the tokenizer's special ids to the loader, which masks
+    every batch afresh."""
+    data = make_data(root, tok, "dynamic", dynamic_masking=True)
+    out = root / "dynamic-run"
+    pretrain(config(data, tok, out, batch_size=16, max_steps=60, lr=3e-3, warmup_steps=3))
+    train = lines(out)
+    assert len(train) == 60 and all(0.0 <= r["mlm_accuracy"] <= 1.0 for r in train)
+    assert sum(r["loss"] for r in train[-5:]) < 0.8 * sum(r["loss"] for r in train[:5])
+
+
 def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data):
     got = {}
     for precision in ("fp32", "bf16"):
