@@ -27,7 +27,7 @@ from torch import nn
 
 from bertforge import losses
 from bertforge.config import BertConfig
-from bertforge.trainer import TrainConfig, Trainer, TrainResult, resume_point
+from bertforge.trainer import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
 
 __all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
 
@@ -161,9 +161,7 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
             return {}
         got = dict(zip(names, dist.all_reduce_sum(totals).tolist()))
         pick = lambda kind: {k.split(":", 1)[1]: v for k, v in got.items() if k.startswith(kind + ":")}  # noqa: E731
-        loss_sums, counts, stats = pick("loss"), pick("count"), pick("stat")
-        per_term = {f"{k}_loss": v / max(counts[k], 1.0) for k, v in loss_sums.items()}
-        return {"loss": sum(per_term.values()), **per_term, **task.metrics(loss_sums, counts, stats)}
+        return task_metrics(task, pick("loss"), pick("count"), pick("stat"))
 
     return evaluate
 

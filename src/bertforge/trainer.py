@@ -48,7 +48,7 @@ from bertforge.io import atomic_write_text
 from bertforge.optim import build_optimizer, build_schedule
 
 __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
-           "PRECISIONS", "CHECKPOINTS_DIR"]
+           "task_metrics", "PRECISIONS", "CHECKPOINTS_DIR"]
 
 logger = logging.getLogger("bertforge")
 
@@ -245,6 +245,17 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
+
+
+def task_metrics(task: Task, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float],
+                 per_term: bool = True) -> dict[str, float]:
+    """Totals over a window (or an evaluation) -> ``loss`` (the sum of each term's mean), each term's
+    mean as ``<term>_loss`` (with ``per_term``), and the task's own metrics."""
+    means = {k: v / max(counts.get(k, 0.0), 1.0) for k, v in loss_sums.items()}
+    out = {"loss": sum(means.values())}
+    if per_term:
+        out.update({f"{k}_loss": v for k, v in means.items()})
+    return {**out, **task.metrics(loss_sums, counts, stats)}
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
@@ -667,11 +678,8 @@ class Trainer:
         values = dict(zip(names, total))
         loss_sums = {k: values[k] for k in window["loss"]}
         stats = {k: values[k] for k in window["stat"]}
-        counts = window["count"]
         metrics: dict[str, float] = {
-            "loss": sum(loss_sums[k] / max(counts.get(k, 0.0), 1.0) for k in loss_sums),
-            **{f"{k}_loss": loss_sums[k] / max(counts.get(k, 0.0), 1.0) for k in loss_sums if len(loss_sums) > 1},
-            **self.task.metrics(loss_sums, counts, stats),
+            **task_metrics(self.task, loss_sums, window["count"], stats, per_term=len(loss_sums) > 1),
             "lr": self.scheduler.get_last_lr()[0],
             "grad_norm": grad_norm,
             "tokens_per_s": total[-1] / max(seconds, 1e-9),
