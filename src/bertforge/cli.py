@@ -6,7 +6,7 @@
     bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
     bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
     bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
-    bertforge finetune   fine-tune for sequence classification / regression (bertforge.finetune.finetune)
+    bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.finetune.finetune)
     bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
     bertforge predict    predictions of a fine-tuned model               (bertforge.finetune.predict)
     bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
@@ -64,12 +64,14 @@ def _scalar_type(annotation: Any) -> type:
     return annotation
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per dataclass field, typed, with the field's default and docstring."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
+                         only: tuple[str, ...] | None = None, title: str = "") -> None:
+    """One ``--flag`` per dataclass field (or per field named in ``only``), typed, with the field's
+    default and docstring."""
     docs = field_docs(cls)
-    group = parser.add_argument_group(f"{cls.__name__} (also settable with --config FILE.json|.yaml)")
+    group = parser.add_argument_group(title or f"{cls.__name__} (also settable with --config FILE.json|.yaml)")
     for f in dataclasses.fields(cls):
-        if f.name in skip or not f.init:
+        if f.name in skip or not f.init or (only is not None and f.name not in only):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -305,43 +307,39 @@ def _finetune(a: argparse.Namespace) -> int:
     return 0
 
 
-def _model_input_args(p: argparse.ArgumentParser, *, labels: bool) -> None:
-    """Arguments evaluate and predict share; unset ones default to the checkpoint's fine-tuning settings."""
+def _model_input_args(p: argparse.ArgumentParser) -> None:
+    """Arguments evaluate and predict share; unset ones are the checkpoint's fine-tuning settings."""
+    from bertforge.finetune import INPUT_SETTINGS, FinetuneConfig
+
     p.add_argument("checkpoint", help="a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)")
-    p.add_argument("--task", help="GLUE task or classification / regression (default: the fine-tuning task)")
-    p.add_argument("--text-column", help="column (JSONL: key) of the text")
-    p.add_argument("--text-pair-column", help="column of the second text of a pair")
-    if labels:
-        p.add_argument("--label-column", help="column of the label")
-    p.add_argument("--max-seq-length", type=int, help="tokens per window (default: the fine-tuning one)")
-    p.add_argument("--stride", type=int, help="tokens between window starts (default: the fine-tuning one)")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per forward pass")
-    p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:K")
+    add_config_arguments(p, FinetuneConfig, only=INPUT_SETTINGS,
+                         title="settings (unset: the ones the checkpoint was fine-tuned with)")
 
 
 def _model_inputs(a: argparse.Namespace) -> dict[str, Any]:
-    names = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "stride", "batch_size",
-             "skip_bad_rows", "device")
-    return {k: getattr(a, k) for k in names if hasattr(a, k)}
+    from bertforge.finetune import INPUT_SETTINGS
+
+    return {k: getattr(a, k) for k in INPUT_SETTINGS if getattr(a, k, None) is not None}
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
-    _model_input_args(p, labels=True)
+    _model_input_args(p)
     p.add_argument("--file", required=True, help="labelled file(s), comma-separated, or a GLUE task folder (dev)")
+    p.add_argument("--out", "-o", help="folder for the task's prediction files (SQuAD: predictions.json, ...)")
 
 
 def _evaluate(a: argparse.Namespace) -> int:
     from bertforge.finetune import evaluate
 
-    print(json.dumps(evaluate(a.checkpoint, file=a.file, **_model_inputs(a))))
+    print(json.dumps(evaluate(a.checkpoint, a.file, out=a.out, **_model_inputs(a))))
     return 0
 
 
 def _predict_args(p: argparse.ArgumentParser) -> None:
-    _model_input_args(p, labels=False)
+    _model_input_args(p)
     p.add_argument("file", help="file to predict on (labels not needed), or a GLUE task folder (test.tsv)")
-    p.add_argument("--out", "-o", required=True, help="predictions: .jsonl (records), else TSV (index, prediction)")
+    p.add_argument("--out", "-o", required=True,
+                   help="predictions: .jsonl (records), else the task's format (GLUE TSV, CoNLL, SQuAD JSON)")
 
 
 def _predict(a: argparse.Namespace) -> int:

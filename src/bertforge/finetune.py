@@ -33,28 +33,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.tasks.classification import (
-    GLUE_TASKS,
-    ClassificationTask,
-    FeatureBatches,
-    Features,
-    ReadReport,
-    compute_metrics,
-    encode_examples,
-    glue_files,
-    label_list,
-    main_metric,
-    predict_logits,
-    read_examples,
-    targets,
-)
+from bertforge.tasks import family_for, task_names
+from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, split_files
 from bertforge.trainer import TrainConfig, TrainResult, Trainer, resume_point
 
-__all__ = ["FinetuneConfig", "FinetuneResult", "finetune", "evaluate", "predict", "GENERIC_TASKS"]
+__all__ = ["FinetuneConfig", "FinetuneResult", "finetune", "evaluate", "predict"]
 
 logger = logging.getLogger("bertforge")
 
-GENERIC_TASKS = ("classification", "regression")
 SETTINGS_KEY = "bertforge_finetune"  # config.json entry holding the settings predictions need
 BEST_DIR = "best"
 BEST_METRICS = "eval_metrics.json"
@@ -84,8 +70,7 @@ class FinetuneConfig(TrainConfig):
     model: str = ""
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
     train_file: str = ""
-    """Training file (.tsv, .csv, .jsonl; optionally compressed), a GLUE task folder (train.tsv), or files
-    separated by commas."""
+    """Training file(s), separated by commas (GLUE: or the task's folder)."""
     dev_file: str = ""
     """Evaluation file(s), or a GLUE task folder (dev.tsv; MNLI: dev_matched.tsv and dev_mismatched.tsv)."""
     out: str = "runs/finetune"
@@ -98,17 +83,31 @@ class FinetuneConfig(TrainConfig):
     """Column of the label (default: the GLUE task's, else "label")."""
     epochs: float = 3.0
     """Passes over the training data when --max-steps is 0 (the paper searched 2, 3, 4)."""
-    max_seq_length: int = 128
-    """Tokens per sequence, [CLS] and [SEP] included; longer texts are cut into overlapping windows."""
+    max_seq_length: int = 0
+    """Tokens per sequence, [CLS] and [SEP] included; longer texts are cut into overlapping windows (0: the
+    task's default: 384 for SQuAD, 128 otherwise)."""
     stride: int = 0
-    """Tokens between the starts of consecutive windows of a long text (0: half a window)."""
+    """Tokens between the starts of consecutive windows of a long text (0: the task's default: SQuAD's
+    doc_stride 128, half a window otherwise)."""
+    max_query_length: int = 64
+    """SQuAD: question tokens kept (longer questions are cut)."""
+    max_answer_length: int = 30
+    """SQuAD: longest answer span predicted, in WordPiece tokens."""
+    n_best_size: int = 20
+    """SQuAD: start and end candidates per window, and answers kept per question in nbest_predictions.json."""
+    null_score_diff_threshold: float = 0.0
+    """SQuAD 2.0: predict no answer when the null score exceeds the best span's by more than this."""
+    tag_column: int = -1
+    """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
+    tag_scheme: str = "auto"
+    """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
     eval_batch_size: int = 64
     """Sequences per forward pass at evaluation, per process."""
     keep_best: bool = True
     """Keep the model that scores best on the dev set in OUT/best/."""
     metric_for_best: str = ""
     """Metric that decides the best model (default: the task's main one: MCC for CoLA, Pearson for STS-B, F1
-    for MRPC / QQP, accuracy otherwise; with several dev files, the first file's)."""
+    for MRPC / QQP / NER / SQuAD, accuracy otherwise; with several dev files, the first file's)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
     resume: bool = False
@@ -121,16 +120,14 @@ class FinetuneConfig(TrainConfig):
         super().__post_init__()
         if auto_steps:
             self.max_steps = 0
-        if self.task and self.task not in GLUE_TASKS and self.task not in GENERIC_TASKS:
-            raise ValueError(f"unknown task {self.task!r}; choose a GLUE task ({', '.join(GLUE_TASKS)}) or "
-                             f"{' / '.join(GENERIC_TASKS)}")
-        if self.epochs <= 0 or self.max_seq_length < 4 or self.stride < 0 or self.eval_batch_size < 1:
-            raise ValueError("epochs must be > 0, max_seq_length >= 4, stride >= 0 and eval_batch_size >= 1")
-
-    @property
-    def regression(self) -> bool:
-        glue = GLUE_TASKS.get(self.task)
-        return glue.regression if glue else self.task == "regression"
+        if self.task and self.task not in task_names():
+            raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
+        if (self.epochs <= 0 or self.max_seq_length < 0 or 0 < self.max_seq_length < 4 or self.stride < 0
+                or self.eval_batch_size < 1):
+            raise ValueError("epochs must be > 0, max_seq_length >= 4 (or 0: the task's default), stride >= 0 and "
+                             "eval_batch_size >= 1")
+        if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
+            raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
 
 
 @dataclass
@@ -147,49 +144,22 @@ class FinetuneResult:
     """What reading each file kept and skipped."""
 
 
-# ---------------------------------------------------------------------------- data
-def _files(spec: str, task: str, split: str) -> list[Path]:
-    return [f for part in spec.split(",") if part.strip() for f in glue_files(task, part.strip(), split)]
-
-
-@dataclass
-class _Split:
-    path: Path
-    features: Features
-    labels: np.ndarray
-    report: ReadReport
-
-
-def _read_split(path: Path, task: str, columns: dict[str, str | None], label2id: dict[str, int] | None,
-                tokenizer: Any, max_seq_length: int, stride: int, skip_bad_rows: bool) -> _Split:
-    examples, report = read_examples(path, task, require_labels=True, skip_bad_rows=skip_bad_rows, **columns)
-    if not examples:
-        raise ValueError(f"{report.summary()}: no labelled examples")
-    y = targets(examples, path, label2id)
-    features = encode_examples(examples, tokenizer, max_seq_length, stride).with_labels(y)
-    return _Split(path, features, y, report)
-
-
-def _columns(text_column: str | None, text_pair_column: str | None, label_column: str | None) -> dict[str, str | None]:
-    return {"text_column": text_column or None, "text_pair_column": text_pair_column or None,
-            "label_column": label_column or None}
-
-
-def _evaluate_splits(model: nn.Module, splits: list[_Split], task: str, batch_size: int, device: torch.device,
-                     dist: Any = None) -> tuple[dict[str, float], str]:
-    """Metrics of every split (prefixed by its file's name when there are several) and the main one's name."""
-    num_labels = model.config.num_labels
-    out: dict[str, float] = {}
+# ---------------------------------------------------------------------------- evaluation
+def _evaluate_all(family: TaskFamily, model: nn.Module, dev: list[EvalData], cfg: FinetuneConfig,
+                  device: torch.device, dist: Any = None) -> tuple[dict[str, float], str, dict[str, str]]:
+    """Metrics of every file (prefixed by its name when there are several), the main metric's name
+    (the first file's) and the prediction files (prefixed likewise)."""
+    metrics: dict[str, float] = {}
+    files: dict[str, str] = {}
     main = ""
-    for k, s in enumerate(splits):
-        logits = predict_logits(model, s.features, batch_size, device, dist)
-        preds = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
-        got = compute_metrics(task if task in GLUE_TASKS else None, preds, s.labels, num_labels)
-        prefix = f"{s.path.name.split('.')[0]}_" if len(splits) > 1 else ""
+    for k, data in enumerate(dev):
+        got = family.evaluate(model, data, cfg, device, dist)
+        prefix = f"{data.path.name.split('.')[0]}_" if len(dev) > 1 else ""
         if k == 0:
-            main = prefix + main_metric(task, got, num_labels == 1)
-        out.update({prefix + name: float(v) for name, v in got.items()})
-    return out, main
+            main = prefix + got.main
+        metrics.update({prefix + name: float(v) for name, v in got.metrics.items()})
+        files.update({prefix + name: text for name, text in got.files.items()})
+    return metrics, main, files
 
 
 def _better(value: float, best: float | None) -> bool:
@@ -200,7 +170,6 @@ def _better(value: float, best: float | None) -> bool:
 def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome."""
     from bertforge.distributed import setup
-    from bertforge.heads import BertForSequenceClassification
     from bertforge.tokenization import BertTokenizer
 
     for name in ("task", "model", "train_file"):
@@ -208,83 +177,65 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
             raise ValueError(f"finetune needs --{name.replace('_', '-')}")
     if cfg.keep_best and not cfg.dev_file:
         raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
+    family = family_for(cfg.task)
+    cfg = family.configure(cfg)
     tok = BertTokenizer.from_pretrained(cfg.model)
     dist = setup(cfg.device)
     out = Path(cfg.out)
-    columns = _columns(cfg.text_column, cfg.text_pair_column, cfg.label_column)
 
-    # Training data: the label set is the GLUE task's, else the training files'.
-    examples, reports = [], []
-    for path in _files(cfg.train_file, cfg.task, "train"):
-        got, report = read_examples(path, cfg.task, require_labels=True, skip_bad_rows=cfg.skip_bad_rows, **columns)
-        examples.append((path, got))
-        reports.append(report)
-    labels = None if cfg.regression else label_list([e for _, got in examples for e in got], cfg.task)
-    label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
-    y = np.concatenate([targets(got, path, label2id) for path, got in examples])
-    train_examples = [e for _, got in examples for e in got]
-    if not train_examples:
-        raise ValueError(f"{cfg.train_file}: no labelled training examples")
-    if labels is not None and len(labels) < 2:
-        raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
-    train = encode_examples(train_examples, tok, cfg.max_seq_length, cfg.stride).with_labels(y)
-    steps_per_epoch = len(train) // cfg.batch_size
+    train = family.train_data(cfg, tok)
+    steps_per_epoch = len(train.features) // cfg.batch_size
     if steps_per_epoch < 1:
-        raise ValueError(f"{cfg.train_file}: {len(train)} training sequences, fewer than one batch ({cfg.batch_size})")
+        raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
+                         f"({cfg.batch_size})")
     max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     cfg = dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or steps_per_epoch)
+    dev = [family.eval_data(cfg, tok, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
+    reports = train.reports + [d.report for d in dev]
 
-    dev = [_read_split(p, cfg.task, columns, label2id, tok, cfg.max_seq_length, cfg.stride, cfg.skip_bad_rows)
-           for p in (_files(cfg.dev_file, cfg.task, "dev") if cfg.dev_file else [])]
-    reports += [s.report for s in dev]
-
-    settings = {"task": cfg.task, "max_seq_length": cfg.max_seq_length, "stride": cfg.stride,
-                **{k: v for k, v in columns.items() if v}}
-    torch.manual_seed(cfg.seed)  # the same fresh classifier on every process
-    head: dict[str, Any] = ({"num_labels": 1, "id2label": None, "problem_type": "regression"} if labels is None else
-                            {"id2label": dict(enumerate(labels)), "problem_type": "single_label_classification"})
-    model = BertForSequenceClassification.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **head)
+    settings = {name: getattr(cfg, name) for name in family.settings}
+    torch.manual_seed(cfg.seed)  # the same fresh head on every process
+    model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
     model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
     if cfg.max_seq_length > model.config.max_position_embeddings:
         raise ValueError(f"max_seq_length {cfg.max_seq_length} exceeds the model's "
                          f"{model.config.max_position_embeddings} positions")
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
 
-    batches = FeatureBatches(train, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+    batches = FeatureBatches(train.features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size, name=cfg.train_file)
     run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume"}
-    run_config["labels"] = labels
+    run_config["labels"] = train.labels
     best_dir = out / BEST_DIR
     best: dict[str, Any] | None = None
     if cfg.resume and (best_dir / BEST_METRICS).is_file():
         best = json.loads((best_dir / BEST_METRICS).read_text(encoding="utf-8"))
-    holder: dict[str, Trainer] = {}
+    trainer: Trainer
 
-    def evaluate(m: nn.Module) -> dict[str, float]:
+    def evaluate(m: nn.Module, step: int) -> dict[str, float]:
         nonlocal best
-        metrics, main = _evaluate_splits(m, dev, cfg.task, cfg.eval_batch_size, dist.device, dist)
+        metrics, main, files = _evaluate_all(family, m, dev, cfg, dist.device, dist)
         main = cfg.metric_for_best or main
         if main not in metrics:
             raise ValueError(f"--metric-for-best {main!r} is not among the metrics ({', '.join(metrics)})")
-        trainer = holder["trainer"]
         if cfg.keep_best and _better(metrics[main], best["value"] if best else None):
-            best = {"step": trainer.step, "metric": main, "value": metrics[main], "metrics": metrics}
-            trainer.save_model(best_dir, extra_files={BEST_METRICS: json.dumps(best, indent=1) + "\n"})
+            best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
+            trainer.save_model(best_dir, extra_files={BEST_METRICS: json.dumps(best, indent=1) + "\n", **files})
         return metrics
 
-    trainer = Trainer(model, ClassificationTask(regression=labels is None), batches, cfg, out, dist=dist,
+    trainer = Trainer(model, family.train_task(model.config), batches, cfg, out, dist=dist,
                       evaluate=evaluate if dev else None, tokenizer=tok, run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
                                          "compile", "out", "device", "epochs"))
-    holder["trainer"] = trainer
     resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
-        kind = "regression" if labels is None else f"{len(labels)} labels ({', '.join(labels[:10])})"
-        print(f"finetune: {cfg.task}, {kind}; train {train.summary()}; "
-              + "; ".join(f"dev {s.path.name} {s.features.summary()}" for s in dev)
+        labels = train.labels
+        kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
+        print(f"finetune: {cfg.task}{kind}; train {train.summary}; "
+              + "; ".join(f"dev {d.path.name} {d.summary}" for d in dev)
               + f"; {cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch) on {dist.device}")
         for r in reports:
             if r.num_skipped:
@@ -299,81 +250,95 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model
-def _load_finetuned(checkpoint: str | Path, device: str) -> tuple[nn.Module, Any, dict[str, Any], torch.device]:
+INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "stride",
+                  "max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold", "tag_column",
+                  "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
+"""FinetuneConfig fields `evaluate` and `predict` accept; unset ones are the checkpoint's fine-tuning settings."""
+
+# The task of a checkpoint fine-tuned elsewhere (no bertforge settings in its config.json), by its head.
+_HEAD_TASKS = {"BertForSequenceClassification": "classification", "BertForTokenClassification": "ner",
+               "BertForQuestionAnswering": "squad2", "BertForMultipleChoice": "swag"}
+
+
+def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
+                    ) -> tuple[TaskFamily, nn.Module, Any, FinetuneConfig, torch.device]:
+    """The checkpoint's family, model (on its device, in eval mode), tokenizer and settings (``overrides`` win)."""
+    from bertforge.checkpoint import infer_model_class
     from bertforge.distributed import setup
-    from bertforge.heads import BertForSequenceClassification
     from bertforge.tokenization import BertTokenizer
 
-    model = BertForSequenceClassification.from_pretrained(checkpoint)
+    unknown = sorted(set(overrides) - set(INPUT_SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(unknown)} (known: {', '.join(INPUT_SETTINGS)})")
+    model_class = infer_model_class(checkpoint)
+    model = model_class.from_pretrained(checkpoint)
     if model.load_report.newly_initialized:
-        raise ValueError(f"{checkpoint}: not a fine-tuned classifier (no weights for "
+        raise ValueError(f"{checkpoint}: not a fine-tuned model (no weights for "
                          f"{', '.join(model.load_report.newly_initialized)})")
-    dev = setup(device).device
-    model.to(dev).eval()
-    settings = dict(model.config.extra.get(SETTINGS_KEY) or {})
-    return model, BertTokenizer.from_pretrained(checkpoint), settings, dev
+    saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
+    if task == "classification" and model.config.num_labels == 1:
+        task = "regression"
+    family = family_for(task)
+    if not isinstance(model, family.model_class):
+        raise ValueError(f"{checkpoint}: holds a {model_class.__name__}; task {task!r} needs a "
+                         f"{family.model_class.__name__}")
+    cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
+                                             **given, "task": task}))
+    device = setup(cfg.device).device
+    model.to(device).eval()
+    return family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device
 
 
 def _label2id(model: nn.Module) -> dict[str, int] | None:
+    """The label set evaluation files are checked against (None: regression, or a head without labels)."""
     config = model.config
     if config.num_labels == 1 or config.problem_type == "regression":
         return None
     return config.label2id or {str(i): i for i in range(config.num_labels)}
 
 
-def evaluate(checkpoint: str | Path, task: str | None = None, file: str | Path = "", *,
-             text_column: str | None = None, text_pair_column: str | None = None, label_column: str | None = None,
-             max_seq_length: int | None = None, stride: int | None = None, batch_size: int = 64,
-             skip_bad_rows: bool = False, device: str = "auto") -> dict[str, float]:
+def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None = None,
+             **settings: Any) -> dict[str, float]:
     """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
 
-    Task, columns, max_seq_length and stride default to the ones the checkpoint was fine-tuned with."""
-    model, tok, settings, dev = _load_finetuned(checkpoint, device)
-    task = task or settings.get("task") or ("regression" if model.config.num_labels == 1 else "classification")
-    columns = _columns(text_column or settings.get("text_column"), text_pair_column or settings.get("text_pair_column"),
-                       label_column or settings.get("label_column"))
-    length = max_seq_length or settings.get("max_seq_length", 128)
-    stride = settings.get("stride", 0) if stride is None else stride
-    splits = [_read_split(p, task, columns, _label2id(model), tok, length, stride, skip_bad_rows)
-              for p in _files(str(file), task, "dev")]
+    ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, stride, SQuAD's limits, ...);
+    unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the task's
+    prediction files (SQuAD: predictions.json, nbest_predictions.json, null_odds.json)."""
+    family, model, tok, cfg, device = _load_finetuned(checkpoint, settings)
+    data = [family.eval_data(cfg, tok, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
     with torch.no_grad():
-        metrics, _ = _evaluate_splits(model, splits, task, batch_size, dev)
-    return metrics
-
-
-def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None, *, task: str | None = None,
-            text_column: str | None = None, text_pair_column: str | None = None, max_seq_length: int | None = None,
-            stride: int | None = None, batch_size: int = 64, skip_bad_rows: bool = False,
-            device: str = "auto") -> list[dict[str, Any]]:
-    """Predictions of a fine-tuned checkpoint for every example of ``file`` (labels not needed).
-
-    Each is ``{"index", "line", "prediction", "scores"}``: the example's position in the file (from 0),
-    its line, the label name (regression: the score) and the logits, averaged over its windows.
-    ``out``: ``.jsonl`` writes these records, anything else a TSV of ``index <TAB> prediction``
-    (GLUE's submission format)."""
-    model, tok, settings, dev = _load_finetuned(checkpoint, device)
-    task = task or settings.get("task")
-    columns = _columns(text_column or settings.get("text_column"), text_pair_column or settings.get("text_pair_column"),
-                       None)
-    files = glue_files(task or "", file, "test")
-    if len(files) != 1:
-        raise ValueError(f"{file}: holds {len(files)} test files; name one")
-    examples, _ = read_examples(files[0], task, require_labels=False, skip_bad_rows=skip_bad_rows, **columns)
-    length = max_seq_length or settings.get("max_seq_length", 128)
-    stride = settings.get("stride", 0) if stride is None else stride
-    features = encode_examples(examples, tok, length, stride)
-    logits = predict_logits(model, features, batch_size, dev)
-    id2label = model.config.id2label or {}
-    records = []
-    for i, (e, row) in enumerate(zip(examples, logits)):
-        pred: Any = float(row[0]) if len(row) == 1 else id2label.get(int(row.argmax()), str(int(row.argmax())))
-        records.append({"index": i, "line": e.line, "prediction": pred, "scores": [round(float(x), 6) for x in row]})
+        metrics, _, files = _evaluate_all(family, model, data, cfg, device)
     if out is not None:
         from bertforge.io import atomic_write_text
 
-        if str(out).endswith(".jsonl"):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            atomic_write_text(Path(out) / name, text)
+    return metrics
+
+
+def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None,
+            **settings: Any) -> list[dict[str, Any]]:
+    """Predictions of a fine-tuned checkpoint for every example of ``file`` (labels not needed): one
+    JSON-able record per example (the family's: label and scores, tags, answer, choice).
+
+    ``out``: ``.jsonl`` writes the records, anything else the task's own format (GLUE's
+    ``index <TAB> prediction`` TSV, CoNLL columns, SQuAD's predictions.json). ``settings``: as `evaluate`."""
+    family, model, tok, cfg, device = _load_finetuned(checkpoint, settings)
+    files = family.files(cfg, str(file), "test")
+    if len(files) != 1:
+        raise ValueError(f"{file}: holds {len(files)} test files; name one")
+    with torch.no_grad():
+        records = family.predict(model, tok, cfg, files[0], device)
+    if out is not None:
+        from bertforge.io import atomic_write_text
+
+        out = Path(out)
+        if out.suffix == ".jsonl":
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         else:
-            text = "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
+            text = family.format_predictions(records, out)
         atomic_write_text(out, text)
     return records

@@ -140,7 +140,7 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
 
     batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
 
-    def evaluate(model: nn.Module) -> dict[str, float]:
+    def evaluate(model: nn.Module, step: int) -> dict[str, float]:
         loader = PretrainingLoader(dataset, batch, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
                                    special=special)
         names: list[str] = []

@@ -298,7 +298,7 @@ class Trainer:
 
     ``run_config`` (any JSON-able dict, e.g. the recipe's config) is stored with every checkpoint;
     resuming with a config that differs outside ``resumable_changes`` is an error naming the fields.
-    ``evaluate(model) -> metrics`` runs every ``eval_every`` steps and at the end, on every process.
+    ``evaluate(model, step) -> metrics`` runs every ``eval_every`` steps and at the end, on every process.
     """
 
     def __init__(
@@ -310,7 +310,7 @@ class Trainer:
         out_dir: str | Path,
         *,
         dist: Distributed | None = None,
-        evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+        evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
         tokenizer: Any = None,
         run_config: dict[str, Any] | None = None,
         resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
@@ -519,7 +519,7 @@ class Trainer:
         self.model.eval()
         try:
             with torch.no_grad(), self._autocast():
-                metrics = self.evaluate_fn(self.model)  # under FSDP, the sharded model itself
+                metrics = self.evaluate_fn(self.model, self.step)  # under FSDP, the sharded model itself
         finally:
             self.model.train()
         metrics = _rounded(metrics)

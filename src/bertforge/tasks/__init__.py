@@ -1,23 +1,39 @@
-"""Fine-tuning tasks: how a task's files become examples, features, batches, losses and metrics.
+"""Fine-tuning tasks: how a task's files become examples, features, batches, losses, metrics and
+prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily`; the recipe that drives
+them through the shared loop is `bertforge.finetune`.
 
-Each task plugs into the shared loop of `bertforge.trainer`; the recipe that drives them is
-`bertforge.finetune`.
-
-    classification  single sentence or pair -> one label, or a score (regression); GLUE's files
+    classification   single sentence or pair -> one label, or a score (regression); GLUE's files
 """
 
+from bertforge.tasks.base import EvalData, EvalResult, FeatureBatches, ReadReport, TaskFamily, TrainData
 from bertforge.tasks.classification import (
     GLUE_TASKS,
+    ClassificationFamily,
     ClassificationTask,
     Example,
-    FeatureBatches,
     Features,
     GlueTask,
-    ReadReport,
     encode_examples,
     glue_files,
     read_examples,
 )
 
-__all__ = ["GLUE_TASKS", "ClassificationTask", "Example", "FeatureBatches", "Features", "GlueTask", "ReadReport",
-           "encode_examples", "glue_files", "read_examples"]
+FAMILIES: tuple[TaskFamily, ...] = (ClassificationFamily(),)
+"""Every family; a ``--task`` name belongs to exactly one."""
+
+
+def task_names() -> list[str]:
+    return [name for family in FAMILIES for name in family.tasks]
+
+
+def family_for(task: str) -> TaskFamily:
+    """The family handling ``--task task``."""
+    for family in FAMILIES:
+        if task in family.tasks:
+            return family
+    raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(task_names())}")
+
+
+__all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TrainData", "EvalData", "EvalResult",
+           "FeatureBatches", "ReadReport", "GLUE_TASKS", "ClassificationFamily", "ClassificationTask", "Example",
+           "Features", "GlueTask", "encode_examples", "glue_files", "read_examples"]

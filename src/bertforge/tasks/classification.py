@@ -26,12 +26,10 @@ windows' logits per example (regression: their scores), so one prediction comes 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,13 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.loader import PretrainingLoader
 from bertforge import losses
-from bertforge.io import COMPRESSED_SUFFIXES, open_binary
+from bertforge.io import COMPRESSED_SUFFIXES
+from bertforge.tasks.base import (EvalData, EvalResult, FeatureBatches, ReadReport, TrainData, csv_rows, predict_items,
+                                  split_files, text_lines)
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "Features", "encode_examples", "FeatureBatches", "ClassificationTask", "predict_logits",
-           "compute_metrics", "main_metric"]
+           "compute_metrics", "main_metric", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
 
@@ -117,31 +116,6 @@ def glue_files(task: str, path: str | Path, split: str) -> list[Path]:
     return files
 
 
-@dataclass
-class ReadReport:
-    """What reading one file kept and skipped."""
-
-    path: str
-    examples: int = 0
-    blank_lines: int = 0
-    skipped: dict[str, list[int]] = field(default_factory=dict)
-    """Reason -> line numbers of the rows skipped for it."""
-
-    def skip(self, reason: str, line: int) -> None:
-        self.skipped.setdefault(reason, []).append(line)
-
-    @property
-    def num_skipped(self) -> int:
-        return sum(len(v) for v in self.skipped.values())
-
-    def summary(self) -> str:
-        text = f"{self.path}: {self.examples:,} examples"
-        for reason, lines in self.skipped.items():
-            shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-            text += f"; skipped {len(lines):,} rows ({reason}; lines {shown})"
-        return text
-
-
 def _format(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED_SUFFIXES]
     kind = suffixes[-1] if suffixes else ""
@@ -153,37 +127,6 @@ def _format(path: Path) -> str:
         return "jsonl"
     raise ValueError(f"{path}: unknown file type {kind or '(none)'!r}; expected .tsv, .csv or .jsonl "
                      "(optionally .gz / .bz2 / .xz)")
-
-
-def _text_lines(path: Path) -> io.TextIOWrapper:
-    # utf-8-sig: MRPC's files (and Excel's CSVs) start with a byte-order mark.
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
-
-
-def _csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
-    """(first line of the record, fields) of a CSV / TSV file; blank lines give []."""
-    old_limit = csv.field_size_limit()
-    csv.field_size_limit(1 << 30)  # a long document is a normal input here (it gets windows)
-    try:
-        with _text_lines(path) as f:
-            if fmt == "tsv":
-                reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            else:
-                reader = csv.reader(f)
-            start = 1
-            while True:
-                try:
-                    row = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as e:
-                    raise ValueError(f"{path}:{reader.line_num}: malformed {fmt.upper()} ({e})") from None
-                yield start, row
-                start = reader.line_num + 1
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
-    finally:
-        csv.field_size_limit(old_limit)
 
 
 def read_examples(
@@ -231,7 +174,7 @@ def read_examples(
 
     if _format(path) == "jsonl":
         try:
-            with _text_lines(path) as f:
+            with text_lines(path) as f:
                 for n, text in enumerate(f, 1):
                     if not text.strip():
                         report.blank_lines += 1
@@ -255,7 +198,7 @@ def read_examples(
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     else:
-        rows = _csv_rows(path, _format(path))
+        rows = csv_rows(path, _format(path))
         header: list[str] | None = None
         positions: dict[str, int] = {}
         width = 0
@@ -336,6 +279,10 @@ class Features:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
 
     def with_labels(self, per_example: np.ndarray) -> "Features":
         self.labels = per_example[self.example]
@@ -427,44 +374,6 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
                     windowed=windowed, cut_pairs=cut_pairs)
 
 
-# ---------------------------------------------------------------------------- batches
-class _InMemory:
-    """Features seen as the one-shard dataset `PretrainingLoader` reads (an instance is its index)."""
-
-    config = {"dynamic_masking": False, "nsp": False, "max_predictions_per_seq": 0}
-
-    def __init__(self, features: Features, name: str):
-        self.features = features
-        self.folder = name
-        self.sizes = np.array([len(features)], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def shard(self, index: int) -> "_InMemory":
-        return self
-
-    def instance(self, index: int) -> int:
-        return index
-
-
-class FeatureBatches(PretrainingLoader):
-    """Training batches over features in memory, with `PretrainingLoader`'s order (seeded shuffle per
-    epoch), rank slices of every global batch (the last incomplete one is dropped) and exact resume
-    (``state_dict`` / ``load_state_dict``: epoch and position). Padded to the batch's longest."""
-
-    def __init__(self, features: Features, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 name: str = "training data"):
-        if features.labels is None:
-            raise ValueError(f"{name}: training features need labels")
-        dataset: Any = _InMemory(features, name)
-        super().__init__(dataset, batch_size, seed=seed, rank=rank, world_size=world_size, pad_to_multiple_of=1)
-        self.features = features
-
-    def collate(self, instances: list) -> dict[str, torch.Tensor]:
-        return self.features.collate(instances)
-
-
 # ---------------------------------------------------------------------------- the task
 class ClassificationTask:
     """Summed cross-entropy (or squared error, regression) over the windows of a batch; accuracy."""
@@ -493,31 +402,17 @@ class ClassificationTask:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-@torch.no_grad()
 def predict_logits(model: nn.Module, features: Features, batch_size: int, device: torch.device | str = "cpu",
                    dist: Any = None) -> np.ndarray:
     """(examples, labels) logits, each the mean over its example's windows. With ``dist``, every
     process predicts a part and all get the whole."""
-    rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
-    order = np.argsort([len(x) for x in features.input_ids], kind="stable")  # similar lengths batch together
-    parts = np.array_split(order, world)
-    mine = parts[rank]
-    rows: list[np.ndarray] = []
-    # Every process runs the same number of forward passes (a sharded model's forward is collective).
-    for k in range(-(-len(parts[0]) // batch_size)):
-        idx = mine[k * batch_size:(k + 1) * batch_size]
-        batch = features.collate(idx if len(idx) else order[:1])
-        logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                       batch["token_type_ids"].to(device)).logits.float().cpu().numpy()
-        if len(idx):
-            rows.append(logits)
-    C = getattr(getattr(model, "config", None), "num_labels", None) or (rows[0].shape[1] if rows else 1)
-    got = [(mine, np.concatenate(rows) if rows else np.zeros((0, C), np.float32))]
-    if world > 1:
-        got = dist.gather_objects(got[0])
-    per_window = np.zeros((len(features), C), dtype=np.float64)
-    for idx, logits in got:
-        per_window[idx] = logits
+
+    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
+        return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
+
+    rows = predict_items(model, features, batch_size, device, run, dist)
+    C = getattr(getattr(model, "config", None), "num_labels", None) or (len(rows[0]) if rows else 1)
+    per_window = np.array(rows, dtype=np.float64).reshape(len(rows), C)
     sums = np.zeros((features.num_examples, C), dtype=np.float64)
     np.add.at(sums, features.example, per_window)
     counts = np.bincount(features.example, minlength=features.num_examples)
@@ -558,3 +453,95 @@ def main_metric(task: str | None, metrics: Mapping[str, float], regression: bool
     if not metrics:
         raise ValueError("no metrics to choose the best checkpoint by")
     return next(iter(metrics))
+
+
+# ---------------------------------------------------------------------------- the family
+class ClassificationFamily:
+    """Sequence classification and regression (`bertforge.tasks.base.TaskFamily`): GLUE by task name,
+    ``classification`` / ``regression`` for generic files."""
+
+    name = "classification"
+    tasks = (*GLUE_TASKS, "classification", "regression")
+    settings = ("task", "max_seq_length", "stride", "text_column", "text_pair_column", "label_column")
+    default_max_seq_length = 128
+
+    @property
+    def model_class(self) -> type:
+        from bertforge.heads import BertForSequenceClassification
+
+        return BertForSequenceClassification
+
+    @staticmethod
+    def regression(task: str) -> bool:
+        glue = GLUE_TASKS.get(task)
+        return glue.regression if glue else task == "regression"
+
+    def configure(self, cfg: Any) -> Any:
+        import dataclasses
+
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
+
+    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+        return [f for part in split_files(spec) for f in glue_files(cfg.task, part, split)]
+
+    @staticmethod
+    def _read(cfg: Any, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
+        return read_examples(path, cfg.task, text_column=cfg.text_column or None,
+                             text_pair_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
+                             require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
+
+    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+        read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
+        examples = [e for _, got, _ in read for e in got]
+        if not examples:
+            raise ValueError(f"{cfg.train_file}: no labelled training examples")
+        labels = None if self.regression(cfg.task) else label_list(examples, cfg.task)
+        if labels is not None and len(labels) < 2:
+            raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
+        label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
+        y = np.concatenate([targets(got, path, label2id) for path, got, _ in read])
+        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
+        head: dict[str, Any] = ({"num_labels": 1, "id2label": None, "problem_type": "regression"} if labels is None
+                                else {"id2label": dict(enumerate(labels)),
+                                      "problem_type": "single_label_classification"})
+        return TrainData(features, head, labels, [r for _, _, r in read], features.summary())
+
+    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+        examples, report = self._read(cfg, path, True)
+        if not examples:
+            raise ValueError(f"{report.summary()}: no labelled examples")
+        y = targets(examples, path, label2id)
+        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
+        return EvalData(path, (features, y), report, features.summary())
+
+    def train_task(self, config: Any) -> ClassificationTask:
+        return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
+
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+                 dist: Any = None) -> EvalResult:
+        features, y = data.data
+        logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
+        C = logits.shape[1]
+        preds = logits[:, 0] if C == 1 else logits.argmax(-1)
+        metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
+        return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1))
+
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+                device: torch.device) -> list[dict[str, Any]]:
+        """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
+        line, the label name (regression: the score) and the logits averaged over its windows."""
+        examples, _ = self._read(cfg, path, False)
+        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride)
+        logits = predict_logits(model, features, cfg.eval_batch_size, device)
+        id2label = model.config.id2label or {}
+        records = []
+        for i, (e, row) in enumerate(zip(examples, logits)):
+            best = int(row.argmax())
+            pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
+            records.append({"index": i, "line": e.line, "prediction": pred,
+                            "scores": [round(float(x), 6) for x in row]})
+        return records
+
+    def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
+        """GLUE's submission format: ``index <TAB> prediction``."""
+        return "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
