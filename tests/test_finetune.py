@@ -11,10 +11,12 @@ finetune / evaluate / predict.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from safetensors.torch import load_file
 
 from bertforge import cli, trainer
 from bertforge.config import BertConfig
-from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
 from bertforge.heads import BertForPreTraining, BertForSequenceClassification
 from bertforge.tasks.classification import (
     Example,
@@ -379,3 +381,54 @@ def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
     assert len(lines) == 6 and lines[1].split("\t")[1] in labels
     assert cli.main(["evaluate", str(out / "model"), "--file", str(root / "nope.tsv")]) == 2
     assert "nope.tsv: no such file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the paper's grid
+def test_parse_grid_reads_the_paper_grid_and_subsets():
+    assert parse_grid("paper") == {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32), "epochs": (2.0, 3.0, 4.0)}
+    assert parse_grid("lr=5e-5,3e-5;batch=16 epochs=2") == {"lr": (5e-5, 3e-5), "batch_size": (16,),
+                                                           "epochs": (2.0,)}
+    for bad in ("lr=", "warmup=0.1", "batch_size=1.5", "lr=-1", "lr 5e-5"):
+        with pytest.raises(ValueError, match="grid"):
+            parse_grid(bad)
+    with pytest.raises(ValueError, match="grid"):
+        FinetuneConfig(grid="epochs=two")
+
+
+def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, capsys):
+    rng = random.Random(11)
+    train = write_csv(root / "grid_train.csv", [polar(rng) for _ in range(32)])
+    dev = write_csv(root / "grid_dev.csv", [polar(rng) for _ in range(16)])
+    out = root / "grid"
+    cfg = config(base, out, task="classification", train_file=str(train), dev_file=str(dev), text_column="review",
+                 label_column="sentiment", grid="lr=1e-3,1e-6 batch_size=16,32 epochs=3")
+    result = finetune_grid(cfg)
+    assert [(r["lr"], r["batch_size"]) for r in result.runs] == [(1e-3, 16), (1e-3, 32), (1e-6, 16), (1e-6, 32)]
+    assert [r["steps"] for r in result.runs] == [6, 3, 6, 3]  # 3 epochs of 32 examples
+    for r in result.runs:
+        evals = train_lines(Path(r["folder"]), "eval")
+        assert r["value"] == max(e["accuracy"] for e in evals)  # each run's own best on dev
+    assert result.best["value"] == max(r["value"] for r in result.runs)
+    kept = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert kept == json.loads((Path(result.best["folder"]) / "best" / "eval_metrics.json").read_text())
+    assert evaluate(out / "best", dev)["accuracy"] == pytest.approx(result.best["value"], abs=1e-9)
+    table = (out / "grid.tsv").read_text().splitlines()
+    assert table[0].split("\t")[:8] == ["lr", "batch_size", "epochs", "steps", "minutes", "best_step", "metric",
+                                        "value"]
+    assert len(table) == 5 and table[1].startswith("0.001\t16\t3\t6\t")
+    with pytest.raises(ValueError, match="--resume"):
+        finetune_grid(cfg)
+    # Resume: finished runs are read back, not trained again; a removed one is run again.
+    shutil.rmtree(out / "grid" / "lr1e-06-bs32-ep3")
+    capsys.readouterr()
+    again = finetune_grid(dataclasses.replace(cfg, resume=True))
+    assert [r["value"] for r in again.runs] == [r["value"] for r in result.runs]
+    printed = capsys.readouterr().out
+    assert "run 4 of 4" in printed and "run 1 of 4" not in printed
+
+
+def test_cli_grid_flag_alone_is_the_paper_grid():
+    parser = cli.build_parser()
+    assert parser.parse_args(["finetune", "--grid"]).grid == "paper"
+    assert parser.parse_args(["finetune", "--grid", "lr=3e-5"]).grid == "lr=3e-5"
+    assert parser.parse_args(["finetune"]).grid is None

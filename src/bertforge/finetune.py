@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from bertforge.tasks import family_for, task_names
-from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, split_files
+from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, TrainData
 from bertforge.trainer import TrainConfig, TrainResult, Trainer, resume_point
 
-__all__ = ["FinetuneConfig", "FinetuneResult", "finetune", "evaluate", "predict"]
+__all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
+           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -110,8 +110,11 @@ class FinetuneConfig(TrainConfig):
     for MRPC / QQP / NER / SQuAD, accuracy otherwise; with several dev files, the first file's)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
+    grid: str = ""
+    """Run a grid and keep the best on dev: "paper" (lr 5e-5, 3e-5, 2e-5 x batch 16, 32 x epochs 2, 3, 4) or a
+    subset such as "lr=5e-5,3e-5 batch_size=32 epochs=2,3" (unnamed settings: the run's)."""
     resume: bool = False
-    """Continue the run in --out from its latest checkpoint."""
+    """Continue the run in --out from its latest checkpoint (a grid: from its unfinished runs)."""
 
     def __post_init__(self) -> None:
         auto_steps = self.max_steps == 0
@@ -128,6 +131,37 @@ class FinetuneConfig(TrainConfig):
                              "eval_batch_size >= 1")
         if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
             raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
+        if self.grid:
+            parse_grid(self.grid)  # a malformed grid fails before any work
+
+
+# ---------------------------------------------------------------------------- the paper's grid
+PAPER_GRID = {"lr": (5e-5, 3e-5, 2e-5), "batch_size": (16, 32), "epochs": (2.0, 3.0, 4.0)}
+"""The paper's fine-tuning search (Appendix A.3); it keeps the best on dev."""
+_GRID_TYPES = {"lr": float, "batch_size": int, "epochs": float}
+
+
+def parse_grid(spec: str) -> dict[str, tuple[Any, ...]]:
+    """``"paper"`` or ``"lr=5e-5,3e-5 batch_size=32 epochs=2,3"`` (spaces or semicolons between
+    settings; ``batch`` is short for batch_size) -> the values of each setting searched."""
+    if spec.strip() == "paper":
+        return dict(PAPER_GRID)
+    grid: dict[str, tuple[Any, ...]] = {}
+    for part in spec.replace(";", " ").split():
+        name, sep, values = part.partition("=")
+        name = {"batch": "batch_size"}.get(name, name)
+        if not sep or name not in _GRID_TYPES or not values:
+            raise ValueError(f"--grid {spec!r}: expected \"paper\" or settings like \"lr=5e-5,3e-5 batch_size=16,32 "
+                             f"epochs=2,3\" ({', '.join(_GRID_TYPES)}); got {part!r}")
+        try:
+            grid[name] = tuple(dict.fromkeys(_GRID_TYPES[name](v) for v in values.split(",") if v))
+        except ValueError:
+            raise ValueError(f"--grid: {name} takes {_GRID_TYPES[name].__name__} values, got {values!r}") from None
+        if not grid[name] or any(v <= 0 for v in grid[name]):
+            raise ValueError(f"--grid: {name} values must be > 0, got {values!r}")
+    if not grid:
+        raise ValueError(f"--grid {spec!r}: no settings")
+    return grid
 
 
 @dataclass
@@ -167,30 +201,57 @@ def _better(value: float, best: float | None) -> bool:
 
 
 # ---------------------------------------------------------------------------- the recipe
-def finetune(cfg: FinetuneConfig) -> FinetuneResult:
-    """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome."""
-    from bertforge.distributed import setup
+@dataclass
+class PreparedData:
+    """A task's training and dev files, read and encoded (shared by the runs of a grid)."""
+
+    family: TaskFamily
+    cfg: FinetuneConfig
+    """With the family's defaults filled in."""
+    tokenizer: Any
+    train: TrainData
+    dev: list[EvalData]
+
+
+def prepare_data(cfg: FinetuneConfig) -> PreparedData:
+    """Read and encode the task's training and dev files."""
     from bertforge.tokenization import BertTokenizer
 
     for name in ("task", "model", "train_file"):
         if not getattr(cfg, name):
             raise ValueError(f"finetune needs --{name.replace('_', '-')}")
-    if cfg.keep_best and not cfg.dev_file:
-        raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
     family = family_for(cfg.task)
     cfg = family.configure(cfg)
     tok = BertTokenizer.from_pretrained(cfg.model)
+    train = family.train_data(cfg, tok)
+    dev = [family.eval_data(cfg, tok, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
+    return PreparedData(family, cfg, tok, train, dev)
+
+
+def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneResult:
+    """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
+    the files already read by `prepare_data` with the same task, files and encoding settings."""
+    from bertforge.distributed import setup
+
+    if cfg.grid:
+        raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
+    if cfg.keep_best and not cfg.dev_file:
+        raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
+    data = data or prepare_data(cfg)
+    family, train, dev, tok = data.family, data.train, data.dev, data.tokenizer
+    cfg = family.configure(cfg)
+    differ = [name for name in ("task", "model", "train_file", "dev_file", *family.settings)
+              if getattr(cfg, name) != getattr(data.cfg, name)]
+    if differ:
+        raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
     dist = setup(cfg.device)
     out = Path(cfg.out)
-
-    train = family.train_data(cfg, tok)
     steps_per_epoch = len(train.features) // cfg.batch_size
     if steps_per_epoch < 1:
         raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
                          f"({cfg.batch_size})")
     max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     cfg = dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or steps_per_epoch)
-    dev = [family.eval_data(cfg, tok, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     reports = train.reports + [d.report for d in dev]
 
     settings = {name: getattr(cfg, name) for name in family.settings}
@@ -247,6 +308,102 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
     return FinetuneResult(train=result, model_dir=out / "model", best_dir=best_dir if best else None, best=best,
                           eval_metrics=result.eval_metrics, reports=reports)
+
+
+@dataclass
+class GridResult:
+    runs: list[dict[str, Any]]
+    """One row per configuration: lr, batch_size, epochs, folder, steps, minutes, best step, metric, value, metrics."""
+    best: dict[str, Any] | None
+    """The winning row (None if no run evaluated)."""
+    best_dir: Path | None
+    stopped_early: bool = False
+
+
+GRID_DIR = "grid"
+GRID_TABLE = "grid.tsv"
+_RUN_RESULT = "grid_run.json"
+
+
+def _grid_name(lr: float, batch_size: int, epochs: float) -> str:
+    return f"lr{lr:g}-bs{batch_size}-ep{epochs:g}"
+
+
+def _grid_table(rows: list[dict[str, Any]]) -> str:
+    names = sorted({k for r in rows for k in r["metrics"]})
+    head = ["lr", "batch_size", "epochs", "steps", "minutes", "best_step", "metric", "value", *names]
+    lines = ["\t".join(head)]
+    for r in rows:
+        cells = [f"{r['lr']:g}", str(r["batch_size"]), f"{r['epochs']:g}", str(r["steps"]), f"{r['minutes']:.2f}",
+                 str(r["best_step"]), r["metric"], f"{r['value']:.6g}",
+                 *(f"{r['metrics'][n]:.6g}" if n in r["metrics"] else "" for n in names)]
+        lines.append("\t".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def finetune_grid(cfg: FinetuneConfig) -> GridResult:
+    """The paper's protocol: one run per (lr, batch, epochs) of ``cfg.grid`` in ``OUT/grid/<name>/``,
+    the best on dev copied to ``OUT/best/``, and ``OUT/grid.tsv``, a table of every run. The files
+    are read once. With ``resume``, finished runs are kept and an interrupted one continues."""
+    import itertools
+    import shutil
+    import time
+
+    from bertforge.distributed import setup
+    from bertforge.io import atomic_write_text, replace_dir
+    from bertforge.trainer import latest_checkpoint
+
+    if not cfg.dev_file:
+        raise ValueError("--grid needs --dev-file: the best run is chosen on dev")
+    grid = parse_grid(cfg.grid)
+    single = dataclasses.replace(cfg, grid="")
+    data = prepare_data(single)
+    dist = setup(cfg.device)
+    out = Path(cfg.out)
+    values = [grid.get(name, (getattr(cfg, name),)) for name in ("lr", "batch_size", "epochs")]
+    rows: list[dict[str, Any]] = []
+    stopped = False
+    for lr, batch_size, epochs in itertools.product(*values):
+        folder = out / GRID_DIR / _grid_name(lr, batch_size, epochs)
+        done = folder / _RUN_RESULT
+        if done.is_file():
+            if not cfg.resume:
+                raise ValueError(f"{out} already holds a grid; pass --resume to continue it, or use a new --out")
+            rows.append(json.loads(done.read_text(encoding="utf-8")))
+            continue
+        run = dataclasses.replace(single, lr=lr, batch_size=batch_size, epochs=epochs, out=str(folder),
+                                  resume=cfg.resume and latest_checkpoint(folder) is not None)
+        if dist.is_main:
+            print(f"finetune grid: run {len(rows) + 1} of {math.prod(len(v) for v in values)}: "
+                  f"lr {lr:g}, batch {batch_size}, epochs {epochs:g} -> {folder}")
+        start = time.perf_counter()
+        result = finetune(run, data)
+        if result.train.stopped_early:
+            stopped = True
+            break
+        best = result.best or {"step": result.train.step, "metric": "", "value": float("nan"),
+                               "metrics": result.eval_metrics}
+        row = {"lr": lr, "batch_size": batch_size, "epochs": epochs, "folder": str(folder),
+               "steps": result.train.step, "minutes": (time.perf_counter() - start) / 60, "best_step": best["step"],
+               "metric": best["metric"], "value": best["value"], "metrics": best["metrics"]}
+        rows.append(row)
+        if dist.is_main:
+            atomic_write_text(done, json.dumps(row, indent=1) + "\n")
+    scored = [r for r in rows if math.isfinite(r["value"])]
+    winner = max(scored, key=lambda r: r["value"]) if scored else None
+    best_dir = out / BEST_DIR if winner is not None and not stopped else None
+    if dist.is_main:
+        atomic_write_text(out / GRID_TABLE, _grid_table(rows))
+        if winner is not None and best_dir is not None:
+            tmp = out / f".{BEST_DIR}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp)
+            replace_dir(tmp, best_dir)
+            print(_grid_table(rows), end="")
+            print(f"finetune grid: best {winner['metric']} {winner['value']:.4f}: lr {winner['lr']:g}, batch "
+                  f"{winner['batch_size']}, epochs {winner['epochs']:g} -> {best_dir}")
+    dist.barrier()
+    return GridResult(runs=rows, best=winner, best_dir=best_dir, stopped_early=stopped)
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model

@@ -11,12 +11,13 @@ import contextlib
 import gzip
 import lzma
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "open_binary", "COMPRESSED_SUFFIXES"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "replace_dir", "open_binary", "COMPRESSED_SUFFIXES"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -91,3 +92,14 @@ def atomic_write_text(target: str | Path, text: str) -> None:
 def atomic_write_bytes(target: str | Path, data: bytes) -> None:
     """Replace ``target`` with ``data`` atomically."""
     _write(target, "wb", data)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the complete folder ``tmp`` in place of ``final``: never a moment without one of them whole."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)

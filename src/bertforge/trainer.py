@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from bertforge.distributed import Distributed, unwrap_model, wrap_model
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, replace_dir
 from bertforge.optim import build_optimizer, build_schedule
 
 __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
@@ -193,17 +193,6 @@ def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, "
                          "or use a new --out")
     return latest if resume else None
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Put the complete folder ``tmp`` in place of ``final``: never a moment without one of them whole."""
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -378,7 +367,7 @@ class Trainer:
             save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=weights)
             for name, text in (extra_files or {}).items():
                 atomic_write_text(tmp / name, text)
-            _replace_dir(tmp, final)
+            replace_dir(tmp, final)
         self.dist.barrier()
 
     def save_checkpoint(self) -> Path:
@@ -408,7 +397,7 @@ class Trainer:
             atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
             with open(tmp / STATE_PT, "rb") as f:
                 os.fsync(f.fileno())
-            _replace_dir(tmp, final)  # the same step saved again (a resumed run) is swapped in
+            replace_dir(tmp, final)  # the same step saved again (a resumed run) is swapped in
             self._prune()
         self.dist.barrier()
         return final
