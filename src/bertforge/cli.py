@@ -9,6 +9,7 @@
     bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.finetune.finetune)
     bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
     bertforge predict    predictions of a fine-tuned model               (bertforge.finetune.predict)
+    bertforge features   token vectors / sentence embeddings of texts  (bertforge.features.write_features)
     bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
     bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
 """
@@ -350,6 +351,51 @@ def _predict(a: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- features
+def _features_args(p: argparse.ArgumentParser) -> None:
+    import re
+
+    from bertforge.features import COMBINES, POOLINGS
+
+    # Let "--layers -1,-2" read as a value, not as an unknown option (Python >= 3.13 does this itself).
+    if hasattr(p, "_negative_number_matcher"):
+        p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(,-?\d+)+$")
+    p.add_argument("checkpoint", help="a BERT checkpoint folder (bertforge or transformers) holding the tokenizer")
+    p.add_argument("input", help="text file, one input per line ('text_a ||| text_b' for a pair; .gz/.bz2/.xz "
+                                 "read transparently), or - for stdin")
+    p.add_argument("--out", "-o", required=True,
+                   help="output file: .jsonl (the layout of Google's extract_features.py), .npy or .safetensors "
+                        "(arrays for large runs; layout in bertforge.features)")
+    p.add_argument("--layers", help="comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output "
+                                    "(default: -1,-2,-3,-4; with --pooling: -1)")
+    p.add_argument("--combine", choices=COMBINES, default="concat",
+                   help="put the layers side by side or add them up (default: concat)")
+    p.add_argument("--pooling", choices=POOLINGS,
+                   help="one vector per input: the one at [CLS], or the mean over its tokens (default: one per token)")
+    p.add_argument("--max-seq-length", type=int,
+                   help="tokens per forward pass (default: 128, or the model's positions if fewer); longer inputs "
+                        "are cut into windows, each token taken from the window where it has the most context")
+    p.add_argument("--stride", type=int, default=0, help="tokens between window starts (0: half a window)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
+    p.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:K")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="show a progress bar on stderr")
+
+
+def _features(a: argparse.Namespace) -> int:
+    from bertforge.features import output_format, parse_layers, read_inputs, write_features
+
+    output_format(a.out)  # before reading the input
+    written = write_features(a.checkpoint, read_inputs(a.input), a.out,
+                             layers=parse_layers(a.layers) if a.layers else None, combine=a.combine,
+                             pooling=a.pooling, max_seq_length=a.max_seq_length, stride=a.stride,
+                             batch_size=a.batch_size, precision="bf16" if a.bf16 else "fp32", device=a.device,
+                             progress=a.progress)
+    print(written.summary())
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="folder for the demo's outputs")
@@ -377,6 +423,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
                  _finetune_args, _finetune),
     "evaluate": ("metrics of a fine-tuned model on labelled data", _evaluate_args, _evaluate),
     "predict": ("predictions of a fine-tuned model, written as TSV or JSONL", _predict_args, _predict),
+    "features": ("per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's "
+                 "extract_features.py, .npy or .safetensors)", _features_args, _features),
     "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),
     "demo": ("run the end-to-end demo on real data", _demo_args, _demo),
 }
