@@ -254,10 +254,10 @@ def _info(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- pretrain / plot
-def _run_config_arguments(p: argparse.ArgumentParser, cls: type) -> None:
+def _run_config_arguments(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """A training recipe's flags: --config FILE plus one flag per field of its config dataclass."""
     p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
-    add_config_arguments(p, cls)
+    add_config_arguments(p, cls, skip=skip)
 
 
 def _report_stop(command: str, result: Any) -> None:
@@ -295,13 +295,23 @@ def _plot(a: argparse.Namespace) -> int:
 def _finetune_args(p: argparse.ArgumentParser) -> None:
     from bertforge.finetune import FinetuneConfig
 
-    _run_config_arguments(p, FinetuneConfig)
+    _run_config_arguments(p, FinetuneConfig, skip=("grid",))
+    p.add_argument("--grid", nargs="?", const="paper", default=None, metavar="SPEC",
+                   help=field_docs(FinetuneConfig)["grid"] + " (--grid alone: the paper's)")
 
 
 def _finetune(a: argparse.Namespace) -> int:
-    from bertforge.finetune import FinetuneConfig, finetune
+    from bertforge.finetune import FinetuneConfig, finetune, finetune_grid
 
-    result = finetune(config_from_args(FinetuneConfig, a, file=a.config))
+    cfg = config_from_args(FinetuneConfig, a, file=a.config)
+    if cfg.grid:
+        grid = finetune_grid(cfg)
+        if grid.stopped_early:
+            print("finetune: the grid stopped early; continue with --resume")
+        elif grid.best is not None:
+            print(json.dumps({k: grid.best[k] for k in ("lr", "batch_size", "epochs", "metric", "value")}))
+        return 0
+    result = finetune(cfg)
     _report_stop("finetune", result.train)
     if result.eval_metrics:
         print(json.dumps(result.eval_metrics))
