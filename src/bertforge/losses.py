@@ -89,6 +89,7 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
             + F.cross_entropy(end_logits.float(), end, ignore_index=T)) / 2
 
 
-def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the softmax over choices. logits (B, C), labels (B,) = index of the right choice."""
-    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the softmax over choices, mean or "sum". logits (B, C), labels (B,) = index of
+    the right choice."""
+    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)

@@ -1,0 +1,428 @@
+"""Multiple choice (SWAG): a context and C choices -> the index of the right choice.
+
+The paper's setup: C sequences ``[CLS] context [SEP] choice [SEP]`` per example, one score each from
+the pooled output (`bertforge.heads.BertForMultipleChoice`), softmax over the C, cross-entropy
+against the right one; accuracy.
+
+Files.
+- ``swag``: SWAG's own CSVs (``train.csv`` / ``val.csv`` / ``test.csv`` of rowanz/swagaf, or a
+  folder holding them): a header naming ``video-id, fold-ind, startphrase, sent1, sent2,
+  gold-source, ending0..ending3, label`` (after an unnamed index column; ``test.csv`` has no
+  ``label``). Read as google's and transformers' SWAG scripts read it: the context is ``sent1``
+  and choice k is ``sent2 + " " + ending<k>`` (``sent2`` is the start shared by every ending).
+- ``multiple_choice``: CSV / TSV / JSONL. The context is ``--text-column`` (default ``context``);
+  the choices are named by ``--text-pair-column`` NAME (default ``choices``): a JSONL key holding a
+  list of strings, or numbered columns (keys) NAME0, NAME1, ... (or NAME1, NAME2, ...) as far as
+  they run; the label, ``--label-column`` (default ``label``), is the index of the right choice
+  from 0. The column arguments override SWAG's names too.
+
+A missing column is an error naming file and line. A row whose label is not a choice index
+(0..C-1), whose number of choices differs from the first example's (every example of a run has
+the same C: batches are (B, C, T)), or that is malformed is an error naming file and line, or,
+with ``skip_bad_rows``, skipped; rows without a label are skipped, unless labels are not needed
+(prediction). Skips are counted, with line numbers, in the `ReadReport`.
+
+Length. A pair longer than ``max_seq_length`` is cut the TF release's way (``_truncate_seq_pair``,
+transformers' ``longest_first``): a token at a time from the end of the longer segment (of the
+choice on a tie). transformers' fast tokenizers agree but for one token: when both segments are
+cut to halves of an odd room, they leave the odd token to the longer one (the choice on a tie), the
+TF loop always to the context. A choice
+cannot be windowed like a classification text, since the C scores must be compared; cut pairs are
+counted in the features' summary and logged, never silent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge import losses
+from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TrainData, csv_rows, predict_items, split_files,
+                                  text_lines)
+from bertforge.tasks.classification import ClassificationTask, Features, _format
+
+__all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
+           "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "MultipleChoiceFamily"]
+
+logger = logging.getLogger("bertforge")
+
+
+class ChoiceExample(NamedTuple):
+    context: str
+    choices: tuple[str, ...]
+    label: int | None
+    """Index of the right choice; None in unlabelled files."""
+    line: int
+    """Line of the file the example starts on (1-based), for error messages."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a file keeps the parts of an example."""
+
+    context: str
+    choices: str
+    """A key holding a list of choices (JSONL), or the stem of numbered columns: stem0, stem1, ... (or from 1)."""
+    label: str
+    start: str | None = None
+    """A column every choice starts with (SWAG's ``sent2``): choice k is ``start + " " + choice k``."""
+
+
+SWAG_COLUMNS = Columns("sent1", "ending", "label", start="sent2")
+_GENERIC_COLUMNS = Columns("context", "choices", "label")
+_SWAG_SPLITS = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}  # rowanz/swagaf's data/
+
+
+def columns_for(task: str | None, context_column: str | None = None, choices_column: str | None = None,
+                label_column: str | None = None) -> Columns:
+    """The task's columns (SWAG's, or the generic defaults), with the given names instead."""
+    base = SWAG_COLUMNS if task == "swag" else _GENERIC_COLUMNS
+    return dataclasses.replace(base, context=context_column or base.context, choices=choices_column or base.choices,
+                               label=label_column or base.label)
+
+
+def _numbered(stem: str, keys: Collection[str]) -> list[str]:
+    """stem0, stem1, ... (or stem1, stem2, ...) as far as they run in ``keys``."""
+    for first in (0, 1):
+        names = []
+        while f"{stem}{first + len(names)}" in keys:
+            names.append(f"{stem}{first + len(names)}")
+        if names:
+            return names
+    return []
+
+
+def _locate(cols: Columns, keys: Collection[str], need_label: bool, where: str, kind: str,
+            record: Mapping[str, Any] | None = None) -> list[str] | None:
+    """The keys of the choices among ``keys`` (None: ``record`` holds them as a list under
+    ``cols.choices``); a missing part is an error naming ``where`` (file:line)."""
+    choice_keys: list[str] | None = None
+    if record is None or not isinstance(record.get(cols.choices), list):
+        choice_keys = _numbered(cols.choices, keys)
+    missing = [repr(c) for c in (cols.context, cols.start, cols.label if need_label else None) if c and c not in keys]
+    if choice_keys == []:
+        missing.append(f"{cols.choices}0, {cols.choices}1, ..." + (f" or a list {cols.choices!r}" if record else ""))
+    if missing:
+        raise ValueError(f"{where}: no {kind} {'; '.join(missing)} ({kind}s: {', '.join(map(str, keys))})")
+    return choice_keys
+
+
+def _choice_index(raw: Any, num_choices: int) -> int | None:
+    """``raw`` (an int, or its text) as a choice index; None when it is not one of 0..C-1."""
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw < num_choices:
+        return None
+    return raw
+
+
+def read_choices(
+    path: str | Path,
+    task: str | None = "multiple_choice",
+    *,
+    context_column: str | None = None,
+    choices_column: str | None = None,
+    label_column: str | None = None,
+    require_labels: bool = True,
+    skip_bad_rows: bool = False,
+    num_choices: int = 0,
+) -> tuple[list[ChoiceExample], ReadReport]:
+    """Examples of one file, and what was skipped (module docstring for the layouts).
+
+    ``num_choices``: the number every example must have (0: the first example's), so that several
+    files of one run agree. ``require_labels=False`` reads files without a label column.
+    """
+    path = Path(path)
+    cols = columns_for(task, context_column, choices_column, label_column)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    report = ReadReport(str(path))
+    examples: list[ChoiceExample] = []
+    first = "the first file" if num_choices else ""
+
+    def bad(line: int, message: str) -> None:
+        if not skip_bad_rows:
+            raise ValueError(f"{path}:{line}: {message}")
+        report.skip("malformed", line)
+
+    def add(line: int, record: Mapping[str, Any], choice_keys: list[str] | None) -> None:
+        nonlocal num_choices, first
+        choices = list(record[cols.choices]) if choice_keys is None else [record[k] for k in choice_keys]
+        start = record[cols.start] if cols.start else ""
+        if not all(isinstance(t, str) for t in (record[cols.context], start, *choices)):
+            bad(line, "the context and choices must be strings")
+            return
+        if num_choices and len(choices) != num_choices:
+            bad(line, f"{len(choices)} choices where {first} has {num_choices}")
+            return
+        if len(choices) < 2:
+            raise ValueError(f"{path}:{line}: {len(choices)} choice: multiple choice needs 2 or more")
+        num_choices, first = len(choices), first or f"line {line}"
+        label = None
+        if require_labels:
+            raw = record.get(cols.label)
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                report.skip("no label", line)
+                return
+            label = _choice_index(raw, num_choices)
+            if label is None:
+                bad(line, f"the label {raw!r} is not a choice index (0..{num_choices - 1})")
+                return
+        if start:
+            choices = [f"{start} {c}" if c else start for c in choices]
+        examples.append(ChoiceExample(record[cols.context], tuple(choices), label, line))
+
+    fmt = _format(path)
+    if fmt == "jsonl":
+        try:
+            with text_lines(path) as f:
+                for n, text in enumerate(f, 1):
+                    if not text.strip():
+                        report.blank_lines += 1
+                        continue
+                    try:
+                        record = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        bad(n, f"not a JSON record ({e})")
+                        continue
+                    if not isinstance(record, dict):
+                        bad(n, f"expected a JSON object, got {type(record).__name__}")
+                        continue
+                    add(n, record, _locate(cols, record, require_labels, f"{path}:{n}", "key", record))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    else:
+        header: list[str] | None = None
+        choice_keys: list[str] | None = None
+        for line, row in csv_rows(path, fmt):
+            if not row or row == [""]:
+                report.blank_lines += 1
+            elif header is None:
+                header = [h.strip() for h in row]
+                choice_keys = _locate(cols, header, require_labels, f"{path}:{line}", "column")
+            elif len(row) != len(header):
+                bad(line, f"{len(row)} fields where the header has {len(header)}"
+                          + (" (a tab inside a text?)" if fmt == "tsv" else ""))
+            else:
+                add(line, dict(zip(header, row)), choice_keys)
+    report.examples = len(examples)
+    if report.num_skipped:
+        logger.warning("%s", report.summary())
+    return examples, report
+
+
+# ---------------------------------------------------------------------------- features
+def longest_first(n_a: int, n_b: int, room: int) -> tuple[int, int]:
+    """Lengths of a pair cut to ``room`` tokens the TF release's way (``_truncate_seq_pair``): a token
+    at a time from the end of the longer segment, of the second on a tie (closed form of that loop)."""
+    excess = n_a + n_b - room
+    if excess <= 0:
+        return n_a, n_b
+    if n_a - n_b >= excess:
+        return n_a - excess, n_b
+    if n_b - n_a >= excess:
+        return n_a, n_b - excess
+    return (room + 1) // 2, room // 2  # both cut down to an even share; the first keeps the odd token
+
+
+@dataclass
+class ChoiceFeatures:
+    """The C sequences of every example; items (for batching, lengths) are examples."""
+
+    sequences: Features
+    """``[CLS] context [SEP] choice [SEP]`` of every (example, choice): example i's choice k is
+    sequence ``i * C + k`` (its ``example`` is i)."""
+    num_choices: int
+    max_seq_length: int
+    labels: np.ndarray | None = None
+    """Index of the right choice per example (int64)."""
+    cut_pairs: int = 0
+    """Sequences longer than max_seq_length, cut longest-first ..."""
+    cut_examples: int = 0
+    """... and the examples they belong to."""
+
+    def __len__(self) -> int:
+        return self.sequences.num_examples
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of each example's longest sequence."""
+        return self.sequences.lengths.reshape(len(self), self.num_choices).max(axis=1, initial=0)
+
+    def with_labels(self, labels: np.ndarray) -> "ChoiceFeatures":
+        self.labels = labels
+        return self
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Examples -> (B, C, T) tensors padded to the longest sequence of the batch (+ ``labels`` (B,))."""
+        idx = np.asarray(indices, dtype=np.int64)
+        C = self.num_choices
+        flat = self.sequences.collate((idx[:, None] * C + np.arange(C)).reshape(-1))  # (B * C, T)
+        batch = {name: t.view(len(idx), C, -1) for name, t in flat.items()}
+        if self.labels is not None:
+            batch["labels"] = torch.from_numpy(self.labels[idx])
+        return batch
+
+    def summary(self) -> str:
+        text = f"{len(self):,} examples x {self.num_choices} choices"
+        if self.cut_pairs:
+            text += (f"; {self.cut_pairs:,} (context, choice) pairs of {self.cut_examples:,} examples were longer than "
+                     f"{self.max_seq_length} tokens and cut, longest segment first")
+        return text
+
+
+def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_length: int) -> ChoiceFeatures:
+    """Tokenize every (context, choice) pair into ``[CLS] context [SEP] choice [SEP]``, cut longest-first
+    to ``max_seq_length`` (module docstring). Every example must have the same number of choices."""
+    if max_seq_length < 4:
+        raise ValueError(f"max_seq_length must be >= 4, got {max_seq_length}")
+    C = len(examples[0].choices) if examples else 0
+    for e in examples:
+        if len(e.choices) != C:
+            raise ValueError(f"line {e.line}: {len(e.choices)} choices where the first example has {C}")
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    contexts = tokenizer.encode_batch_ids([e.context for e in examples])
+    choices = tokenizer.encode_batch_ids([c for e in examples for c in e.choices])
+    room = max_seq_length - 3
+    ids: list[np.ndarray] = []
+    num_a = np.zeros(len(choices), dtype=np.int64)
+    cut = np.zeros(len(choices), dtype=bool)
+    for j, b in enumerate(choices):
+        a = contexts[j // C]
+        n_a, n_b = longest_first(len(a), len(b), room)
+        ids.append(np.array([cls, *a[:n_a], sep, *b[:n_b], sep], dtype=np.int64))
+        num_a[j], cut[j] = n_a + 2, n_a + n_b < len(a) + len(b)
+    example = np.repeat(np.arange(len(examples), dtype=np.int64), C)
+    return ChoiceFeatures(Features(ids, num_a, example, len(examples)), C, max_seq_length,
+                          cut_pairs=int(cut.sum()), cut_examples=int(cut.reshape(-1, C).any(axis=1).sum()) if C else 0)
+
+
+# ---------------------------------------------------------------------------- the task
+class MultipleChoiceTask(ClassificationTask):
+    """Summed cross-entropy of the softmax over each example's choices; accuracy (counts and
+    metrics are classification's, over examples)."""
+
+    def __init__(self) -> None:
+        super().__init__(regression=False)
+        self.term = "multiple_choice"
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, C)
+        labels = batch["labels"]
+        loss = losses.multiple_choice_loss(logits, labels, reduction="sum")
+        return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}
+
+
+def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, device: torch.device | str = "cpu",
+                  dist: Any = None) -> np.ndarray:
+    """(examples, C) scores (logits). ``batch_size``: sequences per forward pass (so batch_size // C
+    examples). With ``dist``, every process scores a part and all get the whole."""
+
+    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
+        return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
+
+    rows = predict_items(model, features, max(1, batch_size // max(features.num_choices, 1)), device, run, dist)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), features.num_choices)
+
+
+# ---------------------------------------------------------------------------- the family
+class MultipleChoiceFamily:
+    """Multiple choice (`bertforge.tasks.base.TaskFamily`): ``swag`` (SWAG's CSVs) and
+    ``multiple_choice`` (generic CSV / TSV / JSONL)."""
+
+    name = "multiple_choice"
+    tasks = ("swag", "multiple_choice")
+    settings = ("task", "max_seq_length", "text_column", "text_pair_column", "label_column")
+    default_max_seq_length = 128
+
+    @property
+    def model_class(self) -> type:
+        from bertforge.heads import BertForMultipleChoice
+
+        return BertForMultipleChoice
+
+    def configure(self, cfg: Any) -> Any:
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
+
+    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+        """The files named (comma-separated); a SWAG folder gives its train.csv, val.csv or test.csv."""
+        files = []
+        for path in split_files(spec):
+            if path.is_dir() and cfg.task == "swag":
+                path = path / _SWAG_SPLITS[split]
+                if not path.is_file():
+                    raise FileNotFoundError(f"{path}: no such file (a SWAG folder holds train.csv, val.csv, test.csv)")
+            files.append(path)
+        return files
+
+    @staticmethod
+    def _read(cfg: Any, path: Path, require_labels: bool, num_choices: int = 0
+              ) -> tuple[list[ChoiceExample], ReadReport]:
+        return read_choices(path, cfg.task, context_column=cfg.text_column or None,
+                            choices_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
+                            require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows, num_choices=num_choices)
+
+    @staticmethod
+    def _encode(cfg: Any, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
+        features = encode_choices(examples, tokenizer, cfg.max_seq_length)
+        if examples and examples[0].label is not None:
+            features.with_labels(np.array([e.label for e in examples], dtype=np.int64))
+        if features.cut_pairs:
+            logger.warning("%s: %s", what, features.summary())
+        return features
+
+    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+        examples: list[ChoiceExample] = []
+        reports = []
+        for path in self.files(cfg, cfg.train_file, "train"):
+            got, report = self._read(cfg, path, True, len(examples[0].choices) if examples else 0)
+            examples += got
+            reports.append(report)
+        if not examples:
+            raise ValueError(f"{cfg.train_file}: no labelled training examples")
+        features = self._encode(cfg, tokenizer, examples, cfg.train_file)
+        return TrainData(features, {}, None, reports, features.summary())
+
+    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+        """A labelled file (``label2id`` is not used: labels are choice indexes)."""
+        examples, report = self._read(cfg, path, True)
+        if not examples:
+            raise ValueError(f"{report.summary()}: no labelled examples")
+        features = self._encode(cfg, tokenizer, examples, str(path))
+        return EvalData(path, features, report, features.summary())
+
+    def train_task(self, config: Any) -> MultipleChoiceTask:
+        return MultipleChoiceTask()
+
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+                 dist: Any = None) -> EvalResult:
+        from bertforge import metrics
+
+        features: ChoiceFeatures = data.data
+        scores = choice_scores(model, features, cfg.eval_batch_size, device, dist)
+        return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy")
+
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+                device: torch.device) -> list[dict[str, Any]]:
+        """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
+        its line, the index of the chosen choice and every choice's score (logit)."""
+        examples, _ = self._read(cfg, path, False)
+        features = self._encode(cfg, tokenizer, examples, str(path))
+        scores = choice_scores(model, features, cfg.eval_batch_size, device)
+        return [{"index": i, "line": e.line, "prediction": int(row.argmax()),
+                 "scores": [round(float(x), 6) for x in row]} for i, (e, row) in enumerate(zip(examples, scores))]
+
+    def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
+        """``index,prediction`` lines: comma-separated for a .csv file, else tab-separated."""
+        sep = "," if ".csv" in [s.lower() for s in out.suffixes] else "\t"
+        return f"index{sep}prediction\n" + "".join(f"{r['index']}{sep}{r['prediction']}\n" for r in records)
