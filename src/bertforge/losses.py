@@ -69,10 +69,11 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor,
     raise ValueError(f"unknown problem_type {problem_type!r}")
 
 
-def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over tagged positions (sub-word continuations and padding carry -100). logits (B, T, C)."""
+def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over tagged positions (sub-word continuations and padding carry -100), mean or
+    "sum". logits (B, T, C)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+                           ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,

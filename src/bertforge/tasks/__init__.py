@@ -3,6 +3,7 @@ prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily`; the rec
 them through the shared loop is `bertforge.finetune`.
 
     classification   single sentence or pair -> one label, or a score (regression); GLUE's files
+    tagging          one tag per word (NER: ner; any tag set: tagging); CoNLL column files
     multiple_choice  a context and C choices -> the right one; SWAG's CSVs
 """
 
@@ -19,8 +20,9 @@ from bertforge.tasks.classification import (
     read_examples,
 )
 from bertforge.tasks.multiple_choice import MultipleChoiceFamily
+from bertforge.tasks.tagging import TaggingFamily
 
-FAMILIES: tuple[TaskFamily, ...] = (ClassificationFamily(), MultipleChoiceFamily())
+FAMILIES: tuple[TaskFamily, ...] = (ClassificationFamily(), MultipleChoiceFamily(), TaggingFamily())
 """Every family; a ``--task`` name belongs to exactly one."""
 
 
@@ -38,5 +40,5 @@ def family_for(task: str) -> TaskFamily:
 
 __all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TrainData", "EvalData", "EvalResult",
            "FeatureBatches", "ReadReport", "GLUE_TASKS", "ClassificationFamily", "ClassificationTask", "Example",
-           "Features", "GlueTask", "encode_examples", "glue_files", "read_examples",
+           "Features", "GlueTask", "encode_examples", "glue_files", "read_examples", "TaggingFamily",
            "MultipleChoiceFamily"]

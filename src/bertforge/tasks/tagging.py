@@ -1,0 +1,522 @@
+"""Token classification (NER and other tagging): column files -> sentences -> first-WordPiece labels
+in windows -> losses, one prediction per word, conlleval's entity scores and CoNLL prediction files.
+
+Files. `read_sentences` reads CoNLL-2003 column files (task ``ner``) and generic ``token<TAB>tag``
+or whitespace-separated columns (task ``tagging``) alike: one word per line, the token in the first
+column and the tag in ``tag_column`` (-1: the last); a blank line ends a sentence; ``-DOCSTART-``
+lines separate documents and are skipped. A line holding a tab is split at tabs (a token may then
+hold spaces), any other at runs of whitespace. A row with too few columns, an empty token or bytes
+that are not UTF-8 is an error naming the file and line (``skip_bad_rows`` skips such rows instead,
+counted with their lines in the `ReadReport`); a tag outside the model's set in an evaluation file
+is an error naming the file and line.
+
+Labels. "O" has id 0, then come the other tags of the training files in sorted order (O, B-LOC,
+B-PER, I-LOC, I-PER, ...); they are saved in the checkpoint as id2label / label2id. "O" is in the
+set even when no training word carries it: it is the prediction for words without tokens (below).
+
+Schemes. Entity scores follow conlleval's chunk rules (`bertforge.metrics.ner_metrics`), which read
+BIO, IOB1 and BIOES alike: the scheme only decides which tags are valid. ``tag_scheme="auto"``
+detects it from the tags: BIOES when a tag starts with S- or E-; otherwise IOB1 when more entities
+open with I- (first word, after O or after another type) than with B-, else BIO. Tags that are not
+all O or B-/I-/E-/S-TYPE (part-of-speech or chunk tags) have no entities: task ``tagging`` then
+scores token accuracy only, task ``ner`` refuses them (naming the line: often a wrong tag column).
+
+First-WordPiece labels (the paper). Each word is tokenized on its own (basic splitting + WordPiece:
+"U.S." -> u . s .). Its first sub-token carries the word's tag; continuations, [CLS], [SEP] and
+padding get -100, which the loss ignores; the word's prediction is read at its first sub-token. A
+word that tokenizes to nothing (control or zero-width characters the tokenizer drops) has no
+position to carry a tag: it is counted (see the summary), not trained on and predicted "O", and the
+other words' alignment is unaffected.
+
+Long sentences: windows and the max-context rule, never truncation. A sentence of more than
+``max_seq_length - 2`` sub-tokens is cut into overlapping windows of that many, starting every
+``stride`` sub-tokens (0: half a window) until one reaches the end, as classification cuts texts.
+Each word belongs to exactly one window: of the windows holding its first sub-token, the one where
+that sub-token has the most context, min(sub-tokens left of it, sub-tokens right of it) within the
+window (SQuAD's max-context rule), ties going to the earlier window. The word is labelled and
+predicted in that window only (elsewhere it carries -100), so every word is trained on once and
+gets exactly one prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge import losses
+from bertforge.io import open_binary
+from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
+from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TrainData, predict_items, split_files
+from bertforge.tasks.classification import Features as Windows
+from bertforge.tasks.classification import _starts
+
+__all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
+           "encode_sentences", "TaggingTask", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
+
+logger = logging.getLogger("bertforge")
+
+OUTSIDE = "O"
+DOCSTART = "-DOCSTART-"
+
+
+class Sentence(NamedTuple):
+    tokens: list[str]
+    tags: list[str] | None
+    """One per token; None when read without tags (prediction)."""
+    lines: list[int]
+    """The line of each token (1-based), for error messages."""
+
+    @property
+    def line(self) -> int:
+        return self.lines[0]
+
+
+# ---------------------------------------------------------------------------- reading
+def read_sentences(path: str | Path, *, tag_column: int = -1, require_tags: bool = True,
+                   skip_bad_rows: bool = False) -> tuple[list[Sentence], ReadReport]:
+    """Sentences of one column file, and what was skipped (module docstring). ``tag_column``: the
+    tag's column, counted from 0 (the token's) or from the end (-1: the last). ``require_tags=False``
+    reads the tokens only (files to predict on)."""
+    path = Path(path)
+    if tag_column == 0:
+        raise ValueError("tag_column 0 is the token's column; name the tag's (-1: the last)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    need = tag_column + 1 if tag_column > 0 else 1 - tag_column  # columns a tagged row must have
+    report = ReadReport(str(path))
+    sentences: list[Sentence] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+
+    def end_sentence() -> bool:
+        nonlocal tokens, tags, lines
+        if not tokens:
+            return False
+        sentences.append(Sentence(tokens, tags if require_tags else None, lines))
+        tokens, tags, lines = [], [], []
+        return True
+
+    def bad(line: int, reason: str, message: str) -> None:
+        if not skip_bad_rows:
+            raise ValueError(f"{path}:{line}: {message}")
+        report.skip(reason, line)
+
+    with open_binary(path) as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8").rstrip()
+            except UnicodeDecodeError as e:
+                bad(n, "not UTF-8", f"not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+                continue
+            if n == 1:
+                text = text.lstrip("\ufeff")
+            if not text.strip():
+                if not end_sentence():
+                    report.blank_lines += 1  # a blank line that ends no sentence
+                continue
+            cols = [c.strip() for c in text.split("\t")] if "\t" in text else text.split()
+            if cols[0] == DOCSTART:
+                end_sentence()
+                continue
+            if not cols[0]:
+                bad(n, "empty token", "empty token (the line starts with a tab)")
+                continue
+            if require_tags:
+                if len(cols) < need:
+                    bad(n, "too few columns", f"{len(cols)} column{'s' * (len(cols) != 1)} where the token and "
+                        f"the tag (column {tag_column}) need {need}")
+                    continue
+                if not cols[tag_column]:
+                    bad(n, "empty tag", f"empty tag in column {tag_column}")
+                    continue
+                tags.append(cols[tag_column])
+            tokens.append(cols[0])
+            lines.append(n)
+    end_sentence()
+    report.examples = len(sentences)
+    if report.num_skipped:
+        logger.warning("%s", report.summary())
+    return sentences, report
+
+
+def tag_list(sentences: Iterable[Sentence]) -> list[str]:
+    """The tag names in id order: "O", then the other tags of ``sentences`` sorted."""
+    found = {t for s in sentences for t in s.tags or ()}
+    return [OUTSIDE, *sorted(found - {OUTSIDE})]
+
+
+def tag_ids(sentences: Sequence[Sentence], path: str | Path, label2id: Mapping[str, int]) -> np.ndarray:
+    """(words,) tag id of every word of ``sentences``, in order; a tag outside ``label2id`` is an error
+    naming file and line."""
+    out = np.zeros(sum(len(s.tokens) for s in sentences), dtype=np.int64)
+    k = 0
+    for s in sentences:
+        for tag, line in zip(s.tags or (), s.lines):
+            try:
+                out[k] = label2id[tag]
+            except KeyError:
+                raise ValueError(f"{path}:{line}: unknown tag {tag!r} (the model's tags: "
+                                 f"{', '.join(label2id)})") from None
+            k += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- schemes
+def _is_entity_tag(tag: str) -> bool:
+    return tag == OUTSIDE or (len(tag) > 2 and tag[0] in "BIES" and tag[1] == "-")
+
+
+def detect_scheme(labels: Iterable[str], sequences: Iterable[Sequence[str]] = ()) -> str | None:
+    """The tagging scheme of a tag set (module docstring): "BIOES", "IOB1" or "BIO" (IOB1 vs BIO
+    decided by how the entities of ``sequences`` open), None when the tags are not entity tags.
+
+    >>> detect_scheme(["O", "B-PER", "I-PER"], [["I-PER", "I-PER", "O", "B-PER"]])  # 1 opens with I-, 1 with B-
+    'BIO'
+    """
+    labels = set(labels)
+    if not all(_is_entity_tag(t) for t in labels):
+        return None
+    if any(t[0] in "ES" for t in labels):
+        return "BIOES"
+    opened_by = {"B": 0, "I": 0}
+    for seq in sequences:
+        prev = OUTSIDE
+        for tag in seq:
+            if tag[0] == "B" or (tag[0] == "I" and (prev == OUTSIDE or prev[2:] != tag[2:])):
+                opened_by[tag[0]] += 1
+            prev = tag
+    return "IOB1" if opened_by["I"] > opened_by["B"] else "BIO"
+
+
+def _problem(tag: str, task: str, scheme: str | None) -> str | None:
+    """Why ``tag`` cannot be scored under ``scheme`` (None: it can)."""
+    if scheme is None:
+        if task == "ner" and not _is_entity_tag(tag):
+            return (f"task ner needs entity tags (O, B-TYPE, I-TYPE, ...), got {tag!r} (a wrong --tag-column? "
+                    "--task tagging takes any tag set)")
+        return None
+    try:
+        entity_spans([tag], scheme)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def resolve_scheme(setting: str, task: str, labels: Sequence[str],
+                   sequences: Iterable[Sequence[str]] = ()) -> str | None:
+    """The scheme to score with: ``setting`` (BIO, IOB1, BIOES, ...; any case), or the one detected
+    from the tags when "auto"; every label must be valid in it. None: no entities (token accuracy
+    only; task ``tagging`` with tags that are not entity tags)."""
+    scheme = detect_scheme(labels, sequences) if setting.lower() == "auto" else setting.upper()
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"unknown tag_scheme {setting!r}; choose auto or one of: {', '.join(SCHEMES)}")
+    for tag in labels:
+        problem = _problem(tag, task, scheme)
+        if problem:
+            raise ValueError(problem)
+    return scheme
+
+
+def _training_scheme(read: Sequence[tuple[Path, list[Sentence], ReadReport]], setting: str, task: str,
+                     labels: Sequence[str]) -> str | None:
+    """`resolve_scheme` for the training files; a tag that does not fit names its first file and line."""
+    if setting.lower() == "auto":
+        scheme = detect_scheme(labels, (s.tags for _, got, _ in read for s in got if s.tags))
+    else:
+        scheme = resolve_scheme(setting, task, [OUTSIDE])  # a known name
+    checked: set[str] = set()
+    for path, sentences, _ in read:
+        for s in sentences:
+            for tag, line in zip(s.tags or (), s.lines):
+                if tag not in checked:
+                    problem = _problem(tag, task, scheme)
+                    if problem:
+                        raise ValueError(f"{path}:{line}: {problem}")
+                    checked.add(tag)
+    return scheme
+
+
+# ---------------------------------------------------------------------------- features
+@dataclass
+class Features:
+    """The windows of some sentences and, per window position, the word whose tag it carries."""
+
+    windows: Windows
+    """Token ids of every window ([CLS] sub-tokens [SEP], one segment) and the sentence it comes from."""
+    words: list[np.ndarray]
+    """Per window (same length as its input_ids): the index (over all words of all sentences) of the word
+    labelled and predicted at each position: its first sub-token, in its max-context window; -1 elsewhere."""
+    word_offsets: np.ndarray
+    """(sentences + 1,): the words of sentence s are word_offsets[s]:word_offsets[s + 1]."""
+    tags: np.ndarray | None = None
+    """(words,) tag ids, when training or evaluating."""
+    empty_words: int = 0
+    """Words that tokenize to nothing (predicted "O")."""
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    @property
+    def input_ids(self) -> list[np.ndarray]:
+        return self.windows.input_ids
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.windows.lengths
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.word_offsets) - 1
+
+    @property
+    def num_words(self) -> int:
+        return int(self.word_offsets[-1])
+
+    def with_tags(self, tags: np.ndarray) -> "Features":
+        if len(tags) != self.num_words:
+            raise ValueError(f"{len(tags)} tags for {self.num_words} words")
+        self.tags = tags
+        return self
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Windows -> tensors padded to the longest of the batch; ``labels`` (B, T) with the tags."""
+        batch = self.windows.collate(indices)
+        if self.tags is not None:
+            labels = torch.full(batch["input_ids"].shape, losses.IGNORE_INDEX, dtype=torch.long)
+            for i, k in enumerate(indices):
+                at = np.flatnonzero(self.words[k] >= 0)
+                labels[i, at] = torch.from_numpy(self.tags[self.words[k][at]])
+            batch["labels"] = labels
+        return batch
+
+    def summary(self) -> str:
+        text = f"{self.num_sentences:,} sentences ({self.num_words:,} words) -> {len(self):,} windows"
+        if self.windows.windowed:
+            text += f" ({self.windows.windowed:,} sentences longer than one window)"
+        if self.empty_words:
+            text += f"; {self.empty_words:,} words with no WordPiece token (not trained on, predicted O)"
+        return text
+
+
+def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_length: int,
+                     stride: int = 0) -> Features:
+    """Tokenize word by word and cut into windows with first-WordPiece labels (module docstring).
+    ``stride``: sub-tokens between window starts (0: half a window); more than a window is an error."""
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
+    room = max_seq_length - 2
+    step = stride or max(1, room // 2)
+    if step > room:
+        raise ValueError(f"stride {stride} is longer than a window ({room} tokens): words between windows "
+                         "would be skipped")
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    pieces = tokenizer.encode_batch_ids([w for s in sentences for w in s.tokens])
+    offsets = np.cumsum([0, *(len(s.tokens) for s in sentences)], dtype=np.int64)
+    input_ids: list[np.ndarray] = []
+    sentence: list[int] = []
+    words: list[np.ndarray] = []
+    windowed = empty = 0
+    for s in range(len(sentences)):
+        ids: list[int] = []
+        first: list[int] = []  # position of each tokenized word's first sub-token in ids
+        kept: list[int] = []  # ... and the word's index
+        for w in range(offsets[s], offsets[s + 1]):
+            if not pieces[w]:
+                empty += 1
+                continue
+            first.append(len(ids))
+            kept.append(w)
+            ids.extend(pieces[w])
+        if not ids:
+            continue
+        starts = np.array(_starts(len(ids), room, step))
+        ends = np.minimum(starts + room, len(ids))
+        at = np.array(first)[:, None]  # (words, 1) against (windows,)
+        context = np.minimum(at - starts, ends - 1 - at)  # the max-context score
+        best = np.where((at >= starts) & (at < ends), context, -1).argmax(1)  # first maximum: the earlier window
+        windowed += len(starts) > 1
+        seq = np.array(ids, dtype=np.int64)
+        for k, (a, b) in enumerate(zip(starts, ends)):
+            input_ids.append(np.concatenate([[cls], seq[a:b], [sep]]).astype(np.int64))
+            sentence.append(s)
+            where = np.full(b - a + 2, -1, dtype=np.int64)
+            mine = best == k
+            where[np.array(first)[mine] - a + 1] = np.array(kept)[mine]
+            words.append(where)
+    windows = Windows(input_ids, np.array([len(x) for x in input_ids], dtype=np.int64),  # all of type 0
+                      np.array(sentence, dtype=np.int64), len(sentences), windowed=windowed)
+    return Features(windows, words, offsets, empty_words=empty)
+
+
+# ---------------------------------------------------------------------------- the task
+class TaggingTask:
+    """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy."""
+
+    term = "tagging"
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return {self.term: float((batch["labels"] != losses.IGNORE_INDEX).sum())}
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
+        labels = batch["labels"]
+        loss = losses.token_classification_loss(logits, labels, reduction="sum")
+        return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}  # -100 never equals an argmax
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
+                stats: dict[str, float]) -> dict[str, float]:
+        return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
+
+
+def predict_tags(model: nn.Module, features: Features, batch_size: int, device: torch.device | str = "cpu",
+                 dist: Any = None) -> np.ndarray:
+    """(words,) the predicted tag id of every word, read in its max-context window; -1 for words
+    without tokens. With ``dist``, every process predicts a part and all get the whole."""
+
+    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
+        logits = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
+        best = logits.argmax(-1).cpu().numpy()
+        return [best[i, :len(features.words[k])][features.words[k] >= 0] for i, k in enumerate(idx)]
+
+    per_window = predict_items(model, features, batch_size, device, run, dist)
+    out = np.full(features.num_words, -1, dtype=np.int64)
+    for w, got in zip(features.words, per_window):
+        out[w[w >= 0]] = got
+    return out
+
+
+def _tag_names(ids: np.ndarray, id2label: Mapping[int, str]) -> list[str]:
+    return [OUTSIDE if i < 0 else id2label.get(int(i), str(int(i))) for i in ids]
+
+
+def _by_sentence(flat: Sequence[str], offsets: np.ndarray) -> list[list[str]]:
+    return [list(flat[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _model_labels(model: nn.Module) -> list[str]:
+    config = model.config
+    id2label = config.id2label or {}
+    return [id2label.get(i, str(i)) for i in range(config.num_labels)]
+
+
+# ---------------------------------------------------------------------------- metrics and files
+def tagging_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]],
+                    scheme: str | None) -> dict[str, float]:
+    """conlleval's entity precision / recall / F1 and token accuracy, plus ``f1_TYPE`` per entity
+    type; token accuracy only when ``scheme`` is None (no entities)."""
+    if scheme is None:
+        tokens = sum(len(t) for t in true_seqs)
+        right = sum(a == b for t, p in zip(true_seqs, pred_seqs) for a, b in zip(t, p))
+        return {"accuracy": right / max(tokens, 1)}
+    got = ner_metrics(true_seqs, pred_seqs, scheme)
+    out = {name: float(got[name]) for name in ("precision", "recall", "f1", "accuracy")}
+    out.update({f"f1_{kind}": float(v["f1"]) for kind, v in got["per_type"].items()})
+    return out
+
+
+def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
+    """CoNLL columns: one line per word (its columns), a blank line after each sentence. Columns are
+    separated by a space, or by a tab when some column holds whitespace (conlleval -d '\\t')."""
+    sentences = [list(s) for s in sentences]
+    sep = "\t" if any(any(c.split() != [c] for c in row) for s in sentences for row in s) else " "
+    return "".join("".join(sep.join(row) + "\n" for row in s) + "\n" for s in sentences)
+
+
+# ---------------------------------------------------------------------------- the family
+class TaggingFamily:
+    """Token classification (`bertforge.tasks.base.TaskFamily`): ``ner`` (CoNLL-2003 files, entity
+    tags required) and ``tagging`` (any tag set: entity scores when the tags are entity tags)."""
+
+    name = "tagging"
+    tasks = ("ner", "tagging")
+    settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme")
+    default_max_seq_length = 128
+
+    @property
+    def model_class(self) -> type:
+        from bertforge.heads import BertForTokenClassification
+
+        return BertForTokenClassification
+
+    def configure(self, cfg: Any) -> Any:
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
+
+    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+        return split_files(spec)
+
+    @staticmethod
+    def _read(cfg: Any, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
+        return read_sentences(path, tag_column=cfg.tag_column, require_tags=require_tags,
+                              skip_bad_rows=cfg.skip_bad_rows)
+
+    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+        read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
+        sentences = [s for _, got, _ in read for s in got]
+        if not sentences:
+            raise ValueError(f"{cfg.train_file}: no tagged sentences")
+        labels = tag_list(sentences)
+        if len({t for s in sentences for t in s.tags or ()}) < 2:
+            raise ValueError(f"{cfg.train_file}: one tag only ({sentences[0].tags[0]!r}): nothing to learn")
+        scheme = _training_scheme(read, cfg.tag_scheme, cfg.task, labels)
+        label2id = {name: i for i, name in enumerate(labels)}
+        tags = np.concatenate([tag_ids(got, path, label2id) for path, got, _ in read])
+        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride).with_tags(tags)
+        summary = f"{features.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
+        return TrainData(features, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
+
+    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+        sentences, report = self._read(cfg, path, True)
+        if not sentences:
+            raise ValueError(f"{report.summary()}: no tagged sentences")
+        label2id = label2id or {}
+        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+        features.with_tags(tag_ids(sentences, path, label2id))
+        return EvalData(path, (features, sentences), report, features.summary())
+
+    def train_task(self, config: Any) -> TaggingTask:
+        return TaggingTask()
+
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+                 dist: Any = None) -> EvalResult:
+        features, sentences = data.data
+        labels = _model_labels(model)
+        pred = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device, dist),
+                                       dict(enumerate(labels))), features.word_offsets)
+        gold = [s.tags for s in sentences]
+        scheme = resolve_scheme(cfg.tag_scheme, cfg.task, labels, gold)
+        metrics = tagging_metrics(gold, pred, scheme)
+        text = conll_text([list(zip(s.tokens, s.tags, p)) for s, p in zip(sentences, pred)])
+        return EvalResult(metrics, "f1" if scheme else "accuracy", {"predictions.conll": text})
+
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+                device: torch.device) -> list[dict[str, Any]]:
+        """``{"index", "line", "tokens", "tags", "entities"}`` per sentence: its position in the file (from
+        0), its first line, its words, their predicted tags and the entities they make, each
+        ``{"type", "start", "end", "text"}`` with word indices (end exclusive) and the words joined by spaces."""
+        sentences, _ = self._read(cfg, path, False)
+        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+        labels = _model_labels(model)
+        pred = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
+                                       dict(enumerate(labels))), features.word_offsets)
+        scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, pred)
+        records = []
+        for i, (s, tags) in enumerate(zip(sentences, pred)):
+            spans = entity_spans(tags, scheme) if scheme else []
+            records.append({"index": i, "line": s.line, "tokens": s.tokens, "tags": tags,
+                            "entities": [{"type": kind, "start": a, "end": b, "text": " ".join(s.tokens[a:b])}
+                                         for kind, a, b in spans]})
+        return records
+
+    def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
+        """CoNLL columns ``token pred``, a blank line between sentences."""
+        return conll_text([list(zip(r["tokens"], r["tags"])) for r in records])
