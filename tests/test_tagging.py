@@ -23,7 +23,7 @@ import torch
 import transformers
 from data_fixtures import PLAIN_WORDS, VOCAB_SIZE
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
-from test_finetune import base, write  # noqa: F401 - fixture: a tiny "pre-trained" checkpoint in root
+from test_finetune import base, root, write  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 from torch import nn
 
 from bertforge import cli, losses
@@ -50,11 +50,6 @@ PLACES = ["river", "mountain", "city", "garden"]  # B-LOC
 PLACE_TAILS = ["road", "field", "tree"]  # I-LOC: after a place
 FILLER = [w for w in PLAIN_WORDS if w not in PLACES + SURNAMES + PLACE_TAILS] + ["jumping", "played", "rebuilding"]
 ZWSP = "\u200b"  # a word the tokenizer drops entirely
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tagging")
 
 
 @pytest.fixture(scope="module")
