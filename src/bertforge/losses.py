@@ -77,8 +77,8 @@ def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, reduct
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
-              start_positions: torch.Tensor, end_positions: torch.Tensor) -> torch.Tensor:
-    """(CE(start) + CE(end)) / 2 over the sequence. logits (B, T), positions (B,).
+              start_positions: torch.Tensor, end_positions: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """(CE(start) + CE(end)) / 2 over the sequence, mean over the batch or "sum". logits (B, T), positions (B,).
 
     Positions outside the sequence are ignored (transformers clamps them to T and ignores T).
     Impossible answers point at [CLS], position 0, and are learned like any other span.
@@ -86,8 +86,8 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
     T = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, T)
     end = end_positions.reshape(-1).clamp(0, T)
-    return (F.cross_entropy(start_logits.float(), start, ignore_index=T)
-            + F.cross_entropy(end_logits.float(), end, ignore_index=T)) / 2
+    return (F.cross_entropy(start_logits.float(), start, ignore_index=T, reduction=reduction)
+            + F.cross_entropy(end_logits.float(), end, ignore_index=T, reduction=reduction)) / 2
 
 
 def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

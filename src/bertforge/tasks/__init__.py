@@ -5,6 +5,7 @@ them through the shared loop is `bertforge.finetune`.
     classification   single sentence or pair -> one label, or a score (regression); GLUE's files
     tagging          one tag per word (NER: ner; any tag set: tagging); CoNLL column files
     multiple_choice  a context and C choices -> the right one; SWAG's CSVs
+    squad            extractive QA: a question and a context -> an answer span (or none); SQuAD v1.1 / v2.0 JSON
 """
 
 from bertforge.tasks.base import EvalData, EvalResult, FeatureBatches, ReadReport, TaskFamily, TrainData
@@ -20,9 +21,10 @@ from bertforge.tasks.classification import (
     read_examples,
 )
 from bertforge.tasks.multiple_choice import MultipleChoiceFamily
+from bertforge.tasks.squad import SquadFamily
 from bertforge.tasks.tagging import TaggingFamily
 
-FAMILIES: tuple[TaskFamily, ...] = (ClassificationFamily(), MultipleChoiceFamily(), TaggingFamily())
+FAMILIES: tuple[TaskFamily, ...] = (ClassificationFamily(), MultipleChoiceFamily(), TaggingFamily(), SquadFamily())
 """Every family; a ``--task`` name belongs to exactly one."""
 
 
@@ -41,4 +43,4 @@ def family_for(task: str) -> TaskFamily:
 __all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TrainData", "EvalData", "EvalResult",
            "FeatureBatches", "ReadReport", "GLUE_TASKS", "ClassificationFamily", "ClassificationTask", "Example",
            "Features", "GlueTask", "encode_examples", "glue_files", "read_examples", "TaggingFamily",
-           "MultipleChoiceFamily"]
+           "MultipleChoiceFamily", "SquadFamily"]

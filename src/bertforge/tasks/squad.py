@@ -1,0 +1,695 @@
+"""Extractive question answering, SQuAD v1.1 (``--task squad``) and v2.0 (``--task squad2``): JSON ->
+questions -> windows -> batches -> span losses, n-best answers, the official EM / F1 and the
+prediction files ``predictions.json``, ``nbest_predictions.json`` and ``null_odds.json``.
+
+Files. `read_squad` reads SQuAD's JSON (``{"data": [{"paragraphs": [{"context", "qas": [{"id",
+"question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}``; compressed too). Bad
+JSON is an error naming file, line and column; a missing or mistyped key names the place in the
+JSON (``data[3].paragraphs[0].qas[2]``) and the question id. Training uses each question's first
+answer, whose text must be the context's at ``answer_start`` (the TF release drops such questions
+with the warning "Could not find answer"): it is an error, or with ``skip_bad_rows`` the question
+is skipped and counted, with its id, in the `SquadReadReport` (as are malformed questions). SQuAD
+1.1 questions need an answer; in 2.0 a question is unanswerable when ``is_impossible`` (or, without
+that key, when it has no answers) and trains towards [CLS]. Evaluation scores every gold answer
+(``answer_start`` is not used there); prediction needs no answers.
+
+Windows, as the TF release's run_squad.py builds them. ``[CLS] question [SEP] context [SEP]``: the
+question cut to ``max_query_length`` tokens, the context cut into windows of the remaining room
+whose starts are ``doc_stride`` tokens apart (the last window reaches the end of the context). A
+training window's targets are the answer's first and last token, or [CLS] (position 0) when the
+question is unanswerable or the answer is not wholly inside the window. Every context token has one
+*max-context* window: the one where min(left, right context) + 0.01 * window length is largest
+(the first on a tie); an answer may only start at a token in its max-context window.
+
+Answers. Per window, the ``n_best_size`` best start and end positions (over the window's real
+tokens; only the top k are kept, never all logits); candidate spans start and end inside the
+context, start in their max-context window, end no earlier and are at most ``max_answer_length``
+tokens long; they are ranked by start + end logit over all of a question's windows, the first
+``n_best_size`` distinct texts are the n-best, with probabilities from a softmax over their scores.
+SQuAD 2.0: the null score is start[0] + end[0] of the window where it is smallest; it joins the
+ranking, and the question is predicted unanswerable when null score - best span score (its *null
+odds*, written to null_odds.json) exceeds ``null_score_diff_threshold``. Metrics are the official
+scripts' (`bertforge.metrics.squad_metrics`); for 2.0 also HasAns / NoAns and the best threshold on
+the evaluated file (``best_f1_thresh``: the ``--null-score-diff-threshold`` to use).
+
+Deliberate differences from run_squad.py:
+
+- Answer text. The TF release re-aligns the de-tokenized span with the whitespace-split words by a
+  character heuristic (``get_final_text``, falling back to the whole words when it fails, e.g. on
+  [UNK] or letters whose lower case has another length). Here the tokenizer's character offsets give
+  the span's characters in the context directly: "Steve Smith" out of "Steve Smith's", "1895" out of
+  "(1895-1943).", "Café" with its accent, whatever the normalisation. Whitespace inside an answer is
+  kept as written (the TF release joins words with one space; the official scoring ignores both).
+  Likewise a training answer is mapped to the tokens its characters overlap, which is what the TF
+  release's word mapping plus ``_improve_answer_span`` reaches.
+- The training loss leaves padding positions out of the softmax (TF and transformers pad every
+  sequence to max_seq_length and include them), so it does not depend on how batches are padded.
+- A question with no valid span gets the answer "" (TF: the placeholder "empty"); in 2.0 its null
+  odds are 1e6 (TF fails on it). A context without tokens gets one window with an empty context part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge import losses
+from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TrainData, predict_items, split_files, text_lines
+from bertforge.tasks.classification import Features, _starts
+
+__all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
+           "encode_squad", "SpanTask", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
+           "prediction_files", "SquadFamily"]
+
+logger = logging.getLogger("bertforge")
+
+VERSIONS = {"squad": "1.1", "squad2": "2.0"}
+"""Task name -> SQuAD version."""
+
+NO_SPAN_ODDS = 1e6
+"""Null odds of a SQuAD 2.0 question without any valid span (it is answered "")."""
+
+
+# ---------------------------------------------------------------------------- reading
+class Question(NamedTuple):
+    id: str
+    text: str
+    paragraph: int
+    """Index of its context in `SquadData.contexts`."""
+    answers: tuple[str, ...]
+    """Gold answer texts (empty: unanswerable, or unlabelled)."""
+    answer_start: int
+    """Character where the first answer starts in the context (-1: none)."""
+    is_impossible: bool
+    where: str
+    """File and place in the JSON (``train.json: data[0].paragraphs[1].qas[2]``), for messages."""
+
+
+@dataclass
+class SquadReadReport(ReadReport):
+    """What reading a SQuAD file kept and skipped; skipped questions are listed by id (a JSON file's
+    line numbers say little), and ``examples`` counts the questions kept."""
+
+    skipped_questions: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> ids of the questions skipped for it."""
+
+    def skip_question(self, reason: str, qid: str) -> None:
+        self.skipped_questions.setdefault(reason, []).append(qid)
+
+    @property
+    def num_skipped(self) -> int:
+        return super().num_skipped + sum(len(v) for v in self.skipped_questions.values())
+
+    def summary(self) -> str:
+        text = f"{self.path}: {self.examples:,} questions"
+        for reason, ids in self.skipped_questions.items():
+            shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+            text += f"; skipped {len(ids):,} questions ({reason}; ids {shown})"
+        return text
+
+
+@dataclass
+class SquadData:
+    """Questions of one or more SQuAD files, and the contexts they share."""
+
+    contexts: list[str]
+    questions: list[Question]
+    version: str
+    reports: list[SquadReadReport]
+
+    @classmethod
+    def join(cls, parts: Sequence["SquadData"]) -> "SquadData":
+        contexts: list[str] = []
+        questions: list[Question] = []
+        for part in parts:
+            questions += [q._replace(paragraph=q.paragraph + len(contexts)) for q in part.questions]
+            contexts += part.contexts
+        return cls(contexts, questions, parts[0].version, [r for p in parts for r in p.reports])
+
+    def golds(self) -> list[dict[str, Any]]:
+        """``{"id", "answers"}`` per question, as `bertforge.metrics.squad_metrics` reads them."""
+        return [{"id": q.id, "answers": list(q.answers)} for q in self.questions]
+
+
+def _typed(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]``, checked to be of ``kind``; else ValueError naming ``where``."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if key not in obj:
+        raise ValueError(f"{where}: no {key!r} (keys: {', '.join(map(str, obj)) or 'none'})")
+    value = obj[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:  # JSON true is no number
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ValueError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def read_squad(path: str | Path, version: str = "1.1", *, mode: Literal["train", "eval", "predict"] = "eval",
+               skip_bad_rows: bool = False) -> SquadData:
+    """The questions of a SQuAD JSON file (module docstring). ``mode``: "train" needs each question's
+    first answer to be the context's text at its ``answer_start``; "eval" needs gold answers (SQuAD
+    2.0: or an unanswerable question); "predict" needs no answers."""
+    path = Path(path)
+    if version not in ("1.1", "2.0"):
+        raise ValueError(f"unknown SQuAD version {version!r}; expected '1.1' or '2.0'")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with text_lines(path) as f:
+            root = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    report = SquadReadReport(str(path))
+    contexts: list[str] = []
+    questions: list[Question] = []
+    seen: dict[str, str] = {}
+    articles = _typed(root, "data", list, f"{path}: the top level")
+    for i, article in enumerate(articles):
+        for j, paragraph in enumerate(_typed(article, "paragraphs", list, f"{path}: data[{i}]")):
+            where_p = f"{path}: data[{i}].paragraphs[{j}]"
+            context = _typed(paragraph, "context", str, where_p)
+            qas = _typed(paragraph, "qas", list, where_p)
+            for k, qa in enumerate(qas):
+                where = f"{where_p}.qas[{k}]"
+                qid = str(qa.get("id", "")) if isinstance(qa, dict) else ""
+                try:
+                    question = _read_question(qa, where, context, len(contexts), version, mode)
+                except ValueError as e:
+                    if not skip_bad_rows:
+                        named = f"question id {qid!r}; " if qid else ""
+                        raise ValueError(f"{e} ({named}--skip-bad-rows skips and counts such questions)") from None
+                    report.skip_question(e.reason if isinstance(e, _BadAnswer) else "malformed", qid or where)
+                    continue
+                if question.id in seen:
+                    if not skip_bad_rows:
+                        raise ValueError(f"{where}: duplicate question id {question.id!r} "
+                                         f"(first at {seen[question.id]})")
+                    report.skip_question("duplicate id", question.id)
+                    continue
+                seen[question.id] = where
+                questions.append(question)
+            contexts.append(context)
+    report.examples = len(questions)
+    if report.num_skipped:
+        logger.warning("%s", report.summary())
+    return SquadData(contexts, questions, version, [report])
+
+
+class _BadAnswer(ValueError):
+    """A well-formed question whose answers do not fit the task."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _read_question(qa: Any, where: str, context: str, paragraph: int, version: str, mode: str) -> Question:
+    qid = _typed(qa, "id", (str, int), where)
+    text = _typed(qa, "question", str, where)
+    impossible = False
+    if "is_impossible" in qa:
+        impossible = _typed(qa, "is_impossible", bool, where)
+    if mode == "predict":
+        return Question(str(qid), text, paragraph, (), -1, False, where)
+    answers = _typed(qa, "answers", list, where)
+    texts = tuple(_typed(a, "text", str, f"{where}.answers[{n}]") for n, a in enumerate(answers))
+    if version == "1.1" and (impossible or not answers):
+        raise _BadAnswer(f"{where}: {'marked is_impossible' if impossible else 'no answers'}: an unanswerable "
+                         "question, which SQuAD 1.1 has not (SQuAD 2.0 data: use --task squad2)", "unanswerable")
+    impossible = impossible or "is_impossible" not in qa and not answers
+    start = -1
+    if mode == "train" and not impossible:
+        if not answers:
+            raise _BadAnswer(f"{where}: no answers and not is_impossible: no answer to train on", "no answers")
+        start = _typed(answers[0], "answer_start", int, f"{where}.answers[0]")
+        if start < 0 or context[start:start + len(texts[0])] != texts[0]:
+            found = context[max(start, 0):max(start, 0) + len(texts[0])]
+            raise _BadAnswer(f"{where}: the answer {texts[0]!r} is not the context's text at its answer_start "
+                             f"{start} ({found!r} is)", "answer not in context")
+    return Question(str(qid), text, paragraph, texts, start, impossible, where)
+
+
+def squad_files(spec: str, task: str, split: str) -> list[Path]:
+    """Files named by ``spec`` (comma-separated); a folder gives its ``{split}-v1.1.json`` (squad) or
+    ``{split}-v2.0.json`` (squad2), the names of the official files."""
+    files = []
+    for part in split_files(spec):
+        if part.is_dir():
+            name = f"{split}-v{VERSIONS[task]}.json"
+            if not (part / name).is_file():
+                raise FileNotFoundError(f"{part}: no {name} (a SQuAD folder holds the official file names)")
+            part = part / name
+        files.append(part)
+    return files
+
+
+# ---------------------------------------------------------------------------- features
+@dataclass
+class SquadFeatures(Features):
+    """Windows ``[CLS] question [SEP] context part [SEP]`` (``num_a``: the tokens up to the first
+    [SEP]); ``example`` is the question's index, and a question's windows are consecutive."""
+
+    doc_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """First context token of each window (an index into its paragraph's tokens)."""
+    doc_len: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Context tokens in each window."""
+    max_context: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    """Per context token of every window (window after window): is this its max-context window."""
+    max_context_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Where each window's flags start in ``max_context``."""
+    offsets: list[np.ndarray] = field(default_factory=list)
+    """Per paragraph: (tokens, 2) character start and end of each context token."""
+    start_positions: np.ndarray | None = None
+    end_positions: np.ndarray | None = None
+    cut_questions: int = 0
+    """Questions longer than max_query_length (cut)."""
+    without_answer: int = 0
+    """Training windows of answerable questions that do not hold the answer (their targets are [CLS])."""
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        batch = super().collate(indices)
+        if self.start_positions is not None and self.end_positions is not None:
+            idx = np.asarray(indices)
+            batch["start_positions"] = torch.from_numpy(self.start_positions[idx])
+            batch["end_positions"] = torch.from_numpy(self.end_positions[idx])
+        return batch
+
+    def window_range(self, question: int) -> tuple[int, int]:
+        """The windows of question ``question``: [first, end)."""
+        a, b = np.searchsorted(self.example, [question, question + 1])
+        return int(a), int(b)
+
+    def summary(self) -> str:
+        text = f"{self.num_examples:,} questions -> {len(self):,} windows"
+        notes = []
+        if self.windowed:
+            notes.append(f"{self.windowed:,} questions over several windows")
+        if self.without_answer:
+            notes.append(f"{self.without_answer:,} windows without their answer (targets [CLS])")
+        if self.cut_questions:
+            notes.append(f"{self.cut_questions:,} questions cut to max_query_length")
+        return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _max_context(starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """(windows, n) bool: window w is token p's max-context window (min(left, right) + 0.01 * length,
+    the first window on a tie)."""
+    p = np.arange(n)
+    left = p[None, :] - starts[:, None]
+    right = (starts + lengths - 1)[:, None] - p[None, :]
+    score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths[:, None], -np.inf)
+    return score.argmax(0)[None, :] == np.arange(len(starts))[:, None]
+
+
+def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
+                 targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
+    """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
+    positions (a training answer whose characters hold no token is an error, or skipped and counted)."""
+    if max_seq_length <= max_query_length + 3:
+        raise ValueError(f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
+                         f"({max_query_length}) + 3: a window holds [CLS], the question, two [SEP] and context")
+    if doc_stride < 1:
+        raise ValueError(f"doc_stride must be >= 1, got {doc_stride}")
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    questions = data.questions
+    used = sorted({q.paragraph for q in questions})
+    ids: dict[int, np.ndarray] = {}
+    offsets: list[np.ndarray] = [np.zeros((0, 2), np.int64)] * len(data.contexts)
+    if used:
+        enc = tokenizer([data.contexts[p] for p in used], add_special_tokens=False, return_offsets_mapping=True)
+        for p, row, offs in zip(used, enc["input_ids"], enc["offset_mapping"]):
+            ids[p] = np.array(row, dtype=np.int64)
+            offsets[p] = np.array(offs, dtype=np.int64).reshape(-1, 2)
+    query_ids = tokenizer.encode_batch_ids([q.text for q in questions])
+    out_ids: list[np.ndarray] = []
+    num_a: list[int] = []
+    example: list[int] = []
+    doc_start: list[np.ndarray] = []
+    doc_len: list[np.ndarray] = []
+    max_context: list[np.ndarray] = []
+    start_pos: list[int] = []
+    end_pos: list[int] = []
+    windowed = cut = without = 0
+    for i, (q, query) in enumerate(zip(questions, query_ids)):
+        doc, offs = ids[q.paragraph], offsets[q.paragraph]
+        cut += len(query) > max_query_length
+        query = query[:max_query_length]
+        room = max_seq_length - len(query) - 3
+        n = len(doc)
+        starts = np.array(_starts(n, room, min(room, doc_stride)), dtype=np.int64)
+        lengths = np.minimum(n - starts, room)
+        if targets:
+            if q.is_impossible:
+                first = last = -1
+            else:  # the tokens the answer's characters overlap
+                a, b = q.answer_start, q.answer_start + len(q.answers[0])
+                first = int(np.searchsorted(offs[:, 1], a, side="right"))
+                last = int(np.searchsorted(offs[:, 0], b, side="left")) - 1
+                if first > last:
+                    if not skip_bad_rows:
+                        raise ValueError(f"{q.where}: the answer {q.answers[0]!r} holds no token (only characters "
+                                         f"the tokenizer drops) (question id {q.id!r}; --skip-bad-rows skips and "
+                                         "counts such questions)")
+                    for report in data.reports:  # the question's file's (``where`` starts with its path)
+                        if q.where.startswith(report.path + ":"):
+                            report.skip_question("answer without tokens", q.id)
+                            report.examples -= 1
+                    continue
+            inside = (first >= starts) & (last < starts + lengths)
+            if not q.is_impossible:
+                without += int((~inside).sum())
+            for s, ok in zip(starts, inside):
+                start_pos.append(int(first - s + len(query) + 2) if ok else 0)
+                end_pos.append(int(last - s + len(query) + 2) if ok else 0)
+        windowed += len(starts) > 1
+        best = _max_context(starts, lengths, n) if len(starts) > 1 else np.ones((1, n), bool)
+        head = np.array([cls, *query, sep], dtype=np.int64)
+        for w, (s, length) in enumerate(zip(starts, lengths)):
+            out_ids.append(np.concatenate([head, doc[s:s + length], [sep]]))
+            max_context.append(best[w, s:s + length])
+        num_a += [len(head)] * len(starts)
+        example += [i] * len(starts)
+        doc_start.append(starts)
+        doc_len.append(lengths)
+    lengths_all = np.concatenate(doc_len) if doc_len else np.zeros(0, np.int64)
+    features = SquadFeatures(
+        out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(questions),
+        windowed=windowed,
+        doc_start=np.concatenate(doc_start) if doc_start else np.zeros(0, np.int64), doc_len=lengths_all,
+        max_context=np.concatenate(max_context) if max_context else np.zeros(0, bool),
+        max_context_at=np.concatenate([[0], np.cumsum(lengths_all)[:-1]]).astype(np.int64) if len(lengths_all)
+        else np.zeros(0, np.int64),
+        offsets=offsets, cut_questions=cut, without_answer=without)
+    if targets:
+        features.start_positions = np.array(start_pos, dtype=np.int64)
+        features.end_positions = np.array(end_pos, dtype=np.int64)
+    return features
+
+
+# ---------------------------------------------------------------------------- the task
+class SpanTask:
+    """Summed (CE(start) + CE(end)) / 2 over the windows of a batch, padding left out of the softmax;
+    ``span_accuracy``: start and end both right."""
+
+    term = "span"
+
+    def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {self.term: float(batch["start_positions"].shape[0])}
+
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        pad = batch["attention_mask"] == 0
+        start = out.start_logits.float().masked_fill(pad, float("-inf"))  # (B, T)
+        end = out.end_logits.float().masked_fill(pad, float("-inf"))
+        sp, ep = batch["start_positions"], batch["end_positions"]
+        loss = losses.span_loss(start, end, sp, ep, reduction="sum")
+        correct = ((start.argmax(-1) == sp) & (end.argmax(-1) == ep)).sum()
+        return {self.term: loss}, {"correct": correct}
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
+                stats: dict[str, float]) -> dict[str, float]:
+        return {"span_accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
+
+
+# ---------------------------------------------------------------------------- answers
+class WindowScores(NamedTuple):
+    """What post-processing keeps of a window's logits: its k best start and end positions (best
+    first; ties in position order) and their logits, and the [CLS] logits (the null score)."""
+
+    start_index: np.ndarray
+    start_logit: np.ndarray
+    end_index: np.ndarray
+    end_logit: np.ndarray
+    null_start: float
+    null_end: float
+
+
+def top_k_scores(start_logits: torch.Tensor, end_logits: torch.Tensor, attention_mask: torch.Tensor,
+                 k: int) -> list[WindowScores]:
+    """(B, T) logits -> one `WindowScores` per row, over its real (unpadded) tokens. Rows with fewer
+    than k tokens are filled with position T and logit -inf."""
+    pad = attention_mask == 0
+    T = start_logits.shape[1]
+    rows = []
+    picked = []
+    for logits in (start_logits, end_logits):
+        x = logits.float().masked_fill(pad, float("-inf"))
+        if T < k:
+            x = torch.nn.functional.pad(x, (0, k - T), value=float("-inf"))
+        values, index = torch.sort(x, dim=1, descending=True, stable=True)
+        index = index[:, :k].clamp_(max=T)
+        picked.append((index.cpu().numpy(), values[:, :k].cpu().numpy()))
+    (si, sv), (ei, ev) = picked
+    null_s = start_logits[:, 0].float().cpu().numpy()
+    null_e = end_logits[:, 0].float().cpu().numpy()
+    for b in range(start_logits.shape[0]):
+        rows.append(WindowScores(si[b], sv[b], ei[b], ev[b], float(null_s[b]), float(null_e[b])))
+    return rows
+
+
+def predict_scores(model: nn.Module, features: SquadFeatures, k: int, batch_size: int,
+                   device: torch.device | str = "cpu", dist: Any = None) -> list[WindowScores]:
+    """`WindowScores` of every window (with ``dist``: every process runs a part, all get the whole)."""
+
+    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[WindowScores]:
+        out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        return top_k_scores(out.start_logits, out.end_logits, batch["attention_mask"], k)
+
+    return predict_items(model, features, batch_size, device, run, dist)
+
+
+@dataclass
+class Prediction:
+    """One question's outcome."""
+
+    id: str
+    text: str
+    """The answer predicted ("" for no answer)."""
+    best_text: str
+    """The best span's text, whatever the null score ("" when no span is valid)."""
+    start: int
+    end: int
+    """Characters of the best span in the context, [start, end) (-1 when no span is valid)."""
+    probability: float
+    """The n-best probability of the predicted answer."""
+    null_odds: float | None
+    """SQuAD 2.0: null score - best span score."""
+    nbest: list[dict[str, Any]]
+    """``{"text", "probability", "start_logit", "end_logit"}``, best first (nbest_predictions.json)."""
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def postprocess(data: SquadData, features: SquadFeatures, scores: Sequence[WindowScores], *, n_best_size: int,
+                max_answer_length: int, null_score_diff_threshold: float = 0.0) -> list[Prediction]:
+    """The answers of every question from its windows' scores (module docstring); SQuAD 2.0 decides
+    null answers by ``data.version``."""
+    v2 = data.version == "2.0"
+    if scores:
+        si, sv = np.stack([s.start_index for s in scores]), np.stack([s.start_logit for s in scores]).astype(np.float64)
+        ei, ev = np.stack([s.end_index for s in scores]), np.stack([s.end_logit for s in scores]).astype(np.float64)
+        null = np.array([(s.null_start, s.null_end) for s in scores], dtype=np.float64).reshape(-1, 2)
+    flags = features.max_context
+    out = []
+    for qi, q in enumerate(data.questions):
+        a, b = features.window_range(qi)
+        context, offs = data.contexts[q.paragraph], features.offsets[q.paragraph]
+        spans = np.zeros(0, dtype=np.float64)
+        tok_s = tok_e = span_s = span_e = np.zeros(0, np.int64)
+        if b > a:
+            base = features.num_a[a:b, None]
+            length = features.doc_len[a:b, None]
+            s_rel, e_rel = si[a:b] - base, ei[a:b] - base  # (W, k) positions in the context part
+            ok_s = (s_rel >= 0) & (s_rel < length)
+            if flags.size:
+                ok_s &= flags[np.where(ok_s, features.max_context_at[a:b, None] + s_rel, 0)]
+            ok_e = (e_rel >= 0) & (e_rel < length)
+            n_tok = e_rel[:, None, :] - s_rel[:, :, None] + 1  # (W, k starts, k ends)
+            valid = ok_s[:, :, None] & ok_e[:, None, :] & (n_tok >= 1) & (n_tok <= max_answer_length)
+            w, i, j = np.nonzero(valid)  # window, start rank, end rank: the TF release's order
+            span_s, span_e = sv[a + w, i], ev[a + w, j]
+            spans = span_s + span_e
+            tok_s = features.doc_start[a + w] + s_rel[w, i]
+            tok_e = features.doc_start[a + w] + e_rel[w, j]
+        null_score, null_logits = None, (0.0, 0.0)
+        ranked = spans
+        if v2 and b > a:
+            m = a + int(np.argmin(null[a:b].sum(1)))  # the first window with the smallest null score
+            null_logits = (float(null[m, 0]), float(null[m, 1]))
+            null_score = null_logits[0] + null_logits[1]
+            ranked = np.append(spans, null_score)  # after the spans: a tie goes to the span
+        nbest: list[dict[str, Any]] = []
+        chars: list[tuple[int, int]] = []
+        seen: set[str] = set()
+        for c in np.argsort(-ranked, kind="stable"):
+            if len(nbest) >= n_best_size:
+                break
+            if c == len(spans):
+                text, logits, where = "", null_logits, (-1, -1)
+            else:
+                where = (int(offs[tok_s[c], 0]), int(offs[tok_e[c], 1]))
+                text, logits = context[where[0]:where[1]], (float(span_s[c]), float(span_e[c]))
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append({"text": text, "probability": 0.0, "start_logit": logits[0], "end_logit": logits[1]})
+            chars.append(where)
+        if v2 and "" not in seen and null_score is not None:
+            nbest.append({"text": "", "probability": 0.0, "start_logit": null_logits[0], "end_logit": null_logits[1]})
+            chars.append((-1, -1))
+        if not nbest:
+            nbest.append({"text": "", "probability": 0.0, "start_logit": 0.0, "end_logit": 0.0})
+            chars.append((-1, -1))
+        probs = _softmax(np.array([e["start_logit"] + e["end_logit"] for e in nbest]))
+        for e, p in zip(nbest, probs):
+            e["probability"] = float(p)
+        best = next((k for k, e in enumerate(nbest) if e["text"]), None)
+        best_text, (start, end) = (nbest[best]["text"], chars[best]) if best is not None else ("", (-1, -1))
+        odds: float | None = None
+        chosen = 0
+        if v2:
+            if best is None or null_score is None:
+                odds = NO_SPAN_ODDS
+            else:
+                odds = null_score - (nbest[best]["start_logit"] + nbest[best]["end_logit"])
+            null_at = next(k for k, e in enumerate(nbest) if not e["text"])
+            chosen = best if best is not None and odds <= null_score_diff_threshold else null_at
+        out.append(Prediction(q.id, nbest[chosen]["text"], best_text, start, end, nbest[chosen]["probability"],
+                              odds, nbest))
+    return out
+
+
+def prediction_files(predictions: Sequence[Prediction], version: str) -> dict[str, str]:
+    """predictions.json ({id: answer}), nbest_predictions.json ({id: n-best}) and, for SQuAD 2.0,
+    null_odds.json ({id: null odds}), as the TF release writes them."""
+
+    def dump(obj: Any) -> str:
+        return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
+
+    files = {"predictions.json": dump({p.id: p.text for p in predictions}),
+             "nbest_predictions.json": dump({p.id: p.nbest for p in predictions})}
+    if version == "2.0":
+        files["null_odds.json"] = dump({p.id: p.null_odds for p in predictions})
+    return files
+
+
+def _score(data: SquadData, predictions: Sequence[Prediction], threshold: float) -> dict[str, float]:
+    """The official EM / F1; SQuAD 2.0 scores the best spans with their null odds and the threshold,
+    so the best-threshold search sees every answer (not only those the threshold let through)."""
+    from bertforge.metrics import squad_metrics
+
+    if data.version == "2.0":
+        return squad_metrics(data.golds(), {p.id: p.best_text for p in predictions},
+                             {p.id: float(p.null_odds) for p in predictions if p.null_odds is not None},
+                             threshold=threshold, version="2.0")
+    return squad_metrics(data.golds(), {p.id: p.text for p in predictions}, version="1.1")
+
+
+# ---------------------------------------------------------------------------- the family
+@dataclass
+class _EvalSet:
+    data: SquadData
+    features: SquadFeatures
+
+
+class SquadFamily:
+    """Extractive QA (`bertforge.tasks.base.TaskFamily`): ``squad`` (v1.1) and ``squad2`` (v2.0)."""
+
+    name = "squad"
+    tasks = tuple(VERSIONS)
+    settings = ("task", "max_seq_length", "stride", "max_query_length", "max_answer_length", "n_best_size",
+                "null_score_diff_threshold")
+    default_max_seq_length = 384
+    default_stride = 128
+
+    @property
+    def model_class(self) -> type:
+        from bertforge.heads import BertForQuestionAnswering
+
+        return BertForQuestionAnswering
+
+    def configure(self, cfg: Any) -> Any:
+        cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
+                                  stride=cfg.stride or self.default_stride)
+        if cfg.max_seq_length <= cfg.max_query_length + 3:
+            raise ValueError(f"max_seq_length ({cfg.max_seq_length}) must be greater than max_query_length "
+                             f"({cfg.max_query_length}) + 3")
+        return cfg
+
+    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+        return squad_files(spec, cfg.task, split)
+
+    def _encode(self, cfg: Any, tokenizer: Any, paths: Sequence[Path], mode: Literal["train", "eval", "predict"]
+                ) -> tuple[SquadData, SquadFeatures]:
+        parts = [read_squad(p, VERSIONS[cfg.task], mode=mode, skip_bad_rows=cfg.skip_bad_rows) for p in paths]
+        data = SquadData.join(parts)
+        if not data.questions:
+            raise ValueError(f"{', '.join(map(str, paths))}: no questions")
+        features = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length,
+                                targets=mode == "train", skip_bad_rows=cfg.skip_bad_rows)
+        return data, features
+
+    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+        data, features = self._encode(cfg, tokenizer, self.files(cfg, cfg.train_file, "train"), "train")
+        impossible = sum(q.is_impossible for q in data.questions)
+        summary = features.summary() + (f"; {impossible:,} questions unanswerable" if impossible else "")
+        return TrainData(features, {}, None, list(data.reports), summary)
+
+    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+        data, features = self._encode(cfg, tokenizer, [path], "eval")
+        return EvalData(path, _EvalSet(data, features), data.reports[0], features.summary())
+
+    def train_task(self, config: Any) -> SpanTask:
+        return SpanTask()
+
+    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: Any,
+                     device: torch.device | str, dist: Any = None) -> list[Prediction]:
+        scores = predict_scores(model, features, cfg.n_best_size, cfg.eval_batch_size, device, dist)
+        return postprocess(data, features, scores, n_best_size=cfg.n_best_size,
+                           max_answer_length=cfg.max_answer_length,
+                           null_score_diff_threshold=cfg.null_score_diff_threshold)
+
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+                 dist: Any = None) -> EvalResult:
+        """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
+        prediction files."""
+        got: _EvalSet = data.data
+        predictions = self._predictions(model, got.data, got.features, cfg, device, dist)
+        metrics = _score(got.data, predictions, cfg.null_score_diff_threshold)
+        return EvalResult(metrics, "f1", prediction_files(predictions, got.data.version))
+
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+                device: torch.device) -> list[dict[str, Any]]:
+        """``{"id", "answer", "start", "end", "score", "no_answer"}`` per question (``start`` / ``end``:
+        the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
+        probability), plus ``null_odds`` for SQuAD 2.0."""
+        data, features = self._encode(cfg, tokenizer, [path], "predict")
+        records = []
+        for p in self._predictions(model, data, features, cfg, device):
+            answered = p.text != ""
+            record = {"id": p.id, "answer": p.text, "start": p.start if answered else None,
+                      "end": p.end if answered else None, "score": round(p.probability, 6), "no_answer": not answered}
+            if p.null_odds is not None:
+                record["null_odds"] = round(p.null_odds, 6)
+            records.append(record)
+        return records
+
+    def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
+        """SQuAD's predictions.json: ``{question id: answer}``."""
+        return json.dumps({r["id"]: r["answer"] for r in records}, indent=4, ensure_ascii=False) + "\n"
