@@ -24,14 +24,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from data_fixtures import PLAIN_WORDS, VOCAB_SIZE, write_tokenizer
+from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - fixtures: a tiny "pre-trained" BERT, a folder
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 from safetensors.torch import load_file
 
 from bertforge import cli, trainer
-from bertforge.config import BertConfig
 from bertforge.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
-from bertforge.heads import BertForPreTraining, BertForSequenceClassification
+from bertforge.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
     Example,
     FeatureBatches,
@@ -43,25 +42,6 @@ from bertforge.tasks.classification import (
 )
 from bertforge.tokenization import BertTokenizer
 
-FILLER = [w for w in PLAIN_WORDS if w not in ("good", "bad")]
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("finetune")
-
-
-@pytest.fixture(scope="module")
-def base(root) -> Path:
-    """A "pre-trained" tiny BERT (random weights, dropout 0.1) saved with the test vocab's tokenizer."""
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    folder = root / "base"
-    BertForPreTraining(config).save_pretrained(folder)
-    write_tokenizer(folder)
-    return folder
-
 
 def polar(rng: random.Random, n_words: tuple[int, int] = (3, 8), at: int | None = None) -> tuple[str, str]:
     """A sentence of filler words with "good" (label pos) or "bad" (neg) in it (at word ``at``, or anywhere)."""
@@ -69,11 +49,6 @@ def polar(rng: random.Random, n_words: tuple[int, int] = (3, 8), at: int | None 
     label = rng.choice(["pos", "neg"])
     words.insert(rng.randint(0, len(words)) if at is None else at, "good" if label == "pos" else "bad")
     return " ".join(words), label
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:

@@ -22,7 +22,7 @@ import pytest
 import torch
 import transformers
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
-from test_finetune import FILLER, base, write  # noqa: F401 - base: the tiny "pre-trained" BERT fixture
+from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - base: the tiny "pre-trained" BERT fixture
 
 from bertforge import cli
 from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
@@ -38,11 +38,6 @@ from bertforge.tasks.multiple_choice import (
 from bertforge.tokenization import BertTokenizer
 
 SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("multiple_choice")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import torch
 import transformers
 from data_fixtures import PLAIN_WORDS, TOKENS
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
-from test_finetune import base, root  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
+from finetune_fixtures import base, root  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 
 from bertforge import cli, losses
 from bertforge.config import BertConfig

@@ -23,7 +23,7 @@ import torch
 import transformers
 from data_fixtures import PLAIN_WORDS, VOCAB_SIZE
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
-from test_finetune import base, root, write  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
+from finetune_fixtures import base, root, write  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 from torch import nn
 
 from bertforge import cli, losses

@@ -78,6 +78,7 @@ import torch
 
 from bertforge.io import atomic_path, open_binary
 from bertforge.modeling import BertModel
+from bertforge.tasks.base import max_context_window, window_starts
 
 __all__ = ["Extracted", "Written", "extract_features", "write_features", "read_inputs", "split_pair", "parse_layers",
            "output_format",
@@ -186,17 +187,9 @@ def _windows(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int, max_len: i
         raise ValueError(f"stride {stride} is longer than a window's room ({room} tokens): tokens between "
                          "windows would be skipped")
     m = len(long)
-    starts = [0]
-    while starts[-1] + room < m:
-        starts.append(starts[-1] + step)
+    starts = np.array(window_starts(m, room, step), dtype=np.int64)
     # The max-context rule: each token of the cut segment keeps the window where it sits most centrally.
-    best = np.full(m, -np.inf)
-    owner = np.zeros(m, dtype=np.int64)
-    for k, s in enumerate(starts):
-        j = np.arange(s, min(s + room, m))
-        score = np.minimum(j - s, j[-1] - j) + 0.01 * len(j)
-        better = score > best[j]
-        best[j[better]], owner[j[better]] = score[better], k
+    owner = max_context_window(starts, np.minimum(starts + room, m) - starts, np.arange(m))
     windows = []
     last = len(starts) - 1
     for k, s in enumerate(starts):

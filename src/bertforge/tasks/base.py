@@ -28,7 +28,9 @@ file and line.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,13 +41,14 @@ import torch
 from torch import nn
 
 from bertforge.data.loader import PretrainingLoader
-from bertforge.io import open_binary
+from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 
 if TYPE_CHECKING:
     from bertforge.finetune import FinetuneConfig
 
-__all__ = ["ReadReport", "text_lines", "csv_rows", "FeatureSet", "TrainData", "EvalData", "EvalResult",
-           "TaskFamily", "FeatureBatches", "predict_items", "split_files"]
+__all__ = ["ReadReport", "text_lines", "csv_rows", "jsonl_records", "file_format", "split_files", "window_starts",
+           "max_context_window", "FeatureSet", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults",
+           "FeatureBatches", "predict_items"]
 
 
 # ---------------------------------------------------------------------------- reading
@@ -107,9 +110,67 @@ def csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
         csv.field_size_limit(old_limit)
 
 
+def jsonl_records(path: Path, report: ReadReport, bad: Callable[[int, str], None]) -> Iterator[tuple[int, dict]]:
+    """(line, object) of every JSON object of a JSON-lines file; blank lines are counted in ``report``,
+    a line that is no JSON object goes to ``bad(line, message)`` (which raises or counts a skip)."""
+    n = 0
+    try:
+        with text_lines(path) as f:
+            for n, text in enumerate(f, 1):
+                if not text.strip():
+                    report.blank_lines += 1
+                    continue
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as e:
+                    bad(n, f"not a JSON record ({e})")
+                    continue
+                if not isinstance(record, dict):
+                    bad(n, f"expected a JSON object, got {type(record).__name__}")
+                    continue
+                yield n, record
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({e})") from None
+
+
+def file_format(path: Path) -> str:
+    """"tsv" (.tsv, .txt), "csv" or "jsonl" (.jsonl, .json, .ndjson), compressed or not."""
+    suffixes = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED_SUFFIXES]
+    kind = suffixes[-1] if suffixes else ""
+    if kind in (".tsv", ".txt"):
+        return "tsv"
+    if kind == ".csv":
+        return "csv"
+    if kind in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise ValueError(f"{path}: unknown file type {kind or '(none)'!r}; expected .tsv, .csv or .jsonl "
+                     "(optionally .gz / .bz2 / .xz)")
+
+
 def split_files(spec: str | Path) -> list[Path]:
     """``a.tsv,b.tsv`` -> the files (a single path as is)."""
     return [Path(part.strip()) for part in str(spec).split(",") if part.strip()]
+
+
+# ---------------------------------------------------------------------------- windows
+def window_starts(n: int, size: int, stride: int) -> list[int]:
+    """Starts of the windows of ``size`` over ``n`` tokens: every ``stride`` tokens until one reaches the end."""
+    starts = [0]
+    while starts[-1] + size < n:
+        starts.append(starts[-1] + stride)
+    return starts
+
+
+def max_context_window(starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """For each token position, the window (index into ``starts`` / ``lengths``) where it has the most
+    context: the TF release's SQuAD rule, score = min(tokens left of it, tokens right of it in the
+    window) + 0.01 * window length, the first window on a tie. (positions,) int64."""
+    starts = np.asarray(starts, dtype=np.int64)[:, None]
+    lengths = np.asarray(lengths, dtype=np.int64)[:, None]
+    p = np.asarray(positions, dtype=np.int64)[None, :]
+    left, right = p - starts, starts + lengths - 1 - p  # (windows, positions)
+    score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths, -np.inf)
+    return score.argmax(0)
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -207,6 +268,19 @@ class TaskFamily(Protocol):
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """The text of the family's native prediction file (GLUE TSV, CoNLL columns, SQuAD JSON)."""
         ...
+
+
+class FamilyDefaults:
+    """What most families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; files named by a
+    comma-separated list."""
+
+    default_max_seq_length = 128
+
+    def configure(self, cfg: FinetuneConfig) -> FinetuneConfig:
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
+
+    def files(self, cfg: FinetuneConfig, spec: str, split: str) -> list[Path]:
+        return split_files(spec)
 
 
 # ---------------------------------------------------------------------------- batches

@@ -26,7 +26,6 @@ windows' logits per example (regression: their scores), so one prediction comes 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,9 +37,8 @@ import torch
 from torch import nn
 
 from bertforge import losses
-from bertforge.io import COMPRESSED_SUFFIXES
-from bertforge.tasks.base import (EvalData, EvalResult, FeatureBatches, ReadReport, TrainData, csv_rows, predict_items,
-                                  split_files, text_lines)
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, FeatureBatches, ReadReport, TrainData, csv_rows,
+                                  file_format, jsonl_records, predict_items, split_files, window_starts)
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "Features", "encode_examples", "FeatureBatches", "ClassificationTask", "predict_logits",
@@ -116,19 +114,6 @@ def glue_files(task: str, path: str | Path, split: str) -> list[Path]:
     return files
 
 
-def _format(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED_SUFFIXES]
-    kind = suffixes[-1] if suffixes else ""
-    if kind in (".tsv", ".txt"):
-        return "tsv"
-    if kind == ".csv":
-        return "csv"
-    if kind in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
-    raise ValueError(f"{path}: unknown file type {kind or '(none)'!r}; expected .tsv, .csv or .jsonl "
-                     "(optionally .gz / .bz2 / .xz)")
-
-
 def read_examples(
     path: str | Path,
     task: str | None = None,
@@ -172,33 +157,18 @@ def read_examples(
             raise ValueError(f"{path}:{line}: {message}")
         report.skip("malformed", line)
 
-    if _format(path) == "jsonl":
-        try:
-            with text_lines(path) as f:
-                for n, text in enumerate(f, 1):
-                    if not text.strip():
-                        report.blank_lines += 1
-                        continue
-                    try:
-                        record = json.loads(text)
-                    except json.JSONDecodeError as e:
-                        bad(n, f"not a JSON record ({e})")
-                        continue
-                    if not isinstance(record, dict):
-                        bad(n, f"expected a JSON object, got {type(record).__name__}")
-                        continue
-                    for col in (col_a, col_b, col_label if require_labels else None):
-                        if col is not None and col not in record:
-                            raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))})")
-                    a, b = record[col_a], record.get(col_b) if col_b else None
-                    if not isinstance(a, str) or (col_b is not None and not isinstance(b, str)):
-                        bad(n, f"texts must be strings, got {col_a}={a!r}" + (f", {col_b}={b!r}" if col_b else ""))
-                        continue
-                    add(n, a, b, record.get(col_label), col_label in record)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    if file_format(path) == "jsonl":
+        for n, record in jsonl_records(path, report, bad):
+            for col in (col_a, col_b, col_label if require_labels else None):
+                if col is not None and col not in record:
+                    raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))})")
+            a, b = record[col_a], record.get(col_b) if col_b else None
+            if not isinstance(a, str) or (col_b is not None and not isinstance(b, str)):
+                bad(n, f"texts must be strings, got {col_a}={a!r}" + (f", {col_b}={b!r}" if col_b else ""))
+                continue
+            add(n, a, b, record.get(col_label), col_label in record)
     else:
-        rows = csv_rows(path, _format(path))
+        rows = csv_rows(path, file_format(path))
         header: list[str] | None = None
         positions: dict[str, int] = {}
         width = 0
@@ -314,14 +284,6 @@ class Features:
         return text
 
 
-def _starts(n: int, size: int, stride: int) -> list[int]:
-    """Window starts over ``n`` tokens: every ``stride`` tokens until a window reaches the end."""
-    starts = [0]
-    while starts[-1] + size < n:
-        starts.append(starts[-1] + stride)
-    return starts
-
-
 def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length: int,
                     stride: int = 0) -> Features:
     """Tokenize and cut into windows (module docstring). ``stride``: tokens between window starts
@@ -357,7 +319,7 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
         if step > room:
             raise ValueError(f"stride {stride} is longer than a window ({room} tokens): text between windows "
                              "would be skipped")
-        starts = _starts(len(long), room, step)
+        starts = window_starts(len(long), room, step)
         windowed += len(starts) > 1
         for s in starts:
             piece = long[s:s + room]
@@ -456,14 +418,13 @@ def main_metric(task: str | None, metrics: Mapping[str, float], regression: bool
 
 
 # ---------------------------------------------------------------------------- the family
-class ClassificationFamily:
+class ClassificationFamily(FamilyDefaults):
     """Sequence classification and regression (`bertforge.tasks.base.TaskFamily`): GLUE by task name,
     ``classification`` / ``regression`` for generic files."""
 
     name = "classification"
     tasks = (*GLUE_TASKS, "classification", "regression")
     settings = ("task", "max_seq_length", "stride", "text_column", "text_pair_column", "label_column")
-    default_max_seq_length = 128
 
     @property
     def model_class(self) -> type:
@@ -475,11 +436,6 @@ class ClassificationFamily:
     def regression(task: str) -> bool:
         glue = GLUE_TASKS.get(task)
         return glue.regression if glue else task == "regression"
-
-    def configure(self, cfg: Any) -> Any:
-        import dataclasses
-
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
 
     def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
         return [f for part in split_files(spec) for f in glue_files(cfg.task, part, split)]

@@ -34,7 +34,6 @@ counted in the features' summary and logged, never silent.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,9 +45,9 @@ import torch
 from torch import nn
 
 from bertforge import losses
-from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TrainData, csv_rows, predict_items, split_files,
-                                  text_lines)
-from bertforge.tasks.classification import ClassificationTask, Features, _format
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, csv_rows, file_format,
+                                  jsonl_records, predict_items, split_files)
+from bertforge.tasks.classification import ClassificationTask, Features
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
            "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "MultipleChoiceFamily"]
@@ -181,25 +180,10 @@ def read_choices(
             choices = [f"{start} {c}" if c else start for c in choices]
         examples.append(ChoiceExample(record[cols.context], tuple(choices), label, line))
 
-    fmt = _format(path)
+    fmt = file_format(path)
     if fmt == "jsonl":
-        try:
-            with text_lines(path) as f:
-                for n, text in enumerate(f, 1):
-                    if not text.strip():
-                        report.blank_lines += 1
-                        continue
-                    try:
-                        record = json.loads(text)
-                    except json.JSONDecodeError as e:
-                        bad(n, f"not a JSON record ({e})")
-                        continue
-                    if not isinstance(record, dict):
-                        bad(n, f"expected a JSON object, got {type(record).__name__}")
-                        continue
-                    add(n, record, _locate(cols, record, require_labels, f"{path}:{n}", "key", record))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+        for n, record in jsonl_records(path, report, bad):
+            add(n, record, _locate(cols, record, require_labels, f"{path}:{n}", "key", record))
     else:
         header: list[str] | None = None
         choice_keys: list[str] | None = None
@@ -336,23 +320,19 @@ def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, d
 
 
 # ---------------------------------------------------------------------------- the family
-class MultipleChoiceFamily:
+class MultipleChoiceFamily(FamilyDefaults):
     """Multiple choice (`bertforge.tasks.base.TaskFamily`): ``swag`` (SWAG's CSVs) and
     ``multiple_choice`` (generic CSV / TSV / JSONL)."""
 
     name = "multiple_choice"
     tasks = ("swag", "multiple_choice")
     settings = ("task", "max_seq_length", "text_column", "text_pair_column", "label_column")
-    default_max_seq_length = 128
 
     @property
     def model_class(self) -> type:
         from bertforge.heads import BertForMultipleChoice
 
         return BertForMultipleChoice
-
-    def configure(self, cfg: Any) -> Any:
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
 
     def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
         """The files named (comma-separated); a SWAG folder gives its train.csv, val.csv or test.csv."""

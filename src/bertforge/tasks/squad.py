@@ -63,8 +63,9 @@ import torch
 from torch import nn
 
 from bertforge import losses
-from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TrainData, predict_items, split_files, text_lines
-from bertforge.tasks.classification import Features, _starts
+from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TrainData, max_context_window, predict_items,
+                                  split_files, text_lines, window_starts)
+from bertforge.tasks.classification import Features
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
            "encode_squad", "SpanTask", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
@@ -303,16 +304,6 @@ class SquadFeatures(Features):
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _max_context(starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
-    """(windows, n) bool: window w is token p's max-context window (min(left, right) + 0.01 * length,
-    the first window on a tie)."""
-    p = np.arange(n)
-    left = p[None, :] - starts[:, None]
-    right = (starts + lengths - 1)[:, None] - p[None, :]
-    score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths[:, None], -np.inf)
-    return score.argmax(0)[None, :] == np.arange(len(starts))[:, None]
-
-
 def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
                  targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
     """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
@@ -348,7 +339,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         query = query[:max_query_length]
         room = max_seq_length - len(query) - 3
         n = len(doc)
-        starts = np.array(_starts(n, room, min(room, doc_stride)), dtype=np.int64)
+        starts = np.array(window_starts(n, room, min(room, doc_stride)), dtype=np.int64)
         lengths = np.minimum(n - starts, room)
         if targets:
             if q.is_impossible:
@@ -374,7 +365,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
                 start_pos.append(int(first - s + len(query) + 2) if ok else 0)
                 end_pos.append(int(last - s + len(query) + 2) if ok else 0)
         windowed += len(starts) > 1
-        best = _max_context(starts, lengths, n) if len(starts) > 1 else np.ones((1, n), bool)
+        best = max_context_window(starts, lengths, np.arange(n))[None, :] == np.arange(len(starts))[:, None]  # (W, n)
         head = np.array([cls, *query, sep], dtype=np.int64)
         for w, (s, length) in enumerate(zip(starts, lengths)):
             out_ids.append(np.concatenate([head, doc[s:s + length], [sep]]))

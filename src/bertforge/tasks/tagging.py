@@ -33,14 +33,14 @@ Long sentences: windows and the max-context rule, never truncation. A sentence o
 ``stride`` sub-tokens (0: half a window) until one reaches the end, as classification cuts texts.
 Each word belongs to exactly one window: of the windows holding its first sub-token, the one where
 that sub-token has the most context, min(sub-tokens left of it, sub-tokens right of it) within the
-window (SQuAD's max-context rule), ties going to the earlier window. The word is labelled and
+window plus 0.01 x the window's length (the TF release's SQuAD rule, `base.max_context_window`),
+ties going to the earlier window. The word is labelled and
 predicted in that window only (elsewhere it carries -100), so every word is trained on once and
 gets exactly one prediction.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,9 +54,9 @@ from torch import nn
 from bertforge import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
-from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TrainData, predict_items, split_files
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, max_context_window,
+                                  predict_items, window_starts)
 from bertforge.tasks.classification import Features as Windows
-from bertforge.tasks.classification import _starts
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
            "encode_sentences", "TaggingTask", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
@@ -338,11 +338,9 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
             ids.extend(pieces[w])
         if not ids:
             continue
-        starts = np.array(_starts(len(ids), room, step))
+        starts = np.array(window_starts(len(ids), room, step))
         ends = np.minimum(starts + room, len(ids))
-        at = np.array(first)[:, None]  # (words, 1) against (windows,)
-        context = np.minimum(at - starts, ends - 1 - at)  # the max-context score
-        best = np.where((at >= starts) & (at < ends), context, -1).argmax(1)  # first maximum: the earlier window
+        best = max_context_window(starts, ends - starts, np.array(first))  # (words,) each word's window
         windowed += len(starts) > 1
         seq = np.array(ids, dtype=np.int64)
         for k, (a, b) in enumerate(zip(starts, ends)):
@@ -433,26 +431,19 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 
 
 # ---------------------------------------------------------------------------- the family
-class TaggingFamily:
+class TaggingFamily(FamilyDefaults):
     """Token classification (`bertforge.tasks.base.TaskFamily`): ``ner`` (CoNLL-2003 files, entity
     tags required) and ``tagging`` (any tag set: entity scores when the tags are entity tags)."""
 
     name = "tagging"
     tasks = ("ner", "tagging")
     settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme")
-    default_max_seq_length = 128
 
     @property
     def model_class(self) -> type:
         from bertforge.heads import BertForTokenClassification
 
         return BertForTokenClassification
-
-    def configure(self, cfg: Any) -> Any:
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
-
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
-        return split_files(spec)
 
     @staticmethod
     def _read(cfg: Any, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
