@@ -429,10 +429,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "info": ("describe a checkpoint folder", _info_args, _info),
     "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
                  "processes", _pretrain_args, _pretrain),
-    "finetune": ("fine-tune for sequence classification or regression (GLUE's files or your own CSV / TSV / JSONL)",
-                 _finetune_args, _finetune),
+    "finetune": ("fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / "
+                 "v2.0, multiple choice (SWAG); --grid for the paper's search", _finetune_args, _finetune),
     "evaluate": ("metrics of a fine-tuned model on labelled data", _evaluate_args, _evaluate),
-    "predict": ("predictions of a fine-tuned model, written as TSV or JSONL", _predict_args, _predict),
+    "predict": ("predictions of a fine-tuned model: JSONL, or the task's format (GLUE TSV, CoNLL, SQuAD JSON)",
+                _predict_args, _predict),
     "features": ("per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's "
                  "extract_features.py, .npy or .safetensors)", _features_args, _features),
     "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),

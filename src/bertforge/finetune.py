@@ -1,22 +1,25 @@
-"""``bertforge finetune / evaluate / predict``: sequence classification and regression (GLUE and
-your own files) on the shared training loop.
+"""``bertforge finetune / evaluate / predict``: the paper's fine-tuning, for every task family, on
+the shared training loop.
 
 The recipe: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
-task's files read by `bertforge.tasks.classification` (GLUE's TSV layouts by task name, or generic
-CSV / TSV / JSONL with named columns), `BertForSequenceClassification` with a fresh classifier, and
+task's family (`bertforge.tasks`: classification / regression incl. GLUE, tagging, SQuAD, multiple
+choice) reading and encoding the files, the family's ``BertFor...`` head with fresh weights, and
 `bertforge.trainer.Trainer`. The paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched
-{5e-5, 3e-5, 2e-5}), 3 epochs, warmup over 10% of the steps then linear decay, weight decay 0.01,
-max_seq_length 128; the dev set is evaluated at the end of each epoch (or every ``eval_every``
-steps) and the best model by the task's main metric is kept in ``OUT/best/``.
+{5e-5, 3e-5, 2e-5}), 3 epochs, warmup over 10% of the steps then linear decay, weight decay 0.01;
+the dev set is evaluated at the end of each epoch (or every ``eval_every`` steps) and the best
+model by the task's main metric is kept in ``OUT/best/`` with the evaluation's prediction files.
+`finetune_grid` runs the paper's search over lr x batch x epochs and keeps the best on dev.
 
     bertforge finetune --task sst2 --model bert-base --train-file glue/SST-2 --dev-file glue/SST-2 --out runs/sst2
+    bertforge finetune --task squad --model bert-base --train-file train-v1.1.json --dev-file dev-v1.1.json --grid
     bertforge evaluate runs/sst2/best --file glue/SST-2/dev.tsv
     bertforge predict runs/sst2/best glue/SST-2/test.tsv --out sst2.tsv
 
 The run folder: ``metrics.jsonl`` (train and eval lines), ``checkpoints/`` (resumable: ``--resume``),
 ``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json``); both are
-checkpoint folders transformers' ``BertForSequenceClassification`` loads, with ``id2label`` /
-``label2id`` and the fine-tuning settings (``bertforge_finetune`` in config.json).
+checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2label`` /
+``label2id`` where the task has labels and the settings evaluation and prediction reuse
+(``bertforge_finetune`` in config.json).
 """
 
 from __future__ import annotations
@@ -65,20 +68,22 @@ class FinetuneConfig(TrainConfig):
     eval_every: int = 0
     """Evaluate on --dev-file every this many steps (0: at the end of every epoch)."""
     task: str = ""
-    """A GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli: its file layout, labels and metrics), or
-    classification / regression for generic files (with --text-column)."""
+    """A GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli: its file layout, labels and metrics);
+    classification / regression (generic CSV / TSV / JSONL, with --text-column); ner (CoNLL-2003) / tagging
+    (token<TAB>tag); squad (v1.1) / squad2 (v2.0); swag / multiple_choice."""
     model: str = ""
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
     train_file: str = ""
-    """Training file(s), separated by commas (GLUE: or the task's folder)."""
+    """Training file(s), separated by commas, or the task's folder (GLUE, SQuAD's official names, SWAG)."""
     dev_file: str = ""
-    """Evaluation file(s), or a GLUE task folder (dev.tsv; MNLI: dev_matched.tsv and dev_mismatched.tsv)."""
+    """Evaluation file(s), or the task's folder (GLUE: dev.tsv, MNLI: dev_matched.tsv and dev_mismatched.tsv)."""
     out: str = "runs/finetune"
     """Run folder: metrics.jsonl, checkpoints/, model/ (final) and best/ (best on dev)."""
     text_column: str = ""
-    """Column (JSONL: key) of the text (default: the GLUE task's)."""
+    """Column (JSONL: key) of the text (default: the GLUE task's; multiple choice: of the context)."""
     text_pair_column: str = ""
-    """Column of the second text of a pair (default: the GLUE task's; none for single sentences)."""
+    """Column of the second text of a pair (default: the GLUE task's; none for single sentences; multiple
+    choice: of the choices)."""
     label_column: str = ""
     """Column of the label (default: the GLUE task's, else "label")."""
     epochs: float = 3.0
