@@ -32,6 +32,7 @@ from bertforge import cli, trainer
 from bertforge.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
 from bertforge.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
+    ClassificationTask,
     Example,
     FeatureBatches,
     encode_examples,
@@ -407,3 +408,23 @@ def test_cli_grid_flag_alone_is_the_paper_grid():
     assert parser.parse_args(["finetune", "--grid"]).grid == "paper"
     assert parser.parse_args(["finetune", "--grid", "lr=3e-5"]).grid == "lr=3e-5"
     assert parser.parse_args(["finetune"]).grid is None
+
+
+def test_a_fine_tuned_head_continues_for_the_same_task_and_labels_and_starts_afresh_otherwise(learned, root,
+                                                                                              monkeypatch):
+    out, train, _ = learned
+    old = BertForSequenceClassification.from_pretrained(out / "model").classifier.weight
+    first: list[torch.Tensor] = []  # the head as training starts
+    forward = ClassificationTask.forward
+
+    def spy(self, model, batch):
+        first.append(model.classifier.weight.detach().clone())
+        return forward(self, model, batch)
+
+    monkeypatch.setattr(ClassificationTask, "forward", spy)
+    relabelled = write(root / "relabelled.csv", train.read_text().replace(",pos\n", ",POS\n").replace(",neg\n", ",NEG\n"))
+    for name, data, same in (("same", train, True), ("relabelled", relabelled, False)):
+        first.clear()
+        finetune(config(out / "model", root / f"continue-{name}", task="classification", train_file=str(data),
+                        text_column="review", label_column="sentiment", max_steps=1, keep_best=False))
+        assert torch.equal(first[0], old) == same

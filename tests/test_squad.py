@@ -300,6 +300,23 @@ def test_answer_text_is_the_contexts_characters(smith, tok, first, last, text):
     assert data.contexts[0][p.start:p.end] == text
 
 
+def test_a_decomposed_accent_the_tokenizer_strips_stays_in_the_answer(tok):
+    context = "He went to the Cafe\u0301 yesterday, to Cafe\u0301\u200b."
+    data = SquadData([context], [Question("c", "where ?", 0, (), -1, False, "")], "1.1", [])
+    f = encode_squad(data, tok, 64, 128, 8)
+    tokens = tok.convert_ids_to_tokens(f.input_ids[0].tolist())
+    for nth, want in ((0, "Cafe\u0301"), (1, "Cafe\u0301")):  # not the zero-width space after it
+        at = [i for i, t in enumerate(tokens) if t == "cafe"][nth]
+        [p] = postprocess(data, f, scores(f, [({at: 5.0}, {at: 4.0})]), n_best_size=20, max_answer_length=30)
+        assert p.text == want and exact_match_ok(p.text, "Cafe\u0301")
+
+
+def exact_match_ok(pred: str, gold: str) -> bool:
+    from bertforge.metrics import squad_exact
+
+    return squad_exact(pred, gold, "1.1") == 1.0
+
+
 def test_top_k_is_over_real_tokens_best_first():
     start = torch.tensor([[1.0, 3.0, 2.0, 3.0, 100.0], [5.0, 4.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
@@ -468,15 +485,16 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_question_answering(learn
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(a.start_logits[real], b.start_logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(a.end_logits[real], b.end_logits[real], atol=1e-5, rtol=0)
-    # Saved by transformers (no bertforge settings): evaluate takes it for SQuAD 2.0 and the settings given.
+    # Saved by transformers (no bertforge settings): evaluate needs the SQuAD version, takes the settings given.
     theirs.save_pretrained(tmp_path / "hf")
     BertTokenizer.from_pretrained(folder).save_pretrained(tmp_path / "hf")
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert saved.pop("bertforge_finetune") and saved.pop("finetuning_task") == "squad"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
-    m = evaluate(tmp_path / "hf", file=train, max_seq_length=32, stride=8, max_query_length=8,
-                 null_score_diff_threshold=1e9)  # never null: the v1 answers
-    assert m["exact_match"] == pytest.approx(evaluate(folder, file=train)["exact_match"]) and "NoAns_total" not in m
+    with pytest.raises(ValueError, match="--task squad for SQuAD v1.1, squad2 for v2.0"):
+        evaluate(tmp_path / "hf", file=train)
+    m = evaluate(tmp_path / "hf", file=train, task="squad", max_seq_length=32, stride=8, max_query_length=8)
+    assert m == pytest.approx(evaluate(folder, file=train)) and "NoAns_total" not in m
 
 
 def test_predict_gives_one_record_per_question(learned, tmp_path):

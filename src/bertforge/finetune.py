@@ -191,14 +191,39 @@ def _evaluate_all(family: TaskFamily, model: nn.Module, dev: list[EvalData], cfg
     metrics: dict[str, float] = {}
     files: dict[str, str] = {}
     main = ""
+    names = [data.path.name.split(".")[0] for data in dev]
+    if len(set(names)) < len(names):  # a/dev.tsv, b/dev.tsv: dev1_, dev2_
+        names = [f"{name}{k + 1}" for k, name in enumerate(names)]
     for k, data in enumerate(dev):
         got = family.evaluate(model, data, cfg, device, dist)
-        prefix = f"{data.path.name.split('.')[0]}_" if len(dev) > 1 else ""
+        prefix = f"{names[k]}_" if len(dev) > 1 else ""
         if k == 0:
             main = prefix + got.main
         metrics.update({prefix + name: float(v) for name, v in got.metrics.items()})
         files.update({prefix + name: text for name, text in got.files.items()})
     return metrics, main, files
+
+
+def _fresh_head(model: nn.Module, source: str, task: str) -> None:
+    """Start the task head afresh unless ``source`` was fine-tuned on the same task with the same labels
+    (then training continues from its head). A head of another size is already fresh (`from_pretrained`)."""
+    from bertforge.config import BertConfig
+
+    prefixes = type(model)._fresh_head_prefixes
+    report = model.load_report
+    loaded = [k for k in model.state_dict() if k.startswith(prefixes)
+              and k not in report.newly_initialized + report.reinitialized_mismatched]
+    if not loaded:
+        return
+    old = BertConfig.load(Path(source))
+    if old.extra.get("finetuning_task") == task and old.id2label == model.config.id2label:
+        logger.info("%s: fine-tuned on %s with the same labels: training continues from its head", source, task)
+        return
+    for name, module in model.named_modules():
+        if name and (name + ".").startswith(prefixes):
+            model._init_module(module)
+    logger.warning("%s: its %s head (task %s) starts afresh for %s", source, type(model).__name__,
+                   old.extra.get("finetuning_task") or "unknown", task)
 
 
 def _better(value: float, best: float | None) -> bool:
@@ -262,6 +287,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     settings = {name: getattr(cfg, name) for name in family.settings}
     torch.manual_seed(cfg.seed)  # the same fresh head on every process
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
+    _fresh_head(model, cfg.model, cfg.task)
     model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
     if cfg.max_seq_length > model.config.max_position_embeddings:
         raise ValueError(f"max_seq_length {cfg.max_seq_length} exceeds the model's "
@@ -418,8 +444,9 @@ INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "ma
 """FinetuneConfig fields `evaluate` and `predict` accept; unset ones are the checkpoint's fine-tuning settings."""
 
 # The task of a checkpoint fine-tuned elsewhere (no bertforge settings in its config.json), by its head.
+# (SQuAD v1.1 and v2.0 predict differently: a QA checkpoint without settings needs --task.)
 _HEAD_TASKS = {"BertForSequenceClassification": "classification", "BertForTokenClassification": "ner",
-               "BertForQuestionAnswering": "squad2", "BertForMultipleChoice": "swag"}
+               "BertForMultipleChoice": "swag"}
 
 
 def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
@@ -440,6 +467,10 @@ def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
     saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
     given = {k: v for k, v in overrides.items() if v is not None}
     task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
+    if not task:
+        raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task (--task squad "
+                         "for SQuAD v1.1, squad2 for v2.0)" if model_class.__name__ == "BertForQuestionAnswering"
+                         else f"{checkpoint}: a {model_class.__name__}, not a fine-tuned model")
     if task == "classification" and model.config.num_labels == 1:
         task = "regression"
     family = family_for(task)

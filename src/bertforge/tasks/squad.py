@@ -38,9 +38,10 @@ Deliberate differences from run_squad.py:
   character heuristic (``get_final_text``, falling back to the whole words when it fails, e.g. on
   [UNK] or letters whose lower case has another length). Here the tokenizer's character offsets give
   the span's characters in the context directly: "Steve Smith" out of "Steve Smith's", "1895" out of
-  "(1895-1943).", "Café" with its accent, whatever the normalisation. Whitespace inside an answer is
-  kept as written (the TF release joins words with one space; the official scoring ignores both).
-  Likewise a training answer is mapped to the tokens its characters overlap, which is what the TF
+  "(1895-1943).", "Café" with its accent, whatever the normalisation (a decomposed accent the
+  tokenizer strips is added back: token ranges extend over the combining marks that follow them).
+  Whitespace inside an answer is kept as written (the TF release joins words with one space; the
+  official scoring ignores both). Likewise a training answer is mapped to the tokens its characters overlap, which is what the TF
   release's word mapping plus ``_improve_answer_span`` reaches.
 - The training loss leaves padding positions out of the softmax (TF and transformers pad every
   sequence to max_seq_length and include them), so it does not depend on how batches are padded.
@@ -53,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +306,21 @@ class SquadFeatures(Features):
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _through_marks(context: str, offsets: np.ndarray) -> np.ndarray:
+    """Token character ranges extended over the combining marks that follow them (up to the next
+    token): accent stripping drops a decomposed accent ("Cafe\u0301") from the token's range, but it
+    is part of the word an answer must return."""
+    if len(offsets) == 0:
+        return offsets
+    next_start = np.append(offsets[1:, 0], len(context))
+    for t in np.flatnonzero(offsets[:, 1] < next_start):  # tokens followed by characters of no token
+        end = offsets[t, 1]
+        while end < next_start[t] and unicodedata.category(context[end]) in ("Mn", "Me"):
+            end += 1
+        offsets[t, 1] = end
+    return offsets
+
+
 def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
                  targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
     """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
@@ -322,7 +339,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         enc = tokenizer([data.contexts[p] for p in used], add_special_tokens=False, return_offsets_mapping=True)
         for p, row, offs in zip(used, enc["input_ids"], enc["offset_mapping"]):
             ids[p] = np.array(row, dtype=np.int64)
-            offsets[p] = np.array(offs, dtype=np.int64).reshape(-1, 2)
+            offsets[p] = _through_marks(data.contexts[p], np.array(offs, dtype=np.int64).reshape(-1, 2))
     query_ids = tokenizer.encode_batch_ids([q.text for q in questions])
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
