@@ -408,13 +408,15 @@ def _features(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- demo
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", help="folder for the demo's outputs")
+    from bertforge.demo import DemoConfig
+
+    _run_config_arguments(p, DemoConfig)
 
 
 def _demo(a: argparse.Namespace) -> int:
-    from bertforge.demo import run_demo
+    from bertforge.demo import DemoConfig, run_demo
 
-    run_demo(a.out)
+    run_demo(config_from_args(DemoConfig, a, file=a.config))
     return 0
 
 
