@@ -39,3 +39,10 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     assert (cfg.pretrain_minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 2400)
     with pytest.raises(ValueError):
         DemoConfig(pretrain_steps=0)
+
+
+def test_configs_demo_yaml_lists_every_setting_with_its_default():
+    from pathlib import Path
+
+    data = cli.read_config_file(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    assert DemoConfig(**data) == DemoConfig() and set(data) == set(DemoConfig.__dataclass_fields__)
