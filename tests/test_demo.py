@@ -36,7 +36,7 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     (tmp_path / "demo.yaml").write_text("pretrain_minutes: 3\nmodel: tiny\n")
     assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
     cfg = seen["cfg"]
-    assert (cfg.pretrain_minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 2400)
+    assert (cfg.pretrain_minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 1400)
     with pytest.raises(ValueError):
         DemoConfig(pretrain_steps=0)
 

@@ -469,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"bertforge {args.command}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+        return 130
     finally:
         _close_process_group()
 

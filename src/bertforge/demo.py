@@ -72,7 +72,7 @@ class DemoConfig:
     pretrain_batch_size: int = 128
     pretrain_lr: float = 1e-3
     pretrain_warmup_steps: int = 200
-    pretrain_steps: int = 2400
+    pretrain_steps: int = 1400
     """The pre-training schedule's length (warmup, then linear decay to 0)."""
     pretrain_minutes: float = 12.0
     """Stop pre-training after this long even if the steps are not done."""
@@ -201,6 +201,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
                               eval_every=max(1, cfg.pretrain_steps // 6), eval_batches=20, log_every=20,
                               checkpoint_every=max(1, cfg.pretrain_steps // 3), keep_checkpoints=1)
         result = pretrain(pcfg)
+        if result.interrupted:
+            raise KeyboardInterrupt(f"pre-training stopped at step {result.step} (saved in {run})")
         first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
         ev = result.eval_metrics
         print(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
@@ -241,6 +243,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
                 out=str(out / f"finetune-{name.replace(' ', '-')}"), epochs=cfg.finetune_epochs, lr=cfg.finetune_lr,
                 batch_size=cfg.finetune_batch_size, max_seq_length=cfg.finetune_max_seq_length,
                 precision=cfg.precision, seed=cfg.seed, log_every=50, checkpoint_every=10**9))
+            if res.train.interrupted:
+                raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step}")
             scores[name] = res.best["value"] if res.best else res.eval_metrics["accuracy"]
             print(f"      best dev accuracy {scores[name]:.4f}", flush=True)
 

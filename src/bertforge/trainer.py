@@ -172,6 +172,8 @@ class TrainResult:
     final_metrics: dict[str, float]
     eval_metrics: dict[str, float]
     checkpoint: Path | None
+    interrupted: bool = False
+    """Stopped by SIGINT / SIGTERM (not by the time limit)."""
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -655,7 +657,7 @@ class Trainer:
         if self._tb is not None:
             self._tb.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
-                           eval_metrics=eval_metrics, checkpoint=last_ckpt)
+                           eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested)
 
     def _log_train(self, window: dict[str, dict[str, float]], tokens: float, seconds: float, grad_norm: float,
                    bar: Any) -> dict[str, float]:
