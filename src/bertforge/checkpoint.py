@@ -310,7 +310,13 @@ def convert(src: str | Path, dst: str | Path, *, model_class: str | None = None,
     """Re-write any BERT checkpoint folder as a canonical bertforge / transformers folder.
 
     The tokenizer (``vocab.txt`` and settings) is carried over when present. Returns the class used.
+    Google's TensorFlow checkpoints (a folder with ``bert_model.ckpt.index``, or a checkpoint path
+    prefix) are read without TensorFlow by `bertforge.tf_checkpoint.convert_tf_checkpoint`.
     """
+    from bertforge.tf_checkpoint import convert_tf_checkpoint, find_tf_checkpoint
+
+    if find_tf_checkpoint(src) is not None:
+        return MODEL_CLASSES[convert_tf_checkpoint(src, dst, model_class=model_class, dtype=dtype).model_class]
     cls = MODEL_CLASSES[model_class] if model_class else infer_model_class(src)
     model = load_pretrained(cls, src, dtype=dtype)
     tokenizer = None
