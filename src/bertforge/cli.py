@@ -8,7 +8,8 @@
     bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
     bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.finetune.finetune)
     bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
-    bertforge predict    predictions of a fine-tuned model               (bertforge.finetune.predict)
+    bertforge predict    a checkpoint's head on texts, or a task file  (bertforge.inference.Predictor, finetune.predict)
+    bertforge serve      a checkpoint's head as an HTTP JSON service   (bertforge.serve.serve)
     bertforge features   token vectors / sentence embeddings of texts  (bertforge.features.write_features)
     bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
     bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
@@ -212,9 +213,7 @@ def _tokenize(a: argparse.Namespace) -> int:
 def _convert_args(p: argparse.ArgumentParser) -> None:
     from bertforge.checkpoint import MODEL_CLASSES
 
-    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), "
-                               "or Google's TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + "
-                               "bert_config.json + vocab.txt, or a checkpoint path prefix (read without TensorFlow)")
+    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin)")
     p.add_argument("dst", help="folder to write config.json + model.safetensors (+ tokenizer files) into")
     p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
                    help="class to load as (default: config.json's architectures, else inferred from the weights)")
@@ -320,11 +319,12 @@ def _finetune(a: argparse.Namespace) -> int:
     return 0
 
 
-def _model_input_args(p: argparse.ArgumentParser) -> None:
-    """Arguments evaluate and predict share; unset ones are the checkpoint's fine-tuning settings."""
+def _model_input_args(p: argparse.ArgumentParser,
+                      checkpoint_help: str = "a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)") -> None:
+    """Arguments evaluate, predict and serve share; unset ones are the checkpoint's fine-tuning settings."""
     from bertforge.finetune import INPUT_SETTINGS, FinetuneConfig
 
-    p.add_argument("checkpoint", help="a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)")
+    p.add_argument("checkpoint", help=checkpoint_help)
     add_config_arguments(p, FinetuneConfig, only=INPUT_SETTINGS,
                          title="settings (unset: the ones the checkpoint was fine-tuned with)")
 
@@ -348,18 +348,137 @@ def _evaluate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _inference_args(p: argparse.ArgumentParser) -> None:
+    """What predict and serve share: the checkpoint, its settings and how the model runs."""
+    from bertforge.inference import POOLINGS
+
+    _model_input_args(p, "a checkpoint folder; its head (config.json's architectures) decides what is predicted: "
+                         "fill-mask, classification, tagging, QA, multiple choice, embeddings (BertModel)")
+    group = p.add_argument_group("inference")
+    group.add_argument("--embeddings", action="store_true", help="pooled sentence embeddings, whatever the head")
+    group.add_argument("--pooling", choices=POOLINGS, default="mean",
+                       help="embeddings: the mean over the tokens, the last layer at [CLS], or BERT's tanh pooler "
+                            "(default: mean)")
+    group.add_argument("--top-k", type=int, default=5, help="fill-mask: tokens per [MASK] (default: 5)")
+    group.add_argument("--batch-size", type=int, help="sequences per forward pass (default: 32)")
+    group.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+
+
+def _predictor(a: argparse.Namespace) -> Any:
+    from bertforge.inference import Predictor
+
+    settings = _model_inputs(a)
+    if a.batch_size:
+        settings["eval_batch_size"] = a.batch_size
+    return Predictor.from_pretrained(a.checkpoint, dtype="bf16" if a.bf16 else None,
+                                     head="embeddings" if a.embeddings else None, **settings)
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Options may also stand between the checkpoint and the texts: argparse (Python 3.11 among
+    others) ends a ``*`` positional at the first option, so ``predict CKPT --top-k 3 TEXT`` failed."""
+
+    _parsing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._parsing:  # the intermixed parse calls back here for its two passes
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def _predict_args(p: argparse.ArgumentParser) -> None:
-    _model_input_args(p)
-    p.add_argument("file", help="file to predict on (labels not needed), or a GLUE task folder (test.tsv)")
-    p.add_argument("--out", "-o", required=True,
-                   help="predictions: .jsonl (records), else the task's format (GLUE TSV, CoNLL, SQuAD JSON)")
+    p.__class__ = _IntermixedParser
+    _inference_args(p)
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="texts: 'a ||| b' for a pair, 'question ||| context' for QA, 'context ||| choice ||| choice "
+                        "...' for multiple choice; - reads them from stdin, one per line. Or, for a fine-tuned "
+                        "checkpoint, one existing task file or folder, read as evaluate reads it (GLUE TSV, CSV, "
+                        "JSONL, CoNLL, SQuAD JSON, SWAG CSV)")
+    p.add_argument("--file", "-f", help="texts, one per line as INPUT (.gz/.bz2/.xz read transparently; - for stdin)")
+    p.add_argument("--out", "-o",
+                   help="write the predictions here (default: stdout). A task file's: .jsonl records, else the "
+                        "task's format (GLUE TSV, CoNLL, SQuAD JSON)")
+    p.add_argument("--format", choices=("text", "jsonl"),
+                   help="for texts: readable lines or JSON records (default: jsonl for an --out ending in .jsonl, "
+                        "else text)")
 
 
 def _predict(a: argparse.Namespace) -> int:
-    from bertforge.finetune import predict
+    from bertforge.features import read_inputs
+    from bertforge.inference import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
+    from bertforge.io import atomic_write_text
 
-    records = predict(a.checkpoint, a.file, a.out, **_model_inputs(a))
-    print(f"wrote {len(records):,} predictions to {a.out}")
+    head = "embeddings" if a.embeddings else checkpoint_head(a.checkpoint)
+    if (head in FINE_TUNED_HEADS and a.file is None and len(a.inputs) == 1 and a.inputs[0] != "-"
+            and Path(a.inputs[0]).exists()):
+        return _predict_task_file(a)
+
+    def lines(path: str) -> list[str]:  # stripped, UTF-8 checked; blank lines are inputs too (as features reads)
+        return [SEPARATOR.join(t for t in pair if t is not None) for pair in read_inputs(path)]
+
+    texts = [t for x in a.inputs for t in (lines("-") if x == "-" else [x])]
+    if a.file:
+        texts += lines(a.file)
+    if not texts:
+        raise ValueError("no inputs: give texts, --file FILE, or - to read them from stdin")
+    predictor = _predictor(a)
+    records = predictor(texts, top_k=a.top_k, pooling=a.pooling)
+    fmt = a.format or ("jsonl" if a.out and a.out.endswith(".jsonl") else "text")
+    text = format_records(records, predictor.head, fmt)
+    if a.out:
+        atomic_write_text(a.out, text)
+        print(f"wrote {len(records):,} predictions to {a.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _predict_task_file(a: argparse.Namespace) -> int:
+    """A fine-tuned model on a task file: the family's records (`bertforge.finetune.predict`)."""
+    from bertforge.finetune import predict
+    from bertforge.inference import precision
+
+    settings = _model_inputs(a)
+    if a.batch_size:
+        settings["eval_batch_size"] = a.batch_size
+    with precision(settings.get("device", "auto"), "bf16" if a.bf16 else None):
+        records = predict(a.checkpoint, a.inputs[0], a.out, **settings)
+    if a.out:
+        print(f"wrote {len(records):,} predictions to {a.out}")
+    else:
+        sys.stdout.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return 0
+
+
+# ---------------------------------------------------------------------------- serve
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.serve import MAX_BATCH, MAX_REQUEST_BYTES
+
+    _inference_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
+                   help=f"most inputs in one request (default: {MAX_BATCH})")
+    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
+                   help=f"largest request body (default: {MAX_REQUEST_BYTES})")
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from bertforge.serve import serve
+
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"bertforge serve: error: {e.name} is not installed; pip install 'bertforge[serve]'", file=sys.stderr)
+        return 2
+    serve(_predictor(a), host=a.host, port=a.port, max_batch=a.max_batch, max_request_bytes=a.max_request_bytes,
+          top_k=a.top_k, pooling=a.pooling)
     return 0
 
 
@@ -428,8 +547,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "prepare": ("turn raw text into pre-training shards (Google's create_pretraining_data, streamed)",
                 _prepare_args, _prepare),
     "tokenize": ("show the WordPiece tokens and ids of text", _tokenize_args, _tokenize),
-    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors, Google's TF "
-                "checkpoints)",
+    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors)",
                 _convert_args, _convert),
     "info": ("describe a checkpoint folder", _info_args, _info),
     "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
@@ -437,8 +555,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "finetune": ("fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / "
                  "v2.0, multiple choice (SWAG); --grid for the paper's search", _finetune_args, _finetune),
     "evaluate": ("metrics of a fine-tuned model on labelled data", _evaluate_args, _evaluate),
-    "predict": ("predictions of a fine-tuned model: JSONL, or the task's format (GLUE TSV, CoNLL, SQuAD JSON)",
-                _predict_args, _predict),
+    "predict": ("a checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, "
+                "embeddings; readable text or JSONL), or a fine-tuned model on a task file", _predict_args, _predict),
+    "serve": ("serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits",
+              _serve_args, _serve),
     "features": ("per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's "
                  "extract_features.py, .npy or .safetensors)", _features_args, _features),
     "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),

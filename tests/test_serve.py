@@ -1,0 +1,176 @@
+"""``bertforge serve`` (`bertforge.serve.create_app`): the HTTP service answering through Starlette's
+TestClient (no real port): health, predictions equal to the `Predictor`'s, per-head routes, clear
+4xx errors on bad requests, one model call at a time under concurrent requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from data_fixtures import VOCAB_SIZE, write_tokenizer
+from finetune_fixtures import root  # noqa: F401 - fixture: a folder for the module
+from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
+from starlette.testclient import TestClient
+
+from bertforge import cli
+from bertforge.config import BertConfig
+from bertforge.heads import BertForMaskedLM, BertForSequenceClassification
+from bertforge.inference import Predictor
+from bertforge.serve import create_app
+
+
+def _save(folder, model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder
+
+
+def _config(**extra) -> BertConfig:
+    return BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64, **extra)
+
+
+@pytest.fixture(scope="module")
+def clf(root):
+    torch.manual_seed(0)
+    folder = _save(root / "classifier", BertForSequenceClassification(_config(id2label={0: "neg", 1: "pos"})))
+    return Predictor.from_pretrained(folder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def mlm(root):
+    torch.manual_seed(1)
+    return Predictor.from_pretrained(_save(root / "mlm", BertForMaskedLM(_config())), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(clf):
+    return TestClient(create_app(clf, max_batch=3, max_request_bytes=2000))
+
+
+def test_health_names_model_head_device_and_limits(client, clf):
+    got = client.get("/health")
+    assert got.status_code == 200
+    body = got.json()
+    assert body["status"] == "ok" and body["head"] == "classification" and body["model"] == clf.name
+    assert body["device"] == "cpu" and body["dtype"] == "float32" and body["labels"] == ["neg", "pos"]
+    assert body["limits"] == {"max_batch": 3, "max_request_bytes": 2000}
+    assert body["routes"] == ["GET /health", "POST /predict", "POST /classify", "POST /embed"]
+
+
+def test_predictions_are_the_predictors(client, clf):
+    inputs = ["a good book", "the old road ||| yes", {"text": "the river", "text_pair": "a house"}]
+    got = client.post("/predict", json={"inputs": inputs})
+    assert got.status_code == 200
+    body = got.json()
+    expected = clf(inputs)
+    assert body["head"] == "classification" and [r["label"] for r in body["predictions"]] == \
+        [r["label"] for r in expected]
+    for a, b in zip(body["predictions"], expected):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-6)
+    same = client.post("/classify", json={"inputs": "a good book"}).json()  # one input without its list
+    assert same["predictions"][0]["label"] == expected[0]["label"]
+    embedded = client.post("/embed", json={"inputs": ["a good book"], "pooling": "cls"}).json()
+    assert embedded["head"] == "embeddings"
+    assert embedded["predictions"][0]["embedding"] == pytest.approx(clf.embed(["a good book"], "cls")[0].tolist(),
+                                                                    abs=1e-5)
+
+
+def test_fill_mask_route_top_k_and_its_input_errors(mlm):
+    client = TestClient(create_app(mlm, top_k=3))
+    body = client.post("/fill-mask", json={"inputs": ["the old [MASK] ."], "top_k": 2}).json()
+    assert body["head"] == "fill-mask" and len(body["predictions"][0]["masks"][0]["predictions"]) == 2
+    default = client.post("/predict", json={"inputs": ["the old [MASK] ."]}).json()
+    assert len(default["predictions"][0]["masks"][0]["predictions"]) == 3
+    got = client.post("/predict", json={"inputs": ["a [MASK]", "no mask here"]})
+    assert got.status_code == 422 and "input 1: no [MASK]" in got.json()["error"]
+    got = client.post("/predict", json={"inputs": [" ".join(["the"] * 70) + " [MASK]"]})
+    assert got.status_code == 422 and "73 tokens, more than the model's 64" in got.json()["error"]
+    got = client.post("/embed", json={"inputs": ["a"], "pooling": "pooler"})  # an MLM checkpoint has no pooler
+    assert got.status_code == 422 and "no trained pooler" in got.json()["error"]
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    (b"", 400, "not valid JSON"),
+    (b'["a good book"]', 400, "expected a JSON object"),
+    (b'{"texts": ["a"]}', 400, "unknown keys: texts"),
+    (b'{"top_k": 2}', 400, 'no "inputs"'),
+    (b'{"inputs": 3}', 400, '"inputs" must be a list, got a number'),
+    (b'{"inputs": []}', 422, '"inputs" is empty'),
+    (b'{"inputs": ["a", "b", "c", "d"]}', 413, "4 inputs; the limit is 3 per request"),
+    (b'{"inputs": ["' + b"a " * 1500 + b'"]}', 413, "the limit is 2,000 (--max-request-bytes)"),
+    (b'{"inputs": ["a"], "top_k": 0}', 400, "top_k"),
+    (b'{"inputs": ["a"], "pooling": "max"}', 400, "pooling"),
+    (b'{"inputs": ["a", 7]}', 422, "input 1: expected a string"),
+    (b'{"inputs": ["a ||| b ||| c"]}', 422, "input 0: expected a text or a pair"),
+])
+def test_bad_requests_get_4xx_with_a_message(client, body, status, message):
+    got = client.post("/predict", content=body)
+    assert got.status_code == status
+    assert message in got.json()["error"]
+
+
+def test_a_body_without_a_declared_length_is_limited_too(client):
+    chunks = iter([b'{"inputs": ["', b"a " * 1500, b'"]}'])  # sent chunked: no Content-Length
+    got = client.post("/predict", content=chunks)
+    assert got.status_code == 413 and "exceeds the limit" in got.json()["error"]
+
+
+def test_unknown_routes_and_methods_say_what_exists(client):
+    got = client.post("/fill-mask", json={"inputs": ["a [MASK]"]})
+    assert got.status_code == 404 and "POST /predict, /classify, /embed" in got.json()["error"]
+    got = client.get("/predict")
+    assert got.status_code == 405 and "GET /health" in got.json()["error"]
+
+
+def test_concurrent_requests_use_the_model_one_at_a_time(clf):
+    running, most = 0, 0
+    guard = threading.Lock()
+
+    class Watched:
+        """The predictor, counting the calls inside it at once."""
+
+        def __getattr__(self, name):
+            return getattr(clf, name)
+
+        def __call__(self, inputs, **options):
+            nonlocal running, most
+            with guard:
+                running += 1
+                most = max(most, running)
+            time.sleep(0.05)  # long enough for the other requests to arrive
+            try:
+                return clf(inputs, **options)
+            finally:
+                with guard:
+                    running -= 1
+
+    client = TestClient(create_app(Watched()))
+    texts = [f"{'the old ' * k}road" for k in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda t: client.post("/predict", json={"inputs": [t]}), texts))
+    assert [a.status_code for a in answers] == [200] * 6
+    assert most == 1
+    for t, a in zip(texts, answers):
+        assert a.json()["predictions"][0]["label"] == clf([t])[0]["label"]
+
+
+def test_cli_serve_builds_the_app_from_its_flags(clf, monkeypatch, capsys):
+    import uvicorn
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    assert cli.main(["serve", clf.name, "--port", "8123", "--max-batch", "2", "--device", "cpu"]) == 0
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
+    assert "on http://127.0.0.1:8123" in capsys.readouterr().out
+    client = TestClient(seen["app"])
+    assert client.get("/health").json()["limits"]["max_batch"] == 2
+    assert client.post("/predict", json={"inputs": ["a", "b", "c"]}).status_code == 413
