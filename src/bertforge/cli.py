@@ -213,7 +213,9 @@ def _tokenize(a: argparse.Namespace) -> int:
 def _convert_args(p: argparse.ArgumentParser) -> None:
     from bertforge.checkpoint import MODEL_CLASSES
 
-    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin)")
+    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), "
+                               "or Google's TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + "
+                               "bert_config.json + vocab.txt, or a checkpoint path prefix (read without TensorFlow)")
     p.add_argument("dst", help="folder to write config.json + model.safetensors (+ tokenizer files) into")
     p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
                    help="class to load as (default: config.json's architectures, else inferred from the weights)")
@@ -547,7 +549,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "prepare": ("turn raw text into pre-training shards (Google's create_pretraining_data, streamed)",
                 _prepare_args, _prepare),
     "tokenize": ("show the WordPiece tokens and ids of text", _tokenize_args, _tokenize),
-    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors)",
+    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors, Google's TF "
+                "checkpoints)",
                 _convert_args, _convert),
     "info": ("describe a checkpoint folder", _info_args, _info),
     "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
