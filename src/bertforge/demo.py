@@ -70,16 +70,23 @@ class DemoConfig:
     dupe_factor: int = 5
     """Passes over the pre-training text with fresh masks (Google's dupe_factor)."""
     pretrain_batch_size: int = 128
+    """Pre-training sequences per step."""
     pretrain_lr: float = 1e-3
+    """Pre-training peak learning rate (small models take a larger one than BERT-base's 1e-4)."""
     pretrain_warmup_steps: int = 200
+    """Linear warmup steps of the pre-training schedule."""
     pretrain_steps: int = 1400
     """The pre-training schedule's length (warmup, then linear decay to 0)."""
     pretrain_minutes: float = 12.0
     """Stop pre-training after this long even if the steps are not done."""
     finetune_epochs: float = 3.0
+    """Fine-tuning passes over the movie-review training sentences (both runs)."""
     finetune_lr: float = 1e-4
+    """Fine-tuning peak learning rate (both runs; 10% warmup, then linear decay)."""
     finetune_batch_size: int = 32
+    """Fine-tuning sentences per step."""
     finetune_max_seq_length: int = 64
+    """Fine-tuning window length (longer sentences get windows)."""
     precision: str = "bf16"
     """bf16 (the CPU's matrix units where present) or fp32."""
 
