@@ -5,6 +5,7 @@
     bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
     bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
     bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
+    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime (bertforge.onnx_export.export_onnx)
     bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
     bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.finetune.finetune)
     bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
@@ -253,6 +254,46 @@ def _info(a: argparse.Namespace) -> int:
         print(f"  labels: {config.id2label}")
     has_vocab = (Path(a.checkpoint) / "vocab.txt").is_file()
     print(f"  tokenizer: {'vocab.txt present' if has_vocab else 'none in this folder'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- export-onnx
+def _export_onnx_args(p: argparse.ArgumentParser) -> None:
+    from bertforge.checkpoint import MODEL_CLASSES
+    from bertforge.onnx_export import ATOL, ONNX_OPSET
+
+    p.add_argument("checkpoint", help="a BERT checkpoint folder (bertforge or transformers)")
+    p.add_argument("out", help="folder to write model.onnx, config.json and the tokenizer files into "
+                               "(optimum's layout)")
+    p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
+                   help="class to export (default: config.json's architectures, else inferred from the weights)")
+    p.add_argument("--opset", type=int, default=ONNX_OPSET, help=f"ONNX opset (default: {ONNX_OPSET}, the lowest "
+                                                                 "PyTorch's exporter implements)")
+    p.add_argument("--atol", type=float, default=ATOL,
+                   help=f"largest difference from PyTorch allowed in the onnxruntime check (default: {ATOL})")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the onnxruntime check")
+
+
+def _export_onnx(a: argparse.Namespace) -> int:
+    import torch
+
+    from bertforge.checkpoint import MODEL_CLASSES, infer_model_class, load_pretrained
+    from bertforge.onnx_export import export_onnx
+
+    cls = MODEL_CLASSES[a.model_class] if a.model_class else infer_model_class(a.checkpoint)
+    model = load_pretrained(cls, a.checkpoint, dtype=torch.float32)
+    out = Path(a.out)
+    try:
+        result = export_onnx(model, out / "model.onnx", opset=a.opset, verify=a.verify, atol=a.atol)
+    except ImportError as e:
+        print(f"bertforge export-onnx: error: {e}", file=sys.stderr)
+        return 2
+    model.config.replace(architectures=[cls.__name__]).save(out / "config.json")
+    if (Path(a.checkpoint) / "vocab.txt").is_file():
+        from bertforge.tokenization import BertTokenizer
+
+        BertTokenizer.from_pretrained(a.checkpoint).save_pretrained(out)
+    print(result.summary())
     return 0
 
 
@@ -553,6 +594,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
                 "checkpoints)",
                 _convert_args, _convert),
     "info": ("describe a checkpoint folder", _info_args, _info),
+    "export-onnx": ("export a checkpoint to ONNX (dynamic batch and sequence axes), checked with onnxruntime",
+                    _export_onnx_args, _export_onnx),
     "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
                  "processes", _pretrain_args, _pretrain),
     "finetune": ("fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / "

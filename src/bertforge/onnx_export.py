@@ -1,0 +1,250 @@
+"""ONNX export of bertforge models, with dynamic batch and sequence axes, checked with onnxruntime.
+
+The graph comes from PyTorch's recommended exporter, ``torch.onnx.export(..., dynamo=True)``, which
+traces the model with ``torch.export`` (the TorchScript exporter, ``dynamo=False``, is deprecated).
+Names follow transformers / optimum, so tools written for their exports take ours:
+
+* inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64), axes ``batch_size`` and
+  ``sequence_length`` (up to ``max_position_embeddings``); multiple choice adds ``num_choices``:
+  (batch_size, num_choices, sequence_length);
+* outputs as each model's output fields: ``last_hidden_state`` + ``pooler_output`` (`BertModel`),
+  ``logits`` (masked LM, sequence / token classification, multiple choice), ``start_logits`` +
+  ``end_logits`` (QA), ``prediction_logits`` + ``seq_relationship_logits`` (pre-training).
+
+Opset 18 by default: the lowest the dynamo exporter implements. A lower request goes through ONNX's
+version converter, which cannot express LayerNormalization (an opset-17 op) below 17, so the
+model stays at 18 anyway; optimum's default of 14 belongs to the TorchScript exporter.
+
+While ``torch.export`` traces it, `BertModel` runs its dense layers on every slot instead of on the
+real tokens only: unpadding's shapes depend on the mask's values, which one graph cannot. Outputs
+are the same (zeros at padding), so the exported model is checked against the eager one on padded
+batches of several sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertforge.heads import BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering
+from bertforge.io import atomic_path
+from bertforge.modeling import BertModel, BertPreTrainedModel
+
+__all__ = ["ONNX_OPSET", "INPUT_NAMES", "VERIFY_SHAPES", "OnnxCheck", "OnnxExport", "example_inputs", "export_onnx",
+           "output_names", "verify_onnx"]
+
+ONNX_OPSET = 18
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+ATOL = 1e-4  # optimum's validation tolerance for BERT
+# (batch, length) of the inputs the check runs, each full and padded: single sequences, odd sizes, and
+# lengths up to 512 (capped at max_position_embeddings).
+VERIFY_SHAPES = ((1, 1), (1, 9), (2, 16), (5, 37), (3, 128), (2, 512))
+_INSTALL_HINT = "pip install 'bertforge[onnx]' (onnx, onnxscript, onnxruntime)"
+
+
+def output_names(model: BertPreTrainedModel) -> tuple[str, ...]:
+    """The graph's outputs: the model's own output field names."""
+    if isinstance(model, BertModel):
+        return ("last_hidden_state", "pooler_output") if model.pooler is not None else ("last_hidden_state",)
+    if isinstance(model, BertForPreTraining):
+        return "prediction_logits", "seq_relationship_logits"
+    if isinstance(model, BertForQuestionAnswering):
+        return "start_logits", "end_logits"
+    if isinstance(model, BertPreTrainedModel):
+        return ("logits",)
+    raise TypeError(f"expected a bertforge model, got {type(model).__name__}")
+
+
+def _axes(model: BertPreTrainedModel) -> tuple[str, ...]:
+    if isinstance(model, BertForMultipleChoice):
+        return "batch_size", "num_choices", "sequence_length"
+    return "batch_size", "sequence_length"
+
+
+class _Graph(nn.Module):
+    """The model called with the three inputs, returning its outputs as a tuple in `output_names` order."""
+
+    def __init__(self, model: BertPreTrainedModel):
+        super().__init__()
+        self.model = model
+        self.outputs = output_names(model)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return tuple(out[name] for name in self.outputs)
+
+
+@dataclass
+class OnnxCheck:
+    """One onnxruntime run against the eager model."""
+
+    shape: tuple[int, ...]  # (batch, length) or (batch, choices, length)
+    padded: bool
+    max_abs_diff: float
+
+
+@dataclass
+class OnnxExport:
+    """What `export_onnx` wrote and how the check went."""
+
+    path: Path
+    model_class: str
+    opset: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    axes: tuple[str, ...]
+    checks: list[OnnxCheck] = field(default_factory=list)
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        return max(c.max_abs_diff for c in self.checks) if self.checks else None
+
+    def summary(self) -> str:
+        lines = [f"wrote {self.path}: {self.model_class}, opset {self.opset}",
+                 f"  inputs  {', '.join(self.inputs)} ({', '.join(self.axes)})",
+                 f"  outputs {', '.join(self.outputs)}"]
+        if self.checks:
+            shapes = ", ".join("x".join(map(str, c.shape)) + (" padded" if c.padded else "") for c in self.checks)
+            lines.append(f"  onnxruntime vs PyTorch: max abs diff {self.max_abs_diff:.2e} over {len(self.checks)} "
+                         f"inputs ({shapes})")
+        return "\n".join(lines)
+
+
+def _require(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"ONNX export needs {module}: {_INSTALL_HINT}") from e
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's chatter that says nothing about this model (optional-package notes,
+    axis-renaming notes when several inputs share an axis, deprecations inside torch)."""
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*will not be used, since it shares the same shape")
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        onnx_logger.setLevel(level)
+
+
+def example_inputs(model: BertPreTrainedModel, shape: Sequence[int], *, padded: bool,
+                   generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random int64 inputs of ``shape``: ids over the vocab, two segments, and (``padded``) random
+    real lengths (>= 1) with the first sequence full."""
+    config = model.config
+    *lead, length = shape
+    rows = int(torch.tensor(lead).prod()) if lead else 1
+    input_ids = torch.randint(0, config.vocab_size, (rows, length), generator=generator)
+    lengths = torch.randint(1, length + 1, (rows,), generator=generator) if padded else torch.full((rows,), length)
+    lengths[0] = length
+    positions = torch.arange(length)
+    attention_mask = (positions < lengths[:, None]).long()
+    split = torch.randint(0, length + 1, (rows,), generator=generator)  # segment B from here on
+    token_type_ids = ((positions >= split[:, None]) & attention_mask.bool()).long()
+    if config.type_vocab_size < 2:
+        token_type_ids.zero_()
+    return {k: v.view(*lead, length) for k, v in
+            (("input_ids", input_ids), ("attention_mask", attention_mask), ("token_type_ids", token_type_ids))}
+
+
+def _shapes(model: BertPreTrainedModel, shapes: Sequence[tuple[int, int]] | None) -> list[tuple[int, ...]]:
+    longest = model.config.max_position_embeddings
+    out = []
+    for batch, length in shapes or VERIFY_SHAPES:
+        length = min(length, longest)
+        out.append((batch, 2, length) if isinstance(model, BertForMultipleChoice) else (batch, length))
+    return list(dict.fromkeys(out))
+
+
+def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
+                shapes: Sequence[tuple[int, int]] | None = None, seed: int = 0) -> list[OnnxCheck]:
+    """Run the ONNX file with onnxruntime (CPU) and the model in eval mode on the same inputs: one
+    full batch and one padded batch per (batch, length) of ``shapes`` (default `VERIFY_SHAPES`;
+    multiple choice uses 2 choices). Returns each run's largest absolute difference over all outputs."""
+    ort = _require("onnxruntime")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = output_names(model)
+    if [o.name for o in session.get_outputs()] != list(names):
+        raise ValueError(f"{path}: outputs {[o.name for o in session.get_outputs()]}, expected {list(names)}")
+    generator = torch.Generator().manual_seed(seed)
+    checks = []
+    was_training = model.training
+    model.eval()
+    try:
+        for shape in _shapes(model, shapes):
+            for padded in (False, True):
+                if padded and shape[-1] == 1:
+                    continue  # a length-1 sequence cannot hold padding
+                inputs = example_inputs(model, shape, padded=padded, generator=generator)
+                with torch.no_grad():
+                    out = model(**inputs)
+                got = session.run(list(names), {k: v.numpy() for k, v in inputs.items()})
+                diff = max(float((torch.from_numpy(g) - out[n]).abs().max()) for n, g in zip(names, got))
+                checks.append(OnnxCheck(shape=shape, padded=padded, max_abs_diff=diff))
+    finally:
+        model.train(was_training)
+    return checks
+
+
+def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ONNX_OPSET, verify: bool = True,
+                atol: float = ATOL, shapes: Sequence[tuple[int, int]] | None = None) -> OnnxExport:
+    """Export ``model`` (float32; evaluated in eval mode) to the ONNX file ``path`` with dynamic batch and
+    sequence axes (and choices for multiple choice); see the module docstring for the names.
+
+    With ``verify`` (default) the file is checked with `verify_onnx` before it replaces ``path``: a
+    difference above ``atol`` raises ValueError and leaves no file. Weights are stored inside the
+    file (ONNX's protobuf limit of 2 GB holds BERT-large in float32).
+    """
+    _require("onnx")
+    _require("onnxscript")  # the dynamo exporter builds the graph with it
+    if not hasattr(torch.compiler, "is_exporting"):
+        raise RuntimeError(f"ONNX export needs torch >= 2.7 (found {torch.__version__})")
+    if opset < ONNX_OPSET:
+        raise ValueError(f"opset {opset} < {ONNX_OPSET}, the lowest PyTorch's exporter implements")
+    if model.dtype != torch.float32:
+        raise ValueError(f"export a float32 model (got {model.dtype}); cast it with .float()")
+    names = output_names(model)
+    axes = _axes(model)
+    dims = {name: torch.export.Dim(name) for name in axes[:-1]}
+    dims[axes[-1]] = torch.export.Dim(axes[-1], max=model.config.max_position_embeddings)
+    dynamic_shapes = {name: {i: dims[a] for i, a in enumerate(axes)} for name in INPUT_NAMES}
+    # Sizes of 0 and 1 would be specialised by torch.export: the example has at least 2 everywhere.
+    example_shape = (2, 3, 8) if len(axes) == 3 else (2, 8)
+    example = example_inputs(model, example_shape, padded=True, generator=torch.Generator().manual_seed(0))
+
+    was_training = model.training
+    graph = _Graph(model).eval()
+    try:
+        with _quiet_exporter(), torch.no_grad():
+            program = torch.onnx.export(graph, tuple(example[n] for n in INPUT_NAMES), dynamo=True,
+                                        dynamic_shapes=dynamic_shapes, input_names=list(INPUT_NAMES),
+                                        output_names=list(names), opset_version=opset, verbose=False)
+    finally:
+        model.train(was_training)
+    result = OnnxExport(path=Path(path), model_class=type(model).__name__, opset=opset, inputs=INPUT_NAMES,
+                        outputs=names, axes=axes)
+    with atomic_path(path) as tmp:
+        program.save(str(tmp), external_data=False)
+        if verify:
+            result.checks = verify_onnx(model, tmp, shapes=shapes)
+            if not result.max_abs_diff <= atol:  # also catches NaN
+                worst = max(result.checks, key=lambda c: c.max_abs_diff)
+                raise ValueError(f"ONNX export of {result.model_class} differs from PyTorch by "
+                                 f"{result.max_abs_diff:.2e} > {atol} (input {'x'.join(map(str, worst.shape))}"
+                                 f"{' padded' if worst.padded else ''}); nothing written to {path}")
+    return result
