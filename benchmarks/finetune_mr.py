@@ -99,6 +99,9 @@ except ImportError:  # run from a checkout without `pip install -e .`
 from bertforge import resources  # noqa: E402
 from bertforge.baselines import bow_logistic_regression  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import cpu_model  # noqa: E402
+
 NUM_SENTENCES = 10_568  # non-zero scores in the file (DATA.md)
 TARGET_ACCURACY = 0.85
 TARGET_GAP = 0.005
@@ -137,16 +140,6 @@ def minor_faults() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     except (ImportError, OSError):
         return 0
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def git_head() -> str:
