@@ -17,7 +17,7 @@ from torch import nn
 
 from bertforge import losses
 from bertforge.config import BertConfig
-from bertforge.modeling import BertModel, BertPreTrainedModel, Dropout, activation, gather_positions
+from bertforge.modeling import BertModel, BertModelOutput, BertPreTrainedModel, Dropout, activation, gather_positions
 
 __all__ = [
     "BertForPreTraining",
@@ -231,6 +231,16 @@ def _classifier_dropout(config: BertConfig) -> Dropout:
     return Dropout(p)
 
 
+def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+            token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
+    """The encoder for a head that reads only the pooled [CLS] output: unless every layer is wanted
+    in full, the last layer runs at [CLS] only (``last_hidden_state`` is then (B, 1, H))."""
+    if output_hidden_states:
+        return bert(input_ids, attention_mask, token_type_ids, True)
+    cls = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
+    return bert(input_ids, attention_mask, token_type_ids, output_positions=cls)
+
+
 class BertForSequenceClassification(BertPreTrainedModel):
     """Dropout + Linear on the pooled [CLS] output: classification, or regression with num_labels=1."""
 
@@ -253,7 +263,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         output_hidden_states: bool = False,
     ) -> SequenceClassifierOutput:
         """labels: (B,) class ids, (B,) floats for regression, or (B, C) multi-hot for multi-label."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        out = _pooled(self.bert, input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
         if labels is not None:
@@ -347,7 +357,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         def flat(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.reshape(B * C, T)
 
-        out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states)
+        out = _pooled(self.bert, flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # (B, C)
         loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
