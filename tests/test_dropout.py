@@ -76,3 +76,28 @@ def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch
     assert any(len(s) == 4 for s in calls), "the attention-probability dropout was not drawn"
     for key in ("prediction_logits", "seq_relationship_logits"):
         assert float((got[key] - expected[key]).abs().max()) < 1e-5, key
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_written_out_attention_and_its_gradients_equal_sdpa(masked):
+    """The hand-written path (additive mask in the scores' product, a custom backward for q @ k^T):
+    outputs and q, k, v gradients equal PyTorch's SDPA in float64, with q, k, v strided views of one
+    fused projection as the model makes them."""
+    torch.manual_seed(0)
+    B, T, A, D = 3, 7, 2, 4
+    qkv = torch.randn(B, T, 3 * A * D, dtype=torch.float64)
+    key_mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3, [True] * 2 + [False] * 5])[:, None, None, :]
+    key_mask = key_mask if masked else None
+    grad = torch.randn(B, A, T, D, dtype=torch.float64)
+    results = []
+    for attend in (lambda q, k, v: modeling._written_out_attention(q, k, v, key_mask, 0.0),
+                   lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)):
+        x = qkv.clone().requires_grad_()
+        q, k, v = x.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)
+        y = attend(q, k, v)
+        y.backward(grad)
+        results.append((y.detach(), x.grad))
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y0, y1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g0, g1, rtol=0, atol=1e-12)
+    assert float(g0.abs().max()) > 0.1  # the gradients are not trivially zero
