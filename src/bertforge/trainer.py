@@ -575,7 +575,9 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.cfg.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+            # foreach: PyTorch picks it on GPUs by itself; on CPU it saves a call per parameter
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm,
+                                                       foreach=True if self.device.type == "cpu" else None)
         else:
             grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
         if self.scaler is not None:
