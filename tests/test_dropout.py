@@ -82,7 +82,7 @@ def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch
 def test_written_out_attention_and_its_gradients_equal_sdpa(masked):
     """The hand-written path (additive mask in the scores' product, a custom backward for q @ k^T):
     outputs and q, k, v gradients equal PyTorch's SDPA in float64, with q, k, v strided views of one
-    fused projection as the model makes them."""
+    fused projection as the model makes them; and so does its no-gradient form."""
     torch.manual_seed(0)
     B, T, A, D = 3, 7, 2, 4
     qkv = torch.randn(B, T, 3 * A * D, dtype=torch.float64)
@@ -99,5 +99,8 @@ def test_written_out_attention_and_its_gradients_equal_sdpa(masked):
         results.append((y.detach(), x.grad))
     (y0, g0), (y1, g1) = results
     torch.testing.assert_close(y0, y1, rtol=0, atol=1e-12)
+    with torch.no_grad():  # inference takes its own (measured faster) formulation
+        q, k, v = qkv.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)
+        torch.testing.assert_close(modeling._written_out_attention(q, k, v, key_mask, 0.0), y1, rtol=0, atol=1e-12)
     torch.testing.assert_close(g0, g1, rtol=0, atol=1e-12)
     assert float(g0.abs().max()) > 0.1  # the gradients are not trivially zero
