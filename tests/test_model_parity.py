@@ -329,6 +329,34 @@ def test_padding_invariance(cls, tiny_config, make_batch, assert_close):
         assert_close(together.logits[1:2], single.logits, what="logits")
 
 
+@pytest.mark.parametrize("lengths, riders", [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
+def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
+    """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
+    every slot): outputs equal the un-rounded forward's, with zeros at padding."""
+    import bertforge.modeling as modeling
+
+    seen = []
+    real_round = modeling._Padding.round_rows
+
+    def spy(self, keep, multiple=64):
+        real_round(self, keep, multiple)
+        seen.append((self.indices.numel(), self.riders))
+
+    monkeypatch.setattr(modeling._Padding, "round_rows", spy)
+    config = tiny_config()
+    model = BertModel(config).train()  # dropout 0: train mode is deterministic
+    batch = make_batch(config, lengths)
+    rounded = model(**batch)  # gradient enabled: riders
+    with torch.no_grad():
+        plain = model(**batch)  # no gradient, train mode: neither riders nor length groups
+    N = sum(lengths)
+    assert seen == [(N + riders, riders)]
+    assert (N + riders) % 64 == 0 or N + riders == len(lengths) * max(lengths)
+    torch.testing.assert_close(rounded.last_hidden_state.detach(), plain.last_hidden_state, rtol=0, atol=1e-6)
+    pad = batch["attention_mask"] == 0
+    assert torch.equal(rounded.last_hidden_state[pad], torch.zeros_like(rounded.last_hidden_state[pad]))
+
+
 # ---------------------------------------------------------------------------- gradients
 def _pretraining_inputs(batch, config):
     return dict(batch, labels=_mlm_labels(batch, config.vocab_size), next_sentence_label=torch.tensor([1, 0, 1]))

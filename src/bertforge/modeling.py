@@ -12,7 +12,8 @@ Speed, without changing the maths:
   * attention runs through ``scaled_dot_product_attention`` (flash / memory-efficient kernels
     where the device has them);
   * the query, key and value projections run as one matrix product;
-  * when a batch has padding, every dense layer runs on the N real tokens only ("unpadding");
+  * when a batch has padding, every dense layer runs on the N real tokens only ("unpadding"; in CPU
+    training N is rounded up to a multiple of 64 with padding slots, see `_Padding.round_rows`);
     only attention sees the padded (B, T) layout. Outputs at padding positions are then zero,
     where transformers returns values computed from padding; no real position is affected;
   * inference on CPU (eval mode, no gradient) runs attention per group of similar lengths
@@ -56,17 +57,37 @@ def activation(name: str):
 class _Padding:
     """Where the real tokens of a padded (B, T) batch are, for unpadding dense layers."""
 
-    indices: torch.Tensor  # (N,) flat positions in B*T of the real tokens
+    indices: torch.Tensor  # (N,) flat positions in B*T of the real tokens, then of `riders`
     key_mask: torch.Tensor  # (B, 1, 1, T) bool, True = attend
     batch: int
     length: int
     groups: _LengthGroups | None = None  # inference on CPU: attention per group of similar lengths
+    riders: int = 0  # padding slots that ride along at the end of `indices` (see `round_rows`)
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, ...) -> (B, T, ...) with zeros at padding."""
+    def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...) with zeros at padding (``real_only``: riders dropped, so zeros at
+        every padding slot; otherwise riders keep their finite values there, which attention masks)."""
+        indices = self.indices
+        if real_only and self.riders:
+            indices, x = indices[:-self.riders], x[:-self.riders]
         out = x.new_zeros(self.batch * self.length, *x.shape[1:])
-        out = out.index_copy(0, self.indices, x)
+        out = out.index_copy(0, indices, x)
         return out.view(self.batch, self.length, *x.shape[1:])
+
+    def round_rows(self, keep: torch.Tensor, multiple: int = 64) -> None:
+        """Append padding slots to `indices` until the row count is a multiple of ``multiple`` (or
+        every slot). The dense layers' matrix products then take a few dozen row counts over a run
+        instead of one per batch. oneDNN JIT-compiles bf16 matrix-product kernels for every new
+        shape (code buffers mmap-ed and page-faulted afresh): MiniLM fine-tuning on MR took 0.19 s a
+        step with a new row count every batch and 0.154 s with multiples of 64. A rider's rows are
+        computed and dropped: as a key it is masked, as a query its output is never read, and its
+        gradient is zero."""
+        n = self.indices.numel()
+        target = min(-(-n // multiple) * multiple, self.batch * self.length)
+        if target > n:
+            slots = (~keep).reshape(-1).nonzero().squeeze(1)[:target - n]
+            self.indices = torch.cat([self.indices, slots])
+            self.riders = slots.numel()
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)."""
@@ -678,6 +699,8 @@ class BertModel(BertPreTrainedModel):
                 )
                 if input_ids.device.type == "cpu" and not self.training and not torch.is_grad_enabled():
                     padding.groups = _LengthGroups.build(keep, padding.indices)
+                elif input_ids.device.type == "cpu" and torch.is_grad_enabled():
+                    padding.round_rows(keep)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         x = padding.unpad(x) if padding is not None else x.reshape(B * T, -1)  # (N, H)
         if output_positions is not None and output_hidden_states:
@@ -689,7 +712,7 @@ class BertModel(BertPreTrainedModel):
             layers.append(x)
 
         def full(h: torch.Tensor) -> torch.Tensor:
-            return padding.pad(h) if padding is not None else h.view(B, T, -1)
+            return padding.pad(h, real_only=True) if padding is not None else h.view(B, T, -1)
 
         last = full(x) if output_positions is None else x.view(B, output_positions.shape[1], -1)
         return BertModelOutput(
