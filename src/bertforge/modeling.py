@@ -190,8 +190,8 @@ class _Masked:
     length: int
     groups = None  # no length groups (see `_LengthGroups`)
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(B*T, F) -> (B, T, F) with zeros at padding."""
+    def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
+        """(B*T, F) -> (B, T, F) with zeros at padding (no riders here: ``real_only`` changes nothing)."""
         return x.view(self.batch, self.length, -1).masked_fill(~self.keep.unsqueeze(-1), 0.0)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
