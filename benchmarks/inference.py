@@ -6,6 +6,9 @@ of 32 sentences, in eval mode under ``torch.no_grad()``, on the CPU. Four runs:
 * ``ours-fp32``, ``ours-bf16``: bertforge's `BertModel`, float32, and under
   ``torch.autocast("cpu", torch.bfloat16)`` (what ``bertforge features --bf16`` does). With padding in
   the batch its dense layers run on the real tokens only.
+  Its weights are frozen as `Predictor` and ``bertforge features`` freeze them
+  (`bertforge.modeling.freeze_weights`): the stacked q/k/v weight, and under autocast every
+  projection's bf16 copy, are made once instead of on every forward.
 * ``HF-fp32``, ``HF-bf16``: ``transformers.BertModel`` with ``attn_implementation="sdpa"`` (its
   default; the script reports what it uses), float32 and under the same autocast.
 
@@ -57,8 +60,11 @@ from pathlib import Path
 
 import torch
 
+from bertforge.modeling import freeze_weights
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
+
 from step_time import _loadavg, attn_implementation, build_models  # noqa: E402
 
 RUNS = ("ours-fp32", "ours-bf16", "HF-fp32", "HF-bf16")
@@ -136,13 +142,15 @@ def run_preset(preset: str, sentences: list[str], args) -> Row:
     count = args.batches or DEFAULTS[preset]
     batches = make_batches(sentences, args.batch_size, args.warmup + count)
     _, ours_pt, theirs_pt = build_models(preset, MAX_LENGTH, args.seed)
-    models = {"ours": ours_pt.bert.eval(), "HF": theirs_pt.bert.eval()}
+    # ours as `Predictor` and `bertforge features` run it: weights frozen (stacked and cast once, not per forward)
+    models = {"ours": freeze_weights(ours_pt.bert.eval()), "HF": theirs_pt.bert.eval()}
     del ours_pt.cls, theirs_pt.cls  # the MLM / NSP heads are not used
     diff = check_same_outputs(models["ours"], models["HF"], batches[0], args.atol)
     runs = RUNS + (WEIGHT_RUNS if args.bf16_weights else ())
     if args.bf16_weights:
         for stack in ("ours", "HF"):
             models[stack + "-w"] = copy.deepcopy(models[stack]).to(torch.bfloat16)
+        freeze_weights(models["ours-w"])
     gc.collect()
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter

@@ -19,7 +19,9 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
+from bertforge import modeling
 from bertforge.heads import gather_positions
+from bertforge.modeling import frozen_weights
 
 CONFIGS = {
     "L2-A4-gelu": dict(),
@@ -477,3 +479,79 @@ def test_each_dropout_is_applied_in_train(which, tiny_config, make_batch, assert
     twin.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert_close(twin(**batch).last_hidden_state, reference, atol=0)
+
+
+# ---------------------------------------------------------------------------- inference caches
+def test_frozen_weights_cache_follows_replaced_weights(tiny_config, make_batch, assert_close):
+    """Frozen layers (`freeze_weights`) reuse their stacked, cast weights in inference: the outputs
+    still follow `load_state_dict`, in-place changes, a dtype round trip, and autocast on and off,
+    and equal an unfrozen twin's."""
+    config = tiny_config()
+    model, fresh = BertModel(config).eval(), BertModel(config).eval()
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+
+    def out(m, **autocast):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bool(autocast)):
+            return m(**batch).last_hidden_state.float()
+
+    def same(**autocast):
+        fresh.load_state_dict(model.state_dict())
+        assert_close(out(model, **autocast), out(fresh, **autocast), real, atol=0)
+
+    with frozen_weights(model):
+        first = out(model)
+        same()
+        with torch.no_grad():
+            model.encoder.layer[0].attention.self.value.weight.mul_(3.0)  # in place: the version counter moves
+        assert (out(model) - first)[real].abs().max() > 1e-3
+        same()
+        model.load_state_dict(BertModel(config).state_dict())  # copied into the same storage
+        same()
+        same(autocast=True)
+        same()  # the fp32 stack again, not the bf16 one
+        model.to(torch.bfloat16).to(torch.float32)  # new storage holding rounded values
+        same()
+    assert not any(m in modeling._FROZEN for m in model.modules())
+
+
+def test_unfrozen_weights_follow_a_fused_optimizer(tiny_config, make_batch, assert_close):
+    """Without `freeze_weights` nothing is cached, so eval between training steps sees every step,
+    even a fused AdamW's, which does not move version counters."""
+    config = tiny_config()
+    model = BertModel(config)
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        model.train()
+        model(**batch).last_hidden_state.sum().backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            got = model(**batch).last_hidden_state
+        fresh = BertModel(config).eval()
+        fresh.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            assert_close(got, fresh(**batch).last_hidden_state, real, atol=0)
+
+
+def test_linear_calls_replaced_or_hooked_layers(tiny_config, make_batch, assert_close):
+    """A projection replaced by another module, or carrying a forward hook, is called, not bypassed."""
+    config = tiny_config()
+    model = BertModel(config).eval()
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        before = model(**batch).last_hidden_state
+    attention = model.encoder.layer[0].attention.self
+    attention.value = torch.nn.Sequential(attention.value, torch.nn.Tanh())  # e.g. an adapter wrapping it
+    model.encoder.layer[1].output.dense.register_forward_hook(lambda m, i, o: o * 2)
+    with torch.no_grad():
+        after = model(**batch).last_hidden_state
+    assert (after - before)[real].abs().max() > 1e-3
+    value, dense = attention.value, model.encoder.layer[1].output.dense
+    attention.value = value[0]
+    dense._forward_hooks.clear()
+    with torch.no_grad():
+        assert_close(model(**batch).last_hidden_state, before, real, atol=0)

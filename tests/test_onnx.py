@@ -180,9 +180,10 @@ def test_length_groups_layout():
     assert 1 < len(groups.shapes) <= modeling._LengthGroups.MAX_GROUPS
     assert sum(b for b, _ in groups.shapes) == keep.shape[0]
     assert sum(b * t * t for b, t in groups.shapes) < keep.numel() * keep.shape[1]  # less attention work
-    # every real token once: the groups' real slots, put back in order, are the unpadded rows
-    rows = torch.cat([g.index_select(0, r) for g, r in zip(groups.gathers, groups.real)])
-    assert torch.equal(rows.index_select(0, groups.order), torch.arange(indices.numel()))
+    # every real token once: each group's real slots read the unpadded rows its targets name
+    for gather, real, targets in zip(groups.gathers, groups.real, groups.targets):
+        assert torch.equal(gather.index_select(0, real), targets)
+    assert torch.equal(torch.cat(groups.targets).sort().values, torch.arange(indices.numel()))
 
 
 @pytest.mark.parametrize("seed", range(5))

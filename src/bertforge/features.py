@@ -77,7 +77,7 @@ import numpy as np
 import torch
 
 from bertforge.io import atomic_path, open_binary
-from bertforge.modeling import BertModel
+from bertforge.modeling import BertModel, frozen_weights
 from bertforge.tasks.base import max_context_window, window_starts
 
 __all__ = ["Extracted", "Written", "extract_features", "write_features", "read_inputs", "split_pair", "parse_layers",
@@ -282,20 +282,21 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
             add(i, seq, vectors)
 
-    try:
-        chunk: list[int] = []
-        tokens = 0
-        for i, x in enumerate(inputs):
-            n = _length(*x)
-            if chunk and tokens + n > limit:
-                flush(chunk)
-                chunk, tokens = [], 0
-            chunk.append(i)
-            tokens += n
-        flush(chunk)
-    finally:
-        if bar is not None:
-            bar.close()
+    with frozen_weights(model):
+        try:
+            chunk: list[int] = []
+            tokens = 0
+            for i, x in enumerate(inputs):
+                n = _length(*x)
+                if chunk and tokens + n > limit:
+                    flush(chunk)
+                    chunk, tokens = [], 0
+                chunk.append(i)
+                tokens += n
+            flush(chunk)
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 # ---------------------------------------------------------------------------- setting up

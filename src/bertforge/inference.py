@@ -56,6 +56,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertforge.modeling import freeze_weights
+
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records"]
 
@@ -140,7 +142,8 @@ def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> co
 class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
-    Not for concurrent calls from several threads: serialise them (`bertforge.serve` holds a lock)."""
+    Not for concurrent calls from several threads: serialise them (`bertforge.serve` holds a lock).
+    Its model's weights are frozen (`bertforge.modeling.freeze_weights`): do not train it."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device,
                  dtype: torch.dtype | str | None = None, settings: Any = None, family: Any = None,
@@ -149,7 +152,7 @@ class Predictor:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = model.eval()
+        self.model = freeze_weights(model.eval())
         self.tokenizer = tokenizer
         self.head = head
         self.device = device

@@ -25,7 +25,9 @@ While ``torch.export`` traces the model (ONNX export), dense layers run on every
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from bertforge.config import BertConfig
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Dropout", "activation", "dropout_mask",
-           "gather_positions"]
+           "freeze_weights", "frozen_weights", "gather_positions", "linear"]
 
 
 def activation(name: str):
@@ -112,7 +114,7 @@ class _LengthGroups:
     key_masks: list[torch.Tensor]  # per group: (b, 1, 1, t) bool
     real: list[torch.Tensor]  # per group: positions of its real tokens in the (b*t) layout
     shapes: list[tuple[int, int]]  # per group: (b, t)
-    order: torch.Tensor | None  # (N,): rows of the groups' concatenated outputs in token order (None: same)
+    targets: list[torch.Tensor] | None  # per group: the (N,) rows of its real tokens (None: one group, in order)
 
     MAX_GROUPS = 2
 
@@ -131,8 +133,8 @@ class _LengthGroups:
         first = token.gather(1, keep.to(torch.uint8).argmax(1, keepdim=True))  # (B, 1) first real token
         if len(cuts) == 1:  # one group: the sequences in their own order, no reordering
             rows = rows.sort().values
-        groups = cls([], [], [], [], None)
-        start, tokens = 0, []
+        groups = cls([], [], [], [], [] if len(cuts) > 1 else None)
+        start = 0
         for end in cuts:
             r = rows[start:end]
             t = int(extent[r].max())
@@ -141,12 +143,9 @@ class _LengthGroups:
             groups.key_masks.append(k[:, None, None, :])
             groups.real.append(k.reshape(-1).nonzero().squeeze(1))
             groups.shapes.append((r.numel(), t))
-            tokens.append(token[r, :t][k])
+            if groups.targets is not None:
+                groups.targets.append(token[r, :t][k])  # in the order of `real`
             start = end
-        if len(cuts) > 1:
-            tokens = torch.cat(tokens)
-            groups.order = torch.empty_like(tokens)
-            groups.order[tokens] = torch.arange(tokens.numel(), device=keep.device)
         return groups
 
 
@@ -316,6 +315,68 @@ class _LookupRowGrad(torch.autograd.Function):
         return None, None, None
 
 
+_FROZEN: WeakIdKeyDictionary = WeakIdKeyDictionary()  # nn.Linear -> {(layer count, dtype): cache entry}
+
+
+def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
+    """Promise that ``model``'s weights stay as they are (``frozen=False`` withdraws the promise), so
+    that inference through it (no gradient) reuses its projection weights stacked and cast to
+    autocast's dtype instead of concatenating and casting them on every forward: autocast casts
+    weights anew each time its context is entered, which is a tenth of a small model's forward.
+    Replaced weights (``.to()``, new tensors) are noticed and so are most in-place changes, but not
+    all: fused optimizers do not move version counters. The caches cost one copy of the weights (in
+    bf16: half) and go with the model. `Predictor` freezes its model; so does `frozen_weights`."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            if frozen:
+                _FROZEN.setdefault(m, {})
+            else:
+                _FROZEN.pop(m, None)
+    return model
+
+
+@contextlib.contextmanager
+def frozen_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """`freeze_weights` for the length of a ``with`` block (layers frozen before it stay frozen)."""
+    before = [m for m in model.modules() if isinstance(m, nn.Linear) and m in _FROZEN]
+    freeze_weights(model)
+    try:
+        yield model
+    finally:
+        freeze_weights(model, False)
+        for m in before:
+            _FROZEN[m] = {}
+
+
+def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
+    """The outputs of ``layers`` side by side, (..., sum of their out_features), from one matrix product
+    with their weights stacked (one layer: ``layers[0](x)``). The stacked (and cast) weights of frozen
+    layers are cached in inference (see `freeze_weights`), never while exporting or compiling, where
+    the weights stay graph inputs. A layer that is not a plain `nn.Linear` (replaced by an adapter or
+    a quantized module) or carries hooks is called as a module instead."""
+    if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in layers):
+        return layers[0](x) if len(layers) == 1 else torch.cat([m(x) for m in layers], -1)
+    n = len(layers)
+    params = [m.weight for m in layers] + [m.bias for m in layers]
+    entries = None
+    if not torch.is_grad_enabled() and not _exporting() and not torch.compiler.is_compiling():
+        entries = _FROZEN.get(layers[0])
+    if entries is None:
+        if n == 1:
+            return F.linear(x, params[0], params[1])
+        return F.linear(x, torch.cat(params[:n]), torch.cat(params[n:]))
+    dtype = (torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type)
+             else params[0].dtype)
+    cached = entries.get((n, dtype))
+    if cached is None or any(s.data_ptr() != t.data_ptr() or v != t._version
+                             for s, v, t in zip(cached[0], cached[1], params)):
+        sources = [t.detach() for t in params]  # keep the storage alive: no new parameter takes its address
+        cached = (sources, [t._version for t in params], torch.cat(sources[:n]).to(dtype),
+                  torch.cat(sources[n:]).to(dtype))
+        entries[(n, dtype)] = cached
+    return F.linear(x, cached[2], cached[3])
+
+
 class BertEmbeddings(nn.Module):
     """word + learned position + token type embeddings, summed, LayerNorm, dropout."""
 
@@ -338,11 +399,16 @@ class BertEmbeddings(nn.Module):
             return _LookupRowGrad.apply(weight, input_ids, padding_idx)
         return self.word_embeddings(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        # input_ids, token_type_ids: (B, T) -> (B, T, H)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids, token_type_ids: (B, T) -> (B, T, H); with rows (N,), flat positions in B*T, -> (N, H)
         length = input_ids.shape[1]
-        positions = self.position_embeddings.weight[:length]  # (T, H), broadcast over B
-        x = self._words(input_ids) + positions + self.token_type_embeddings(token_type_ids)
+        if rows is None:
+            positions = self.position_embeddings.weight[:length]  # (T, H), broadcast over B
+            x = self._words(input_ids) + positions + self.token_type_embeddings(token_type_ids)
+        else:  # unpadded: look up only the rows the dense layers will use
+            x = (self._words(input_ids.reshape(-1).index_select(0, rows)) + self.position_embeddings(rows % length)
+                 + self.token_type_embeddings(token_type_ids.reshape(-1).index_select(0, rows)))
         return self.dropout(self.LayerNorm(x))
 
 
@@ -365,20 +431,16 @@ class BertSelfAttention(nn.Module):
         B, T = shape
         A, D = self.num_heads, self.head_dim
         if queries is None:
-            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
-            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-            qkv = F.linear(x, weight, bias)  # (N, 3H)
+            qkv = linear(x, self.query, self.key, self.value)  # (N, 3H)
             if padding is not None and padding.groups is not None:
                 return self._grouped(qkv, padding.groups)
             qkv = padding.pad(qkv) if padding is not None else qkv.view(B, T, -1)  # (B, T, 3H)
             q, k, v = qkv.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
         else:
-            weight = torch.cat([self.key.weight, self.value.weight])  # (2H, H)
-            bias = torch.cat([self.key.bias, self.value.bias])
-            kv = F.linear(x, weight, bias)  # (N, 2H)
+            kv = linear(x, self.key, self.value)  # (N, 2H)
             kv = padding.pad(kv) if padding is not None else kv.view(B, T, -1)  # (B, T, 2H)
             k, v = kv.view(B, T, 2, A, D).permute(2, 0, 3, 1, 4)  # 2 x (B, A, T, D)
-            q = self.query(queries).view(B, -1, A, D).transpose(1, 2)  # (B, A, K, D)
+            q = linear(queries, self.query).view(B, -1, A, D).transpose(1, 2)  # (B, A, K, D)
         key_mask = padding.key_mask if padding is not None else None
         p = self.dropout_p if self.training else 0.0
         if p > 0.0 and q.device.type == "cpu":
@@ -402,22 +464,25 @@ class BertSelfAttention(nn.Module):
             # Written-out attention (as `_attention` chooses in bf16), head-major: a group gathered as
             # (3, A, b*t, D) gives q, k, v that enter the batched matrix products without copies.
             heads = qkv.view(N, 3, A, D).permute(1, 2, 0, 3)  # (3, A, N, D), a view
-            outs = []
-            for gather, key_mask, real, (b, t) in each:
+            out = None if groups.targets is None else qkv.new_empty(N, A, D)
+            for g, (gather, key_mask, real, (b, t)) in enumerate(each):
                 q, k, v = heads.index_select(2, gather).view(3, A, b, t, D)  # 3 x (A, b, t, D)
                 y = _written_out_attention(q, k, v, key_mask.transpose(0, 1), 0.0)  # (A, b, t, D)
-                outs.append(y.view(A, b * t, D).index_select(1, real))  # (A, N_g, D)
-            y = outs[0] if groups.order is None else torch.cat(outs, 1).index_select(1, groups.order)
-            return y.permute(1, 0, 2).reshape(N, A * D)  # (N, H)
-        # PyTorch's fused kernel, whose output is laid out (b, t, A, D): rows already in token order
-        outs = []
-        for gather, key_mask, real, (b, t) in each:
+                y = y.view(A, b * t, D).index_select(1, real)  # (A, N_g, D)
+                if out is None:
+                    return y.permute(1, 0, 2).reshape(N, A * D)  # (N, H)
+                out.index_copy_(0, groups.targets[g], y.transpose(0, 1))  # its rows of (N, A, D)
+            return out.view(N, A * D)
+        # PyTorch's fused kernel, whose output is laid out (b, t, A, D): rows in token order within a group
+        out = None if groups.targets is None else qkv.new_empty(N, A * D)
+        for g, (gather, key_mask, real, (b, t)) in enumerate(each):
             q, k, v = qkv.index_select(0, gather).view(b, t, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (b, A, t, D)
             y = _attention(q, k, v, key_mask, 0.0)  # (b, A, t, D)
-            outs.append(y.transpose(1, 2).reshape(b * t, A * D).index_select(0, real))  # (N_g, H)
-        if groups.order is None:
-            return outs[0]
-        return torch.cat(outs).index_select(0, groups.order)
+            y = y.transpose(1, 2).reshape(b * t, A * D).index_select(0, real)  # (N_g, H)
+            if out is None:
+                return y
+            out.index_copy_(0, groups.targets[g], y)
+        return out
 
 
 def _written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
@@ -499,7 +564,7 @@ class BertSelfOutput(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dropout(self.dense(y)))  # post-LN
+        return self.LayerNorm(residual + self.dropout(linear(y, self.dense)))  # post-LN
 
 
 class BertAttention(nn.Module):
@@ -519,7 +584,7 @@ class BertIntermediate(nn.Module):
         self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))  # (N, I)
+        return self.act(linear(x, self.dense))  # (N, I)
 
 
 class BertOutput(nn.Module):
@@ -530,7 +595,7 @@ class BertOutput(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dropout(self.dense(y)))  # (N, H)
+        return self.LayerNorm(residual + self.dropout(linear(y, self.dense)))  # (N, H)
 
 
 class BertLayer(nn.Module):
@@ -574,7 +639,7 @@ class BertPooler(nn.Module):
         self.activation = nn.Tanh()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(hidden[:, 0]))  # (B, T, H) -> (B, H)
+        return self.activation(linear(hidden[:, 0], self.dense))  # (B, T, H) -> (B, H)
 
 
 class BertPreTrainedModel(nn.Module):
@@ -701,8 +766,11 @@ class BertModel(BertPreTrainedModel):
                     padding.groups = _LengthGroups.build(keep, padding.indices)
                 elif input_ids.device.type == "cpu" and torch.is_grad_enabled():
                     padding.round_rows(keep)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        x = padding.unpad(x) if padding is not None else x.reshape(B * T, -1)  # (N, H)
+        if isinstance(padding, _Padding):
+            x = self.embeddings(input_ids, token_type_ids, rows=padding.indices)  # (N, H)
+        else:
+            x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+            x = padding.unpad(x) if padding is not None else x.reshape(B * T, -1)  # (B*T, H)
         if output_positions is not None and output_hidden_states:
             raise ValueError("output_positions cannot be combined with output_hidden_states")
         layers = [x]
