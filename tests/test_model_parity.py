@@ -515,14 +515,17 @@ def test_frozen_weights_cache_follows_replaced_weights(tiny_config, make_batch, 
     assert not any(m in modeling._FROZEN for m in model.modules())
 
 
-def test_unfrozen_weights_follow_a_fused_optimizer(tiny_config, make_batch, assert_close):
-    """Without `freeze_weights` nothing is cached, so eval between training steps sees every step,
-    even a fused AdamW's, which does not move version counters."""
+@pytest.mark.parametrize("frozen", [False, True], ids=["unfrozen", "frozen"])
+def test_eval_between_steps_follows_a_fused_optimizer(frozen, tiny_config, make_batch, assert_close):
+    """Eval between training steps sees every step, even a fused AdamW's, which moves no version
+    counter: unfrozen layers cache nothing, and a forward in train mode drops frozen layers' caches."""
     config = tiny_config()
     model = BertModel(config)
     batch = make_batch(config)
     real = batch["attention_mask"].bool()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    if frozen:
+        modeling.freeze_weights(model)
     for _ in range(2):
         model.train()
         model(**batch).last_hidden_state.sum().backward()

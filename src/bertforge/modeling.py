@@ -320,12 +320,14 @@ _FROZEN: WeakIdKeyDictionary = WeakIdKeyDictionary()  # nn.Linear -> {(layer cou
 
 def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     """Promise that ``model``'s weights stay as they are (``frozen=False`` withdraws the promise), so
-    that inference through it (no gradient) reuses its projection weights stacked and cast to
-    autocast's dtype instead of concatenating and casting them on every forward: autocast casts
-    weights anew each time its context is entered, which is a tenth of a small model's forward.
-    Replaced weights (``.to()``, new tensors) are noticed and so are most in-place changes, but not
-    all: fused optimizers do not move version counters. The caches cost one copy of the weights (in
-    bf16: half) and go with the model. `Predictor` freezes its model; so does `frozen_weights`."""
+    that inference through it (eval mode, no gradient) reuses its projection weights stacked and cast
+    to autocast's dtype instead of concatenating and casting them on every forward (autocast casts
+    weights anew each time its context is entered). Caches are rebuilt when a weight is replaced
+    (``.to()``, new tensors) or changed in place (its version counter moves: ``load_state_dict``,
+    ``copy_``), and dropped whenever a forward runs in train mode. A fused optimizer's step moves no
+    version counter: train in train mode, or unfreeze. The caches cost one copy of the weights (in
+    bf16: half) and live as long as the layers. `Predictor` freezes its model; ``bertforge
+    features`` uses `frozen_weights`."""
     for m in model.modules():
         if isinstance(m, nn.Linear):
             if frozen:
@@ -358,9 +360,12 @@ def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
         return layers[0](x) if len(layers) == 1 else torch.cat([m(x) for m in layers], -1)
     n = len(layers)
     params = [m.weight for m in layers] + [m.bias for m in layers]
-    entries = None
-    if not torch.is_grad_enabled() and not _exporting() and not torch.compiler.is_compiling():
-        entries = _FROZEN.get(layers[0])
+    entries = _FROZEN.get(layers[0])
+    if entries is not None and (layers[0].training or torch.is_grad_enabled() or _exporting()
+                                or torch.compiler.is_compiling()):
+        if layers[0].training:
+            entries.clear()  # training: the weights are about to change, or have
+        entries = None
     if entries is None:
         if n == 1:
             return F.linear(x, params[0], params[1])
