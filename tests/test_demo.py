@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from bertforge import cli
-from bertforge.demo import DemoConfig, run_demo
+from bertforge.demo import MIN_PRETRAIN_STEPS, DemoConfig, run_demo, time_pretraining_step
 
 pytestmark = pytest.mark.real_data
 
 
 def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys):
+    # A budget of 3 seconds leaves no time for pre-training: the demo says so and runs the fewest steps.
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
-                     max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, pretrain_steps=6,
-                     pretrain_warmup_steps=2, finetune_epochs=1, finetune_batch_size=16, precision="fp32")
+                     max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_epochs=1,
+                     finetune_batch_size=16, minutes=0.05)
     report = run_demo(cfg)
     out = tmp_path / "demo"
-    assert report["pretraining"]["steps"] == 6 and 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
+    assert report["precision"] in ("bf16", "fp32")
+    assert report["pretraining"]["scheduled_steps"] == MIN_PRETRAIN_STEPS
+    assert report["pretraining"]["steps"] == MIN_PRETRAIN_STEPS and 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
     assert set(report["movie_review_accuracy"]) == {"pre-trained", "from scratch", "bag of words"}
     assert all(0 <= a <= 1 for a in report["movie_review_accuracy"].values())
     assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])
@@ -27,18 +31,26 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys):
     assert json.loads((out / "report.json").read_text())["config"]["articles"] == 200
     text = (out / "report.md").read_text()
     assert "Movie-review polarity" in text and "pre-training" in text
-    assert "Demo finished" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Demo finished" in printed and f"time for 0 pre-training steps; running {MIN_PRETRAIN_STEPS}" in printed
+
+
+def test_a_pretraining_step_is_timed_in_each_precision():
+    cfg = DemoConfig(model="tiny", max_seq_length=16, pretrain_batch_size=4)
+    times = [time_pretraining_step(cfg, 100, p, torch.device("cpu"), repeats=2, warmup=1) for p in ("bf16", "fp32")]
+    assert all(0 < t < 10 for t in times)
 
 
 def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr("bertforge.demo.run_demo", lambda cfg: seen.setdefault("cfg", cfg))
-    (tmp_path / "demo.yaml").write_text("pretrain_minutes: 3\nmodel: tiny\n")
+    (tmp_path / "demo.yaml").write_text("minutes: 3\nmodel: tiny\n")
     assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
     cfg = seen["cfg"]
-    assert (cfg.pretrain_minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 1400)
-    with pytest.raises(ValueError):
-        DemoConfig(pretrain_steps=0)
+    assert (cfg.minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 0)
+    for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_warmup_ratio": 1.0}):
+        with pytest.raises(ValueError):
+            DemoConfig(**bad)
 
 
 def test_configs_demo_yaml_lists_every_setting_with_its_default():

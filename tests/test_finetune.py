@@ -229,6 +229,20 @@ def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
     assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
 
 
+def test_dropout_is_the_checkpoints_unless_set(root, base):
+    """--dropout replaces the checkpoint's (e.g. 0.1 for one pre-trained without dropout); by default it stays."""
+    rng = random.Random(5)
+    train = write_csv(root / "drop.csv", [polar(rng) for _ in range(16)])
+    for dropout, expected in ((None, 0.1), (0.0, 0.0), (0.3, 0.3)):
+        out = root / f"drop-{dropout}"
+        finetune(config(base, out, task="classification", train_file=str(train), text_column="review",
+                        label_column="sentiment", max_steps=1, dropout=dropout, keep_best=False))
+        saved = json.loads((out / "model" / "config.json").read_text())
+        assert (saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]) == (expected, expected)
+    with pytest.raises(ValueError, match="dropout"):
+        config(base, root / "bad", dropout=1.0)
+
+
 def test_the_fine_tuned_folder_is_transformers_bert_for_sequence_classification(learned, tmp_path):
     out, _, dev = learned
     folder = out / "best"

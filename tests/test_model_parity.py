@@ -396,8 +396,9 @@ def test_gradients_match(case, lengths, tiny_config, pair, make_batch):
         assert p.grad is not None and q.grad is not None, name
         scale = q.grad.abs().max().item()
         err = (p.grad - q.grad).abs().max().item()
-        # the floor 1e-7 covers gradients that are zero in exact arithmetic (multiple choice's bias)
-        assert err <= 1e-5 * max(scale, 1e-2), f"{name}: grad max diff {err:.3g} (scale {scale:.3g})"
+        # the floor 1e-6 covers gradients that are zero in exact arithmetic (multiple choice's bias: a sum of
+        # softmax - one-hot terms, which float32 rounding leaves at a few 1e-7 on some CPUs)
+        assert err <= 1e-5 * max(scale, 1e-1), f"{name}: grad max diff {err:.3g} (scale {scale:.3g})"
         compared += 1
     assert compared == len(their_params)  # every parameter, the tied decoder counted once
     assert ours.bert.embeddings.word_embeddings.weight.grad.abs().max() > 0

@@ -106,6 +106,9 @@ class FinetuneConfig(TrainConfig):
     """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
     tag_scheme: str = "auto"
     """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
+    dropout: float | None = None
+    """Dropout on hidden states and attention probabilities (None: the checkpoint's, 0.1 in published BERTs);
+    e.g. 0.1 for a checkpoint pre-trained without dropout."""
     eval_batch_size: int = 64
     """Sequences per forward pass at evaluation, per process."""
     keep_best: bool = True
@@ -136,6 +139,8 @@ class FinetuneConfig(TrainConfig):
                              "eval_batch_size >= 1")
         if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
             raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.grid:
             parse_grid(self.grid)  # a malformed grid fails before any work
 
@@ -286,7 +291,9 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
 
     settings = {name: getattr(cfg, name) for name in family.settings}
     torch.manual_seed(cfg.seed)  # the same fresh head on every process
-    model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
+    dropout = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout,
+                                              "attention_probs_dropout_prob": cfg.dropout}
+    model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head, **dropout)
     _fresh_head(model, cfg.model, cfg.task)
     model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
     if cfg.max_seq_length > model.config.max_position_embeddings:
