@@ -23,7 +23,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys):
     out = tmp_path / "demo"
     assert report["precision"] in ("bf16", "fp32")
     assert report["pretraining"]["scheduled_steps"] == MIN_PRETRAIN_STEPS
-    assert report["pretraining"]["steps"] == MIN_PRETRAIN_STEPS and 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
+    assert report["pretraining"]["steps"] == MIN_PRETRAIN_STEPS
+    assert 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
     assert set(report["movie_review_accuracy"]) == {"pre-trained", "from scratch", "bag of words"}
     assert all(0 <= a <= 1 for a in report["movie_review_accuracy"].values())
     assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])

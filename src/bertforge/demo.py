@@ -17,8 +17,8 @@ scale, on real data, from nothing.
 The pre-training text is the Wikipedia leads plus, by default, the movie-review *training*
 sentences without their labels (``task_text_in_pretraining``; the dev sentences are never seen
 before evaluation). Within 18 minutes on 2 CPU cores pre-training has not paid off on movie reviews
-in any run measured; with three times the pre-training (and fine-tuning at 3e-4) it did, by 1.4
-points: benchmarks/README.md has the runs. Every setting is a field of
+in any run measured; with about three times the pre-training it did (``--minutes 60``: +1.7 points):
+benchmarks/README.md has the runs. Every setting is a field of
 `DemoConfig`; ``bertforge demo --config FILE.yaml`` scales it up (``configs/demo.yaml`` lists them
 with the defaults).
 """
@@ -180,7 +180,8 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     model = BertForPreTraining(config).to(device).train()
     B, T, P = cfg.pretrain_batch_size, cfg.max_seq_length, max(1, round(cfg.max_seq_length * 0.15))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
-             "attention_mask": torch.ones(B, T, dtype=torch.long), "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+             "attention_mask": torch.ones(B, T, dtype=torch.long),
+             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
              "masked_positions": torch.randint(1, T, (B, P), generator=g),
              "labels": torch.randint(5, vocab_size, (B, P), generator=g),
              "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
@@ -360,7 +361,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
              f"{report['minutes']} minutes on {os.cpu_count()} CPU cores; settings in `report.json`.", "",
              "## Pre-training", "",
              f"- {result.step:,} steps of {cfg.pretrain_batch_size} x {cfg.max_seq_length} tokens ({cfg.model}, "
-             f"{tok.vocab_size:,}-piece vocab); curves: `pretrain/curves.png`",
+             f"{tok.vocab_size:,}-piece vocab, {precision}); curves: `pretrain/curves.png`",
              f"- held-out MLM accuracy {ev.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
              f"{ev.get('nsp_accuracy', float('nan')):.3f}", "",
              "## Fill-mask", ""]
