@@ -16,7 +16,7 @@ from typing import Any
 from bertforge import __version__
 from bertforge.io import atomic_write_text
 
-__all__ = ["BertConfig", "PRESETS", "ACTIVATIONS"]
+__all__ = ["BertConfig", "PRESETS", "ACTIVATIONS", "dropout_overrides"]
 
 # hidden_act names as transformers spells them. "gelu" is the exact erf form (transformers' default);
 # Google's TF release used the tanh approximation, which transformers calls "gelu_new".
@@ -199,3 +199,8 @@ PRESETS: dict[str, tuple[int, int]] = {
     "base": (12, 768),
     "large": (24, 1024),
 }
+
+
+def dropout_overrides(p: float) -> dict[str, float]:
+    """Config changes that set both dropouts (hidden states, attention probabilities) to ``p``."""
+    return {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}

@@ -167,7 +167,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
                           repeats: int = 4, warmup: int = 2) -> float:
     """Seconds of a pre-training step (forward, MLM + NSP losses, backward) of the demo's model and batch
     shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps."""
-    from bertforge.config import BertConfig
+    from bertforge.config import BertConfig, dropout_overrides
     from bertforge.heads import BertForPreTraining
     from bertforge.pretrain import PretrainingTask
     from bertforge.trainer import keep_freed_memory
@@ -175,8 +175,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     if device.type == "cpu":
         keep_freed_memory()  # as the trainer will: without it, every step here pays page faults it will not
     g = torch.Generator().manual_seed(cfg.seed)
-    config = BertConfig.preset(cfg.model, vocab_size=vocab_size, hidden_dropout_prob=cfg.pretrain_dropout,
-                               attention_probs_dropout_prob=cfg.pretrain_dropout)
+    config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout_overrides(cfg.pretrain_dropout))
     model = BertForPreTraining(config).to(device).train()
     B, T, P = cfg.pretrain_batch_size, cfg.max_seq_length, max(1, round(cfg.max_seq_length * 0.15))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
@@ -222,6 +221,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     from bertforge.baselines import bow_logistic_regression
     from bertforge.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
+    from bertforge.distributed import resolve_device
     from bertforge.heads import BertForPreTraining
     from bertforge.pretrain import PretrainConfig, pretrain
     from bertforge.vocab import learn_vocab
@@ -275,7 +275,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         print("    " + format_stats(manifest).replace("\n", "\n    "))
 
     with step("Time a pre-training step on this machine" + (" in bf16 and in fp32" if cfg.precision == "auto" else "")):
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device()  # the trainer's "auto"
         candidates = ("bf16", "fp32") if cfg.precision == "auto" else (cfg.precision,)
         step_seconds = {p: time_pretraining_step(cfg, tok.vocab_size, p, device) for p in candidates}
         precision = min(step_seconds, key=step_seconds.get)

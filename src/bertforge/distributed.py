@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Distributed", "setup", "wrap_model", "unwrap_model", "STRATEGIES"]
+__all__ = ["Distributed", "resolve_device", "setup", "wrap_model", "unwrap_model", "STRATEGIES"]
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -58,6 +58,13 @@ class Distributed:
         return out
 
 
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``device`` as a torch.device; "auto": CUDA if present, else CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
     """Join the process group when launched by torchrun; return this process's place and device.
 
@@ -66,9 +73,7 @@ def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device cuda was asked for, but PyTorch sees no CUDA device")

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertforge.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, TrainData
 from bertforge.trainer import TrainConfig, TrainResult, Trainer, resume_point
@@ -291,8 +292,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
 
     settings = {name: getattr(cfg, name) for name in family.settings}
     torch.manual_seed(cfg.seed)  # the same fresh head on every process
-    dropout = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout,
-                                              "attention_probs_dropout_prob": cfg.dropout}
+    dropout = {} if cfg.dropout is None else dropout_overrides(cfg.dropout)
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head, **dropout)
     _fresh_head(model, cfg.model, cfg.task)
     model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})

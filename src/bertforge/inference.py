@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertforge.distributed import resolve_device
 from bertforge.modeling import freeze_weights
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
@@ -131,8 +132,7 @@ def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> contextlib.AbstractContextManager:
     """Autocast to ``dtype`` on ``device`` ("auto": CUDA if present), or nothing for float32."""
     amp = _dtype(dtype)
-    auto = str(device) == "auto"
-    kind = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if auto else device).type
+    kind = resolve_device(device).type
     if amp == torch.float16 and kind != "cuda":
         raise ValueError("float16 needs a CUDA device; on CPU use bfloat16")
     return torch.autocast(kind, dtype=amp) if amp is not None else contextlib.nullcontext()

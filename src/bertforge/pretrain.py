@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from bertforge import losses
-from bertforge.config import BertConfig
+from bertforge.config import BertConfig, dropout_overrides
 from bertforge.trainer import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
 
 __all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
@@ -115,7 +115,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
     from bertforge.heads import BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if nsp else BertForMaskedLM
-    dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
+    dropout = dropout_overrides(cfg.dropout)
     if cfg.init_from:
         model = cls.from_pretrained(cfg.init_from, **dropout)
         config = model.config
