@@ -185,7 +185,7 @@ def test_batch_size_and_order_do_not_change_results(clf, mlm):
                [[x["id"] for x in m["predictions"]] for m in b["masks"]]
 
 
-def test_bf16_runs_under_autocast(clf):
+def test_bf16_runs_under_autocast(clf, monkeypatch):
     fp32 = Predictor.from_pretrained(clf, device="cpu").classify(TEXTS)
     bf16 = Predictor.from_pretrained(clf, device="cpu", dtype="bf16").classify(TEXTS)
     diff = max(abs(x - y) for a, b in zip(fp32, bf16) for x, y in zip(a["probabilities"].values(),
@@ -194,6 +194,9 @@ def test_bf16_runs_under_autocast(clf):
     assert all(sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6) for r in bf16)
     with pytest.raises(ValueError, match="float16 needs a CUDA device"):
         Predictor.from_pretrained(clf, device="cpu", dtype=torch.float16)
+    monkeypatch.setattr("bertforge.inference.native_bf16", lambda device: False)  # an AVX2-only CPU
+    with pytest.warns(UserWarning, match="emulated"):
+        Predictor.from_pretrained(clf, device="cpu", dtype="bf16")
 
 
 # ---------------------------------------------------------------------------- tagging

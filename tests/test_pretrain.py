@@ -127,12 +127,15 @@ def test_dynamically_masked_data_is_masked_in_the_loader_and_trains(root, tok):
     assert sum(r["loss"] for r in train[-5:]) < 0.8 * sum(r["loss"] for r in train[:5])
 
 
-def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data):
+def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data, monkeypatch, caplog):
     got = {}
+    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)  # as on an AVX2-only CPU
     for precision in ("fp32", "bf16"):
         out = root / f"precision-{precision}"
+        caplog.clear()
         pretrain(config(nsp_data, tok, out, max_steps=2, precision=precision))
         got[precision] = [r["loss"] for r in lines(out)]
+        assert ("emulated" in caplog.text) == (precision == "bf16")  # the warning names the slow path
     assert got["fp32"][0] == pytest.approx(got["bf16"][0], rel=2e-2)
     assert got["fp32"][1] == pytest.approx(got["bf16"][1], rel=5e-2)
     assert got["fp32"] != got["bf16"]  # bf16 really ran in bf16

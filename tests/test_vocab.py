@@ -67,6 +67,18 @@ def test_special_token_layout(learned, corpus):
     assert len(set(tokens)) == len(tokens)
 
 
+def test_the_same_text_gives_the_same_vocab_file_every_time(learned, corpus):
+    # tokenizers' trainer numbers the "##" pieces in hash-map order (a new order each run); the file must not
+    first = (corpus["root"] / "vocab" / "vocab.txt").read_bytes()
+    for k in range(3):
+        learn_vocab(corpus["files"], corpus["root"] / f"again{k}", vocab_size=400, show_progress=False)
+        assert (corpus["root"] / f"again{k}" / "vocab.txt").read_bytes() == first
+    pieces = first.decode("utf-8").splitlines()[104:]
+    groups = [[p for p in pieces if (len(p.removeprefix("##")) > 1, p.startswith("##")) == g]
+              for g in ((False, False), (False, True), (True, False), (True, True))]
+    assert all(groups) and pieces == [p for g in groups for p in sorted(g)]
+
+
 def test_vocab_size_is_an_upper_bound(learned, corpus):
     assert 104 < len(learned) <= 400
     assert len(learned) == 400  # this corpus has more than enough merges to fill it

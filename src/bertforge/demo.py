@@ -161,12 +161,16 @@ PRETRAINED_FINETUNE_MARGIN = 1.1
 """Time set aside for the pre-trained model's fine-tuning, as a multiple of the from-scratch run's."""
 MIN_PRETRAIN_STEPS = 50
 """Fewest pre-training steps the demo runs, whatever the budget leaves (with a warning)."""
+STEP_TIMER_WARMUP, STEP_TIMER_REPEATS = 2, 4
+"""Untimed and timed steps of `time_pretraining_step`."""
 
 
 def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, device: torch.device,
-                          repeats: int = 4, warmup: int = 2) -> float:
+                          repeats: int = STEP_TIMER_REPEATS, warmup: int = STEP_TIMER_WARMUP,
+                          give_up_after: float = math.inf) -> float:
     """Seconds of a pre-training step (forward, MLM + NSP losses, backward) of the demo's model and batch
-    shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps."""
+    shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps; inf
+    once the steps so far took over ``give_up_after`` seconds (a precision slower than one already timed)."""
     from bertforge.config import BertConfig, dropout_overrides
     from bertforge.heads import BertForPreTraining
     from bertforge.pretrain import PretrainingTask
@@ -196,6 +200,8 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
+        if sum(times) > give_up_after:
+            return math.inf
     return statistics.median(times[warmup:])
 
 
@@ -221,7 +227,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     from bertforge.baselines import bow_logistic_regression
     from bertforge.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.distributed import resolve_device
+    from bertforge.distributed import native_bf16, resolve_device
     from bertforge.heads import BertForPreTraining
     from bertforge.pretrain import PretrainConfig, pretrain
     from bertforge.vocab import learn_vocab
@@ -276,10 +282,17 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
 
     with step("Time a pre-training step on this machine" + (" in bf16 and in fp32" if cfg.precision == "auto" else "")):
         device = resolve_device()  # the trainer's "auto"
-        candidates = ("bf16", "fp32") if cfg.precision == "auto" else (cfg.precision,)
-        step_seconds = {p: time_pretraining_step(cfg, tok.vocab_size, p, device) for p in candidates}
+        candidates = ("fp32", "bf16") if cfg.precision == "auto" else (cfg.precision,)
+        if cfg.precision == "auto" and not native_bf16(device):
+            candidates = ("fp32",)
+            print(f"    bf16 not timed: this {device.type} has no native bf16 (emulated, it is tens of times slower)")
+        step_seconds: dict[str, float] = {}
+        for p in candidates:  # a later candidate stops once it has taken twice the first's time
+            limit = 2 * (STEP_TIMER_WARMUP + STEP_TIMER_REPEATS) * min(step_seconds.values(), default=math.inf)
+            step_seconds[p] = time_pretraining_step(cfg, tok.vocab_size, p, device, give_up_after=limit)
         precision = min(step_seconds, key=step_seconds.get)
-        print("    " + ", ".join(f"{p} {t:.2f} s" for p, t in step_seconds.items()) + f": training in {precision}")
+        print("    " + ", ".join(f"{p} {t:.2f} s" if t < math.inf else f"{p} over twice as slow (stopped)"
+                                 for p, t in step_seconds.items()) + f": training in {precision}")
         report["precision"] = precision
 
     with step("Fine-tune on movie-review polarity from random initialisation (the baseline; timed)"):

@@ -65,6 +65,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively. A CPU without AVX-512 BF16 or AMX only emulates it,
+    tens of times slower than fp32 (a demo pre-training step: 49 s in bf16 against 1.1 s in fp32 on an
+    AVX2-only AMD EPYC)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return True
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN's check: assume it, as autocast does
+        return True
+
+
 def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
     """Join the process group when launched by torchrun; return this process's place and device.
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import warnings
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.distributed import resolve_device
+from bertforge.distributed import native_bf16, resolve_device
 from bertforge.modeling import freeze_weights
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
@@ -135,6 +136,9 @@ def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> co
     kind = resolve_device(device).type
     if amp == torch.float16 and kind != "cuda":
         raise ValueError("float16 needs a CUDA device; on CPU use bfloat16")
+    if amp == torch.bfloat16 and not native_bf16(torch.device(kind)):
+        warnings.warn(f"bfloat16 on a {kind} without native bf16 (no AVX-512 BF16 / AMX) is emulated, tens of "
+                      "times slower than float32; use float32 here", stacklevel=2)
     return torch.autocast(kind, dtype=amp) if amp is not None else contextlib.nullcontext()
 
 

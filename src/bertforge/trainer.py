@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.distributed import Distributed, unwrap_model, wrap_model
+from bertforge.distributed import Distributed, native_bf16, unwrap_model, wrap_model
 from bertforge.io import atomic_write_text, replace_dir
 from bertforge.optim import build_optimizer, build_schedule
 
@@ -337,6 +337,9 @@ class Trainer:
         amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         if config.precision == "fp16" and self.device.type != "cuda":
             raise ValueError("precision fp16 needs a CUDA device (its gradient scaler); on CPU use bf16")
+        if config.precision == "bf16" and not native_bf16(self.device):
+            logger.warning("precision bf16 on a %s without native bf16 (no AVX-512 BF16 / AMX): it is emulated, "
+                           "tens of times slower than fp32; use precision fp32 here", self.device.type)
         self.autocast_dtype = amp
         self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
         self.step = 0

@@ -8,7 +8,8 @@ uncased vocabulary::
     id 0               [PAD]
     ids 1..num_unused  [unused0] .. [unused{num_unused-1}]   (free slots for task-specific tokens)
     then               [UNK] [CLS] [SEP] [MASK]
-    then               the learned pieces
+    then               the learned pieces: characters, "##" characters, longer pieces, "##" ones last,
+                       each group sorted (the same text gives the same vocab.txt on every run)
 
 so with ``num_unused=99``: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
 """
@@ -28,6 +29,11 @@ from bertforge.tokenization import BertTokenizer, bert_normalizer, bert_pre_toke
 __all__ = ["learn_vocab", "iter_text_lines"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+def _canonical(piece: str) -> tuple[bool, bool, str]:
+    """Sort key of a learned piece: characters, then "##" characters, then longer pieces ("##" ones last)."""
+    return len(piece.removeprefix("##")) > 1, piece.startswith("##"), piece
+
 
 def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield the non-blank lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` decompressed).
@@ -114,8 +120,11 @@ def learn_vocab(
     )
     backend.train_from_iterator(lines, trainer=trainer)
 
-    learned = sorted(backend.get_vocab().items(), key=lambda kv: kv[1])
-    pieces = [t for t, _ in learned if t not in SPECIAL_TOKENS]
+    # In a canonical order, not the trainer's: tokenizers numbers the "##" pieces in hash-map order, so the
+    # same text gave a differently ordered vocab.txt (the same set, other ids) on every run (tokenizers
+    # #1794). WordPiece's greedy longest match depends on the set only: characters, "##" characters,
+    # then longer pieces, each group sorted.
+    pieces = sorted((t for t in backend.get_vocab() if t not in SPECIAL_TOKENS), key=_canonical)
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(num_unused)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]
     tokenizer = BertTokenizer(tokens, do_lower_case=do_lower_case)
     tokenizer.save_pretrained(out_dir)
