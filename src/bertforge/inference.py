@@ -137,8 +137,8 @@ def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> co
     if amp == torch.float16 and kind != "cuda":
         raise ValueError("float16 needs a CUDA device; on CPU use bfloat16")
     if amp == torch.bfloat16 and not native_bf16(torch.device(kind)):
-        warnings.warn(f"bfloat16 on a {kind} without native bf16 (no AVX-512 BF16 / AMX) is emulated, tens of "
-                      "times slower than float32; use float32 here", stacklevel=2)
+        warnings.warn(f"bfloat16 on a {kind} without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU before "
+                      "Ampere) is emulated, far slower than float32; use float32 here", stacklevel=2)
     return torch.autocast(kind, dtype=amp) if amp is not None else contextlib.nullcontext()
 
 

@@ -338,8 +338,9 @@ class Trainer:
         if config.precision == "fp16" and self.device.type != "cuda":
             raise ValueError("precision fp16 needs a CUDA device (its gradient scaler); on CPU use bf16")
         if config.precision == "bf16" and not native_bf16(self.device):
-            logger.warning("precision bf16 on a %s without native bf16 (no AVX-512 BF16 / AMX): it is emulated, "
-                           "tens of times slower than fp32; use precision fp32 here", self.device.type)
+            logger.warning("precision bf16 on a %s without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU "
+                           "before Ampere): it is emulated, far slower than fp32; use precision fp32 here",
+                           self.device.type)
         self.autocast_dtype = amp
         self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
         self.step = 0
