@@ -36,6 +36,14 @@ def test_help_lists_every_command():
     assert set(COMMANDS) >= {"vocab", "convert", "tokenize", "info"}
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_prints_its_help(command, capsys):
+    # every flag's help text renders (argparse formats it: a bare "%" in a field's docstring broke demo's)
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and "usage: bertforge " + command in capsys.readouterr().out
+
+
 def test_vocab_then_tokenize(corpus, tmp_path, capsys):
     out_dir = tmp_path / "vocab"
     assert main(["vocab", str(corpus), "--out", str(out_dir), "--vocab-size", "400", "--min-frequency", "1"]) == 0

@@ -21,7 +21,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("bertforge.distributed.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_epochs=1,
-                     finetune_batch_size=16, minutes=0.05)
+                     finetune_batch_size=16, minutes=0.05, finetune_seeds=2)
     report = run_demo(cfg)
     out = tmp_path / "demo"
     assert report["precision"] == "fp32"
@@ -30,11 +30,14 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
     assert set(report["movie_review_accuracy"]) == {"pre-trained", "from scratch", "bag of words"}
     assert all(0 <= a <= 1 for a in report["movie_review_accuracy"].values())
+    for name, accs in report["movie_review_accuracy_by_seed"].items():  # two fine-tunings of each, averaged
+        assert len(accs) == 2 and report["movie_review_accuracy"][name] == pytest.approx(sum(accs) / 2)
+    assert (out / "finetune-pre-trained-seed1" / "best").is_dir()
     assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])
     assert (out / "pretrain" / "curves.png").stat().st_size > 1000
     assert json.loads((out / "report.json").read_text())["config"]["articles"] == 200
     text = (out / "report.md").read_text()
-    assert "Movie-review polarity" in text and "pre-training" in text
+    assert "Movie-review polarity" in text and "pre-training" in text and "means of 2 fine-tuning seeds" in text
     printed = capsys.readouterr().out
     assert "bf16 not timed" in printed and "Demo finished" in printed and f"time for 0 pre-training steps; running {MIN_PRETRAIN_STEPS}" in printed
 
@@ -54,7 +57,8 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
     cfg = seen["cfg"]
     assert (cfg.minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 0)
-    for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_warmup_ratio": 1.0}):
+    for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_warmup_ratio": 1.0},
+                {"finetune_seeds": 0}):
         with pytest.raises(ValueError):
             DemoConfig(**bad)
 

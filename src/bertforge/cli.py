@@ -79,7 +79,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tu
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
         kind = _scalar_type(f.type)
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        help_text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%")  # argparse formats help
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif kind in (int, float, str):
