@@ -18,9 +18,9 @@ The pre-training text is the Wikipedia leads plus, by default, the movie-review 
 sentences without their labels (``task_text_in_pretraining``; the dev sentences are never seen
 before evaluation). Within 18 minutes on 2 CPU cores pre-training has not paid off on movie reviews
 in any run measured, on three kinds of CPU; with about three times the pre-training it did
-(``--minutes 60``: +1.7 points with 3,524 steps): benchmarks/README.md has the runs. Every setting is a field of
-`DemoConfig`; ``bertforge demo --config FILE.yaml`` scales it up (``configs/demo.yaml`` lists them
-with the defaults).
+(``--minutes 60``: +1.7 points with 3,524 steps): benchmarks/README.md has the runs. Every setting
+is a field of `DemoConfig`; ``bertforge demo --config FILE.yaml`` scales it up
+(``configs/demo.yaml`` lists them with the defaults).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
                 progress=False)
         print("    " + format_stats(manifest).replace("\n", "\n    "))
 
-    with step("Time a pre-training step on this machine" + (" in bf16 and in fp32" if cfg.precision == "auto" else "")):
+    with step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if cfg.precision == "auto" else "")):
         device = resolve_device()  # the trainer's "auto"
         candidates = ("fp32", "bf16") if cfg.precision == "auto" else (cfg.precision,)
         if cfg.precision == "auto" and not native_bf16(device):
@@ -397,8 +397,10 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
              "## Fill-mask", ""]
     lines += [f"- `{e['text']}`: " + ", ".join(f"{t} ({p:.2f})" for t, p in e["top"]) for e in examples]
     lines += ["", "## Movie-review polarity (dev accuracy)", "", "| model | accuracy |", "|---|---|"]
-    lines += [f"| {name} | {acc:.4f}" + (f" (seeds: {', '.join(f'{a:.4f}' for a in by_seed[name])})"
-                                        if len(by_seed.get(name, ())) > 1 else "") + " |" for name, acc in scores.items()]
+    for name, acc in scores.items():
+        seeds = by_seed.get(name, ())
+        each = f" (seeds: {', '.join(f'{a:.4f}' for a in seeds)})" if len(seeds) > 1 else ""
+        lines.append(f"| {name} | {acc:.4f}{each} |")
     lines += ["", verdict + ".", ""]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

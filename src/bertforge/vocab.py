@@ -30,6 +30,7 @@ __all__ = ["learn_vocab", "iter_text_lines"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
+
 def _canonical(piece: str) -> tuple[bool, bool, str]:
     """Sort key of a learned piece: characters, then "##" characters, then longer pieces ("##" ones last)."""
     return len(piece.removeprefix("##")) > 1, piece.startswith("##"), piece
