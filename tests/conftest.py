@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.config import BertConfig
+from bertforge.model.config import BertConfig
 
 VOCAB = 99  # deliberately not a "round" size, so a vocab/hidden mix-up shows as a shape error
 
@@ -131,7 +131,7 @@ def assert_close():
 @pytest.fixture(scope="session")
 def minilm() -> Path:
     """The real all-MiniLM-L6-v2 folder (pip-installed into bertforge's cache on first use)."""
-    from bertforge.resources import minilm_folder
+    from bertforge.demo.resources import minilm_folder
 
     return minilm_folder()
 
@@ -149,6 +149,6 @@ def tok_dir(tmp_path_factory):
 def tokenizer(tok_dir):
     from data_fixtures import check_tokenizer
 
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     return check_tokenizer(BertTokenizer.from_pretrained(tok_dir))

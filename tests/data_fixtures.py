@@ -20,7 +20,7 @@ import numpy as np
 
 from bertforge.data.instances import SpecialIds, TrainingInstance
 from bertforge.data.shards import read_shard
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 # ------------------------------------------------------------------------------ the vocabulary
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103

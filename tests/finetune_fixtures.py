@@ -9,8 +9,8 @@ import pytest
 import torch
 from data_fixtures import PLAIN_WORDS, VOCAB_SIZE, write_tokenizer
 
-from bertforge.config import BertConfig
-from bertforge.heads import BertForPreTraining
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import BertForPreTraining
 
 FILLER = [w for w in PLAIN_WORDS if w not in ("good", "bad")]
 """Words that carry no label in the generated tasks ("good" / "bad" decide)."""

@@ -18,8 +18,8 @@ from data_fixtures import documents, write_google, write_tokenizer
 
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, prepare
-from bertforge import pretrain as pretrain_module
-from bertforge.pretrain import PretrainConfig, PretrainingTask
+from bertforge.train import pretrain as pretrain_module
+from bertforge.train.pretrain import PretrainConfig, PretrainingTask
 
 # 8 documents cut into windows of 400 characters: 3 shards of 8, 5 and 8 NSP instances (13 + 8
 # held out with eval_shards=1), each at most 32 tokens with at most 5 predictions.

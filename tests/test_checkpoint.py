@@ -14,8 +14,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import bertforge
-from bertforge import checkpoint
-from bertforge.checkpoint import CheckpointError, convert, read_state_dict
+from bertforge.model import checkpoint
+from bertforge.convert.folders import convert
+from bertforge.model.checkpoint import CheckpointError, read_state_dict
 
 CLASSES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice"]

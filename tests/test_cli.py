@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bertforge.cli import COMMANDS, main
-from bertforge.config import BertConfig
-from bertforge.heads import BertForPreTraining
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import BertForPreTraining
 
 WORDS = ("the cat sat on a mat while the dog ran after a red ball in the park near our house "
          "because everyone wanted quiet evenings with good books and warm tea").split()

@@ -9,8 +9,8 @@ import torch
 import transformers
 
 from bertforge import BertModel
-from bertforge.checkpoint import CheckpointError, load_pretrained
-from bertforge.config import BertConfig
+from bertforge.model.checkpoint import CheckpointError, load_pretrained
+from bertforge.model.config import BertConfig
 
 FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
           "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",

@@ -44,7 +44,7 @@ from bertforge.data.instances import create_packed_instances
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, format_stats, load_manifest, prepare
 from bertforge.data.shards import ShardError
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 BASE = {"max_seq_length": 64, "dupe_factor": 2, "shard_chars": 15_000}
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertforge import cli
-from bertforge.demo import MIN_PRETRAIN_STEPS, DemoConfig, run_demo, time_pretraining_step
+from bertforge.demo.run import MIN_PRETRAIN_STEPS, DemoConfig, run_demo, time_pretraining_step
 
 pytestmark = pytest.mark.real_data
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.real_data
 def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     # A budget of 3 seconds leaves no time for pre-training: the demo says so and runs the fewest steps.
     # On a CPU without native bf16 (as here, patched) the demo does not time bf16 at all, and trains in fp32.
-    monkeypatch.setattr("bertforge.distributed.native_bf16", lambda device: False)
+    monkeypatch.setattr("bertforge.train.distributed.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_epochs=1,
                      finetune_batch_size=16, minutes=0.05, finetune_seeds=2)
@@ -53,7 +53,7 @@ def test_a_pretraining_step_is_timed_in_each_precision():
 
 def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr("bertforge.demo.run_demo", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr("bertforge.demo.run.run_demo", lambda cfg: seen.setdefault("cfg", cfg))
     (tmp_path / "demo.yaml").write_text("minutes: 3\nmodel: tiny\n")
     assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
     cfg = seen["cfg"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bertforge.modeling as modeling
-from bertforge.heads import BertForPreTraining
-from bertforge.modeling import Dropout, dropout_mask
+import bertforge.model.bert as modeling
+from bertforge.model.heads import BertForPreTraining
+from bertforge.model.bert import Dropout, dropout_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.03])

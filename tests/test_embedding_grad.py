@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
-from bertforge.config import BertConfig
-from bertforge.heads import BertForMaskedLM, BertForSequenceClassification
-from bertforge import modeling
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
+from bertforge.model import bert as modeling
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                     max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

@@ -24,11 +24,12 @@ from data_fixtures import VOCAB_SIZE, write_tokenizer
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 from safetensors import safe_open
 
-from bertforge import cli, features
-from bertforge.config import BertConfig
-from bertforge.features import extract_features, read_inputs, split_pair, write_features
-from bertforge.heads import BertForPreTraining
-from bertforge.tokenization import BertTokenizer
+from bertforge import cli
+from bertforge.serving import features
+from bertforge.model.config import BertConfig
+from bertforge.serving.features import extract_features, read_inputs, split_pair, write_features
+from bertforge.model.heads import BertForPreTraining
+from bertforge.text.tokenizer import BertTokenizer
 
 H, L = 32, 4
 TEXTS = ["the old house by the river", ("a small tree", "the long road to the city"), "",

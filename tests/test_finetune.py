@@ -28,9 +28,10 @@ from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - fixtures
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 from safetensors.torch import load_file
 
-from bertforge import cli, trainer
-from bertforge.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
-from bertforge.heads import BertForSequenceClassification
+from bertforge import cli
+from bertforge.train import loop as trainer
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
+from bertforge.model.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
     ClassificationTask,
     Example,
@@ -41,7 +42,7 @@ from bertforge.tasks.classification import (
     read_examples,
     targets,
 )
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 
 def polar(rng: random.Random, n_words: tuple[int, int] = (3, 8), at: int | None = None) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Raw-text inference (`bertforge.inference.Predictor`) and ``bertforge predict``: every head on a
+"""Raw-text inference (`bertforge.serving.predictor.Predictor`) and ``bertforge predict``: every head on a
 tiny checkpoint with random weights and the test vocab, checked against transformers on the same
 folder, the features module and the texts' own characters; inputs from arguments, files and
 stdin; readable and JSONL output."""
@@ -19,13 +19,13 @@ from finetune_fixtures import root, write  # noqa: F401 - fixture: a folder for 
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
 from bertforge import cli
-from bertforge.config import BertConfig
-from bertforge.features import extract_features
-from bertforge.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
+from bertforge.model.config import BertConfig
+from bertforge.serving.features import extract_features
+from bertforge.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
                              BertForSequenceClassification, BertForTokenClassification)
-from bertforge.inference import InputError, Predictor, format_records, parse_input
-from bertforge.modeling import BertModel
-from bertforge.tokenization import BertTokenizer
+from bertforge.serving.predictor import InputError, Predictor, format_records, parse_input
+from bertforge.model.bert import BertModel
+from bertforge.text.tokenizer import BertTokenizer
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
@@ -194,7 +194,7 @@ def test_bf16_runs_under_autocast(clf, monkeypatch):
     assert all(sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6) for r in bf16)
     with pytest.raises(ValueError, match="float16 needs a CUDA device"):
         Predictor.from_pretrained(clf, device="cpu", dtype=torch.float16)
-    monkeypatch.setattr("bertforge.inference.native_bf16", lambda device: False)  # an AVX2-only CPU
+    monkeypatch.setattr("bertforge.serving.predictor.native_bf16", lambda device: False)  # an AVX2-only CPU
     with pytest.warns(UserWarning, match="emulated"):
         Predictor.from_pretrained(clf, device="cpu", dtype="bf16")
 

@@ -1,7 +1,7 @@
 """Parity with transformers on identical weights: every class, outputs, losses and gradients.
 
 Our model runs dense layers on real tokens only, so per-token outputs are compared at real
-(non-padding) positions; at padding ours returns zeros by design (see `bertforge.modeling`).
+(non-padding) positions; at padding ours returns zeros by design (see `bertforge.model.bert`).
 Sequence-level outputs (pooler, NSP, classification, multiple choice) are compared in full.
 """
 
@@ -19,9 +19,9 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge import modeling
-from bertforge.heads import gather_positions
-from bertforge.modeling import frozen_weights
+from bertforge.model import bert as modeling
+from bertforge.model.heads import gather_positions
+from bertforge.model.bert import frozen_weights
 
 CONFIGS = {
     "L2-A4-gelu": dict(),
@@ -335,7 +335,7 @@ def test_padding_invariance(cls, tiny_config, make_batch, assert_close):
 def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
     """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
     every slot): outputs equal the un-rounded forward's, with zeros at padding."""
-    import bertforge.modeling as modeling
+    import bertforge.model.bert as modeling
 
     seen = []
     real_round = modeling._Padding.round_rows

@@ -25,8 +25,8 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - base: the tiny "pre-trained" BERT fixture
 
 from bertforge import cli
-from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
-from bertforge.heads import BertForMultipleChoice
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.model.heads import BertForMultipleChoice
 from bertforge.tasks import family_for
 from bertforge.tasks.multiple_choice import (
     ChoiceExample,
@@ -35,7 +35,7 @@ from bertforge.tasks.multiple_choice import (
     longest_first,
     read_choices,
 )
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
 

@@ -24,9 +24,10 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from bertforge import modeling, onnx_export  # noqa: E402
+from bertforge.model import bert as modeling  # noqa: E402
+from bertforge.convert import onnx as onnx_export  # noqa: E402
 from bertforge.cli import main  # noqa: E402
-from bertforge.onnx_export import OnnxCheck, export_onnx  # noqa: E402
+from bertforge.convert.onnx import OnnxCheck, export_onnx  # noqa: E402
 
 EXPECTED = {
     BertModel: ("last_hidden_state", "pooler_output"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.plot import _panels, ema, plot_run, read_metrics
+from bertforge.train.plot import _panels, ema, plot_run, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -210,9 +210,9 @@ def test_import_is_cheap_and_plotting_leaves_pyplot_alone(tmp_path):
     _write_run(tmp_path, [{"split": "train", "step": s, "loss": 1.0 / s} for s in range(1, 10)])
     code = (
         "import sys\n"
-        "import bertforge.plot\n"
-        "assert 'matplotlib' not in sys.modules, 'import bertforge.plot loaded matplotlib'\n"
-        f"bertforge.plot.plot_run({str(tmp_path)!r})\n"
+        "import bertforge.train.plot\n"
+        "assert 'matplotlib' not in sys.modules, 'import bertforge.train.plot loaded matplotlib'\n"
+        f"bertforge.train.plot.plot_run({str(tmp_path)!r})\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'plot_run loaded pyplot'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

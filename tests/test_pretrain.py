@@ -21,13 +21,14 @@ from safetensors.torch import load_file
 from pretrain_fixtures import config, evaluate_folder, lines, losses_by_step, make_data
 from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
 
-from bertforge import cli, trainer
-from bertforge.checkpoint import read_state_dict
-from bertforge.heads import BertForMaskedLM, BertForPreTraining
-from bertforge.optim import lr_factor
-from bertforge.pretrain import pretrain
-from bertforge.tokenization import BertTokenizer
-from bertforge.trainer import latest_checkpoint
+from bertforge import cli
+from bertforge.train import loop as trainer
+from bertforge.model.checkpoint import read_state_dict
+from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
+from bertforge.train.optim import lr_factor
+from bertforge.train.pretrain import pretrain
+from bertforge.text.tokenizer import BertTokenizer
+from bertforge.train.loop import latest_checkpoint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

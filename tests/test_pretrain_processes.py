@@ -19,9 +19,9 @@ from pretrain_fixtures import (bertforge_command, cli_args, config, lines, losse
                                subprocess_env)
 from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
 
-from bertforge.checkpoint import read_state_dict
-from bertforge.pretrain import pretrain
-from bertforge.trainer import latest_checkpoint
+from bertforge.model.checkpoint import read_state_dict
+from bertforge.train.pretrain import pretrain
+from bertforge.train.loop import latest_checkpoint
 
 
 def _start(cfg, cwd: Path) -> subprocess.Popen:

@@ -1,4 +1,4 @@
-"""``bertforge serve`` (`bertforge.serve.create_app`): the HTTP service answering through Starlette's
+"""``bertforge serve`` (`bertforge.serving.http.create_app`): the HTTP service answering through Starlette's
 TestClient (no real port): health, predictions equal to the `Predictor`'s, per-head routes, clear
 4xx errors on bad requests, one model call at a time under concurrent requests."""
 
@@ -16,10 +16,10 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from starlette.testclient import TestClient
 
 from bertforge import cli
-from bertforge.config import BertConfig
-from bertforge.heads import BertForMaskedLM, BertForSequenceClassification
-from bertforge.inference import Predictor
-from bertforge.serve import create_app
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
+from bertforge.serving.predictor import Predictor
+from bertforge.serving.http import create_app
 
 
 def _save(folder, model):

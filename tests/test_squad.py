@@ -27,10 +27,11 @@ from data_fixtures import PLAIN_WORDS, TOKENS
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 from finetune_fixtures import base, root  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 
-from bertforge import cli, losses
-from bertforge.config import BertConfig
-from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
-from bertforge.heads import BertForQuestionAnswering
+from bertforge import cli
+from bertforge.model import losses
+from bertforge.model.config import BertConfig
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.model.heads import BertForQuestionAnswering
 from bertforge.tasks import family_for
 from bertforge.tasks.squad import (
     NO_SPAN_ODDS,
@@ -43,7 +44,7 @@ from bertforge.tasks.squad import (
     squad_files,
     top_k_scores,
 )
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 COLOURS = ["grey", "blue", "green"]
 NOUNS = ["house", "river", "tree", "stone", "cloud", "city", "road", "field", "book", "door", "window", "table",

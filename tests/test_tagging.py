@@ -26,10 +26,11 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from finetune_fixtures import base, root, write  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 from torch import nn
 
-from bertforge import cli, losses
-from bertforge.config import BertConfig
-from bertforge.finetune import FinetuneConfig, evaluate, finetune, predict
-from bertforge.heads import BertForTokenClassification
+from bertforge import cli
+from bertforge.model import losses
+from bertforge.model.config import BertConfig
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.model.heads import BertForTokenClassification
 from bertforge.tasks import family_for
 from bertforge.tasks.tagging import (
     Sentence,
@@ -42,7 +43,7 @@ from bertforge.tasks.tagging import (
     tag_ids,
     tag_list,
 )
-from bertforge.tokenization import BertTokenizer
+from bertforge.text.tokenizer import BertTokenizer
 
 PEOPLE = ["walker", "singer", "painter", "climber", "teacher"]  # B-PER; two WordPieces each: walk ##er
 SURNAMES = ["stone", "green", "young"]  # I-PER: after a person

@@ -18,10 +18,11 @@ import transformers
 from safetensors.numpy import load_file
 
 import bertforge
-from bertforge import tf_checkpoint as tfc
-from bertforge.checkpoint import CheckpointError, convert
+from bertforge.convert import tf as tfc
+from bertforge.convert.folders import convert
+from bertforge.model.checkpoint import CheckpointError
 from bertforge.cli import main
-from bertforge.tf_checkpoint import TFCheckpointReader, convert_tf_checkpoint, find_tf_checkpoint
+from bertforge.convert.tf import TFCheckpointReader, convert_tf_checkpoint, find_tf_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
 PREFIXES = {"pretraining": "bert_model.ckpt", "classifier": "model.ckpt-3", "squad": "model.ckpt-2"}

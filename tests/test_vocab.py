@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.tokenization import BertTokenizer
-from bertforge.vocab import iter_text_lines, learn_vocab
+from bertforge.text.tokenizer import BertTokenizer
+from bertforge.text.vocab import iter_text_lines, learn_vocab
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ven", "dar", "qu", "ix", "zé", "ño"]
 

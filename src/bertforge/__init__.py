@@ -5,7 +5,7 @@ The names mirror transformers' so users feel at home::
     from bertforge import BertConfig, BertForPreTraining, BertTokenizer
     model = BertForPreTraining(BertConfig.preset("mini"))
 
-Names are imported on first use, so ``import bertforge.tokenization`` (e.g. in data-preparation
+Names are imported on first use, so ``import bertforge.text.tokenizer`` (e.g. in data-preparation
 workers) does not pay for importing torch.
 """
 
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BertConfig": "bertforge.config",
-    "BertModel": "bertforge.modeling",
-    "BertForPreTraining": "bertforge.heads",
-    "BertForMaskedLM": "bertforge.heads",
-    "BertForSequenceClassification": "bertforge.heads",
-    "BertForTokenClassification": "bertforge.heads",
-    "BertForQuestionAnswering": "bertforge.heads",
-    "BertForMultipleChoice": "bertforge.heads",
-    "BertTokenizer": "bertforge.tokenization",
+    "BertConfig": "bertforge.model.config",
+    "BertModel": "bertforge.model.bert",
+    "BertForPreTraining": "bertforge.model.heads",
+    "BertForMaskedLM": "bertforge.model.heads",
+    "BertForSequenceClassification": "bertforge.model.heads",
+    "BertForTokenClassification": "bertforge.model.heads",
+    "BertForQuestionAnswering": "bertforge.model.heads",
+    "BertForMultipleChoice": "bertforge.model.heads",
+    "BertTokenizer": "bertforge.text.tokenizer",
 }
 __all__ = [
     "BertConfig",
@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from bertforge.config import BertConfig
-    from bertforge.heads import (
+    from bertforge.model.config import BertConfig
+    from bertforge.model.heads import (
         BertForMaskedLM,
         BertForMultipleChoice,
         BertForPreTraining,
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
         BertForSequenceClassification,
         BertForTokenClassification,
     )
-    from bertforge.modeling import BertModel
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.model.bert import BertModel
+    from bertforge.text.tokenizer import BertTokenizer
 
 
 def __getattr__(name: str):

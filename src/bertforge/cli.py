@@ -1,19 +1,19 @@
 """The ``bertforge`` command line: a table of subcommands, each a thin wrapper over a plain function.
 
-    bertforge vocab      learn a WordPiece vocab.txt from text files   (bertforge.vocab.learn_vocab)
+    bertforge vocab      learn a WordPiece vocab.txt from text files   (bertforge.text.vocab.learn_vocab)
     bertforge prepare    raw text -> pre-training shards               (bertforge.data.prepare.prepare)
     bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
-    bertforge convert    re-write a BERT checkpoint folder             (bertforge.checkpoint.convert)
-    bertforge info       describe a checkpoint folder                  (bertforge.checkpoint)
-    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime (bertforge.onnx_export.export_onnx)
-    bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.pretrain.pretrain)
-    bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.finetune.finetune)
-    bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.finetune.evaluate)
-    bertforge predict    a checkpoint's head on texts, or a task file  (bertforge.inference.Predictor, finetune.predict)
-    bertforge serve      a checkpoint's head as an HTTP JSON service   (bertforge.serve.serve)
-    bertforge features   token vectors / sentence embeddings of texts  (bertforge.features.write_features)
-    bertforge plot       redraw a run's training curves                (bertforge.plot.plot_run)
-    bertforge demo       the end-to-end demo on real data              (bertforge.demo.run_demo)
+    bertforge convert    re-write a BERT checkpoint folder             (bertforge.convert.folders.convert)
+    bertforge info       describe a checkpoint folder                  (bertforge.model.checkpoint)
+    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime (bertforge.convert.onnx.export_onnx)
+    bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.train.pretrain.pretrain)
+    bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.tasks.finetune.finetune)
+    bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.tasks.finetune.evaluate)
+    bertforge predict    a checkpoint's head on texts, or a task file  (bertforge.serving.predictor.Predictor, finetune.predict)
+    bertforge serve      a checkpoint's head as an HTTP JSON service   (bertforge.serving.http.serve)
+    bertforge features   token vectors / sentence embeddings of texts  (bertforge.serving.features.write_features)
+    bertforge plot       redraw a run's training curves                (bertforge.train.plot.plot_run)
+    bertforge demo       the end-to-end demo on real data              (bertforge.demo.run.run_demo)
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _vocab_args(p: argparse.ArgumentParser) -> None:
 
 
 def _vocab(a: argparse.Namespace) -> int:
-    from bertforge.vocab import learn_vocab
+    from bertforge.text.vocab import learn_vocab
 
     tok = learn_vocab(a.files, a.out, vocab_size=a.vocab_size, do_lower_case=not a.cased,
                       min_frequency=a.min_frequency, limit_alphabet=a.limit_alphabet, num_unused=a.num_unused)
@@ -195,7 +195,7 @@ def _tokenize_args(p: argparse.ArgumentParser) -> None:
 
 
 def _tokenize(a: argparse.Namespace) -> int:
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(a.tokenizer)
     texts = a.text or [line.rstrip("\n") for line in sys.stdin]
@@ -212,7 +212,7 @@ def _tokenize(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- convert / info
 def _convert_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.checkpoint import MODEL_CLASSES
+    from bertforge.model.heads import MODEL_CLASSES
 
     p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), "
                                "or Google's TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + "
@@ -224,7 +224,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(a: argparse.Namespace) -> int:
-    from bertforge.checkpoint import convert
+    from bertforge.convert.folders import convert
 
     import torch
 
@@ -238,8 +238,9 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 
 
 def _info(a: argparse.Namespace) -> int:
-    from bertforge.checkpoint import infer_model_class, read_state_dict
-    from bertforge.config import BertConfig
+    from bertforge.model.checkpoint import read_state_dict
+    from bertforge.model.heads import infer_model_class
+    from bertforge.model.config import BertConfig
 
     config = BertConfig.load(a.checkpoint)
     state = read_state_dict(a.checkpoint)
@@ -259,8 +260,8 @@ def _info(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- export-onnx
 def _export_onnx_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.checkpoint import MODEL_CLASSES
-    from bertforge.onnx_export import ATOL, ONNX_OPSET
+    from bertforge.model.heads import MODEL_CLASSES
+    from bertforge.convert.onnx import ATOL, ONNX_OPSET
 
     p.add_argument("checkpoint", help="a BERT checkpoint folder (bertforge or transformers)")
     p.add_argument("out", help="folder to write model.onnx, config.json and the tokenizer files into "
@@ -277,8 +278,9 @@ def _export_onnx_args(p: argparse.ArgumentParser) -> None:
 def _export_onnx(a: argparse.Namespace) -> int:
     import torch
 
-    from bertforge.checkpoint import MODEL_CLASSES, infer_model_class, load_pretrained
-    from bertforge.onnx_export import export_onnx
+    from bertforge.model.checkpoint import load_pretrained
+    from bertforge.model.heads import MODEL_CLASSES, infer_model_class
+    from bertforge.convert.onnx import export_onnx
 
     cls = MODEL_CLASSES[a.model_class] if a.model_class else infer_model_class(a.checkpoint)
     model = load_pretrained(cls, a.checkpoint, dtype=torch.float32)
@@ -290,7 +292,7 @@ def _export_onnx(a: argparse.Namespace) -> int:
         return 2
     model.config.replace(architectures=[cls.__name__]).save(out / "config.json")
     if (Path(a.checkpoint) / "vocab.txt").is_file():
-        from bertforge.tokenization import BertTokenizer
+        from bertforge.text.tokenizer import BertTokenizer
 
         BertTokenizer.from_pretrained(a.checkpoint).save_pretrained(out)
     print(result.summary())
@@ -311,13 +313,13 @@ def _report_stop(command: str, result: Any) -> None:
 
 
 def _pretrain_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.pretrain import PretrainConfig
+    from bertforge.train.pretrain import PretrainConfig
 
     _run_config_arguments(p, PretrainConfig)
 
 
 def _pretrain(a: argparse.Namespace) -> int:
-    from bertforge.pretrain import PretrainConfig, pretrain
+    from bertforge.train.pretrain import PretrainConfig, pretrain
 
     _report_stop("pretrain", pretrain(config_from_args(PretrainConfig, a, file=a.config)))
     return 0
@@ -329,7 +331,7 @@ def _plot_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plot(a: argparse.Namespace) -> int:
-    from bertforge.plot import plot_run
+    from bertforge.train.plot import plot_run
 
     print(f"wrote {plot_run(a.run_dir, a.out)}")
     return 0
@@ -337,7 +339,7 @@ def _plot(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- finetune / evaluate / predict
 def _finetune_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.finetune import FinetuneConfig
+    from bertforge.tasks.finetune import FinetuneConfig
 
     _run_config_arguments(p, FinetuneConfig, skip=("grid",))
     p.add_argument("--grid", nargs="?", const="paper", default=None, metavar="SPEC",
@@ -345,7 +347,7 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> int:
-    from bertforge.finetune import FinetuneConfig, finetune, finetune_grid
+    from bertforge.tasks.finetune import FinetuneConfig, finetune, finetune_grid
 
     cfg = config_from_args(FinetuneConfig, a, file=a.config)
     if cfg.grid:
@@ -365,7 +367,7 @@ def _finetune(a: argparse.Namespace) -> int:
 def _model_input_args(p: argparse.ArgumentParser,
                       checkpoint_help: str = "a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)") -> None:
     """Arguments evaluate, predict and serve share; unset ones are the checkpoint's fine-tuning settings."""
-    from bertforge.finetune import INPUT_SETTINGS, FinetuneConfig
+    from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 
     p.add_argument("checkpoint", help=checkpoint_help)
     add_config_arguments(p, FinetuneConfig, only=INPUT_SETTINGS,
@@ -373,7 +375,7 @@ def _model_input_args(p: argparse.ArgumentParser,
 
 
 def _model_inputs(a: argparse.Namespace) -> dict[str, Any]:
-    from bertforge.finetune import INPUT_SETTINGS
+    from bertforge.tasks.finetune import INPUT_SETTINGS
 
     return {k: getattr(a, k) for k in INPUT_SETTINGS if getattr(a, k, None) is not None}
 
@@ -385,7 +387,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _evaluate(a: argparse.Namespace) -> int:
-    from bertforge.finetune import evaluate
+    from bertforge.tasks.finetune import evaluate
 
     print(json.dumps(evaluate(a.checkpoint, a.file, out=a.out, **_model_inputs(a))))
     return 0
@@ -393,7 +395,7 @@ def _evaluate(a: argparse.Namespace) -> int:
 
 def _inference_args(p: argparse.ArgumentParser) -> None:
     """What predict and serve share: the checkpoint, its settings and how the model runs."""
-    from bertforge.inference import POOLINGS
+    from bertforge.serving.predictor import POOLINGS
 
     _model_input_args(p, "a checkpoint folder; its head (config.json's architectures) decides what is predicted: "
                          "fill-mask, classification, tagging, QA, multiple choice, embeddings (BertModel)")
@@ -408,7 +410,7 @@ def _inference_args(p: argparse.ArgumentParser) -> None:
 
 
 def _predictor(a: argparse.Namespace) -> Any:
-    from bertforge.inference import Predictor
+    from bertforge.serving.predictor import Predictor
 
     settings = _model_inputs(a)
     if a.batch_size:
@@ -451,8 +453,8 @@ def _predict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _predict(a: argparse.Namespace) -> int:
-    from bertforge.features import read_inputs
-    from bertforge.inference import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
+    from bertforge.serving.features import read_inputs
+    from bertforge.serving.predictor import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
     from bertforge.io import atomic_write_text
 
     head = "embeddings" if a.embeddings else checkpoint_head(a.checkpoint)
@@ -481,9 +483,9 @@ def _predict(a: argparse.Namespace) -> int:
 
 
 def _predict_task_file(a: argparse.Namespace) -> int:
-    """A fine-tuned model on a task file: the family's records (`bertforge.finetune.predict`)."""
-    from bertforge.finetune import predict
-    from bertforge.inference import precision
+    """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`)."""
+    from bertforge.tasks.finetune import predict
+    from bertforge.serving.predictor import precision
 
     settings = _model_inputs(a)
     if a.batch_size:
@@ -499,7 +501,7 @@ def _predict_task_file(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- serve
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.serve import MAX_BATCH, MAX_REQUEST_BYTES
+    from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES
 
     _inference_args(p)
     p.add_argument("--host", default="127.0.0.1",
@@ -512,7 +514,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(a: argparse.Namespace) -> int:
-    from bertforge.serve import serve
+    from bertforge.serving.http import serve
 
     try:
         import starlette  # noqa: F401
@@ -529,7 +531,7 @@ def _serve(a: argparse.Namespace) -> int:
 def _features_args(p: argparse.ArgumentParser) -> None:
     import re
 
-    from bertforge.features import COMBINES, POOLINGS
+    from bertforge.serving.features import COMBINES, POOLINGS
 
     # Let "--layers -1,-2" read as a value, not as an unknown option (Python >= 3.13 does this itself).
     if hasattr(p, "_negative_number_matcher"):
@@ -539,7 +541,7 @@ def _features_args(p: argparse.ArgumentParser) -> None:
                                  "read transparently), or - for stdin")
     p.add_argument("--out", "-o", required=True,
                    help="output file: .jsonl (the layout of Google's extract_features.py), .npy or .safetensors "
-                        "(arrays for large runs; layout in bertforge.features)")
+                        "(arrays for large runs; layout in bertforge.serving.features)")
     p.add_argument("--layers", help="comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output "
                                     "(default: -1,-2,-3,-4; with --pooling: -1)")
     p.add_argument("--combine", choices=COMBINES, default="concat",
@@ -558,7 +560,7 @@ def _features_args(p: argparse.ArgumentParser) -> None:
 
 
 def _features(a: argparse.Namespace) -> int:
-    from bertforge.features import output_format, parse_layers, read_inputs, write_features
+    from bertforge.serving.features import output_format, parse_layers, read_inputs, write_features
 
     output_format(a.out)  # before reading the input
     written = write_features(a.checkpoint, read_inputs(a.input), a.out,
@@ -572,13 +574,13 @@ def _features(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- demo
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.demo import DemoConfig
+    from bertforge.demo.run import DemoConfig
 
     _run_config_arguments(p, DemoConfig)
 
 
 def _demo(a: argparse.Namespace) -> int:
-    from bertforge.demo import DemoConfig, run_demo
+    from bertforge.demo.run import DemoConfig, run_demo
 
     run_demo(config_from_args(DemoConfig, a, file=a.config))
     return 0

@@ -29,7 +29,7 @@ import torch
 from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard
-from bertforge.losses import IGNORE_INDEX
+from bertforge.model.losses import IGNORE_INDEX
 
 __all__ = ["PretrainingDataset", "PretrainingLoader"]
 

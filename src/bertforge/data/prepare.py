@@ -127,7 +127,7 @@ _TOKENIZER_CACHE: dict[str, Any] = {}
 
 def _tokenizer(folder: str):
     if folder not in _TOKENIZER_CACHE:
-        from bertforge.tokenization import BertTokenizer
+        from bertforge.text.tokenizer import BertTokenizer
 
         # Corpus text is plain text: "[MASK]" or "[SEP]" written in it must not become the special
         # tokens (Google's tokenizer splits them into "[", "mask", "]" too).
@@ -259,7 +259,7 @@ def prepare(
     ``num_shards`` / ``shard_index`` split the work across machines: this call builds the windows
     whose index is ``shard_index`` modulo ``num_shards``.
     """
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     cfg = config or PrepareConfig()
     if not 0 <= shard_index < num_shards:

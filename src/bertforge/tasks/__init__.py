@@ -1,6 +1,6 @@
 """Fine-tuning tasks: how a task's files become examples, features, batches, losses, metrics and
 prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily`; the recipe that drives
-them through the shared loop is `bertforge.finetune`.
+them through the shared loop is `bertforge.tasks.finetune`.
 
     classification   single sentence or pair -> one label, or a score (regression); GLUE's files
     tagging          one tag per word (NER: ner; any tag set: tagging); CoNLL column files

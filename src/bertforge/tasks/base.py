@@ -1,7 +1,7 @@
 """What every fine-tuning task family shares, and the contract a family fulfils for the recipe.
 
 A *family* (`TaskFamily`) is one of the paper's fine-tuning setups: sequence classification /
-regression, token tagging, extractive QA, multiple choice. `bertforge.finetune` drives any of them
+regression, token tagging, extractive QA, multiple choice. `bertforge.tasks.finetune` drives any of them
 through the shared loop the same way:
 
     family = family_for(cfg.task)                        # the registry in bertforge.tasks
@@ -44,7 +44,7 @@ from bertforge.data.loader import PretrainingLoader
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 
 if TYPE_CHECKING:
-    from bertforge.finetune import FinetuneConfig
+    from bertforge.tasks.finetune import FinetuneConfig
 
 __all__ = ["ReadReport", "text_lines", "csv_rows", "jsonl_records", "file_format", "split_files", "window_starts",
            "max_context_window", "FeatureSet", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults",
@@ -227,14 +227,14 @@ class EvalResult:
 
 
 class TaskFamily(Protocol):
-    """One of the paper's fine-tuning setups, as `bertforge.finetune` drives it."""
+    """One of the paper's fine-tuning setups, as `bertforge.tasks.finetune` drives it."""
 
     name: str
     """The family's name (classification, tagging, squad, multiple_choice)."""
     tasks: tuple[str, ...]
     """The ``--task`` names it handles."""
     model_class: type
-    """The ``BertFor...`` head class (bertforge.heads)."""
+    """The ``BertFor...`` head class (bertforge.model.heads)."""
     settings: tuple[str, ...]
     """FinetuneConfig fields that evaluation and prediction must reuse (stored in the checkpoint's config.json)."""
 
@@ -254,7 +254,7 @@ class TaskFamily(Protocol):
         ...
 
     def train_task(self, config: Any) -> Any:
-        """The `bertforge.trainer.Task` (summed loss terms and statistics) for a model with ``config``."""
+        """The `bertforge.train.loop.Task` (summed loss terms and statistics) for a model with ``config``."""
         ...
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: FinetuneConfig, device: torch.device,

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge import losses
+from bertforge.model import losses
 from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, FeatureBatches, ReadReport, TrainData, csv_rows,
                                   file_format, jsonl_records, predict_items, split_files, window_starts)
 
@@ -428,7 +428,7 @@ class ClassificationFamily(FamilyDefaults):
 
     @property
     def model_class(self) -> type:
-        from bertforge.heads import BertForSequenceClassification
+        from bertforge.model.heads import BertForSequenceClassification
 
         return BertForSequenceClassification
 

@@ -1,7 +1,7 @@
 """Multiple choice (SWAG): a context and C choices -> the index of the right choice.
 
 The paper's setup: C sequences ``[CLS] context [SEP] choice [SEP]`` per example, one score each from
-the pooled output (`bertforge.heads.BertForMultipleChoice`), softmax over the C, cross-entropy
+the pooled output (`bertforge.model.heads.BertForMultipleChoice`), softmax over the C, cross-entropy
 against the right one; accuracy.
 
 Files.
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge import losses
+from bertforge.model import losses
 from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, csv_rows, file_format,
                                   jsonl_records, predict_items, split_files)
 from bertforge.tasks.classification import ClassificationTask, Features
@@ -330,7 +330,7 @@ class MultipleChoiceFamily(FamilyDefaults):
 
     @property
     def model_class(self) -> type:
-        from bertforge.heads import BertForMultipleChoice
+        from bertforge.model.heads import BertForMultipleChoice
 
         return BertForMultipleChoice
 

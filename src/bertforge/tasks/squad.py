@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge import losses
+from bertforge.model import losses
 from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TrainData, max_context_window, predict_items,
                                   split_files, text_lines, window_starts)
 from bertforge.tasks.classification import Features
@@ -628,7 +628,7 @@ class SquadFamily:
 
     @property
     def model_class(self) -> type:
-        from bertforge.heads import BertForQuestionAnswering
+        from bertforge.model.heads import BertForQuestionAnswering
 
         return BertForQuestionAnswering
 

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge import losses
+from bertforge.model import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
 from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, max_context_window,
@@ -441,7 +441,7 @@ class TaggingFamily(FamilyDefaults):
 
     @property
     def model_class(self) -> type:
-        from bertforge.heads import BertForTokenClassification
+        from bertforge.model.heads import BertForTokenClassification
 
         return BertForTokenClassification
 

@@ -20,7 +20,7 @@ directly, so converting needs neither TensorFlow nor protobuf:
 A missing shard, a truncated ``.data`` or ``.index`` file, a checksum mismatch, or a shape that
 ``bert_config.json`` does not give is a `CheckpointError` naming the file and the variable.
 
-`convert_tf_checkpoint` (``bertforge convert TF_DIR OUT_DIR``; `bertforge.checkpoint.convert` routes
+`convert_tf_checkpoint` (``bertforge convert TF_DIR OUT_DIR``; `bertforge.convert.folders.convert` routes
 TF sources here) maps Google's names to transformers' (``bert/encoder/layer_3/attention/self/query/kernel``
 -> ``bert.encoder.layer.3.attention.self.query.weight``):
 
@@ -58,17 +58,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bertforge.checkpoint import (
+from bertforge.model.checkpoint import (
     BIN_INDEX,
     BIN_NAME,
-    MODEL_CLASSES,
     SAFETENSORS_INDEX,
     SAFETENSORS_NAME,
     CheckpointError,
-    _names,
+    short_list,
     save_pretrained,
 )
-from bertforge.config import BertConfig
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import MODEL_CLASSES
 
 if TYPE_CHECKING:
     import torch
@@ -639,7 +639,7 @@ def convert_tf_checkpoint(
             (report.training_state if _is_training_state(name) else report.unused).append(name)
     if not any(t.startswith("bert.") for t, _ in mapped.values()):
         raise CheckpointError(f"{where}: no variables of Google's BERT (bert/embeddings/..., bert/encoder/...); "
-                              f"it holds: {_names(sorted(reader.entries))}")
+                              f"it holds: {short_list(sorted(reader.entries))}")
 
     cls_name = model_class or _infer_class({t for t, _ in mapped.values()})
     if cls_name not in MODEL_CLASSES:
@@ -668,7 +668,7 @@ def convert_tf_checkpoint(
              f"max_position_embeddings={bert_config.max_position_embeddings}, "
              f"type_vocab_size={bert_config.type_vocab_size}")
     if beyond:
-        raise CheckpointError(f"{where}: encoder variables {config_path} does not describe ({sizes}): {_names(beyond)}")
+        raise CheckpointError(f"{where}: encoder variables {config_path} does not describe ({sizes}): {short_list(beyond)}")
     if mismatched:
         more = f" (+{len(mismatched) - 10} more)" if len(mismatched) > 10 else ""
         raise CheckpointError(f"{where}: shapes differ from {config_path} ({sizes}): {'; '.join(mismatched[:10])}{more}")
@@ -676,7 +676,7 @@ def convert_tf_checkpoint(
     missing = [k for k in expected if k not in used]
     absent = [google_name(("bert." if bare else "") + k) for k in missing if not k.startswith(fresh)]
     if absent:
-        raise CheckpointError(f"{where}: variables {cls_name} needs are not in the checkpoint: {_names(absent)}")
+        raise CheckpointError(f"{where}: variables {cls_name} needs are not in the checkpoint: {short_list(absent)}")
     report.newly_initialized = missing
     report.unused.sort()
 
@@ -694,7 +694,7 @@ def convert_tf_checkpoint(
     tokenizer = None
     vocab = prefix.parent / "vocab.txt"
     if vocab.is_file():
-        from bertforge.tokenization import BertTokenizer
+        from bertforge.text.tokenizer import BertTokenizer
 
         report.do_lower_case = not _vocab_is_cased(vocab)
         tokenizer = BertTokenizer(vocab, do_lower_case=report.do_lower_case, max_input_chars_per_word=200)
@@ -717,7 +717,7 @@ def _log(report: TFConversionReport, where: Path) -> None:
                     f" and {len(slots)} optimizer slots" if slots else "")
     if report.unused:
         logger.warning("%s: variables not converted (not part of %s): %s", where, report.model_class,
-                       _names(report.unused))
+                       short_list(report.unused))
     if report.newly_initialized:
         logger.warning("%s: newly initialised (train before use): %s", report.model_class,
-                       _names(report.newly_initialized))
+                       short_list(report.newly_initialized))

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertforge.heads import BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering
+from bertforge.model.heads import BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering
 from bertforge.io import atomic_path
-from bertforge.modeling import BertModel, BertPreTrainedModel
+from bertforge.model.bert import BertModel, BertPreTrainedModel
 
 __all__ = ["ONNX_OPSET", "INPUT_NAMES", "VERIFY_SHAPES", "OnnxCheck", "OnnxExport", "example_inputs", "export_onnx",
            "output_names", "verify_onnx"]

@@ -12,10 +12,10 @@ Routes:
     POST /fill-mask, /classify, /tag, /answer, /choose    the same, on the route of the model's own head
     POST /embed      pooled sentence embeddings of any checkpoint ("pooling": mean, cls or pooler)
 
-Inputs are what `bertforge.inference.parse_input` reads: strings (``"a ||| b"`` for a pair,
+Inputs are what `bertforge.serving.predictor.parse_input` reads: strings (``"a ||| b"`` for a pair,
 ``"question ||| context"`` for QA), lists of strings, or objects (``{"text", "text_pair"}``,
 ``{"question", "context"}``, ``{"context", "choices"}``); a single input may stand without its list.
-The predictions are `bertforge.inference.Predictor`'s records, one per input, in order.
+The predictions are `bertforge.serving.predictor.Predictor`'s records, one per input, in order.
 
 Errors are JSON ``{"error": message}``: 400 for a body that is not a JSON object with ``inputs``
 (or a bad ``top_k`` / ``pooling``, or an unknown key); 413 for a body over ``max_request_bytes`` or
@@ -35,7 +35,7 @@ import logging
 import threading
 from typing import Any
 
-from bertforge.inference import POOLINGS, InputError, Predictor
+from bertforge.serving.predictor import POOLINGS, InputError, Predictor
 
 __all__ = ["create_app", "serve", "HEAD_ROUTES", "MAX_BATCH", "MAX_REQUEST_BYTES"]
 

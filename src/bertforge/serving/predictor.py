@@ -1,7 +1,7 @@
 """Inference on raw text with whatever head a checkpoint has: fill-mask, classification, tagging,
 extractive QA, multiple choice, or pooled sentence embeddings (any checkpoint).
 
-    from bertforge.inference import Predictor
+    from bertforge.serving.predictor import Predictor
 
     p = Predictor.from_pretrained("runs/sst2/best", device="cpu", dtype=torch.bfloat16)
     p(["a gripping film", "a dull one"])        # records, by the checkpoint's head
@@ -13,7 +13,7 @@ fill-mask, BertForSequenceClassification -> classification (regression, multi-la
 BertForTokenClassification -> tagging, BertForQuestionAnswering -> qa, BertForMultipleChoice ->
 multiple-choice, BertModel -> embeddings; ``head="embeddings"`` takes sentence embeddings of any
 checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with (lengths,
-windows, SQuAD's limits, the tag scheme; `bertforge.finetune`), which keyword arguments override.
+windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which keyword arguments override.
 
 Inputs. A string, ``"a ||| b"`` for a pair (QA: ``"question ||| context"``; multiple choice:
 ``"context ||| choice 1 ||| choice 2 ..."``), a list of strings, or a mapping: ``{"text",
@@ -57,8 +57,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.distributed import native_bf16, resolve_device
-from bertforge.modeling import freeze_weights
+from bertforge.train.distributed import native_bf16, resolve_device
+from bertforge.model.bert import freeze_weights
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records"]
@@ -112,7 +112,7 @@ def parse_input(x: Any, index: int | None = None) -> tuple[str, ...]:
 
 def checkpoint_head(path: str | Path) -> str:
     """The head a checkpoint folder has, from its config.json's architectures (else its weights)."""
-    from bertforge.checkpoint import infer_model_class
+    from bertforge.model.heads import infer_model_class
 
     return _ARCHITECTURE_HEADS[infer_model_class(path).__name__]
 
@@ -146,8 +146,8 @@ def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> co
 class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
-    Not for concurrent calls from several threads: serialise them (`bertforge.serve` holds a lock).
-    Its model's weights are frozen (`bertforge.modeling.freeze_weights`): do not train it."""
+    Not for concurrent calls from several threads: serialise them (`bertforge.serving.http` holds a lock).
+    Its model's weights are frozen (`bertforge.model.bert.freeze_weights`): do not train it."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device,
                  dtype: torch.dtype | str | None = None, settings: Any = None, family: Any = None,
@@ -177,13 +177,13 @@ class Predictor:
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
                         head: str | None = None, batch_size: int = 32, **settings: Any) -> Predictor:
         """Load a checkpoint folder for inference. ``head``: None (the checkpoint's) or "embeddings".
-        ``settings``: `bertforge.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
+        ``settings``: `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
         tag_scheme, ...) overriding those the checkpoint was fine-tuned with."""
-        from bertforge.checkpoint import infer_model_class
-        from bertforge.config import BertConfig
-        from bertforge.distributed import setup
-        from bertforge.finetune import INPUT_SETTINGS, SETTINGS_KEY, _load_finetuned
-        from bertforge.tokenization import BertTokenizer
+        from bertforge.model.heads import infer_model_class
+        from bertforge.model.config import BertConfig
+        from bertforge.train.distributed import setup
+        from bertforge.tasks.finetune import INPUT_SETTINGS, SETTINGS_KEY, _load_finetuned
+        from bertforge.text.tokenizer import BertTokenizer
 
         model_class = infer_model_class(path)
         own = _ARCHITECTURE_HEADS[model_class.__name__]
@@ -267,7 +267,7 @@ class Predictor:
 
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
         """The ``top_k`` most likely tokens at every [MASK] of each input (module docstring)."""
-        from bertforge.heads import MaskedLMOutput
+        from bertforge.model.heads import MaskedLMOutput
         from bertforge.tasks.base import predict_items
         from bertforge.tasks.classification import Features
 
@@ -450,8 +450,8 @@ class Predictor:
     def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
         """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
         into windows, each token taken from the window where it has the most context
-        (`bertforge.features`)."""
-        from bertforge.features import _encode, _run, _Spec
+        (`bertforge.serving.features`)."""
+        from bertforge.serving.features import _encode, _run, _Spec
 
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")

@@ -4,7 +4,7 @@ the shared training loop.
 The recipe: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
 task's family (`bertforge.tasks`: classification / regression incl. GLUE, tagging, SQuAD, multiple
 choice) reading and encoding the files, the family's ``BertFor...`` head with fresh weights, and
-`bertforge.trainer.Trainer`. The paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched
+`bertforge.train.loop.Trainer`. The paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched
 {5e-5, 3e-5, 2e-5}), 3 epochs, warmup over 10% of the steps then linear decay, weight decay 0.01;
 the dev set is evaluated at the end of each epoch (or every ``eval_every`` steps) and the best
 model by the task's main metric is kept in ``OUT/best/`` with the evaluation's prediction files.
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge.config import dropout_overrides
+from bertforge.model.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, TrainData
-from bertforge.trainer import TrainConfig, TrainResult, Trainer, resume_point
+from bertforge.train.loop import TrainConfig, TrainResult, Trainer, resume_point
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
            "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS"]
@@ -213,7 +213,7 @@ def _evaluate_all(family: TaskFamily, model: nn.Module, dev: list[EvalData], cfg
 def _fresh_head(model: nn.Module, source: str, task: str) -> None:
     """Start the task head afresh unless ``source`` was fine-tuned on the same task with the same labels
     (then training continues from its head). A head of another size is already fresh (`from_pretrained`)."""
-    from bertforge.config import BertConfig
+    from bertforge.model.config import BertConfig
 
     prefixes = type(model)._fresh_head_prefixes
     report = model.load_report
@@ -251,7 +251,7 @@ class PreparedData:
 
 def prepare_data(cfg: FinetuneConfig) -> PreparedData:
     """Read and encode the task's training and dev files."""
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     for name in ("task", "model", "train_file"):
         if not getattr(cfg, name):
@@ -267,7 +267,7 @@ def prepare_data(cfg: FinetuneConfig) -> PreparedData:
 def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneResult:
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
     the files already read by `prepare_data` with the same task, files and encoding settings."""
-    from bertforge.distributed import setup
+    from bertforge.train.distributed import setup
 
     if cfg.grid:
         raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
@@ -387,9 +387,9 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     import shutil
     import time
 
-    from bertforge.distributed import setup
+    from bertforge.train.distributed import setup
     from bertforge.io import atomic_write_text, replace_dir
-    from bertforge.trainer import latest_checkpoint
+    from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
         raise ValueError("--grid needs --dev-file: the best run is chosen on dev")
@@ -459,9 +459,9 @@ _HEAD_TASKS = {"BertForSequenceClassification": "classification", "BertForTokenC
 def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
                     ) -> tuple[TaskFamily, nn.Module, Any, FinetuneConfig, torch.device]:
     """The checkpoint's family, model (on its device, in eval mode), tokenizer and settings (``overrides`` win)."""
-    from bertforge.checkpoint import infer_model_class
-    from bertforge.distributed import setup
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.model.heads import infer_model_class
+    from bertforge.train.distributed import setup
+    from bertforge.text.tokenizer import BertTokenizer
 
     unknown = sorted(set(overrides) - set(INPUT_SETTINGS))
     if unknown:

@@ -1,7 +1,7 @@
 """Learn a WordPiece vocabulary from raw text, laid out like Google's BERT ``vocab.txt``.
 
 The learned pieces come from ``tokenizers``' ``WordPieceTrainer`` run on exactly the words
-:class:`~bertforge.tokenization.BertTokenizer` produces (same normaliser and pre-tokenizer), so every
+:class:`~bertforge.text.tokenizer.BertTokenizer` produces (same normaliser and pre-tokenizer), so every
 word the trainer saw can be segmented by the result. The file starts with the layout of the released
 uncased vocabulary::
 
@@ -24,7 +24,7 @@ from typing import IO
 from tokenizers import Tokenizer, models, trainers
 
 from bertforge.io import open_binary
-from bertforge.tokenization import BertTokenizer, bert_normalizer, bert_pre_tokenizer
+from bertforge.text.tokenizer import BertTokenizer, bert_normalizer, bert_pre_tokenizer
 
 __all__ = ["learn_vocab", "iter_text_lines"]
 

@@ -2,7 +2,7 @@
 
 The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
 prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-`PretrainingTask` below, and the shared loop of `bertforge.trainer`.
+`PretrainingTask` below, and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
 at length 512 that starts from the phase-1 weights with its own steps and schedule::
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge import losses
-from bertforge.config import BertConfig, dropout_overrides
-from bertforge.trainer import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
+from bertforge.model import losses
+from bertforge.model.config import BertConfig, dropout_overrides
+from bertforge.train.loop import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
 
 __all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
 
@@ -112,7 +112,7 @@ class PretrainingTask:
 
 def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int) -> nn.Module:
     """`BertForPreTraining` (NSP data) or `BertForMaskedLM` (no-NSP data): fresh, or from --init-from."""
-    from bertforge.heads import BertForMaskedLM, BertForPreTraining
+    from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if nsp else BertForMaskedLM
     dropout = dropout_overrides(cfg.dropout)
@@ -170,8 +170,8 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     """Run (or resume) a pre-training run; return the loop's final state."""
     from bertforge.data.loader import PretrainingDataset, PretrainingLoader
     from bertforge.data.prepare import load_manifest, special_ids
-    from bertforge.distributed import setup
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.train.distributed import setup
+    from bertforge.text.tokenizer import BertTokenizer
 
     if not cfg.data:
         raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
@@ -232,7 +232,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
 
 def _plot(out: Path) -> None:
     try:
-        from bertforge.plot import plot_run
+        from bertforge.train.plot import plot_run
 
         path = plot_run(out)
         print(f"pretrain: curves in {path}")

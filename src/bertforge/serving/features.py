@@ -77,7 +77,7 @@ import numpy as np
 import torch
 
 from bertforge.io import atomic_path, open_binary
-from bertforge.modeling import BertModel, frozen_weights
+from bertforge.model.bert import BertModel, frozen_weights
 from bertforge.tasks.base import max_context_window, window_starts
 
 __all__ = ["Extracted", "Written", "extract_features", "write_features", "read_inputs", "split_pair", "parse_layers",
@@ -334,8 +334,8 @@ def _encode(tok: Any, texts: Sequence[str | tuple[str, str | None]]) -> list[tup
 def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], layers: Sequence[int] | None,
            combine: str, pooling: str | None, max_seq_length: int | None, stride: int, batch_size: int,
            precision: str, device: str) -> _Setup:
-    from bertforge.distributed import setup
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.train.distributed import setup
+    from bertforge.text.tokenizer import BertTokenizer
 
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")

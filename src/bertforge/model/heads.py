@@ -3,23 +3,27 @@ regression, token classification, span QA and multiple choice.
 
 Each class keeps transformers' attribute names (``bert``, ``cls.predictions``, ``cls.seq_relationship``,
 ``classifier``, ``qa_outputs``) so its state dict is transformers' checkpoint format. Heads compute
-logits; the loss, when labels are given, comes from the plain functions in `bertforge.losses`.
+logits; the loss, when labels are given, comes from the plain functions in `bertforge.model.losses`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge import losses
-from bertforge.config import BertConfig
-from bertforge.modeling import BertModel, BertModelOutput, BertPreTrainedModel, Dropout, activation, gather_positions
+from bertforge.model import losses
+from bertforge.model.config import BertConfig
+from bertforge.model.checkpoint import CheckpointError, load_config, read_state_dict
+from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel, Dropout, activation, gather_positions
 
 __all__ = [
+    "MODEL_CLASSES",
+    "infer_model_class",
     "BertForPreTraining",
     "BertForMaskedLM",
     "BertForSequenceClassification",
@@ -361,3 +365,30 @@ class BertForMultipleChoice(BertPreTrainedModel):
         logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # (B, C)
         loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+# ---------------------------------------------------------------------------- the registry of head classes
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    c.__name__: c
+    for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+              BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
+}
+
+
+def infer_model_class(folder: str | Path) -> type[BertPreTrainedModel]:
+    """The class a folder was saved from: ``architectures`` in config.json, else from its keys."""
+    config = load_config(folder)
+    for name in config.architectures or []:
+        if name in MODEL_CLASSES:
+            return MODEL_CLASSES[name]
+    keys = set(read_state_dict(folder))
+    if any("seq_relationship" in k for k in keys):
+        return BertForPreTraining
+    if any(k.startswith("cls.predictions") for k in keys):
+        return BertForMaskedLM
+    if any(k.startswith("qa_outputs") for k in keys):
+        return BertForQuestionAnswering
+    if "classifier.weight" in keys:
+        raise CheckpointError(f"{folder}: has a classifier but config.json names no architecture; "
+                              "pass the model class explicitly")
+    return BertModel

@@ -70,7 +70,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bf16 natively. A CPU without AVX-512 BF16 or AMX only emulates it,
     tens of times slower than fp32 (a demo pre-training step: 49 s in bf16 against 1.1 s in fp32 on an
-    AVX2-only AMD EPYC). Asked once per device: `bertforge.inference.precision` asks on every batch."""
+    AVX2-only AMD EPYC). Asked once per device: `bertforge.serving.predictor.precision` asks on every batch."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":

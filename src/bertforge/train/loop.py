@@ -1,6 +1,6 @@
 """The one training loop, shared by pre-training and every fine-tuning task.
 
-A recipe (``bertforge.pretrain``, fine-tuning) plugs in a model, a `Task` (how a batch becomes
+A recipe (``bertforge.train.pretrain``, fine-tuning) plugs in a model, a `Task` (how a batch becomes
 loss terms and statistics), a resumable batch source and, optionally, an evaluation; the loop owns
 everything around them: gradient accumulation, mixed precision, clipping, the optimizer and
 schedule, distributed wrapping, checkpoints, resume, signals, logging and the progress bar.
@@ -43,9 +43,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.distributed import Distributed, native_bf16, unwrap_model, wrap_model
+from bertforge.train.distributed import Distributed, native_bf16, unwrap_model, wrap_model
 from bertforge.io import atomic_write_text, replace_dir
-from bertforge.optim import build_optimizer, build_schedule
+from bertforge.train.optim import build_optimizer, build_schedule
 
 __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
            "task_metrics", "PRECISIONS", "CHECKPOINTS_DIR"]
@@ -359,7 +359,7 @@ class Trainer:
     def save_model(self, folder: str | Path, extra_files: dict[str, str] | None = None) -> None:
         """Write the model (and tokenizer, and ``extra_files``: name -> text) as a checkpoint folder,
         replacing ``folder`` whole and atomically; every process must call this."""
-        from bertforge.checkpoint import save_pretrained
+        from bertforge.model.checkpoint import save_pretrained
 
         weights = None
         if self.fsdp:  # each process holds a shard: gathering the full weights is a collective call
@@ -382,7 +382,7 @@ class Trainer:
         model_state, optim_state = self._state_dicts()
         final = self.out / CHECKPOINTS_DIR / f"step-{self.step:08d}"
         if self.dist.is_main:
-            from bertforge.checkpoint import save_pretrained
+            from bertforge.model.checkpoint import save_pretrained
 
             tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -419,7 +419,7 @@ class Trainer:
 
     def load_checkpoint(self, folder: str | Path) -> None:
         """Continue from a checkpoint folder written by `save_checkpoint`."""
-        from bertforge.checkpoint import CheckpointError, read_state_dict
+        from bertforge.model.checkpoint import CheckpointError, read_state_dict
 
         folder = Path(folder)
         info_path, state_path = folder / STATE_JSON, folder / STATE_PT

@@ -10,7 +10,7 @@ that file defensively, since it is written by a process that may be killed or re
 - values that are not finite numbers (strings, booleans, null, NaN) are ignored, as are lines'
   unknown keys: a curve is drawn for every numeric key in a panel's family.
 
-matplotlib is imported inside :func:`plot_run` only, so ``import bertforge.plot`` stays cheap,
+matplotlib is imported inside :func:`plot_run` only, so ``import bertforge.train.plot`` stays cheap,
 and the figure is bound to an Agg canvas of its own instead of switching pyplot's global backend.
 """
 

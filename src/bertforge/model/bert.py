@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from bertforge.config import BertConfig
+from bertforge.model.config import BertConfig
 
 __all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "Dropout", "activation", "dropout_mask",
            "freeze_weights", "frozen_weights", "gather_positions", "linear"]
@@ -696,14 +696,14 @@ class BertPreTrainedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder, **kwargs):
-        """Load a bertforge or transformers BERT checkpoint folder (see `bertforge.checkpoint.load`)."""
-        from bertforge.checkpoint import load_pretrained
+        """Load a bertforge or transformers BERT checkpoint folder (see `bertforge.model.checkpoint.load`)."""
+        from bertforge.model.checkpoint import load_pretrained
 
         return load_pretrained(cls, folder, **kwargs)
 
     def save_pretrained(self, folder, tokenizer=None) -> None:
         """Write ``config.json`` + ``model.safetensors`` (+ the tokenizer files) atomically."""
-        from bertforge.checkpoint import save_pretrained
+        from bertforge.model.checkpoint import save_pretrained
 
         save_pretrained(self, folder, tokenizer=tokenizer)
 

@@ -16,28 +16,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 from safetensors.torch import load_file, save_file
 
-from bertforge.config import BertConfig
-from bertforge.heads import (
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
 from bertforge.io import atomic_path
-from bertforge.modeling import BertModel, BertPreTrainedModel
+from bertforge.model.config import BertConfig
 
 __all__ = [
     "CheckpointError",
     "LoadReport",
-    "MODEL_CLASSES",
     "read_state_dict",
     "load_pretrained",
     "save_pretrained",
-    "convert",
+    "load_config",
+    "short_list",
+    "model_class_name",
 ]
 
 logger = logging.getLogger("bertforge")
@@ -47,17 +40,12 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
-MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
-    c.__name__: c
-    for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-              BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
-}
 # Keys of the bare encoder inside a head model; the pooler may be absent (MLM / tagging / QA
 # checkpoints have none) and is then created fresh.
 _ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
 
-M = TypeVar("M", bound=BertPreTrainedModel)
+M = TypeVar("M", bound=nn.Module)  # a bertforge model class: it has .config and base_model_prefix
 
 
 class CheckpointError(ValueError):
@@ -117,7 +105,7 @@ def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _normalize_keys(state: dict[str, torch.Tensor], model: BertPreTrainedModel, source: str) -> dict[str, torch.Tensor]:
+def _normalize_keys(state: dict[str, torch.Tensor], model: nn.Module, source: str) -> dict[str, torch.Tensor]:
     """Bring ecosystem variants of BERT's names to this model's names."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -141,7 +129,7 @@ def _normalize_keys(state: dict[str, torch.Tensor], model: BertPreTrainedModel, 
 
     prefix = model.base_model_prefix + "."
     has_prefix = any(k.startswith(prefix) for k in out)
-    if isinstance(model, BertModel):
+    if not hasattr(model, model.base_model_prefix):  # the bare encoder
         if has_prefix:  # a head model's checkpoint loaded as the bare encoder: keep its encoder
             out = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in out.items()}
     elif not has_prefix:  # a bare encoder's checkpoint loaded under a head
@@ -150,7 +138,9 @@ def _normalize_keys(state: dict[str, torch.Tensor], model: BertPreTrainedModel, 
 
 
 # ---------------------------------------------------------------------------- loading
-def _load_config(folder: Path) -> BertConfig:
+def load_config(folder: str | Path) -> BertConfig:
+    """A checkpoint folder's config.json, or a `CheckpointError` saying why not."""
+    folder = Path(folder)
     try:
         return BertConfig.load(folder)
     except FileNotFoundError as e:
@@ -180,7 +170,7 @@ def load_pretrained(
     """
     folder = Path(folder)
     if config is None:
-        config = _load_config(folder)
+        config = load_config(folder)
     if config_overrides:
         config = config.replace(**config_overrides)
     model = cls(config)
@@ -188,7 +178,7 @@ def load_pretrained(
     state = _normalize_keys(read_state_dict(folder), model, source)
     expected = model.state_dict()
 
-    prefix = "" if isinstance(model, BertModel) else model.base_model_prefix + "."
+    prefix = model.base_model_prefix + "." if hasattr(model, model.base_model_prefix) else ""
     freshable = tuple(cls._fresh_head_prefixes) + (prefix + "pooler.",)
     other_heads = _HEAD_PREFIXES + (prefix + "pooler.",)
 
@@ -197,7 +187,7 @@ def load_pretrained(
     hard_missing = [k for k in missing if not k.startswith(freshable)]
     if hard_missing:
         raise CheckpointError(f"{source}: weights missing from the checkpoint for {cls.__name__}: "
-                              f"{_names(hard_missing)}")
+                              f"{short_list(hard_missing)}")
     report.newly_initialized = missing
 
     unexpected = [k for k in state if k not in expected]
@@ -205,7 +195,7 @@ def load_pretrained(
     if hard_unexpected:
         raise CheckpointError(
             f"{source}: the checkpoint has weights {cls.__name__} does not know (does config.json match "
-            f"the weights?): {_names(hard_unexpected)}"
+            f"the weights?): {short_list(hard_unexpected)}"
         )
     report.ignored = unexpected
 
@@ -227,23 +217,24 @@ def load_pretrained(
     model.load_state_dict(state, strict=False)
     if report.newly_initialized or report.reinitialized_mismatched:
         logger.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, source,
-                       _names(report.newly_initialized + report.reinitialized_mismatched))
+                       short_list(report.newly_initialized + report.reinitialized_mismatched))
     if report.ignored:
         logger.info("%s: ignored checkpoint weights of other heads in %s: %s", cls.__name__, source,
-                    _names(report.ignored))
+                    short_list(report.ignored))
     model.load_report = report  # type: ignore[attr-defined]
     if dtype is not None or device is not None:
         model.to(device=device, dtype=dtype)
     return model
 
 
-def _names(keys: list[str], limit: int = 12) -> str:
+def short_list(keys: list[str], limit: int = 12) -> str:
+    """The first ``limit`` keys, comma-separated, and how many more (for error messages)."""
     shown = ", ".join(keys[:limit])
     return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 # ---------------------------------------------------------------------------- saving
-def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: Any = None,
+def save_pretrained(model: nn.Module, folder: str | Path, tokenizer: Any = None,
                     state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``config.json``, ``model.safetensors`` and, if given, the tokenizer's files.
 
@@ -257,9 +248,7 @@ def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer: A
     state = {k: v.detach().contiguous().cpu() for k, v in (state_dict or model.state_dict()).items()}
     with atomic_path(folder / SAFETENSORS_NAME) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
-    # The bertforge class, not a wrapper that subclasses it (FSDP's fully_shard makes "FSDP<name>").
-    name = next(c.__name__ for c in type(model).__mro__ if c.__name__ in MODEL_CLASSES)
-    model.config.replace(architectures=[name]).save(folder / "config.json")
+    model.config.replace(architectures=[model_class_name(model)]).save(folder / "config.json")
     _remove_stale_shards(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
@@ -286,43 +275,7 @@ def _remove_stale_shards(folder: Path) -> None:
                 (folder / name).unlink(missing_ok=True)
 
 
-def infer_model_class(folder: str | Path) -> type[BertPreTrainedModel]:
-    """The class a folder was saved from: ``architectures`` in config.json, else from its keys."""
-    config = _load_config(Path(folder))
-    for name in config.architectures or []:
-        if name in MODEL_CLASSES:
-            return MODEL_CLASSES[name]
-    keys = set(read_state_dict(folder))
-    if any("seq_relationship" in k for k in keys):
-        return BertForPreTraining
-    if any(k.startswith("cls.predictions") for k in keys):
-        return BertForMaskedLM
-    if any(k.startswith("qa_outputs") for k in keys):
-        return BertForQuestionAnswering
-    if "classifier.weight" in keys:
-        raise CheckpointError(f"{folder}: has a classifier but config.json names no architecture; "
-                              "pass the model class explicitly")
-    return BertModel
-
-
-def convert(src: str | Path, dst: str | Path, *, model_class: str | None = None,
-            dtype: torch.dtype | None = None) -> type[BertPreTrainedModel]:
-    """Re-write any BERT checkpoint folder as a canonical bertforge / transformers folder.
-
-    The tokenizer (``vocab.txt`` and settings) is carried over when present. Returns the class used.
-    Google's TensorFlow checkpoints (a folder with ``bert_model.ckpt.index``, or a checkpoint path
-    prefix) are read without TensorFlow by `bertforge.tf_checkpoint.convert_tf_checkpoint`.
-    """
-    from bertforge.tf_checkpoint import convert_tf_checkpoint, find_tf_checkpoint
-
-    if find_tf_checkpoint(src) is not None:
-        return MODEL_CLASSES[convert_tf_checkpoint(src, dst, model_class=model_class, dtype=dtype).model_class]
-    cls = MODEL_CLASSES[model_class] if model_class else infer_model_class(src)
-    model = load_pretrained(cls, src, dtype=dtype)
-    tokenizer = None
-    if (Path(src) / "vocab.txt").is_file():
-        from bertforge.tokenization import BertTokenizer
-
-        tokenizer = BertTokenizer.from_pretrained(src)
-    save_pretrained(model, dst, tokenizer=tokenizer)
-    return cls
+def model_class_name(model: nn.Module) -> str:
+    """The bertforge class ``model`` was built from, not a wrapper that subclasses it (FSDP's
+    fully_shard makes "FSDP<name>"): the first class in its MRO defined by bertforge."""
+    return next(c.__name__ for c in type(model).__mro__ if c.__module__.startswith("bertforge."))

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bertforge import resources
+from bertforge.demo import resources
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -176,10 +176,10 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     """Seconds of a pre-training step (forward, MLM + NSP losses, backward) of the demo's model and batch
     shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps; inf
     once the steps so far took over ``give_up_after`` seconds (a precision slower than one already timed)."""
-    from bertforge.config import BertConfig, dropout_overrides
-    from bertforge.heads import BertForPreTraining
-    from bertforge.pretrain import PretrainingTask
-    from bertforge.trainer import keep_freed_memory
+    from bertforge.model.config import BertConfig, dropout_overrides
+    from bertforge.model.heads import BertForPreTraining
+    from bertforge.train.pretrain import PretrainingTask
+    from bertforge.train.loop import keep_freed_memory
 
     if device.type == "cpu":
         keep_freed_memory()  # as the trainer will: without it, every step here pays page faults it will not
@@ -219,7 +219,7 @@ def _finetune(cfg: DemoConfig, start: Path, files: Path, out: Path, precision: s
 
 def _finetune_once(cfg: DemoConfig, start: Path, files: Path, out: Path, precision: str, seed: int) -> float:
     """One fine-tuning of `_finetune`; its best dev accuracy."""
-    from bertforge.finetune import FinetuneConfig, finetune
+    from bertforge.tasks.finetune import FinetuneConfig, finetune
 
     res = finetune(FinetuneConfig(
         task="classification", model=str(start), train_file=str(files / "train.jsonl"),
@@ -236,13 +236,13 @@ def _finetune_once(cfg: DemoConfig, start: Path, files: Path, out: Path, precisi
 
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     """Run the demo; write its outputs under ``cfg.out``; return the report's figures."""
-    from bertforge.baselines import bow_logistic_regression
-    from bertforge.config import BertConfig
+    from bertforge.demo.baselines import bow_logistic_regression
+    from bertforge.model.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.distributed import native_bf16, resolve_device
-    from bertforge.heads import BertForPreTraining
-    from bertforge.pretrain import PretrainConfig, pretrain
-    from bertforge.vocab import learn_vocab
+    from bertforge.train.distributed import native_bf16, resolve_device
+    from bertforge.model.heads import BertForPreTraining
+    from bertforge.train.pretrain import PretrainConfig, pretrain
+    from bertforge.text.vocab import learn_vocab
 
     cfg = cfg or DemoConfig()
     out = Path(cfg.out)

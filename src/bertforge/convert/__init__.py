@@ -1,0 +1,1 @@
+"""Checkpoints in and out: canonical folders, Google's TensorFlow release, ONNX."""
