@@ -18,7 +18,7 @@ pytestmark = pytest.mark.real_data
 def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     # A budget of 3 seconds leaves no time for pre-training: the demo says so and runs the fewest steps.
     # On a CPU without native bf16 (as here, patched) the demo does not time bf16 at all, and trains in fp32.
-    monkeypatch.setattr("bertforge.train.distributed.native_bf16", lambda device: False)
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_epochs=1,
                      finetune_batch_size=16, minutes=0.05, finetune_seeds=2)

@@ -239,7 +239,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     from bertforge.demo.baselines import bow_logistic_regression
     from bertforge.model.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.train.distributed import native_bf16, resolve_device
+    from bertforge.train.distributed import resolve_device
+    from bertforge.train.precision import native_bf16
     from bertforge.model.heads import BertForPreTraining
     from bertforge.train.pretrain import PretrainConfig, pretrain
     from bertforge.text.vocab import learn_vocab

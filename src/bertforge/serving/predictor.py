@@ -57,7 +57,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.train.distributed import native_bf16, resolve_device
+from bertforge.train.distributed import resolve_device
+from bertforge.train.precision import native_bf16
 from bertforge.model.bert import freeze_weights
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",

@@ -9,7 +9,6 @@ model from outside by `wrap_model`; the model code knows nothing of it.
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 from dataclasses import dataclass
 
@@ -64,21 +63,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-@functools.cache
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively. A CPU without AVX-512 BF16 or AMX only emulates it,
-    tens of times slower than fp32 (a demo pre-training step: 49 s in bf16 against 1.1 s in fp32 on an
-    AVX2-only AMD EPYC). Asked once per device: `bertforge.serving.predictor.precision` asks on every batch."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return True
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN's check: assume it, as autocast does
-        return True
 
 
 def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:

@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.train.distributed import Distributed, native_bf16, unwrap_model, wrap_model
+from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
+from bertforge.train.precision import native_bf16
 from bertforge.io import atomic_write_text, replace_dir
 from bertforge.train.optim import build_optimizer, build_schedule
 
