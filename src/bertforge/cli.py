@@ -1,91 +1,75 @@
-"""The ``bertforge`` command line: a table of subcommands, each a thin wrapper over a plain function.
+"""The ``bertforge`` command line: a table of plain functions, one per command (`COMMANDS`).
 
-    bertforge vocab      learn a WordPiece vocab.txt from text files   (bertforge.text.vocab.learn_vocab)
-    bertforge prepare    raw text -> pre-training shards               (bertforge.data.prepare.prepare)
-    bertforge tokenize   show WordPiece tokens / ids of text          (bertforge.BertTokenizer)
-    bertforge convert    re-write a BERT checkpoint folder             (bertforge.convert.folders.convert)
-    bertforge info       describe a checkpoint folder                  (bertforge.model.checkpoint)
-    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime (bertforge.convert.onnx.export_onnx)
-    bertforge pretrain   MLM + NSP pre-training on prepared shards     (bertforge.train.pretrain.pretrain)
-    bertforge finetune   fine-tune: classification, tagging, SQuAD, multiple choice (bertforge.tasks.finetune.finetune)
-    bertforge evaluate   metrics of a fine-tuned model on labelled data (bertforge.tasks.finetune.evaluate)
-    bertforge predict    a checkpoint's head on texts, or a task file  (bertforge.serving.predictor.Predictor, finetune.predict)
-    bertforge serve      a checkpoint's head as an HTTP JSON service   (bertforge.serving.http.serve)
-    bertforge features   token vectors / sentence embeddings of texts  (bertforge.serving.features.write_features)
-    bertforge plot       redraw a run's training curves                (bertforge.train.plot.plot_run)
-    bertforge demo       the end-to-end demo on real data              (bertforge.demo.run.run_demo)
+A command's signature is its command line, built by tyro: a parameter ``max_seq_length`` is the flag
+``--max-seq-length`` (``--max_seq_length`` works too), a bool ``x`` is ``--x`` / ``--no-x``, the
+fields of a config dataclass parameter (``cfg``) are flags with the fields' docstrings as their help,
+and the docstring's Args are the other flags' help. ``--config FILE.json|.yaml`` sets a command's
+``cfg`` fields; flags override the file.
+
+    bertforge vocab        learn a WordPiece vocab.txt from text files     (bertforge.text.vocab.learn_vocab)
+    bertforge prepare      raw text -> pre-training shards                 (bertforge.data.prepare.prepare)
+    bertforge tokenize     show WordPiece tokens / ids of text             (bertforge.BertTokenizer)
+    bertforge convert      re-write a BERT checkpoint folder               (bertforge.convert.folders.convert)
+    bertforge info         describe a checkpoint folder                    (bertforge.model.checkpoint)
+    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime  (bertforge.convert.onnx.export_onnx)
+    bertforge pretrain     MLM + NSP pre-training on prepared shards       (bertforge.train.pretrain.pretrain)
+    bertforge finetune     classification, tagging, SQuAD, multiple choice (bertforge.tasks.finetune.finetune)
+    bertforge evaluate     metrics of a fine-tuned model on labelled data  (bertforge.tasks.finetune.evaluate)
+    bertforge predict      a checkpoint's head on texts, or a task file    (bertforge.serving.predictor.Predictor)
+    bertforge serve        a checkpoint's head as an HTTP JSON service     (bertforge.serving.http.serve)
+    bertforge features     token vectors / sentence embeddings of texts    (bertforge.serving.features)
+    bertforge plot         redraw a run's training curves                  (bertforge.train.plot.plot_run)
+    bertforge demo         the end-to-end demo on real data                (bertforge.demo.run.run_demo)
+
+Every command that runs a model takes ``--precision {auto,fp32,bf16,fp16}`` (`bertforge.train.precision`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
 import logging
 import sys
-import textwrap
-import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import tyro
+from tyro.conf import Positional, PositionalMetavarFromFieldName, arg
+
+from bertforge.console import show_logs
+from bertforge.convert.onnx import ATOL, ONNX_OPSET
+from bertforge.data.prepare import PrepareConfig
+from bertforge.demo.run import DemoConfig
+from bertforge.model.heads import MODEL_CLASSES
+from bertforge.serving import features as _features
+from bertforge.serving import predictor as _predictor
+from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES
+from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
+from bertforge.train.precision import PRECISIONS
+from bertforge.train.pretrain import PretrainConfig
+
+__all__ = ["main", "COMMANDS", "read_config_file", "config_from_file"]
+
+# Choices as types: tyro shows them as {a,b,c} and refuses anything else.
+Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+ModelClass = Literal[tuple(sorted(MODEL_CLASSES))]  # type: ignore[valid-type]
+Dtype = Literal["float32", "bfloat16", "float16"]
+Pooling = Literal[_predictor.POOLINGS]  # type: ignore[valid-type]
+FeaturePooling = Literal[_features.POOLINGS]  # type: ignore[valid-type]
+Combine = Literal[_features.COMBINES]  # type: ignore[valid-type]
+
+_PRECISION_HELP = ("autocast's dtype for the model: auto (bf16 where the CPU or GPU runs it natively, else fp32), "
+                   "fp32, bf16, or fp16 (CUDA)")
+PrecisionFlag = Annotated[Precision, arg(help=_PRECISION_HELP)]
 
 
-__all__ = ["main", "COMMANDS"]
-
-_DTYPES = ("float32", "bfloat16", "float16")  # torch is imported only by the commands that need it
-
-
-# ---------------------------------------------------------------------------- typed configs <-> flags
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (they become ``--help`` texts)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _scalar_type(annotation: Any) -> type:
-    if isinstance(annotation, str):
-        annotation = eval(annotation, vars(typing), {})  # "int | None" etc. from `from __future__ import annotations`
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return args[0] if len(args) == 1 else str
-    return annotation
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
-                         only: tuple[str, ...] | None = None, title: str = "") -> None:
-    """One ``--flag`` per dataclass field (or per field named in ``only``), typed, with the field's
-    default and docstring."""
-    docs = field_docs(cls)
-    group = parser.add_argument_group(title or f"{cls.__name__} (also settable with --config FILE.json|.yaml)")
-    for f in dataclasses.fields(cls):
-        if f.name in skip or not f.init or (only is not None and f.name not in only):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kind = _scalar_type(f.type)
-        help_text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%")  # argparse formats help
-        if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif kind in (int, float, str):
-            group.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper(), help=help_text)
-
-
+# ---------------------------------------------------------------------------- config files
 def read_config_file(file: str | Path) -> dict[str, Any]:
     """Settings from a JSON or (``.yaml`` / ``.yml``) YAML file holding one mapping."""
     try:
@@ -105,9 +89,13 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
     return data
 
 
-def _file_value(value: Any, kind: type, name: str, file: str) -> Any:
+def _file_value(value: Any, annotation: Any, name: str, file: str | Path) -> Any:
     """A config file's value checked against its field's type. Numbers for float fields are
     converted: YAML 1.1 reads ``lr: 1e-4`` (no dot) as a string, JSON ``1`` as an int."""
+    if value is None and type(None) in typing.get_args(annotation):
+        return value
+    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
+    kind = kinds[0] if len(kinds) == 1 else str
     if kind is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         try:
             return float(value)
@@ -118,238 +106,218 @@ def _file_value(value: Any, kind: type, name: str, file: str) -> Any:
     raise ValueError(f"{file}: {name} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
 
 
-def config_from_args(cls: type, args: argparse.Namespace, *, file: str | None = None) -> Any:
-    """Defaults <- the JSON / YAML ``file`` <- flags given on the command line."""
-    values: dict[str, Any] = {}
-    if file:
-        values.update(read_config_file(file))
-        kinds = {f.name: _scalar_type(f.type) for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(kinds))
-        if unknown:
-            raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
-        values = {k: _file_value(v, kinds[k], k, file) for k, v in values.items()}
-    for f in dataclasses.fields(cls):
-        given = getattr(args, f.name, None)
-        if given is not None:
-            values[f.name] = given
-    return cls(**values)
+def config_from_file(cls: type, file: str | Path) -> Any:
+    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: defaults)."""
+    values = read_config_file(file)
+    types = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls) if f.init})
+    if unknown:
+        raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
+    return cls(**{k: _file_value(v, types[k], k, file) for k, v in values.items()})
 
 
-# ---------------------------------------------------------------------------- vocab
-def _vocab_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", help="text files (plain, .gz, .bz2 or .xz), read line by line")
-    p.add_argument("--out", "-o", required=True, help="folder to write vocab.txt and tokenizer settings into")
-    p.add_argument("--vocab-size", type=int, default=30522, help="size of the vocab, special tokens included")
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
-    p.add_argument("--min-frequency", type=int, default=2, help="ignore pieces seen fewer times")
-    p.add_argument("--limit-alphabet", type=int, default=1000, help="keep at most this many distinct characters")
-    p.add_argument("--num-unused", type=int, default=99,
-                   help="[unused] slots (99 reproduces Google's layout: [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103)")
+# ---------------------------------------------------------------------------- vocab / prepare / tokenize
+def vocab(files: Positional[tuple[str, ...]], out: Annotated[str, arg(aliases=("-o",))], vocab_size: int = 30522,
+          cased: bool = False, min_frequency: int = 2, limit_alphabet: int = 1000, num_unused: int = 99) -> int:
+    """Learn a WordPiece vocab.txt from text files.
 
-
-def _vocab(a: argparse.Namespace) -> int:
+    Args:
+        files: text files (plain, .gz, .bz2 or .xz), read line by line
+        out: folder to write vocab.txt and tokenizer settings into
+        vocab_size: size of the vocab, special tokens included
+        cased: keep case and accents (off: lower-case, strip accents)
+        min_frequency: ignore pieces seen fewer times
+        limit_alphabet: keep at most this many distinct characters
+        num_unused: [unused] slots (99 reproduces Google's layout: [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103)
+    """
     from bertforge.text.vocab import learn_vocab
 
-    tok = learn_vocab(a.files, a.out, vocab_size=a.vocab_size, do_lower_case=not a.cased,
-                      min_frequency=a.min_frequency, limit_alphabet=a.limit_alphabet, num_unused=a.num_unused)
-    print(f"wrote {Path(a.out) / 'vocab.txt'}: {tok.vocab_size} entries")
+    tok = learn_vocab(files, out, vocab_size=vocab_size, do_lower_case=not cased, min_frequency=min_frequency,
+                      limit_alphabet=limit_alphabet, num_unused=num_unused)
+    print(f"wrote {Path(out) / 'vocab.txt'}: {tok.vocab_size} entries")
     return 0
 
 
-# ---------------------------------------------------------------------------- prepare
-def _prepare_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.data.prepare import PrepareConfig
+def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None, arg(aliases=("-o",))] = None,
+            tokenizer: Annotated[str | None, arg(aliases=("-t",))] = None, workers: int = 1, num_shards: int = 1,
+            shard_index: int = 0, stats: Annotated[str | None, arg(metavar="FOLDER")] = None,
+            config: Annotated[str | None, arg(metavar="FILE")] = None,
+            cfg: Annotated[PrepareConfig, arg(name="")] = PrepareConfig()) -> int:
+    """Turn raw text into pre-training shards (Google's create_pretraining_data, streamed).
 
-    p.add_argument("inputs", nargs="*", help="input files or globs (.gz/.bz2/.xz read transparently)")
-    p.add_argument("--out", "-o", help="output folder for shards + manifest.json")
-    p.add_argument("--tokenizer", "-t", help="checkpoint or vocab folder (vocab.txt + tokenizer settings)")
-    p.add_argument("--workers", type=int, default=1, help="processes building shards in parallel")
-    p.add_argument("--num-shards", type=int, default=1, help="split the work across this many machines")
-    p.add_argument("--shard-index", type=int, default=0, help="which part of --num-shards this run builds")
-    p.add_argument("--stats", metavar="FOLDER", help="print the statistics of a prepared folder and exit")
-    p.add_argument("--config", metavar="FILE", help="JSON file of settings (flags override it)")
-    add_config_arguments(p, PrepareConfig)
+    Args:
+        inputs: input files or globs (.gz/.bz2/.xz read transparently)
+        out: output folder for shards + manifest.json
+        tokenizer: checkpoint or vocab folder (vocab.txt + tokenizer settings)
+        workers: processes building shards in parallel
+        num_shards: split the work across this many machines
+        shard_index: which part of --num-shards this run builds
+        stats: print the statistics of a prepared folder and exit
+        config: JSON or YAML file of the settings below (flags override it)
+    """
+    from bertforge.data.prepare import format_stats, load_manifest, prepare as run
 
-
-def _prepare(a: argparse.Namespace) -> int:
-    from bertforge.data.prepare import PrepareConfig, format_stats, load_manifest, prepare
-
-    if a.stats:
-        print(format_stats(load_manifest(a.stats)))
+    if stats:
+        print(format_stats(load_manifest(stats)))
         return 0
-    if not a.inputs or not a.out or not a.tokenizer:
+    if not inputs or not out or not tokenizer:
         raise ValueError("prepare needs input files, --out and --tokenizer (or --stats FOLDER)")
-    cfg = config_from_args(PrepareConfig, a, file=a.config)
-    manifest = prepare(a.inputs, a.out, a.tokenizer, cfg, workers=a.workers, num_shards=a.num_shards,
-                       shard_index=a.shard_index)
+    manifest = run(list(inputs), out, tokenizer, cfg, workers=workers, num_shards=num_shards, shard_index=shard_index)
     print(format_stats(manifest))
     return 0
 
 
-# ---------------------------------------------------------------------------- tokenize
-def _tokenize_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", "-t", required=True, help="checkpoint folder or vocab.txt")
-    p.add_argument("text", nargs="*", help="texts to tokenize (default: one per line from stdin)")
-    p.add_argument("--pair", help="a second segment, encoded as [CLS] text [SEP] pair [SEP]")
-    p.add_argument("--jsonl", action="store_true", help="print JSON lines (tokens, input_ids, token_type_ids)")
+def tokenize(tokenizer: Annotated[str, arg(aliases=("-t",))], text: Positional[tuple[str, ...]] = (),
+             pair: str | None = None, jsonl: bool = False) -> int:
+    """Show the WordPiece tokens and ids of text.
 
-
-def _tokenize(a: argparse.Namespace) -> int:
+    Args:
+        tokenizer: checkpoint folder or vocab.txt
+        text: texts to tokenize (none: one per line from stdin)
+        pair: a second segment, encoded as [CLS] text [SEP] pair [SEP]
+        jsonl: print JSON lines (tokens, input_ids, token_type_ids)
+    """
     from bertforge.text.tokenizer import BertTokenizer
 
-    tok = BertTokenizer.from_pretrained(a.tokenizer)
-    texts = a.text or [line.rstrip("\n") for line in sys.stdin]
-    for text in texts:
-        enc = tok(text, a.pair)
+    tok = BertTokenizer.from_pretrained(tokenizer)
+    for line in text or [line.rstrip("\n") for line in sys.stdin]:
+        enc = tok(line, pair)
         tokens = tok.convert_ids_to_tokens(enc["input_ids"])
-        if a.jsonl:
-            print(json.dumps({"text": text, "tokens": tokens, "input_ids": enc["input_ids"],
+        if jsonl:
+            print(json.dumps({"text": line, "tokens": tokens, "input_ids": enc["input_ids"],
                               "token_type_ids": enc["token_type_ids"]}, ensure_ascii=False))
         else:
             print(" ".join(tokens))
     return 0
 
 
-# ---------------------------------------------------------------------------- convert / info
-def _convert_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.model.heads import MODEL_CLASSES
+# ---------------------------------------------------------------------------- convert / info / export-onnx
+def convert(src: Positional[str], dst: Positional[str], model_class: ModelClass | None = None,
+            dtype: Dtype | None = None) -> int:
+    """Re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors, Google's TF checkpoints).
 
-    p.add_argument("src", help="a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), "
-                               "or Google's TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + "
-                               "bert_config.json + vocab.txt, or a checkpoint path prefix (read without TensorFlow)")
-    p.add_argument("dst", help="folder to write config.json + model.safetensors (+ tokenizer files) into")
-    p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
-                   help="class to load as (default: config.json's architectures, else inferred from the weights)")
-    p.add_argument("--dtype", choices=_DTYPES, help="cast the weights (default: keep float32)")
-
-
-def _convert(a: argparse.Namespace) -> int:
-    from bertforge.convert.folders import convert
-
+    Args:
+        src: a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), or Google's
+            TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + bert_config.json + vocab.txt,
+            or a checkpoint path prefix (read without TensorFlow)
+        dst: folder to write config.json + model.safetensors (+ tokenizer files) into
+        model_class: class to load as (none: config.json's architectures, else inferred from the weights)
+        dtype: cast the weights (none: keep float32)
+    """
     import torch
 
-    cls = convert(a.src, a.dst, model_class=a.model_class, dtype=getattr(torch, a.dtype) if a.dtype else None)
-    print(f"wrote {a.dst} as {cls.__name__}")
+    from bertforge.convert.folders import convert as run
+
+    cls = run(src, dst, model_class=model_class, dtype=getattr(torch, dtype) if dtype else None)
+    print(f"wrote {dst} as {cls.__name__}")
     return 0
 
 
-def _info_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="a checkpoint folder")
+def info(checkpoint: Positional[str]) -> int:
+    """Describe a checkpoint folder.
 
-
-def _info(a: argparse.Namespace) -> int:
+    Args:
+        checkpoint: a checkpoint folder
+    """
     from bertforge.model.checkpoint import read_state_dict
-    from bertforge.model.heads import infer_model_class
     from bertforge.model.config import BertConfig
+    from bertforge.model.heads import infer_model_class
 
-    config = BertConfig.load(a.checkpoint)
-    state = read_state_dict(a.checkpoint)
-    cls = infer_model_class(a.checkpoint)
+    config = BertConfig.load(checkpoint)
+    state = read_state_dict(checkpoint)
+    cls = infer_model_class(checkpoint)
     params = sum(t.numel() for t in state.values())
     dtypes = sorted({str(t.dtype).replace("torch.", "") for t in state.values()})
-    print(f"{a.checkpoint}: {cls.__name__}, {params:,} parameters ({', '.join(dtypes)})")
+    print(f"{checkpoint}: {cls.__name__}, {params:,} parameters ({', '.join(dtypes)})")
     print(f"  L={config.num_hidden_layers} H={config.hidden_size} A={config.num_attention_heads} "
           f"I={config.intermediate_size} V={config.vocab_size} positions={config.max_position_embeddings} "
           f"act={config.hidden_act}")
     if config.id2label:
         print(f"  labels: {config.id2label}")
-    has_vocab = (Path(a.checkpoint) / "vocab.txt").is_file()
+    has_vocab = (Path(checkpoint) / "vocab.txt").is_file()
     print(f"  tokenizer: {'vocab.txt present' if has_vocab else 'none in this folder'}")
     return 0
 
 
-# ---------------------------------------------------------------------------- export-onnx
-def _export_onnx_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.model.heads import MODEL_CLASSES
-    from bertforge.convert.onnx import ATOL, ONNX_OPSET
+def export_onnx(checkpoint: Positional[str], out: Positional[str], model_class: ModelClass | None = None,
+                opset: int = ONNX_OPSET, atol: float = ATOL, verify: bool = True) -> int:
+    """Export a checkpoint to ONNX (dynamic batch and sequence axes), checked with onnxruntime.
 
-    p.add_argument("checkpoint", help="a BERT checkpoint folder (bertforge or transformers)")
-    p.add_argument("out", help="folder to write model.onnx, config.json and the tokenizer files into "
-                               "(optimum's layout)")
-    p.add_argument("--model-class", choices=sorted(MODEL_CLASSES),
-                   help="class to export (default: config.json's architectures, else inferred from the weights)")
-    p.add_argument("--opset", type=int, default=ONNX_OPSET, help=f"ONNX opset (default: {ONNX_OPSET}, the lowest "
-                                                                 "PyTorch's exporter implements)")
-    p.add_argument("--atol", type=float, default=ATOL,
-                   help=f"largest difference from PyTorch allowed in the onnxruntime check (default: {ATOL})")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the onnxruntime check")
-
-
-def _export_onnx(a: argparse.Namespace) -> int:
+    Args:
+        checkpoint: a BERT checkpoint folder (bertforge or transformers)
+        out: folder to write model.onnx, config.json and the tokenizer files into (optimum's layout)
+        model_class: class to export (none: config.json's architectures, else inferred from the weights)
+        opset: ONNX opset (the default is the lowest PyTorch's exporter implements)
+        atol: largest difference from PyTorch allowed in the onnxruntime check
+        verify: check the exported model against PyTorch with onnxruntime
+    """
     import torch
 
+    from bertforge.convert.onnx import export_onnx as run
     from bertforge.model.checkpoint import load_pretrained
-    from bertforge.model.heads import MODEL_CLASSES, infer_model_class
-    from bertforge.convert.onnx import export_onnx
+    from bertforge.model.heads import infer_model_class
 
-    cls = MODEL_CLASSES[a.model_class] if a.model_class else infer_model_class(a.checkpoint)
-    model = load_pretrained(cls, a.checkpoint, dtype=torch.float32)
-    out = Path(a.out)
+    cls = MODEL_CLASSES[model_class] if model_class else infer_model_class(checkpoint)
+    model = load_pretrained(cls, checkpoint, dtype=torch.float32)
+    folder = Path(out)
     try:
-        result = export_onnx(model, out / "model.onnx", opset=a.opset, verify=a.verify, atol=a.atol)
+        result = run(model, folder / "model.onnx", opset=opset, verify=verify, atol=atol)
     except ImportError as e:
         print(f"bertforge export-onnx: error: {e}", file=sys.stderr)
         return 2
-    model.config.replace(architectures=[cls.__name__]).save(out / "config.json")
-    if (Path(a.checkpoint) / "vocab.txt").is_file():
+    model.config.replace(architectures=[cls.__name__]).save(folder / "config.json")
+    if (Path(checkpoint) / "vocab.txt").is_file():
         from bertforge.text.tokenizer import BertTokenizer
 
-        BertTokenizer.from_pretrained(a.checkpoint).save_pretrained(out)
+        BertTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
     print(result.summary())
     return 0
 
 
 # ---------------------------------------------------------------------------- pretrain / plot
-def _run_config_arguments(p: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """A training recipe's flags: --config FILE plus one flag per field of its config dataclass."""
-    p.add_argument("--config", metavar="FILE", help="JSON or YAML file of settings (flags override it)")
-    add_config_arguments(p, cls, skip=skip)
-
-
 def _report_stop(command: str, result: Any) -> None:
     """``result``: the loop's `TrainResult`."""
     if result.stopped_early:
         print(f"{command}: stopped at step {result.step}; continue with --resume")
 
 
-def _pretrain_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.train.pretrain import PretrainConfig
+def pretrain(config: Annotated[str | None, arg(metavar="FILE")] = None,
+             cfg: Annotated[PretrainConfig, arg(name="")] = PretrainConfig()) -> int:
+    """Pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many processes.
 
-    _run_config_arguments(p, PretrainConfig)
+    Args:
+        config: JSON or YAML file of the settings below (flags override it)
+    """
+    from bertforge.train.pretrain import pretrain as run
 
-
-def _pretrain(a: argparse.Namespace) -> int:
-    from bertforge.train.pretrain import PretrainConfig, pretrain
-
-    _report_stop("pretrain", pretrain(config_from_args(PretrainConfig, a, file=a.config)))
+    _report_stop("pretrain", run(cfg))
     return 0
 
 
-def _plot_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="a run folder holding metrics.jsonl")
-    p.add_argument("--out", help="PNG file to write (default: RUN_DIR/curves.png)")
+def plot(run_dir: Positional[str], out: str | None = None) -> int:
+    """Draw a run's training curves (metrics.jsonl -> curves.png).
 
-
-def _plot(a: argparse.Namespace) -> int:
+    Args:
+        run_dir: a run folder holding metrics.jsonl
+        out: PNG file to write (none: RUN_DIR/curves.png)
+    """
     from bertforge.train.plot import plot_run
 
-    print(f"wrote {plot_run(a.run_dir, a.out)}")
+    print(f"wrote {plot_run(run_dir, out)}")
     return 0
 
 
 # ---------------------------------------------------------------------------- finetune / evaluate / predict
-def _finetune_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.tasks.finetune import FinetuneConfig
+def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
+             cfg: Annotated[FinetuneConfig, arg(name="")] = FinetuneConfig()) -> int:
+    """Fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / v2.0,
+    multiple choice (SWAG); --grid for the paper's search (--grid alone: the paper's grid).
 
-    _run_config_arguments(p, FinetuneConfig, skip=("grid",))
-    p.add_argument("--grid", nargs="?", const="paper", default=None, metavar="SPEC",
-                   help=field_docs(FinetuneConfig)["grid"] + " (--grid alone: the paper's)")
+    Args:
+        config: JSON or YAML file of the settings below (flags override it)
+    """
+    from bertforge.tasks.finetune import finetune as run, finetune_grid
 
-
-def _finetune(a: argparse.Namespace) -> int:
-    from bertforge.tasks.finetune import FinetuneConfig, finetune, finetune_grid
-
-    cfg = config_from_args(FinetuneConfig, a, file=a.config)
     if cfg.grid:
         grid = finetune_grid(cfg)
         if grid.stopped_early:
@@ -357,164 +325,174 @@ def _finetune(a: argparse.Namespace) -> int:
         elif grid.best is not None:
             print(json.dumps({k: grid.best[k] for k in ("lr", "batch_size", "epochs", "metric", "value")}))
         return 0
-    result = finetune(cfg)
+    result = run(cfg)
     _report_stop("finetune", result.train)
     if result.eval_metrics:
         print(json.dumps(result.eval_metrics))
     return 0
 
 
-def _model_input_args(p: argparse.ArgumentParser,
-                      checkpoint_help: str = "a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)") -> None:
-    """Arguments evaluate, predict and serve share; unset ones are the checkpoint's fine-tuning settings."""
-    from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
+def _checkpoint_settings() -> type:
+    """A dataclass of FinetuneConfig's `INPUT_SETTINGS` with their docstrings as help, each unset
+    (None) unless given: the checkpoint's own fine-tuning settings stand for the rest. A bool is a
+    plain flag (unset: off)."""
+    import docstring_parser
 
-    p.add_argument("checkpoint", help=checkpoint_help)
-    add_config_arguments(p, FinetuneConfig, only=INPUT_SETTINGS,
-                         title="settings (unset: the ones the checkpoint was fine-tuned with)")
-
-
-def _model_inputs(a: argparse.Namespace) -> dict[str, Any]:
-    from bertforge.tasks.finetune import INPUT_SETTINGS
-
-    return {k: getattr(a, k) for k in INPUT_SETTINGS if getattr(a, k, None) is not None}
-
-
-def _evaluate_args(p: argparse.ArgumentParser) -> None:
-    _model_input_args(p)
-    p.add_argument("--file", required=True, help="labelled file(s), comma-separated, or a GLUE task folder (dev)")
-    p.add_argument("--out", "-o", help="folder for the task's prediction files (SQuAD: predictions.json, ...)")
+    docs = {p.arg_name: " ".join((p.description or "").split())
+            for klass in reversed(FinetuneConfig.__mro__[:-1]) for p in docstring_parser.parse_from_object(klass).params}
+    types = typing.get_type_hints(FinetuneConfig)
+    fields: list[tuple[str, Any, Any]] = []
+    for name in INPUT_SETTINGS:
+        if types[name] is bool:
+            fields.append((name, Annotated[bool, arg(help=docs.get(name))], False))
+        else:
+            hint = arg(help=docs.get(name), help_behavior_hint="(default: the checkpoint's)")
+            fields.append((name, Annotated[types[name] | None, hint], None))
+    return dataclasses.make_dataclass("CheckpointSettings", fields)
 
 
-def _evaluate(a: argparse.Namespace) -> int:
-    from bertforge.tasks.finetune import evaluate
+CheckpointSettings = _checkpoint_settings()
 
-    print(json.dumps(evaluate(a.checkpoint, a.file, out=a.out, **_model_inputs(a))))
+
+def _overrides(settings: Any) -> dict[str, Any]:
+    """The settings given on the command line (the checkpoint's stand for the others)."""
+    return {k: v for k, v in vars(settings).items() if v is not None and v is not False}
+
+
+@contextlib.contextmanager
+def _autocast(precision: str, device: str) -> Iterator[None]:
+    """A task's model (evaluate, predict on a task file) run under ``precision``'s autocast."""
+    from bertforge.train.distributed import resolve_device
+    from bertforge.train.precision import autocast, resolve_precision
+
+    where = resolve_device(device)
+    with autocast(resolve_precision(precision, where), where):
+        yield
+
+
+def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, arg(aliases=("-o",))] = None,
+             precision: PrecisionFlag = "fp32",
+             settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+    """Metrics of a fine-tuned model on labelled data.
+
+    Args:
+        checkpoint: a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)
+        file: labelled file(s), comma-separated, or a GLUE task folder (dev)
+        out: folder for the task's prediction files (SQuAD: predictions.json, ...)
+    """
+    from bertforge.tasks.finetune import evaluate as run
+
+    given = _overrides(settings)
+    with _autocast(precision, given.get("device", "auto")):
+        metrics = run(checkpoint, file, out=out, **given)
+    print(json.dumps(metrics))
     return 0
 
 
-def _inference_args(p: argparse.ArgumentParser) -> None:
-    """What predict and serve share: the checkpoint, its settings and how the model runs."""
-    from bertforge.serving.predictor import POOLINGS
+@dataclasses.dataclass
+class Inference:
+    """How predict and serve run a checkpoint's model."""
 
-    _model_input_args(p, "a checkpoint folder; its head (config.json's architectures) decides what is predicted: "
-                         "fill-mask, classification, tagging, QA, multiple choice, embeddings (BertModel)")
-    group = p.add_argument_group("inference")
-    group.add_argument("--embeddings", action="store_true", help="pooled sentence embeddings, whatever the head")
-    group.add_argument("--pooling", choices=POOLINGS, default="mean",
-                       help="embeddings: the mean over the tokens, the last layer at [CLS], or BERT's tanh pooler "
-                            "(default: mean)")
-    group.add_argument("--top-k", type=int, default=5, help="fill-mask: tokens per [MASK] (default: 5)")
-    group.add_argument("--batch-size", type=int, help="sequences per forward pass (default: 32)")
-    group.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+    embeddings: bool = False
+    """Pooled sentence embeddings, whatever the head."""
+    pooling: Pooling = "mean"
+    """Embeddings: the mean over the tokens, the last layer at [CLS], or BERT's tanh pooler."""
+    top_k: int = 5
+    """Fill-mask: tokens per [MASK]."""
+    batch_size: Annotated[int | None, arg(help_behavior_hint="(default: 32)")] = None
+    """Sequences per forward pass."""
+    precision: PrecisionFlag = "fp32"
 
 
-def _predictor(a: argparse.Namespace) -> Any:
+def _load_predictor(checkpoint: str, settings: Any, run: Inference) -> Any:
     from bertforge.serving.predictor import Predictor
 
-    settings = _model_inputs(a)
-    if a.batch_size:
-        settings["eval_batch_size"] = a.batch_size
-    return Predictor.from_pretrained(a.checkpoint, dtype="bf16" if a.bf16 else None,
-                                     head="embeddings" if a.embeddings else None, **settings)
+    given = _overrides(settings)
+    if run.batch_size:
+        given["eval_batch_size"] = run.batch_size
+    return Predictor.from_pretrained(checkpoint, precision=run.precision,
+                                     head="embeddings" if run.embeddings else None, **given)
 
 
-class _IntermixedParser(argparse.ArgumentParser):
-    """Options may also stand between the checkpoint and the texts: argparse (Python 3.11 among
-    others) ends a ``*`` positional at the first option, so ``predict CKPT --top-k 3 TEXT`` failed."""
+def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (),
+            file: Annotated[str | None, arg(aliases=("-f",))] = None,
+            out: Annotated[str | None, arg(aliases=("-o",))] = None, format: Literal["text", "jsonl"] | None = None,
+            run: Annotated[Inference, arg(name="")] = Inference(),
+            settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+    """A checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, embeddings;
+    readable text or JSONL), or a fine-tuned model on a task file.
 
-    _parsing = False
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if self._parsing:  # the intermixed parse calls back here for its two passes
-            return super().parse_known_args(args, namespace)
-        self._parsing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._parsing = False
-
-
-def _predict_args(p: argparse.ArgumentParser) -> None:
-    p.__class__ = _IntermixedParser
-    _inference_args(p)
-    p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="texts: 'a ||| b' for a pair, 'question ||| context' for QA, 'context ||| choice ||| choice "
-                        "...' for multiple choice; - reads them from stdin, one per line. Or, for a fine-tuned "
-                        "checkpoint, one existing task file or folder, read as evaluate reads it (GLUE TSV, CSV, "
-                        "JSONL, CoNLL, SQuAD JSON, SWAG CSV)")
-    p.add_argument("--file", "-f", help="texts, one per line as INPUT (.gz/.bz2/.xz read transparently; - for stdin)")
-    p.add_argument("--out", "-o",
-                   help="write the predictions here (default: stdout). A task file's: .jsonl records, else the "
-                        "task's format (GLUE TSV, CoNLL, SQuAD JSON)")
-    p.add_argument("--format", choices=("text", "jsonl"),
-                   help="for texts: readable lines or JSON records (default: jsonl for an --out ending in .jsonl, "
-                        "else text)")
-
-
-def _predict(a: argparse.Namespace) -> int:
+    Args:
+        checkpoint: a checkpoint folder; its head (config.json's architectures) decides what is predicted:
+            fill-mask, classification, tagging, QA, multiple choice, embeddings (BertModel)
+        inputs: texts: 'a ||| b' for a pair, 'question ||| context' for QA, 'context ||| choice ||| choice ...'
+            for multiple choice; - reads them from stdin, one per line. Or, for a fine-tuned checkpoint, one
+            existing task file or folder, read as evaluate reads it (GLUE TSV, CSV, JSONL, CoNLL, SQuAD JSON,
+            SWAG CSV)
+        file: texts, one per line as INPUTS (.gz/.bz2/.xz read transparently; - for stdin)
+        out: write the predictions here (none: stdout). A task file's: .jsonl records, else the task's format
+            (GLUE TSV, CoNLL, SQuAD JSON)
+        format: for texts: readable lines or JSON records (none: jsonl for an --out ending in .jsonl, else text)
+    """
+    from bertforge.io import atomic_write_text
     from bertforge.serving.features import read_inputs
     from bertforge.serving.predictor import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
-    from bertforge.io import atomic_write_text
 
-    head = "embeddings" if a.embeddings else checkpoint_head(a.checkpoint)
-    if (head in FINE_TUNED_HEADS and a.file is None and len(a.inputs) == 1 and a.inputs[0] != "-"
-            and Path(a.inputs[0]).exists()):
-        return _predict_task_file(a)
+    head = "embeddings" if run.embeddings else checkpoint_head(checkpoint)
+    if (head in FINE_TUNED_HEADS and file is None and len(inputs) == 1 and inputs[0] != "-"
+            and Path(inputs[0]).exists()):
+        return _predict_task_file(checkpoint, inputs[0], out, run, settings)
 
     def lines(path: str) -> list[str]:  # stripped, UTF-8 checked; blank lines are inputs too (as features reads)
         return [SEPARATOR.join(t for t in pair if t is not None) for pair in read_inputs(path)]
 
-    texts = [t for x in a.inputs for t in (lines("-") if x == "-" else [x])]
-    if a.file:
-        texts += lines(a.file)
+    texts = [t for x in inputs for t in (lines("-") if x == "-" else [x])]
+    if file:
+        texts += lines(file)
     if not texts:
         raise ValueError("no inputs: give texts, --file FILE, or - to read them from stdin")
-    predictor = _predictor(a)
-    records = predictor(texts, top_k=a.top_k, pooling=a.pooling)
-    fmt = a.format or ("jsonl" if a.out and a.out.endswith(".jsonl") else "text")
+    predictor = _load_predictor(checkpoint, settings, run)
+    records = predictor(texts, top_k=run.top_k, pooling=run.pooling)
+    fmt = format or ("jsonl" if out and out.endswith(".jsonl") else "text")
     text = format_records(records, predictor.head, fmt)
-    if a.out:
-        atomic_write_text(a.out, text)
-        print(f"wrote {len(records):,} predictions to {a.out}")
+    if out:
+        atomic_write_text(out, text)
+        print(f"wrote {len(records):,} predictions to {out}")
     else:
         sys.stdout.write(text)
     return 0
 
 
-def _predict_task_file(a: argparse.Namespace) -> int:
+def _predict_task_file(checkpoint: str, file: str, out: str | None, run: Inference, settings: Any) -> int:
     """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`)."""
-    from bertforge.tasks.finetune import predict
-    from bertforge.serving.predictor import precision
+    from bertforge.tasks.finetune import predict as run_task
 
-    settings = _model_inputs(a)
-    if a.batch_size:
-        settings["eval_batch_size"] = a.batch_size
-    with precision(settings.get("device", "auto"), "bf16" if a.bf16 else None):
-        records = predict(a.checkpoint, a.inputs[0], a.out, **settings)
-    if a.out:
-        print(f"wrote {len(records):,} predictions to {a.out}")
+    given = _overrides(settings)
+    if run.batch_size:
+        given["eval_batch_size"] = run.batch_size
+    with _autocast(run.precision, given.get("device", "auto")):
+        records = run_task(checkpoint, file, out, **given)
+    if out:
+        print(f"wrote {len(records):,} predictions to {out}")
     else:
         sys.stdout.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     return 0
 
 
 # ---------------------------------------------------------------------------- serve
-def _serve_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES
+def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
+          max_request_bytes: int = MAX_REQUEST_BYTES, run: Annotated[Inference, arg(name="")] = Inference(),
+          settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+    """Serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits.
 
-    _inference_args(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
-                   help=f"most inputs in one request (default: {MAX_BATCH})")
-    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
-                   help=f"largest request body (default: {MAX_REQUEST_BYTES})")
-
-
-def _serve(a: argparse.Namespace) -> int:
-    from bertforge.serving.http import serve
+    Args:
+        checkpoint: a checkpoint folder; its head (config.json's architectures) decides what is predicted
+        host: address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
+        port: port to listen on
+        max_batch: most inputs in one request
+        max_request_bytes: largest request body
+    """
+    from bertforge.serving.http import serve as run_server
 
     try:
         import starlette  # noqa: F401
@@ -522,129 +500,170 @@ def _serve(a: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"bertforge serve: error: {e.name} is not installed; pip install 'bertforge[serve]'", file=sys.stderr)
         return 2
-    serve(_predictor(a), host=a.host, port=a.port, max_batch=a.max_batch, max_request_bytes=a.max_request_bytes,
-          top_k=a.top_k, pooling=a.pooling)
+    run_server(_load_predictor(checkpoint, settings, run), host=host, port=port, max_batch=max_batch,
+               max_request_bytes=max_request_bytes, top_k=run.top_k, pooling=run.pooling)
     return 0
 
 
 # ---------------------------------------------------------------------------- features
-def _features_args(p: argparse.ArgumentParser) -> None:
-    import re
+def features(checkpoint: Positional[str], input: Positional[str], out: Annotated[str, arg(aliases=("-o",))],
+             layers: str | None = None, combine: Combine = "concat", pooling: FeaturePooling | None = None,
+             max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's "
+                                                                          "positions if fewer)")] = None,
+             stride: int = 0, batch_size: int = 32, precision: PrecisionFlag = "fp32", device: str = "auto",
+             progress: bool = True) -> int:
+    """Per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's extract_features.py,
+    .npy or .safetensors).
 
-    from bertforge.serving.features import COMBINES, POOLINGS
-
-    # Let "--layers -1,-2" read as a value, not as an unknown option (Python >= 3.13 does this itself).
-    if hasattr(p, "_negative_number_matcher"):
-        p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(,-?\d+)+$")
-    p.add_argument("checkpoint", help="a BERT checkpoint folder (bertforge or transformers) holding the tokenizer")
-    p.add_argument("input", help="text file, one input per line ('text_a ||| text_b' for a pair; .gz/.bz2/.xz "
-                                 "read transparently), or - for stdin")
-    p.add_argument("--out", "-o", required=True,
-                   help="output file: .jsonl (the layout of Google's extract_features.py), .npy or .safetensors "
-                        "(arrays for large runs; layout in bertforge.serving.features)")
-    p.add_argument("--layers", help="comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output "
-                                    "(default: -1,-2,-3,-4; with --pooling: -1)")
-    p.add_argument("--combine", choices=COMBINES, default="concat",
-                   help="put the layers side by side or add them up (default: concat)")
-    p.add_argument("--pooling", choices=POOLINGS,
-                   help="one vector per input: the one at [CLS], or the mean over its tokens (default: one per token)")
-    p.add_argument("--max-seq-length", type=int,
-                   help="tokens per forward pass (default: 128, or the model's positions if fewer); longer inputs "
-                        "are cut into windows, each token taken from the window where it has the most context")
-    p.add_argument("--stride", type=int, default=0, help="tokens between window starts (0: half a window)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
-    p.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:K")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="show a progress bar on stderr")
-
-
-def _features(a: argparse.Namespace) -> int:
+    Args:
+        checkpoint: a BERT checkpoint folder (bertforge or transformers) holding the tokenizer
+        input: text file, one input per line ('text_a ||| text_b' for a pair; .gz/.bz2/.xz read transparently),
+            or - for stdin
+        out: output file: .jsonl (the layout of Google's extract_features.py), .npy or .safetensors (arrays for
+            large runs; layout in bertforge.serving.features)
+        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output (none:
+            -1,-2,-3,-4; with --pooling: -1)
+        combine: put the layers side by side or add them up
+        pooling: one vector per input: the one at [CLS], or the mean over its tokens (none: one per token)
+        max_seq_length: tokens per forward pass; longer inputs are cut into windows, each token taken from the
+            window where it has the most context
+        stride: tokens between window starts (0: half a window)
+        batch_size: sequences per forward pass
+        device: auto, cpu, cuda or cuda:K
+        progress: show a progress bar on stderr
+    """
     from bertforge.serving.features import output_format, parse_layers, read_inputs, write_features
 
-    output_format(a.out)  # before reading the input
-    written = write_features(a.checkpoint, read_inputs(a.input), a.out,
-                             layers=parse_layers(a.layers) if a.layers else None, combine=a.combine,
-                             pooling=a.pooling, max_seq_length=a.max_seq_length, stride=a.stride,
-                             batch_size=a.batch_size, precision="bf16" if a.bf16 else "fp32", device=a.device,
-                             progress=a.progress)
+    output_format(out)  # before reading the input
+    written = write_features(checkpoint, read_inputs(input), out,
+                             layers=parse_layers(layers) if layers else None, combine=combine, pooling=pooling,
+                             max_seq_length=max_seq_length, stride=stride, batch_size=batch_size,
+                             precision=precision, device=device, progress=progress)
     print(written.summary())
     return 0
 
 
 # ---------------------------------------------------------------------------- demo
-def _demo_args(p: argparse.ArgumentParser) -> None:
-    from bertforge.demo.run import DemoConfig
+def demo(config: Annotated[str | None, arg(metavar="FILE")] = None,
+         cfg: Annotated[DemoConfig, arg(name="")] = DemoConfig()) -> int:
+    """Run the end-to-end demo on real data.
 
-    _run_config_arguments(p, DemoConfig)
+    Args:
+        config: JSON or YAML file of the settings below (flags override it; configs/demo.yaml lists them all)
+    """
+    from bertforge.demo.run import run_demo
 
-
-def _demo(a: argparse.Namespace) -> int:
-    from bertforge.demo.run import DemoConfig, run_demo
-
-    run_demo(config_from_args(DemoConfig, a, file=a.config))
+    run_demo(cfg)
     return 0
 
 
-# name -> (help, add arguments, run)
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "vocab": ("learn a WordPiece vocab.txt from text files", _vocab_args, _vocab),
-    "prepare": ("turn raw text into pre-training shards (Google's create_pretraining_data, streamed)",
-                _prepare_args, _prepare),
-    "tokenize": ("show the WordPiece tokens and ids of text", _tokenize_args, _tokenize),
-    "convert": ("re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors, Google's TF "
-                "checkpoints)",
-                _convert_args, _convert),
-    "info": ("describe a checkpoint folder", _info_args, _info),
-    "export-onnx": ("export a checkpoint to ONNX (dynamic batch and sequence axes), checked with onnxruntime",
-                    _export_onnx_args, _export_onnx),
-    "pretrain": ("pre-train BERT (masked LM + next sentence prediction) on prepared shards; torchrun for many "
-                 "processes", _pretrain_args, _pretrain),
-    "finetune": ("fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / "
-                 "v2.0, multiple choice (SWAG); --grid for the paper's search", _finetune_args, _finetune),
-    "evaluate": ("metrics of a fine-tuned model on labelled data", _evaluate_args, _evaluate),
-    "predict": ("a checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, "
-                "embeddings; readable text or JSONL), or a fine-tuned model on a task file", _predict_args, _predict),
-    "serve": ("serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits",
-              _serve_args, _serve),
-    "features": ("per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's "
-                 "extract_features.py, .npy or .safetensors)", _features_args, _features),
-    "plot": ("draw a run's training curves (metrics.jsonl -> curves.png)", _plot_args, _plot),
-    "demo": ("run the end-to-end demo on real data", _demo_args, _demo),
+COMMANDS: dict[str, Callable[..., int]] = {
+    "vocab": vocab,
+    "prepare": prepare,
+    "tokenize": tokenize,
+    "convert": convert,
+    "info": info,
+    "export-onnx": export_onnx,
+    "pretrain": pretrain,
+    "finetune": finetune,
+    "evaluate": evaluate,
+    "predict": predict,
+    "serve": serve,
+    "features": features,
+    "plot": plot,
+    "demo": demo,
 }
+"""Command name -> the function it runs: its signature gives the command's flags, its docstring the help."""
+
+_BARE_FLAGS = {"--grid": "paper"}
+"""Flags that may stand alone, and the value that means."""
+_GONE_FLAGS = {"--bf16": "--precision bf16"}
+"""Flags that no longer exist, and what replaces them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+# ---------------------------------------------------------------------------- main
+def _summary(fn: Callable[..., Any]) -> str:
+    """The first paragraph of ``fn``'s docstring, on one line."""
+    return " ".join((fn.__doc__ or "").split("\n\n")[0].split()).rstrip(".")
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``bertforge [-v] COMMAND ...``: picks the command; the command's own flags are tyro's."""
     from bertforge import __version__
 
-    parser = argparse.ArgumentParser(prog="bertforge", description="BERT, as the paper describes it.")
+    table = "\n".join(f"  {name:<12} {_summary(fn)}" for name, fn in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="bertforge", description="BERT, as the paper describes it.", formatter_class=argparse.RawTextHelpFormatter,
+        epilog=f"commands:\n{table}\n\n'bertforge COMMAND --help' lists its flags.")
     parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help_text, add_args, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_args(p)
-        p.set_defaults(run=run)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages; a traceback on errors")
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help="one of the commands below")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag VALUE`` or ``flag=VALUE`` in ``args`` (the last one given), else None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return value
+
+
+def _run(command: str, args: list[str]) -> int:
+    """Parse ``args`` into ``command``'s function and call it. A ``--config`` file fills the
+    function's ``cfg`` first, so that flags override it."""
+    for flag, replacement in _GONE_FLAGS.items():
+        if flag in args:
+            raise ValueError(f"{flag} is gone: use {replacement}")
+    given: list[str] = []
+    for i, a in enumerate(args):
+        given.append(a)
+        if a in _BARE_FLAGS and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            given.append(_BARE_FLAGS[a])
+    fn = COMMANDS[command]
+    file = _flag_value(given, "--config")
+    cfg = inspect.signature(fn).parameters.get("cfg")
+    if file is not None and cfg is not None:
+        fn = functools.partial(fn, cfg=config_from_file(type(cfg.default), file))
+    return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,))
+
+
+@contextlib.contextmanager
+def _console(verbose: bool) -> Iterator[None]:
+    """The library's log messages on stdout while a command runs. The logger is left as it was
+    found, so that main() can run many times in one process (tests, notebooks), each printing to
+    the sys.stdout of its time."""
+    logger = logging.getLogger("bertforge")
+    handlers, level = list(logger.handlers), logger.level
+    show_logs(verbose)
     try:
-        return args.run(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        # Bad input is the user's to fix: one clear line, no traceback (use -v to see one).
-        if args.verbose:
-            raise
-        print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(f"bertforge {args.command}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
-        return 130
+        yield
     finally:
-        _close_process_group()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``bertforge COMMAND ...``: 0 on success; bad input is one line on stderr and exit code 2."""
+    top = _parser().parse_args(argv)
+    with _console(top.verbose):
+        try:
+            return _run(top.command, top.args)
+        except (ValueError, OSError) as e:
+            # Bad input is the user's to fix: one clear line, no traceback (use -v to see one).
+            if top.verbose:
+                raise
+            print(f"bertforge {top.command}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as e:
+            print(f"bertforge {top.command}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+            return 130
+        finally:
+            _close_process_group()
 
 
 def _close_process_group() -> None:
