@@ -317,7 +317,7 @@ def test_cli_features(ckpt, tok, tmp_path, capsys):
     assert len(records[3]["features"]) == len(tok.tokenize(LONG)) + 2 > 12  # windows, not truncation
 
     emb = tmp_path / "emb.npy"
-    assert cli.main(["features", str(ckpt), str(src), "--out", str(emb), "--pooling", "mean", "--bf16"]) == 0
+    assert cli.main(["features", str(ckpt), str(src), "--out", str(emb), "--pooling", "mean", "--precision", "bf16"]) == 0
     assert np.load(emb).shape == (4, H)
     assert "features" in capsys.readouterr().err  # the progress bar
 

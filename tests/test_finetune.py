@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -418,11 +419,24 @@ def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, b
     assert "run 4 of 4" in printed and "run 1 of 4" not in printed
 
 
-def test_cli_grid_flag_alone_is_the_paper_grid():
-    parser = cli.build_parser()
-    assert parser.parse_args(["finetune", "--grid"]).grid == "paper"
-    assert parser.parse_args(["finetune", "--grid", "lr=3e-5"]).grid == "lr=3e-5"
-    assert parser.parse_args(["finetune"]).grid is None
+def test_cli_grid_flag_alone_is_the_paper_grid(monkeypatch):
+    seen = []
+
+    def grid(cfg):
+        seen.append(cfg.grid)
+        return SimpleNamespace(stopped_early=False, best=None)
+
+    def single(cfg):
+        seen.append(cfg.grid)
+        return SimpleNamespace(train=SimpleNamespace(stopped_early=False), eval_metrics={})
+
+    monkeypatch.setattr("bertforge.tasks.finetune.finetune_grid", grid)
+    monkeypatch.setattr("bertforge.tasks.finetune.finetune", single)
+    for args, expected in ((["--grid"], "paper"), (["--grid", "--lr", "3e-5"], "paper"),
+                           (["--grid", "lr=3e-5"], "lr=3e-5"), ([], "")):
+        seen.clear()
+        assert cli.main(["finetune", *args]) == 0
+        assert seen == [expected], args
 
 
 def test_a_fine_tuned_head_continues_for_the_same_task_and_labels_and_starts_afresh_otherwise(learned, root,

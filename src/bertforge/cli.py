@@ -132,6 +132,8 @@ def vocab(files: Positional[tuple[str, ...]], out: Annotated[str, arg(aliases=("
     """
     from bertforge.text.vocab import learn_vocab
 
+    if not files:
+        raise ValueError("vocab needs text files to learn from")
     tok = learn_vocab(files, out, vocab_size=vocab_size, do_lower_case=not cased, min_frequency=min_frequency,
                       limit_alphabet=limit_alphabet, num_unused=num_unused)
     print(f"wrote {Path(out) / 'vocab.txt'}: {tok.vocab_size} entries")
