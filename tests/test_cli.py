@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -88,3 +89,145 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert "nowhere" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- flags from signatures and configs
+def _help(command: str, capsys) -> str:
+    """``bertforge COMMAND --help`` as one line of words (wrapping and box borders removed)."""
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.replace("│", " ").split())
+
+
+# A field docstring (or Args text) of each command, as its --help shows it.
+HELP_TEXTS = {
+    "vocab": "--vocab-size INT size of the vocab, special tokens included",
+    "prepare": "--max-seq-length INT Longest instance, in tokens, special tokens included.",
+    "tokenize": "--pair {None}|STR a second segment",
+    "convert": "--model-class",
+    "info": "CHECKPOINT a checkpoint folder",
+    "export-onnx": "--no-verify check the exported model against PyTorch",
+    "pretrain": "--no-bias-correction Adam bias correction",
+    "finetune": "--train-file STR Training file(s), separated by commas",
+    "evaluate": "--label-column {None}|STR Column of the label",
+    "predict": "--top-k INT Fill-mask: tokens per [MASK].",
+    "serve": "--max-batch INT most inputs in one request",
+    "features": "--layers {None}|STR comma-separated hidden-state indexes",
+    "plot": "RUN-DIR a run folder holding metrics.jsonl",
+    "demo": "--vocab-size INT WordPiece vocab size learned from the pre-training text.",
+}
+
+
+def test_every_command_has_its_help_text_in_the_table():
+    assert set(HELP_TEXTS) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(HELP_TEXTS))
+def test_help_shows_each_flag_with_its_docstring(command, capsys):
+    text = _help(command, capsys)
+    assert HELP_TEXTS[command] in text
+    if command in ("prepare", "pretrain", "finetune", "demo"):
+        assert "--config FILE JSON or YAML file" in text
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "evaluate", "predict", "serve", "features", "demo"])
+def test_every_command_that_runs_a_model_takes_precision(command, capsys):
+    text = _help(command, capsys)
+    assert "--precision" in text and "--bf16" not in text
+    if command not in ("pretrain", "finetune", "demo"):  # a training config's field is checked by its dataclass
+        assert "--precision {auto,fp32,bf16,fp16}" in text
+
+
+@pytest.fixture
+def demo_runs(monkeypatch):
+    """The DemoConfig each ``bertforge demo`` call builds (the demo itself does not run)."""
+    seen = []
+    monkeypatch.setattr("bertforge.demo.run.run_demo", seen.append)
+    return seen
+
+
+def test_dashed_and_underscored_flags_and_negated_bools(demo_runs):
+    assert main(["demo", "--vocab-size", "4000", "--pretrain_steps", "7", "--no-task-text-in-pretraining",
+                 "--finetune-lr=1e-4"]) == 0
+    cfg = demo_runs[-1]
+    assert (cfg.vocab_size, cfg.pretrain_steps, cfg.task_text_in_pretraining, cfg.finetune_lr) == (4000, 7, False, 1e-4)
+    assert main(["demo", "--task_text_in_pretraining"]) == 0
+    assert demo_runs[-1].task_text_in_pretraining and demo_runs[-1].vocab_size == 8192
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_config_file_sets_fields_and_flags_override_it(suffix, tmp_path, demo_runs):
+    settings = {"minutes": 3, "model": "tiny", "pretrain_lr": "2e-3", "task_text_in_pretraining": False}
+    file = tmp_path / f"demo{suffix}"
+    file.write_text(json.dumps(settings) if suffix == ".json" else
+                    "minutes: 3\nmodel: tiny\npretrain_lr: 2e-3\ntask_text_in_pretraining: false\n")
+    assert main(["demo", "--config", str(file), "--model", "mini", "--seed", "5"]) == 0
+    cfg = demo_runs[-1]
+    assert (cfg.minutes, cfg.model, cfg.seed, cfg.pretrain_lr, cfg.task_text_in_pretraining) == (3.0, "mini", 5, 2e-3,
+                                                                                                  False)
+    assert main(["demo", "--model", "small", f"--config={file}"]) == 0  # wherever it stands, flags win
+    assert (demo_runs[-1].model, demo_runs[-1].minutes) == ("small", 3.0)
+
+
+def test_a_bad_config_file_is_one_clear_line(tmp_path, demo_runs, capsys):
+    file = tmp_path / "demo.yaml"
+    for text, message in (("minutes: 3\nminute: 4\n", "unknown DemoConfig settings: minute"),
+                          ("vocab_size: many\n", "vocab_size must be int, got 'many'"),
+                          ("- a list\n", "expected a mapping"),
+                          ("minutes: 0\n", "minutes")):
+        file.write_text(text)
+        assert main(["demo", "--config", str(file)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bertforge demo: error: ") and message in err and err.count("\n") == 1
+    assert main(["demo", "--config", str(tmp_path / "nowhere.yaml")]) == 2
+    assert "nowhere.yaml" in capsys.readouterr().err
+    assert demo_runs == []
+
+
+def test_precision_reaches_the_model_and_bf16_is_gone(monkeypatch, capsys):
+    seen = []
+
+    def evaluate(checkpoint, file, out=None, **settings):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), settings))
+        return {"accuracy": 1.0}
+
+    monkeypatch.setattr("bertforge.tasks.finetune.evaluate", evaluate)
+    assert main(["evaluate", "ckpt", "--file", "dev.tsv", "--precision", "bf16", "--device", "cpu"]) == 0
+    assert seen[-1] == (True, torch.bfloat16, {"device": "cpu"})
+    assert json.loads(capsys.readouterr().out) == {"accuracy": 1.0}
+    assert main(["evaluate", "ckpt", "--file", "dev.tsv", "--device", "cpu", "--max_seq_length", "64"]) == 0
+    assert not seen[-1][0] and seen[-1][2] == {"device": "cpu", "max_seq_length": 64}  # fp32: no autocast
+    capsys.readouterr()
+
+    assert main(["predict", "ckpt", "a text", "--bf16"]) == 2
+    assert capsys.readouterr().err == "bertforge predict: error: --bf16 is gone: use --precision bf16\n"
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "ckpt", "--file", "dev.tsv", "--precision", "fp8"])
+    assert e.value.code == 2 and "fp8" in capsys.readouterr().err
+
+
+def test_the_library_logs_show_on_stdout_while_a_command_runs(monkeypatch, capsys):
+    logger = logging.getLogger("bertforge")
+    monkeypatch.setattr("bertforge.demo.run.run_demo",
+                        lambda cfg: (logger.info("an info line"), logger.debug("a debug line")))
+    handlers = list(logger.handlers)
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "an info line\n" in out and "a debug line" not in out
+    assert main(["-v", "demo"]) == 0
+    assert "a debug line\n" in capsys.readouterr().out
+    assert logger.handlers == handlers  # left as it was found: the next run prints to its own stdout
+    logger.info("after the command")
+    assert "after the command" not in capsys.readouterr().out
+
+
+def test_version_and_unknown_command(capsys):
+    from bertforge import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"bertforge {__version__}"
+    with pytest.raises(SystemExit) as e:
+        main(["pretrian"])
+    assert e.value.code == 2 and "invalid choice: 'pretrian'" in capsys.readouterr().err
