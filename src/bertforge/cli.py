@@ -198,10 +198,12 @@ def convert(src: Positional[str], dst: Positional[str], model_class: ModelClass 
             dtype: Dtype | None = None) -> int:
     """Re-write a BERT checkpoint folder (transformers <-> bertforge, .bin -> safetensors, Google's TF checkpoints).
 
+    SRC is a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), or Google's
+    TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + bert_config.json + vocab.txt, or a
+    checkpoint path prefix (read without TensorFlow).
+
     Args:
-        src: a BERT checkpoint folder (bertforge or transformers; safetensors or pytorch_model.bin), or Google's
-            TensorFlow checkpoint: a folder with bert_model.ckpt.index / .data-* + bert_config.json + vocab.txt,
-            or a checkpoint path prefix (read without TensorFlow)
+        src: a checkpoint folder (bertforge, transformers, or Google's TensorFlow one) or a TF checkpoint prefix
         dst: folder to write config.json + model.safetensors (+ tokenizer files) into
         model_class: class to load as (none: config.json's architectures, else inferred from the weights)
         dtype: cast the weights (none: keep float32)
@@ -340,8 +342,8 @@ def _checkpoint_settings() -> type:
     plain flag (unset: off)."""
     import docstring_parser
 
-    docs = {p.arg_name: " ".join((p.description or "").split())
-            for klass in reversed(FinetuneConfig.__mro__[:-1]) for p in docstring_parser.parse_from_object(klass).params}
+    docs = {p.arg_name: " ".join((p.description or "").split()) for klass in reversed(FinetuneConfig.__mro__[:-1])
+            for p in docstring_parser.parse_from_object(klass).params}
     types = typing.get_type_hints(FinetuneConfig)
     fields: list[tuple[str, Any, Any]] = []
     for name in INPUT_SETTINGS:
@@ -424,16 +426,18 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
     """A checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, embeddings;
     readable text or JSONL), or a fine-tuned model on a task file.
 
+    The checkpoint's head (config.json's architectures) decides what is predicted: fill-mask, classification,
+    tagging, QA, multiple choice, or embeddings (BertModel). INPUTS are texts: 'a ||| b' for a pair, for QA
+    a 'question ||| context', for multiple choice a 'context ||| choice ||| choice ...'; a - reads them
+    from stdin, one per line. Or, for a fine-tuned checkpoint, INPUTS is one existing task file or folder, read as
+    evaluate reads it (GLUE TSV, CSV, JSONL, CoNLL, SQuAD JSON, SWAG CSV); its predictions go to --out as .jsonl
+    records or in the task's format (GLUE TSV, CoNLL, SQuAD JSON).
+
     Args:
-        checkpoint: a checkpoint folder; its head (config.json's architectures) decides what is predicted:
-            fill-mask, classification, tagging, QA, multiple choice, embeddings (BertModel)
-        inputs: texts: 'a ||| b' for a pair, 'question ||| context' for QA, 'context ||| choice ||| choice ...'
-            for multiple choice; - reads them from stdin, one per line. Or, for a fine-tuned checkpoint, one
-            existing task file or folder, read as evaluate reads it (GLUE TSV, CSV, JSONL, CoNLL, SQuAD JSON,
-            SWAG CSV)
+        checkpoint: a checkpoint folder
+        inputs: texts ('a ||| b' for a pair; - for stdin), or one task file
         file: texts, one per line as INPUTS (.gz/.bz2/.xz read transparently; - for stdin)
-        out: write the predictions here (none: stdout). A task file's: .jsonl records, else the task's format
-            (GLUE TSV, CoNLL, SQuAD JSON)
+        out: write the predictions here (none: stdout)
         format: for texts: readable lines or JSON records (none: jsonl for an --out ending in .jsonl, else text)
     """
     from bertforge.io import atomic_write_text
@@ -509,26 +513,28 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
 
 # ---------------------------------------------------------------------------- features
 def features(checkpoint: Positional[str], input: Positional[str], out: Annotated[str, arg(aliases=("-o",))],
-             layers: str | None = None, combine: Combine = "concat", pooling: FeaturePooling | None = None,
-             max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's "
-                                                                          "positions if fewer)")] = None,
+             layers: Annotated[str | None, arg(help_behavior_hint="(default: -1,-2,-3,-4; with --pooling: -1)")] = None,
+             combine: Combine = "concat", pooling: FeaturePooling | None = None,
+             max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's positions "
+                                                                          "if fewer)")] = None,
              stride: int = 0, batch_size: int = 32, precision: PrecisionFlag = "fp32", device: str = "auto",
              progress: bool = True) -> int:
-    """Per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's extract_features.py,
-    .npy or .safetensors).
+    """Per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's
+    extract_features.py, NumPy's .npy or .safetensors).
+
+    INPUT has one input per line ('text_a ||| text_b' for a pair; .gz/.bz2/.xz read transparently). The output
+    is .jsonl (the layout of Google's extract_features.py), .npy or .safetensors (arrays for large runs; layout in
+    bertforge.serving.features). Inputs longer than --max-seq-length are cut into windows, each token's vector
+    taken from the window where it has the most context.
 
     Args:
         checkpoint: a BERT checkpoint folder (bertforge or transformers) holding the tokenizer
-        input: text file, one input per line ('text_a ||| text_b' for a pair; .gz/.bz2/.xz read transparently),
-            or - for stdin
-        out: output file: .jsonl (the layout of Google's extract_features.py), .npy or .safetensors (arrays for
-            large runs; layout in bertforge.serving.features)
-        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output (none:
-            -1,-2,-3,-4; with --pooling: -1)
+        input: text file, one input per line, or - for stdin
+        out: output file: .jsonl, .npy or .safetensors
+        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output
         combine: put the layers side by side or add them up
         pooling: one vector per input: the one at [CLS], or the mean over its tokens (none: one per token)
-        max_seq_length: tokens per forward pass; longer inputs are cut into windows, each token taken from the
-            window where it has the most context
+        max_seq_length: tokens per forward pass
         stride: tokens between window starts (0: half a window)
         batch_size: sequences per forward pass
         device: auto, cpu, cuda or cuda:K
