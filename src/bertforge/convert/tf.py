@@ -88,14 +88,20 @@ logger = logging.getLogger("bertforge")
 
 
 # ---------------------------------------------------------------------------- CRC-32C
+_CRC_CHUNK = 1 << 24  # bytes copied at a time: google-crc32c reads only immutable bytes
+
+
 def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
     """CRC-32C (Castagnoli) of ``data``'s bytes, as TensorFlow's ``crc32c::Value`` (google-crc32c's C
-    implementation; ``data`` is viewed as bytes, not copied)."""
+    implementation; an array is hashed as its elements' bytes, in order)."""
     if isinstance(data, np.ndarray):
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     else:
         buf = np.frombuffer(data, dtype=np.uint8)
-    return google_crc32c.value(buf)  # it takes arrays, but neither bytearray nor memoryview
+    crc = 0
+    for start in range(0, buf.size, _CRC_CHUNK):
+        crc = google_crc32c.extend(crc, buf[start:start + _CRC_CHUNK].tobytes())
+    return crc
 
 
 def masked_crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
