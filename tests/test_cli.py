@@ -209,15 +209,16 @@ def test_precision_reaches_the_model_and_bf16_is_gone(monkeypatch, capsys):
 
 def test_the_library_logs_show_on_stdout_while_a_command_runs(monkeypatch, capsys):
     logger = logging.getLogger("bertforge")
-    monkeypatch.setattr("bertforge.demo.run.run_demo",
-                        lambda cfg: (logger.info("an info line"), logger.debug("a debug line")))
-    handlers = list(logger.handlers)
+    monkeypatch.setattr("bertforge.demo.run.run_demo", lambda cfg: (logger.info("an info line"), logger.debug(
+        "a debug line"), logger.warning("a warning")))
+    handlers, propagate = list(logger.handlers), logger.propagate
     assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "an info line\n" in out and "a debug line" not in out
+    printed = capsys.readouterr()
+    assert "an info line\n" in printed.out and "a debug line" not in printed.out
+    assert "a warning" in printed.err and "a warning" not in printed.out
     assert main(["-v", "demo"]) == 0
     assert "a debug line\n" in capsys.readouterr().out
-    assert logger.handlers == handlers  # left as it was found: the next run prints to its own stdout
+    assert (logger.handlers, logger.propagate) == (handlers, propagate)  # left as it was found
     logger.info("after the command")
     assert "after the command" not in capsys.readouterr().out
 

@@ -642,17 +642,17 @@ def _run(command: str, args: list[str]) -> int:
 
 @contextlib.contextmanager
 def _console(verbose: bool) -> Iterator[None]:
-    """The library's log messages on stdout while a command runs. The logger is left as it was
-    found, so that main() can run many times in one process (tests, notebooks), each printing to
-    the sys.stdout of its time."""
+    """The library's log messages on the console while a command runs (`show_logs`). The logger is
+    left as it was found, so that main() can run many times in one process (tests, notebooks)."""
     logger = logging.getLogger("bertforge")
-    handlers, level = list(logger.handlers), logger.level
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
     show_logs(verbose)
     try:
         yield
     finally:
         logger.handlers[:] = handlers
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def main(argv: list[str] | None = None) -> int:
