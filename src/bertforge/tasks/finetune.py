@@ -388,7 +388,7 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     import time
 
     from bertforge.train.distributed import setup
-    from bertforge.io import atomic_write_text, replace_dir
+    from bertforge.io import atomic_dir, atomic_write_text
     from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
@@ -433,10 +433,8 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     if dist.is_main:
         atomic_write_text(out / GRID_TABLE, _grid_table(rows))
         if winner is not None and best_dir is not None:
-            tmp = out / f".{BEST_DIR}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp)
-            replace_dir(tmp, best_dir)
+            with atomic_dir(best_dir) as tmp:
+                shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp, dirs_exist_ok=True)
             print(_grid_table(rows), end="")
             print(f"finetune grid: best {winner['metric']} {winner['value']:.4f}: lr {winner['lr']:g}, batch "
                   f"{winner['batch_size']}, epochs {winner['epochs']:g} -> {best_dir}")
