@@ -241,7 +241,10 @@ def _finetune_once(cfg: DemoConfig, start: Path, files: Path, out: Path, precisi
 
 
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
-    """Run the demo; write its outputs under ``cfg.out``; return the report's figures."""
+    """Run the demo; write its outputs under ``cfg.out``; return the report's figures.
+
+    Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
+    output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
     from bertforge.demo.baselines import bow_logistic_regression
     from bertforge.model.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
