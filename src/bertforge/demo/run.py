@@ -41,11 +41,13 @@ import torch
 
 from bertforge.demo import resources
 from bertforge.io import atomic_path, atomic_write_text
-from bertforge.train.precision import autocast, check_precision
+from bertforge.train.precision import PRECISIONS, autocast
 
 __all__ = ["DemoConfig", "run_demo"]
 
 logger = logging.getLogger("bertforge")
+
+_PRECISIONS = tuple(p for p in PRECISIONS if p != "fp16")
 
 FILL_MASK_PROBES = (
     "the film is one of the [MASK] movies of the year .",
@@ -118,8 +120,9 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.pretrain_steps < 0 or self.minutes <= 0 or self.finetune_epochs <= 0 or self.finetune_seeds < 1:
             raise ValueError("pretrain_steps must be >= 0, minutes and finetune_epochs > 0, finetune_seeds >= 1")
-        if check_precision(self.precision) == "fp16":
-            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"precision must be {', '.join(_PRECISIONS)} (fp16 needs a GPU; the demo is made for a "
+                             f"CPU), got {self.precision!r}")
         if not 0.0 <= self.pretrain_warmup_ratio < 1.0:
             raise ValueError(f"pretrain_warmup_ratio must be in [0, 1), got {self.pretrain_warmup_ratio}")
         if self.articles < 0 or self.task_examples < 0:
