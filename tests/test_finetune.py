@@ -29,6 +29,7 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from safetensors.torch import load_file
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.train import loop as trainer
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
 from bertforge.model.heads import BertForSequenceClassification
@@ -336,6 +337,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
 
 
 def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
+    show_logs()  # as the command line does: fine-tuning logs its summary, the console prints it
     rng = random.Random(4)
     folder = root / "MNLI"
     folder.mkdir()
@@ -387,6 +389,7 @@ def test_parse_grid_reads_the_paper_grid_and_subsets():
 
 
 def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, capsys):
+    show_logs()  # as the command line does: fine-tuning logs its summary, the console prints it
     rng = random.Random(11)
     train = write_csv(root / "grid_train.csv", [polar(rng) for _ in range(32)])
     dev = write_csv(root / "grid_dev.csv", [polar(rng) for _ in range(16)])

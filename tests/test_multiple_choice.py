@@ -25,6 +25,7 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - base: the tiny "pre-trained" BERT fixture
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
 from bertforge.model.heads import BertForMultipleChoice
 from bertforge.tasks import family_for
@@ -285,6 +286,7 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_multiple_choice(learned,
 
 
 def test_cli_finetune_evaluate_predict_on_a_swag_folder(root, base, capsys):
+    show_logs()  # as the command line does: fine-tuning logs its summary, the console prints it
     folder = swag_folder(root / "swag-cli", seed=2, n_train=24, n_val=8, n_test=5)
     out = root / "swag-cli-run"
     assert cli.main(["finetune", "--task", "swag", "--model", str(base), "--train-file", str(folder),

@@ -28,6 +28,7 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from finetune_fixtures import base, root  # noqa: F401 - fixtures: a tiny "pre-trained" checkpoint, a folder
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.model import losses
 from bertforge.model.config import BertConfig
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
@@ -516,6 +517,7 @@ def test_predict_gives_one_record_per_question(learned, tmp_path):
 
 
 def test_cli_finetune_evaluate_predict_squad2(root, base, capsys, tmp_path):
+    show_logs()  # as the command line does: fine-tuning logs its summary, the console prints it
     train = write_json(root / "cli-train.json", generated(random.Random(3), 32, v2=True))
     out = root / "cli"
     assert cli.main(["finetune", "--task", "squad2", "--model", str(base), "--train-file", str(train), "--dev-file",

@@ -27,6 +27,7 @@ from finetune_fixtures import base, root, write  # noqa: F401 - fixtures: a tiny
 from torch import nn
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.model import losses
 from bertforge.model.config import BertConfig
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
@@ -369,6 +370,7 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_token_classification(lea
 
 
 def test_cli_finetune_evaluate_predict_ner(root, base, capsys):
+    show_logs()  # as the command line does: fine-tuning logs its summary, the console prints it
     rng = random.Random(4)
     train = write_conll(root / "cli-train.conll", [ner_sentence(rng) for _ in range(16)])
     out = root / "cli-run"

@@ -333,16 +333,16 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        print(f"finetune: {cfg.task}{kind}; train {train.summary}; "
-              + "; ".join(f"dev {d.path.name} {d.summary}" for d in dev)
-              + f"; {cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch) on {dist.device}")
+        logger.info(f"finetune: {cfg.task}{kind}; train {train.summary}; "
+                    + "; ".join(f"dev {d.path.name} {d.summary}" for d in dev)
+                    + f"; {cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch) on {dist.device}")
         for r in reports:
             if r.num_skipped:
-                print(f"finetune: {r.summary()}")
+                logger.info(f"finetune: {r.summary()}")
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model")
     if dist.is_main and best is not None:
-        print(f"finetune: best {best['metric']} {best['value']:.4f} at step {best['step']} -> {best_dir}")
+        logger.info(f"finetune: best {best['metric']} {best['value']:.4f} at step {best['step']} -> {best_dir}")
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
     return FinetuneResult(train=result, model_dir=out / "model", best_dir=best_dir if best else None, best=best,
                           eval_metrics=result.eval_metrics, reports=reports)
@@ -388,7 +388,7 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     import time
 
     from bertforge.train.distributed import setup
-    from bertforge.io import atomic_write_text, replace_dir
+    from bertforge.io import atomic_dir, atomic_write_text
     from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
@@ -412,8 +412,8 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
         run = dataclasses.replace(single, lr=lr, batch_size=batch_size, epochs=epochs, out=str(folder),
                                   resume=cfg.resume and latest_checkpoint(folder) is not None)
         if dist.is_main:
-            print(f"finetune grid: run {len(rows) + 1} of {math.prod(len(v) for v in values)}: "
-                  f"lr {lr:g}, batch {batch_size}, epochs {epochs:g} -> {folder}")
+            logger.info(f"finetune grid: run {len(rows) + 1} of {math.prod(len(v) for v in values)}: "
+                        f"lr {lr:g}, batch {batch_size}, epochs {epochs:g} -> {folder}")
         start = time.perf_counter()
         result = finetune(run, data)
         if result.train.stopped_early:
@@ -433,13 +433,11 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     if dist.is_main:
         atomic_write_text(out / GRID_TABLE, _grid_table(rows))
         if winner is not None and best_dir is not None:
-            tmp = out / f".{BEST_DIR}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp)
-            replace_dir(tmp, best_dir)
-            print(_grid_table(rows), end="")
-            print(f"finetune grid: best {winner['metric']} {winner['value']:.4f}: lr {winner['lr']:g}, batch "
-                  f"{winner['batch_size']}, epochs {winner['epochs']:g} -> {best_dir}")
+            with atomic_dir(best_dir) as tmp:
+                shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp, dirs_exist_ok=True)
+            logger.info(_grid_table(rows).removesuffix("\n"))
+            logger.info(f"finetune grid: best {winner['metric']} {winner['value']:.4f}: lr {winner['lr']:g}, batch "
+                        f"{winner['batch_size']}, epochs {winner['epochs']:g} -> {best_dir}")
     dist.barrier()
     return GridResult(runs=rows, best=winner, best_dir=best_dir, stopped_early=stopped)
 

@@ -1,0 +1,53 @@
+"""What a person at a terminal sees of bertforge's log: its messages as plain lines.
+
+The library never prints; it logs to the ``bertforge`` logger (progress lines, a run's summary, the
+demo's report at INFO; problems at WARNING). `show_logs` is how the command line makes that log its
+output: INFO (and DEBUG with ``verbose``) as plain lines on stdout, warnings and errors on stderr in
+the standard ``LEVEL:logger:message`` form.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+__all__ = ["show_logs"]
+
+LOGGER = "bertforge"
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """A stream handler that writes to whatever ``sys.stdout`` / ``sys.stderr`` is at the time of each
+    message (a redirected or captured stream too), not to the one present when it was installed."""
+
+    def __init__(self, name: str, fmt: str, below_warning: bool) -> None:
+        super().__init__()
+        self._name = name
+        self.setFormatter(logging.Formatter(fmt))
+        if below_warning:
+            self.addFilter(lambda record: record.levelno < logging.WARNING)
+        else:
+            self.setLevel(logging.WARNING)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return getattr(sys, self._name)
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:  # StreamHandler.__init__ sets one; the property decides
+        pass
+
+
+def show_logs(verbose: bool = False) -> None:
+    """Print the ``bertforge`` logger's messages: INFO (DEBUG if ``verbose``) as plain lines on stdout,
+    WARNING and above on stderr. Calling it again only changes the level.
+
+    The logger stops handing its messages on to the root logger's handlers, which would show each
+    line a second time (``logging.basicConfig`` shows every level it receives)."""
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
+        logger.addHandler(_ConsoleHandler("stdout", "%(message)s", below_warning=True))
+        logger.addHandler(_ConsoleHandler("stderr", logging.BASIC_FORMAT, below_warning=False))
+    logger.propagate = False
