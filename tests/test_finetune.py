@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import logging
 import os
 import random
 import shutil
@@ -35,13 +36,13 @@ from bertforge.model.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
     ClassificationTask,
     Example,
-    FeatureBatches,
     encode_examples,
     glue_files,
     label_list,
     read_examples,
     targets,
 )
+from bertforge.tasks.encoding import FeatureBatches
 from bertforge.text.tokenizer import BertTokenizer
 
 
@@ -335,7 +336,8 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
         assert all(torch.equal(a[k], b[k]) for k in a), folder
 
 
-def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
+def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge")
     rng = random.Random(4)
     folder = root / "MNLI"
     folder.mkdir()
@@ -360,7 +362,7 @@ def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
                      "--dev-file", str(folder), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
                      "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "3 labels (contradiction, entailment, neutral)" in printed
+    assert "3 labels (contradiction, entailment, neutral)" in caplog.text
     metrics = json.loads(printed.strip().splitlines()[-1])
     assert set(metrics) == {"dev_matched_accuracy", "dev_mismatched_accuracy"}
     assert json.loads((out / "best" / "eval_metrics.json").read_text())["metric"] == "dev_matched_accuracy"
@@ -386,7 +388,8 @@ def test_parse_grid_reads_the_paper_grid_and_subsets():
         FinetuneConfig(grid="epochs=two")
 
 
-def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, capsys):
+def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge")
     rng = random.Random(11)
     train = write_csv(root / "grid_train.csv", [polar(rng) for _ in range(32)])
     dev = write_csv(root / "grid_dev.csv", [polar(rng) for _ in range(16)])
@@ -411,11 +414,10 @@ def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, b
         finetune_grid(cfg)
     # Resume: finished runs are read back, not trained again; a removed one is run again.
     shutil.rmtree(out / "grid" / "lr1e-06-bs32-ep3")
-    capsys.readouterr()
+    caplog.clear()
     again = finetune_grid(dataclasses.replace(cfg, resume=True))
     assert [r["value"] for r in again.runs] == [r["value"] for r in result.runs]
-    printed = capsys.readouterr().out
-    assert "run 4 of 4" in printed and "run 1 of 4" not in printed
+    assert "run 4 of 4" in caplog.text and "run 1 of 4" not in caplog.text
 
 
 def test_cli_grid_flag_alone_is_the_paper_grid():
