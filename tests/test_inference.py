@@ -214,6 +214,31 @@ def test_precision_auto_is_bf16_where_the_device_runs_it_natively(clf, monkeypat
     assert Predictor.from_pretrained(clf, device="cpu", precision="auto").precision == "bf16"
 
 
+def test_a_predictor_built_from_its_parts_runs_the_family_of_its_settings(clf, tagger):
+    """The seam: a fine-tuned checkpoint read by `load_finetuned`, its family's ``predict_texts``."""
+    from bertforge.tasks.finetune import load_finetuned
+
+    for folder, texts in ((clf, TEXTS), (tagger, TEXTS[:2])):
+        ft = load_finetuned(folder, device="cpu", eval_batch_size=3, max_seq_length=64)  # the positions
+        loaded = Predictor.from_pretrained(folder, device="cpu", batch_size=3)
+        p = Predictor(ft.model, ft.tokenizer, loaded.head, device="cpu", settings=ft.settings, batch_size=3)
+        assert p.family is ft.family is loaded.family and p.settings == loaded.settings
+        assert p(texts) == loaded(texts)
+        assert p(texts) == ft.family.predict_texts(ft.model, ft.tokenizer, ft.settings, [(t,) for t in texts], "cpu")
+
+
+def test_no_module_imports_another_modules_private_names():
+    import ast
+
+    import bertforge
+
+    for path in sorted(Path(bertforge.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertforge"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path}:{node.lineno}: {node.module} {private}"
+
+
 # ---------------------------------------------------------------------------- tagging
 def test_tagging_gives_entities_whose_character_offsets_are_the_text(tagger):
     texts = ["The old house by the  river, and the road.", "they walked   to the city !", ""]

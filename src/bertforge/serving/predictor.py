@@ -144,9 +144,9 @@ class Predictor:
     ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
     ``family`` its task family (default: the settings' task's)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device | str, precision: str = "fp32",
-                 dtype: torch.dtype | str | None = None, settings: Any = None, family: Any = None,
-                 batch_size: int = 32, max_seq_length: int = 0, stride: int = 0, name: str = ""):
+    def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device | str,
+                 precision: str = "fp32", dtype: torch.dtype | str | None = None, settings: Any = None,
+                 family: Any = None, batch_size: int = 32, max_seq_length: int = 0, stride: int = 0, name: str = ""):
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:

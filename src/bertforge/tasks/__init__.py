@@ -43,7 +43,7 @@ def family_for(task: str) -> TaskFamily:
     raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(task_names())}")
 
 
-__all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TaskSettings", "TrainData", "EvalData", "EvalResult",
-           "FeatureBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily", "ClassificationTask", "Example",
-           "Features", "GlueTask", "encode_examples", "glue_files", "read_examples", "TaggingFamily",
-           "MultipleChoiceFamily", "SquadFamily"]
+__all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TaskSettings", "TrainData", "EvalData",
+           "EvalResult", "FeatureBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily",
+           "ClassificationTask", "Example", "Features", "GlueTask", "encode_examples", "glue_files", "read_examples",
+           "TaggingFamily", "MultipleChoiceFamily", "SquadFamily"]
