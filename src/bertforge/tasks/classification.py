@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, csv_rows, file_format,
-                                  jsonl_records, split_files)
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
+                                  file_format, jsonl_records, split_files)
 from bertforge.tasks.encoding import Windows, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
@@ -390,16 +390,16 @@ class ClassificationFamily(FamilyDefaults):
         glue = GLUE_TASKS.get(task)
         return glue.regression if glue else task == "regression"
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return [f for part in split_files(spec) for f in glue_files(cfg.task, part, split)]
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
+    def _read(cfg: TaskSettings, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
         return read_examples(path, cfg.task, text_column=cfg.text_column or None,
                              text_pair_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
                              require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
         examples = [e for _, got, _ in read for e in got]
         if not examples:
@@ -415,7 +415,7 @@ class ClassificationFamily(FamilyDefaults):
                                       "problem_type": "single_label_classification"})
         return TrainData(features, head, labels, [r for _, _, r in read], features.summary())
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         examples, report = self._read(cfg, path, True)
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
@@ -426,7 +426,7 @@ class ClassificationFamily(FamilyDefaults):
     def train_task(self, config: Any) -> ClassificationTask:
         return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         features, y = data.data
         logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
@@ -435,7 +435,7 @@ class ClassificationFamily(FamilyDefaults):
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
         return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1))
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
         line, the label name (regression: the score) and the logits averaged over its windows."""
@@ -455,7 +455,7 @@ class ClassificationFamily(FamilyDefaults):
         """GLUE's submission format: ``index <TAB> prediction``."""
         return "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
 
-    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: Any, texts: Sequence[Sequence[str]],
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
         """``{"index", "text", "text_pair" (pairs only), "label", "score", "probabilities"}`` per text or
         pair: the best label, its probability and every label's (softmax over the logits averaged over

@@ -19,7 +19,12 @@ The run folder: ``metrics.jsonl`` (train and eval lines), ``checkpoints/`` (resu
 ``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json``); both are
 checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2label`` /
 ``label2id`` where the task has labels and the settings evaluation and prediction reuse
-(``bertforge_finetune`` in config.json).
+(``bertforge_finetune`` in config.json). `load_finetuned` reads such a folder back with its task
+family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
+
+Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
+training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
+The task families never import this module; it drives them.
 """
 
 from __future__ import annotations

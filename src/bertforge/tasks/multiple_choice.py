@@ -45,8 +45,8 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, csv_rows, file_format,
-                                  jsonl_records, split_files)
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
+                                  file_format, jsonl_records, split_files)
 from bertforge.tasks.encoding import Windows, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
@@ -338,7 +338,7 @@ class MultipleChoiceFamily(FamilyDefaults):
 
         return BertForMultipleChoice
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         """The files named (comma-separated); a SWAG folder gives its train.csv, val.csv or test.csv."""
         files = []
         for path in split_files(spec):
@@ -350,14 +350,14 @@ class MultipleChoiceFamily(FamilyDefaults):
         return files
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_labels: bool, num_choices: int = 0
+    def _read(cfg: TaskSettings, path: Path, require_labels: bool, num_choices: int = 0
               ) -> tuple[list[ChoiceExample], ReadReport]:
         return read_choices(path, cfg.task, context_column=cfg.text_column or None,
                             choices_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
                             require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows, num_choices=num_choices)
 
     @staticmethod
-    def _encode(cfg: Any, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
+    def _encode(cfg: TaskSettings, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
         features = encode_choices(examples, tokenizer, cfg.max_seq_length)
         if examples and examples[0].label is not None:
             features.with_labels(np.array([e.label for e in examples], dtype=np.int64))
@@ -365,7 +365,7 @@ class MultipleChoiceFamily(FamilyDefaults):
             logger.warning("%s: %s", what, features.summary())
         return features
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         examples: list[ChoiceExample] = []
         reports = []
         for path in self.files(cfg, cfg.train_file, "train"):
@@ -377,7 +377,7 @@ class MultipleChoiceFamily(FamilyDefaults):
         features = self._encode(cfg, tokenizer, examples, cfg.train_file)
         return TrainData(features, {}, None, reports, features.summary())
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         """A labelled file (``label2id`` is not used: labels are choice indexes)."""
         examples, report = self._read(cfg, path, True)
         if not examples:
@@ -388,7 +388,7 @@ class MultipleChoiceFamily(FamilyDefaults):
     def train_task(self, config: Any) -> MultipleChoiceTask:
         return MultipleChoiceTask()
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         from bertforge import metrics
 
@@ -396,7 +396,7 @@ class MultipleChoiceFamily(FamilyDefaults):
         scores = choice_scores(model, features, cfg.eval_batch_size, device, dist)
         return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy")
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
         its line, the index of the chosen choice and every choice's score (logit)."""
@@ -411,7 +411,7 @@ class MultipleChoiceFamily(FamilyDefaults):
         sep = "," if ".csv" in [s.lower() for s in out.suffixes] else "\t"
         return f"index{sep}prediction\n" + "".join(f"{r['index']}{sep}{r['prediction']}\n" for r in records)
 
-    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: Any, texts: Sequence[Sequence[str]],
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
         """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, choice 1,
         choice 2, ...): the index and text of the most likely choice and every choice's probability

@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TrainData, split_files, text_lines
+from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskSettings, TrainData, split_files, text_lines
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
@@ -615,7 +615,7 @@ class SquadFamily:
 
         return BertForQuestionAnswering
 
-    def configure(self, cfg: Any) -> Any:
+    def configure(self, cfg: TaskSettings) -> TaskSettings:
         cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                   stride=cfg.stride or self.default_stride)
         if cfg.max_seq_length <= cfg.max_query_length + 3:
@@ -623,11 +623,11 @@ class SquadFamily:
                              f"({cfg.max_query_length}) + 3")
         return cfg
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return squad_files(spec, cfg.task, split)
 
-    def _encode(self, cfg: Any, tokenizer: Any, paths: Sequence[Path], mode: Literal["train", "eval", "predict"]
-                ) -> tuple[SquadData, SquadFeatures]:
+    def _encode(self, cfg: TaskSettings, tokenizer: Any, paths: Sequence[Path],
+                mode: Literal["train", "eval", "predict"]) -> tuple[SquadData, SquadFeatures]:
         parts = [read_squad(p, VERSIONS[cfg.task], mode=mode, skip_bad_rows=cfg.skip_bad_rows) for p in paths]
         data = SquadData.join(parts)
         if not data.questions:
@@ -636,27 +636,27 @@ class SquadFamily:
                                 targets=mode == "train", skip_bad_rows=cfg.skip_bad_rows)
         return data, features
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         data, features = self._encode(cfg, tokenizer, self.files(cfg, cfg.train_file, "train"), "train")
         impossible = sum(q.is_impossible for q in data.questions)
         summary = features.summary() + (f"; {impossible:,} questions unanswerable" if impossible else "")
         return TrainData(features, {}, None, list(data.reports), summary)
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         data, features = self._encode(cfg, tokenizer, [path], "eval")
         return EvalData(path, _EvalSet(data, features), data.reports[0], features.summary())
 
     def train_task(self, config: Any) -> SpanTask:
         return SpanTask()
 
-    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: Any,
+    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: TaskSettings,
                      device: torch.device | str, dist: Any = None) -> list[Prediction]:
         scores = predict_scores(model, features, cfg.n_best_size, cfg.eval_batch_size, device, dist)
         return postprocess(data, features, scores, n_best_size=cfg.n_best_size,
                            max_answer_length=cfg.max_answer_length,
                            null_score_diff_threshold=cfg.null_score_diff_threshold)
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
         prediction files."""
@@ -665,7 +665,7 @@ class SquadFamily:
         metrics = _score(got.data, predictions, cfg.null_score_diff_threshold)
         return EvalResult(metrics, "f1", prediction_files(predictions, got.data.version))
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"id", "answer", "start", "end", "score", "no_answer"}`` per question (``start`` / ``end``:
         the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
@@ -685,7 +685,7 @@ class SquadFamily:
         """SQuAD's predictions.json: ``{question id: answer}``."""
         return json.dumps({r["id"]: r["answer"] for r in records}, indent=4, ensure_ascii=False) + "\n"
 
-    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: Any, texts: Sequence[Sequence[str]],
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
         """``{"index", "question", "context", "answer", "start", "end", "score", "no_answer"}`` per
         (question, context): the answer's characters in the context (end exclusive; None for no answer)

@@ -54,7 +54,7 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
-from bertforge.tasks.base import EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData
+from bertforge.tasks.base import EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
@@ -445,11 +445,11 @@ class TaggingFamily(FamilyDefaults):
         return BertForTokenClassification
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
+    def _read(cfg: TaskSettings, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
         return read_sentences(path, tag_column=cfg.tag_column, require_tags=require_tags,
                               skip_bad_rows=cfg.skip_bad_rows)
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
         sentences = [s for _, got, _ in read for s in got]
         if not sentences:
@@ -464,7 +464,7 @@ class TaggingFamily(FamilyDefaults):
         summary = f"{features.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
         return TrainData(features, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         sentences, report = self._read(cfg, path, True)
         if not sentences:
             raise ValueError(f"{report.summary()}: no tagged sentences")
@@ -476,7 +476,7 @@ class TaggingFamily(FamilyDefaults):
     def train_task(self, config: Any) -> TaggingTask:
         return TaggingTask()
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         features, sentences = data.data
         labels = _model_labels(model)
@@ -488,7 +488,7 @@ class TaggingFamily(FamilyDefaults):
         text = conll_text([list(zip(s.tokens, s.tags, p)) for s, p in zip(sentences, pred)])
         return EvalResult(metrics, "f1" if scheme else "accuracy", {"predictions.conll": text})
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "tokens", "tags", "entities"}`` per sentence: its position in the file (from
         0), its first line, its words, their predicted tags and the entities they make, each
@@ -511,7 +511,7 @@ class TaggingFamily(FamilyDefaults):
         """CoNLL columns ``token pred``, a blank line between sentences."""
         return conll_text([list(zip(r["tokens"], r["tags"])) for r in records])
 
-    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: Any, texts: Sequence[Sequence[str]],
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
         """``{"index", "text", "words", "entities"}`` per text: its words (the tokenizer's: whitespace and
         punctuation split, as in CoNLL files), each ``{"text", "start", "end", "tag"}``, and the entities
