@@ -34,6 +34,7 @@ import torch
 from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard
+
 __all__ = ["IGNORE_INDEX", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
 
 IGNORE_INDEX = -100
