@@ -334,7 +334,8 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
 
     from bertforge.tasks.finetune import FinetuneConfig
     from bertforge.model.heads import BertForSequenceClassification as OurModel
-    from bertforge.tasks.classification import ClassificationTask, Example, FeatureBatches, encode_examples
+    from bertforge.tasks.classification import ClassificationTask, Example, encode_examples
+    from bertforge.tasks.encoding import FeatureBatches
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.loop import Trainer
 

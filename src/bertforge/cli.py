@@ -485,13 +485,11 @@ def _predict(a: argparse.Namespace) -> int:
 def _predict_task_file(a: argparse.Namespace) -> int:
     """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`)."""
     from bertforge.tasks.finetune import predict
-    from bertforge.serving.predictor import precision
 
     settings = _model_inputs(a)
     if a.batch_size:
         settings["eval_batch_size"] = a.batch_size
-    with precision(settings.get("device", "auto"), "bf16" if a.bf16 else None):
-        records = predict(a.checkpoint, a.inputs[0], a.out, **settings)
+    records = predict(a.checkpoint, a.inputs[0], a.out, precision="bf16" if a.bf16 else "fp32", **settings)
     if a.out:
         print(f"wrote {len(records):,} predictions to {a.out}")
     else:
