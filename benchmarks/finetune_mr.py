@@ -2,14 +2,14 @@
 transformers. Reports dev accuracy, wall time, and a bag-of-words baseline.
 
 Data. These are the Rotten Tomatoes snippets of Pang & Lee (2005) with human valence scores (see
-``../shared/DATA.md``), split by `bertforge.resources.movie_review_split` (the demo's split too).
+``../shared/DATA.md``), split by `bertforge.demo.resources.movie_review_split` (the demo's split too).
 The label is the sign of the score, and the 37 sentences that score exactly 0 are dropped, which
 leaves 10,568 sentences. A permutation seeded with ``--split-seed`` (default 2005) splits them
 90/10 into 9,511 training and 1,057 dev sentences. Every run uses the same split. The dev split is
 the only held-out set, so no choice is made on it: each stack's *final* model (after the last
 epoch) is the one scored.
 
-Weights: the real all-MiniLM-L6-v2 checkpoint folder (`bertforge.resources.minilm_folder`). It
+Weights: the real all-MiniLM-L6-v2 checkpoint folder (`bertforge.demo.resources.minilm_folder`). It
 has 6 layers, hidden size 384 and the uncased vocab. Both libraries load it with a fresh 2-way
 classifier.
 
@@ -21,7 +21,7 @@ biases and LayerNorm, clipping at global norm 1.0, dropout 0.1 (the checkpoint's
 batches shuffled every epoch (seeded) and padded to the batch's longest sequence. Both evaluate
 on dev at the end of every epoch (3 evaluations), in their training precision.
 
-* **bertforge**: the public API ``bertforge.finetune.finetune(FinetuneConfig(task="classification",
+* **bertforge**: the public API ``bertforge.tasks.finetune.finetune(FinetuneConfig(task="classification",
   ...))`` on the split written as TSV files. It runs with its defaults otherwise: a resumable
   checkpoint every 500 steps and at the end, the final model written to ``model/``. The exception
   is ``keep_best=False``, since choosing the best epoch on dev would select on the test data. A
@@ -42,7 +42,7 @@ one.
 Figures:
 
 * "accuracy" is each final model's dev accuracy, re-evaluated in float32 by its own library. The
-  bertforge model is re-read from ``model/`` with ``bertforge.finetune.evaluate``. This
+  bertforge model is re-read from ``model/`` with ``bertforge.tasks.finetune.evaluate``. This
   re-evaluation is not timed.
 * "wall s" is the whole fine-tuning as a user runs it: reading and tokenizing the data, loading
   the weights, training, the per-epoch evaluations and writing the results. It is
@@ -55,7 +55,7 @@ Both stacks run one after the other in one process, with ``torch.set_num_threads
 On a shared machine, load from other jobs can hit one stack more than the other, so the script
 records the load average around each run.
 
-Baseline: `bertforge.baselines.bow_logistic_regression`, a bag-of-words logistic regression on
+Baseline: `bertforge.demo.baselines.bow_logistic_regression`, a bag-of-words logistic regression on
 unigram + bigram counts of lower-cased word and punctuation tokens (vocabulary from the training
 split). It is an L2-regularised full-batch L-BFGS fit, written with torch because scikit-learn is
 not in the environment. The L2 strength is chosen on a held-out tenth of the *training* split, then
@@ -96,8 +96,8 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT / "src"))
     import bertforge  # noqa: F401
 
-from bertforge import resources  # noqa: E402
-from bertforge.baselines import bow_logistic_regression  # noqa: E402
+from bertforge.demo import resources  # noqa: E402
+from bertforge.demo.baselines import bow_logistic_regression  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import _loadavg, cpu_model  # noqa: E402
@@ -152,7 +152,7 @@ def git_head() -> str:
 # ---------------------------------------------------------------------------- bertforge
 def run_bertforge(work: Path, train_tsv: Path, dev_tsv: Path, model_dir: Path, precision: str,
                   args: argparse.Namespace) -> dict[str, Any]:
-    from bertforge.finetune import FinetuneConfig, evaluate, finetune
+    from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune
 
     out = work / f"bertforge-{precision}"
     cfg = FinetuneConfig(task="classification", model=str(model_dir), train_file=str(train_tsv),
@@ -332,11 +332,12 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
     training split) and feed both stacks; the first ``warmup`` steps are not timed."""
     from transformers import BertForSequenceClassification
 
-    from bertforge.finetune import FinetuneConfig
-    from bertforge.heads import BertForSequenceClassification as OurModel
-    from bertforge.tasks.classification import ClassificationTask, Example, FeatureBatches, encode_examples
-    from bertforge.tokenization import BertTokenizer
-    from bertforge.trainer import Trainer
+    from bertforge.tasks.finetune import FinetuneConfig
+    from bertforge.model.heads import BertForSequenceClassification as OurModel
+    from bertforge.tasks.classification import ClassificationTask, Example, encode_examples
+    from bertforge.tasks.encoding import FeatureBatches
+    from bertforge.text.tokenizer import BertTokenizer
+    from bertforge.train.loop import Trainer
 
     tok = BertTokenizer.from_pretrained(str(model_dir))
     examples = [Example(t, None, str(int(y)), i + 2) for i, (t, y) in enumerate(zip(*train))]
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         "hyper": {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size, "max_length": args.max_length,
                   "seed": args.seed, "split_seed": args.split_seed},
     }
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     lengths = [len(x) + 2 for x in BertTokenizer.from_pretrained(str(model_dir)).encode_batch_ids(train[0] + dev[0])]
     info["longer_than_max_length"] = int(sum(n > args.max_length for n in lengths))

@@ -7,12 +7,12 @@ of 32 sentences, in eval mode under ``torch.no_grad()``, on the CPU. Four runs:
   ``torch.autocast("cpu", torch.bfloat16)`` (what ``bertforge features --bf16`` does). With padding in
   the batch its dense layers run on the real tokens only.
   Its weights are frozen as `Predictor` and ``bertforge features`` freeze them
-  (`bertforge.modeling.freeze_weights`): the stacked q/k/v weight, and under autocast every
+  (`bertforge.model.bert.freeze_weights`): the stacked q/k/v weight, and under autocast every
   projection's bf16 copy, are made once instead of on every forward.
 * ``HF-fp32``, ``HF-bf16``: ``transformers.BertModel`` with ``attn_implementation="sdpa"`` (its
   default; the script reports what it uses), float32 and under the same autocast.
 
-Data: the sentences of the Wikipedia leads (`bertforge.resources`), split as ``bertforge prepare``
+Data: the sentences of the Wikipedia leads (`bertforge.demo.resources`), split as ``bertforge prepare``
 splits them (``RawDocument.sentences()``), in corpus order, so a batch mixes short and long
 sentences as they come (sorting by length would be the caller's choice; neither stack does it).
 Encoded with the all-MiniLM-L6-v2 uncased vocab, [CLS] sentence [SEP], cut at 128 tokens, each
@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.modeling import freeze_weights
+from bertforge.model.bert import freeze_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
@@ -78,7 +78,7 @@ MAX_LENGTH = 128
 def leads_sentences() -> list[str]:
     """The leads' sentences, in corpus order, split as ``prepare`` splits them."""
     from bertforge.data.corpus import iter_documents
-    from bertforge.resources import wikipedia_leads_file
+    from bertforge.demo.resources import wikipedia_leads_file
 
     return [s for d in iter_documents([wikipedia_leads_file()], fmt="wiki-json") for s in d.sentences()]
 
@@ -86,7 +86,7 @@ def leads_sentences() -> list[str]:
 def make_batches(sentences: list[str], batch_size: int, count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
     """``count`` consecutive batches from sentence ``start``, each padded to its longest sentence."""
     from bertforge import BertTokenizer
-    from bertforge.resources import minilm_folder
+    from bertforge.demo.resources import minilm_folder
 
     tok = BertTokenizer.from_pretrained(minilm_folder())
     out = []

@@ -1,8 +1,8 @@
 """Throughput and memory of ``bertforge prepare`` against the bare ``tokenizers`` encode rate.
 
 What it measures, on the real corpus (the 10,033 English Wikipedia leads of
-``bertforge.resources.wikipedia_leads_file()``) with the real uncased vocab of
-``bertforge.resources.minilm_folder()`` (30,522 WordPieces):
+``bertforge.demo.resources.wikipedia_leads_file()``) with the real uncased vocab of
+``bertforge.demo.resources.minilm_folder()`` (30,522 WordPieces):
 
 1. **Bare tokenizer rate.** The leads are read once through
    ``bertforge.data.corpus.iter_documents(...)`` and split with ``RawDocument.sentences()``
@@ -97,7 +97,7 @@ from bertforge.data import prepare as P
 from bertforge.data.corpus import iter_documents
 from bertforge.data.instances import DocumentPool, create_instances, mask_batch
 from bertforge.data.shards import write_shard
-from bertforge.resources import minilm_folder, wikipedia_leads_file
+from bertforge.demo.resources import minilm_folder, wikipedia_leads_file
 
 _CLK = os.sysconf("SC_CLK_TCK")
 _MB = 1024 * 1024
@@ -190,7 +190,7 @@ def stock_bert_tokenizer(vocab_txt: Path):
 
 
 def bare_rates(sentences: list[str], tokenizer_dir: Path, repeats: int, when: str) -> list[dict[str, Any]]:
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
     stock = stock_bert_tokenizer(tokenizer_dir / "vocab.txt")
     ours = BertTokenizer.from_pretrained(tokenizer_dir)

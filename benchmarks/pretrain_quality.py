@@ -5,12 +5,12 @@ initial weights on the same batches, in the same process, for the same training 
 minutes`` per stack, default 5), with the same hyper-parameters; then both are evaluated on the
 same held-out instances. What differs is how many steps each stack gets through in its budget.
 
-* Data: the Wikipedia leads of `bertforge.resources`, prepared with Google's algorithm by
+* Data: the Wikipedia leads of `bertforge.demo.resources`, prepared with Google's algorithm by
   `pretrain_throughput.prepared_leads` (MiniLM uncased vocab, length 128, ``dupe_factor`` 1,
   10 shards of 500,000 characters). The last shard (1,288 instances from documents no training
   shard holds) is held out; training batches come from
   `bertforge.data.loader.PretrainingLoader` over the other shards, seeded the same for both.
-* bertforge: `bertforge.trainer.Trainer.train_step` with `bertforge.pretrain.PretrainingTask` --
+* bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingTask` --
   the step ``bertforge pretrain`` takes -- in its faster precision (``--ours-precision auto``).
 * transformers: ``BertForPreTraining`` (sdpa) in a plain loop (`pretrain_throughput.HFLoop`):
   ``torch.optim.AdamW`` (foreach), labels (B, T), ``clip_grad_norm_(1.0)``, in its faster

@@ -5,6 +5,7 @@ Helpers are handed out as fixtures (callables), so test files need no imports fr
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -21,6 +22,19 @@ def _seed() -> None:
     """Every test starts from the same random state (torch and Python)."""
     torch.manual_seed(0)
     random.seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _library_logger():
+    """Every test starts with the ``bertforge`` logger as the library leaves it (no handlers, passing its
+    messages on to the root logger, where caplog sees them); the command line's `show_logs` changes it
+    for the whole process."""
+    logger = logging.getLogger("bertforge")
+    handlers, level, propagate = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 def _tiny_config(**overrides) -> BertConfig:

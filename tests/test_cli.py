@@ -188,16 +188,16 @@ def test_a_bad_config_file_is_one_clear_line(tmp_path, demo_runs, capsys):
 def test_precision_reaches_the_model_and_bf16_is_gone(monkeypatch, capsys):
     seen = []
 
-    def evaluate(checkpoint, file, out=None, **settings):
-        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), settings))
+    def evaluate(checkpoint, file, out=None, precision="fp32", **settings):
+        seen.append((precision, settings))
         return {"accuracy": 1.0}
 
     monkeypatch.setattr("bertforge.tasks.finetune.evaluate", evaluate)
     assert main(["evaluate", "ckpt", "--file", "dev.tsv", "--precision", "bf16", "--device", "cpu"]) == 0
-    assert seen[-1] == (True, torch.bfloat16, {"device": "cpu"})
+    assert seen[-1] == ("bf16", {"device": "cpu"})
     assert json.loads(capsys.readouterr().out) == {"accuracy": 1.0}
-    assert main(["evaluate", "ckpt", "--file", "dev.tsv", "--device", "cpu", "--max_seq_length", "64"]) == 0
-    assert not seen[-1][0] and seen[-1][2] == {"device": "cpu", "max_seq_length": 64}  # fp32: no autocast
+    assert main(["evaluate", "ckpt", "--file", "dev.tsv", "--max_seq_length", "64"]) == 0
+    assert seen[-1] == ("fp32", {"max_seq_length": 64})  # unset settings: the checkpoint's
     capsys.readouterr()
 
     assert main(["predict", "ckpt", "a text", "--bf16"]) == 2

@@ -23,7 +23,7 @@ from data_fixtures import (
 )
 
 from bertforge import BertConfig, BertForPreTraining
-from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+from bertforge.data.loader import EpochCursor, PretrainingDataset, PretrainingLoader, epoch_permutation
 from bertforge.data.prepare import PrepareConfig, prepare
 from bertforge.data.shards import ShardError, read_shard
 
@@ -243,6 +243,42 @@ def test_resume_gives_exactly_the_remaining_batches(kind, static_dir, dynamic_di
 
 
 # ------------------------------------------------------------------------------ dynamic masking, no NSP
+def test_epoch_cursor_walks_global_batches_split_by_rank_and_resumes():
+    """10 items in global batches of 4 (2 ranks x 2): two steps an epoch, the last 2 items dropped;
+    rank r starts at r * 2 in each global batch; each walk is one epoch, the next walk the next."""
+    ranks = [EpochCursor(10, 2, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    assert [len(c) for c in ranks] == [2, 2]
+    assert [list(c.batches("x")) for c in ranks] == [[(0, 0), (0, 4)], [(0, 2), (0, 6)]]
+    assert ranks[0].state_dict() == {"epoch": 1, "position": 0, "seed": 3, "global_batch": 4}
+    assert list(ranks[0].batches("x")) == [(1, 0), (1, 4)]
+    one = EpochCursor(10, 4, seed=3)
+    next(one.batches("x"))
+    state = one.state_dict()  # taken after a batch: resumes at the next one
+    again = EpochCursor(10, 4, seed=3)
+    again.load_state_dict(state)
+    assert list(again.batches("x")) == [(0, 4)] and again.epoch == 1
+    with pytest.raises(ValueError, match="seed 3 and global batch 4"):
+        EpochCursor(10, 2, seed=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="tiny: 3 instances, fewer than one global batch"):
+        next(EpochCursor(3, 4).batches("tiny"))
+    with pytest.raises(ValueError, match="rank"):
+        EpochCursor(10, 2, rank=2, world_size=2)
+
+
+def test_epoch_permutation_depends_on_the_seed_and_keys_only():
+    a = epoch_permutation(50, 7, 1, 3)
+    assert sorted(a) == list(range(50)) and np.array_equal(a, epoch_permutation(50, 7, 1, 3))
+    assert not np.array_equal(a, epoch_permutation(50, 7, 2, 3))
+    assert not np.array_equal(a, epoch_permutation(50, 8, 1, 3))
+
+
+def test_ignore_index_is_the_losses():
+    from bertforge.data.loader import IGNORE_INDEX
+    from bertforge.model import losses
+
+    assert IGNORE_INDEX == losses.IGNORE_INDEX == -100
+
+
 def test_dynamic_masking_masks_afresh_each_epoch_and_deterministically(dynamic_dir):
     ds = PretrainingDataset(dynamic_dir)
     assert all(len(ds.shard(k).masked_positions) == 0 for k in range(len(ds.sizes)))  # nothing stored

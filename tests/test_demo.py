@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, DemoConfig, run_demo, time_pretraining_step
 
 pytestmark = pytest.mark.real_data
@@ -22,6 +23,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_epochs=1,
                      finetune_batch_size=16, minutes=0.05, finetune_seeds=2)
+    show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
     assert report["precision"] == "fp32"
@@ -38,9 +40,10 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert json.loads((out / "report.json").read_text())["config"]["articles"] == 200
     text = (out / "report.md").read_text()
     assert "Movie-review polarity" in text and "pre-training" in text and "means of 2 fine-tuning seeds" in text
-    printed = capsys.readouterr().out
-    assert "bf16 not timed" in printed and "Demo finished" in printed
-    assert f"time for 0 pre-training steps; running {MIN_PRETRAIN_STEPS}" in printed
+    printed = capsys.readouterr()
+    assert "bf16 not timed" in printed.out and "Demo finished" in printed.out
+    assert "\n[9] Fine-tune the pre-trained model" in printed.out and "## Fill-mask" in printed.out
+    assert f"time for 0 pre-training steps; running {MIN_PRETRAIN_STEPS}" in printed.err  # a warning
 
 
 def test_a_pretraining_step_is_timed_in_each_precision():

@@ -27,7 +27,8 @@ from safetensors import safe_open
 from bertforge import cli
 from bertforge.serving import features
 from bertforge.model.config import BertConfig
-from bertforge.serving.features import extract_features, read_inputs, split_pair, write_features
+from bertforge.serving.features import (BertModelWithoutPooler, embed, extract_features, read_inputs, split_pair,
+                                        write_features)
 from bertforge.model.heads import BertForPreTraining
 from bertforge.text.tokenizer import BertTokenizer
 
@@ -256,6 +257,28 @@ def test_pooling_cls_and_mean(ckpt, tok, hf):
 
 
 # ---------------------------------------------------------------------------- input and errors
+def test_embed_pools_a_loaded_model_as_extract_features_does(ckpt, tok):
+    model = BertModelWithoutPooler.from_pretrained(ckpt).eval()
+    for pooling, layers, combine in (("mean", (-1,), "concat"), ("cls", (-1, -2), "concat"), ("mean", (0, 2), "sum")):
+        want = extract_features(ckpt, TEXTS, pooling=pooling, layers=layers, combine=combine, max_seq_length=10,
+                                stride=3)  # long texts in windows
+        got = embed(model, tok, TEXTS, pooling=pooling, layers=layers, combine=combine, max_seq_length=10, stride=3,
+                    batch_size=2)
+        assert got.shape == want.values.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want.values, atol=1e-5)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        embed(model, tok, TEXTS, pooling="max")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        embed(model, tok, TEXTS, precision="fp8")
+
+
+def test_precision_auto_resolves_for_the_device(ckpt, monkeypatch):
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)
+    assert np.array_equal(extract_features(ckpt, TEXTS, precision="auto").values, extract_features(ckpt, TEXTS).values)
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        extract_features(ckpt, TEXTS, device="cpu", precision="fp16")
+
+
 def test_read_inputs_as_google_reads_them(tmp_path, monkeypatch):
     assert split_pair("  Who is it ? ||| It is me .\n") == ("Who is it ?", "It is me .")
     assert split_pair("a ||| b ||| c") == ("a ||| b", "c")  # the TF regex is greedy: the last separator

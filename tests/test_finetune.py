@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import logging
 import os
 import random
 import shutil
@@ -31,18 +32,20 @@ from safetensors.torch import load_file
 
 from bertforge import cli
 from bertforge.train import loop as trainer
-from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, finetune_grid, parse_grid, predict
+from bertforge.tasks import TaskSettings
+from bertforge.tasks.finetune import (FinetuneConfig, evaluate, finetune, finetune_grid, load_finetuned, parse_grid,
+                                      predict)
 from bertforge.model.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
     ClassificationTask,
     Example,
-    FeatureBatches,
     encode_examples,
     glue_files,
     label_list,
     read_examples,
     targets,
 )
+from bertforge.tasks.encoding import FeatureBatches, Windows
 from bertforge.text.tokenizer import BertTokenizer
 
 
@@ -205,6 +208,73 @@ def test_batches_are_seeded_per_epoch_split_by_rank_and_resume_exactly(base):
     assert first["input_ids"].shape[1] == max(len(f.input_ids[i]) for i in epochs[0][0])  # padded to the longest
 
 
+def _take(source: FeatureBatches, n: int) -> list[dict[str, torch.Tensor]]:
+    """The next ``n`` batches, into the following epochs as the training loop goes on (a new iter())."""
+    out, it = [], iter(source)
+    while len(out) < n:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            it = iter(source)
+    return out
+
+
+def test_batches_follow_the_seeded_permutation_of_each_epoch():
+    """Epoch e visits the items in the permutation drawn from (seed, e, 0): the pre-training
+    loader's order over one shard; ranks take consecutive slices of each global batch."""
+    n = 23
+    f = Windows([np.arange(2 + i % 5) for i in range(n)], np.ones(n, dtype=np.int64), np.arange(n), n)
+    f.with_labels(np.arange(n))
+    for seed, batch, world in ((0, 4, 1), (7, 2, 2), (12345, 3, 1)):
+        ranks = [FeatureBatches(f, batch, seed=seed, rank=r, world_size=world) for r in range(world)]
+        steps = n // (batch * world)  # the last incomplete global batch is dropped
+        assert all(len(b) == steps for b in ranks)
+        for epoch in range(3):
+            perm = np.random.default_rng([seed, epoch, 0]).permutation(n)
+            want = [[perm[k * batch * world + r * batch:][:batch].tolist() for k in range(steps)] for r in range(world)]
+            assert [[b["labels"].tolist() for b in source] for source in ranks] == want, (seed, epoch)
+
+
+@pytest.mark.parametrize("stop", [1, 3, 5, 7, 12])
+def test_resuming_anywhere_gives_the_uninterrupted_batches(stop):
+    """A loader stopped after ``stop`` batches (mid-epoch, at an epoch's end, in a later epoch) and a
+    fresh one loaded with its state give, together, the batches of one that never stopped."""
+    n = 23  # 5 batches of 4 per epoch, 3 items dropped
+    f = Windows([np.arange(2 + i % 7) for i in range(n)], np.full(n, 2, dtype=np.int64), np.arange(n), n)
+    f.with_labels(np.arange(n))
+    uninterrupted = _take(FeatureBatches(f, 4, seed=5), 15)
+    first = FeatureBatches(f, 4, seed=5)
+    seen = _take(first, stop)
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    assert state == {"epoch": stop // 5, "position": 4 * (stop % 5), "seed": 5, "global_batch": 4}
+    resumed = FeatureBatches(f, 4, seed=5)
+    resumed.load_state_dict(state)
+    together = seen + _take(resumed, 15 - stop)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(together, uninterrupted) for k in a)
+    with pytest.raises(ValueError, match="seed 5"):
+        FeatureBatches(f, 4, seed=6).load_state_dict(state)
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        next(iter(FeatureBatches(f, 8, world_size=3, name="tiny.csv")))
+
+
+def test_families_read_task_settings_and_never_import_the_recipe():
+    """FinetuneConfig is TaskSettings plus the loop's settings: a family takes either; no family
+    module imports the recipe (tasks.finetune) or another family's module."""
+    import ast
+
+    import bertforge.tasks as tasks
+
+    assert issubclass(FinetuneConfig, TaskSettings) and issubclass(FinetuneConfig, trainer.TrainConfig)
+    folder = Path(tasks.__file__).parent
+    families = {"classification", "tagging", "squad", "multiple_choice"}
+    for name in [*families, "base", "encoding"]:
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert "bertforge.tasks.finetune" not in imported and "bertforge.tasks" not in imported, name
+        assert not {f"bertforge.tasks.{other}" for other in families - {name}} & imported, name
+
+
 # ------------------------------------------------------------------------------ learning
 @pytest.fixture(scope="module")
 def learned(root, base) -> tuple[Path, Path, Path]:
@@ -229,6 +299,27 @@ def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
     assert set(best["metrics"]) == {"accuracy", "f1"}
     assert evaluate(out / "best", file=train)["accuracy"] >= 0.95  # near-perfect on the training data
     assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
+
+
+def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_path):
+    out, _, _ = learned
+    ft = load_finetuned(out / "best", max_seq_length=16, eval_batch_size=3)
+    assert ft.family.name == "classification" and not ft.model.training
+    assert (ft.settings.task, ft.settings.text_column, ft.settings.max_seq_length, ft.settings.eval_batch_size) == \
+        ("classification", "review", 16, 3)  # the run's settings, with those given instead
+    rng = random.Random(9)
+    texts = [polar(rng, n_words=(3, 30))[0] for _ in range(12)]  # some longer than a window of 16
+    records = ft.family.predict_texts(ft.model, ft.tokenizer, ft.settings, [(t,) for t in texts], ft.device)
+    assert [r["text"] for r in records] == texts and all(set(r["probabilities"]) == {"neg", "pos"} for r in records)
+    # The records of raw texts are those of the same texts read from a file (windows, averaged logits).
+    file = write(tmp_path / "texts.csv", "review\n" + "".join(f'"{t}"\n' for t in texts))
+    from_file = predict(out / "best", file, max_seq_length=16)
+    assert [r["label"] for r in records] == [r["prediction"] for r in from_file]
+    for r, f in zip(records, from_file):
+        scores = np.exp(f["scores"]) / np.exp(f["scores"]).sum()
+        assert [r["probabilities"]["neg"], r["probabilities"]["pos"]] == pytest.approx(scores, abs=1e-5)
+    with pytest.raises(TypeError, match="unknown settings: lr"):
+        load_finetuned(out / "best", lr=1e-3)
 
 
 def test_dropout_is_the_checkpoints_unless_set(root, base):
@@ -336,7 +427,8 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
         assert all(torch.equal(a[k], b[k]) for k in a), folder
 
 
-def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
+def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge")
     rng = random.Random(4)
     folder = root / "MNLI"
     folder.mkdir()
@@ -361,7 +453,7 @@ def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
                      "--dev-file", str(folder), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
                      "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "3 labels (contradiction, entailment, neutral)" in printed
+    assert "3 labels (contradiction, entailment, neutral)" in caplog.text
     metrics = json.loads(printed.strip().splitlines()[-1])
     assert set(metrics) == {"dev_matched_accuracy", "dev_mismatched_accuracy"}
     assert json.loads((out / "best" / "eval_metrics.json").read_text())["metric"] == "dev_matched_accuracy"
@@ -387,7 +479,8 @@ def test_parse_grid_reads_the_paper_grid_and_subsets():
         FinetuneConfig(grid="epochs=two")
 
 
-def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, capsys):
+def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, base, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge")
     rng = random.Random(11)
     train = write_csv(root / "grid_train.csv", [polar(rng) for _ in range(32)])
     dev = write_csv(root / "grid_dev.csv", [polar(rng) for _ in range(16)])
@@ -412,11 +505,10 @@ def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, b
         finetune_grid(cfg)
     # Resume: finished runs are read back, not trained again; a removed one is run again.
     shutil.rmtree(out / "grid" / "lr1e-06-bs32-ep3")
-    capsys.readouterr()
+    caplog.clear()
     again = finetune_grid(dataclasses.replace(cfg, resume=True))
     assert [r["value"] for r in again.runs] == [r["value"] for r in result.runs]
-    printed = capsys.readouterr().out
-    assert "run 4 of 4" in printed and "run 1 of 4" not in printed
+    assert "run 4 of 4" in caplog.text and "run 1 of 4" not in caplog.text
 
 
 def test_cli_grid_flag_alone_is_the_paper_grid(monkeypatch):

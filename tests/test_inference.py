@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -192,11 +193,50 @@ def test_bf16_runs_under_autocast(clf, monkeypatch):
                                                                        b["probabilities"].values()))
     assert 0 < diff < 0.05  # bf16 changes the numbers a little, not the meaning
     assert all(sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6) for r in bf16)
-    with pytest.raises(ValueError, match="float16 needs a CUDA device"):
-        Predictor.from_pretrained(clf, device="cpu", dtype=torch.float16)
-    monkeypatch.setattr("bertforge.serving.predictor.native_bf16", lambda device: False)  # an AVX2-only CPU
-    with pytest.warns(UserWarning, match="emulated"):
-        Predictor.from_pretrained(clf, device="cpu", dtype="bf16")
+    assert Predictor.from_pretrained(clf, device="cpu", precision="bf16").classify(TEXTS) == bf16
+    for fp16 in (dict(dtype=torch.float16), dict(precision="fp16")):
+        with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+            Predictor.from_pretrained(clf, device="cpu", **fp16)
+    with pytest.raises(ValueError, match="disagree"):
+        Predictor.from_pretrained(clf, device="cpu", precision="bf16", dtype=torch.float16)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        Predictor.from_pretrained(clf, device="cpu", dtype=torch.int8)
+
+
+def test_precision_auto_is_bf16_where_the_device_runs_it_natively(clf, monkeypatch, caplog):
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)  # an AVX2-only CPU
+    auto = Predictor.from_pretrained(clf, device="cpu", precision="auto")
+    assert auto.precision == "fp32" and auto.autocast is None
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        emulated = Predictor.from_pretrained(clf, device="cpu", dtype="bf16")
+    assert emulated.precision == "bf16" and emulated.autocast == torch.bfloat16 and "emulated" in caplog.text
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: True)
+    assert Predictor.from_pretrained(clf, device="cpu", precision="auto").precision == "bf16"
+
+
+def test_a_predictor_built_from_its_parts_runs_the_family_of_its_settings(clf, tagger):
+    """The seam: a fine-tuned checkpoint read by `load_finetuned`, its family's ``predict_texts``."""
+    from bertforge.tasks.finetune import load_finetuned
+
+    for folder, texts in ((clf, TEXTS), (tagger, TEXTS[:2])):
+        ft = load_finetuned(folder, device="cpu", eval_batch_size=3, max_seq_length=64)  # the positions
+        loaded = Predictor.from_pretrained(folder, device="cpu", batch_size=3)
+        p = Predictor(ft.model, ft.tokenizer, loaded.head, device="cpu", settings=ft.settings, batch_size=3)
+        assert p.family is ft.family is loaded.family and p.settings == loaded.settings
+        assert p(texts) == loaded(texts)
+        assert p(texts) == ft.family.predict_texts(ft.model, ft.tokenizer, ft.settings, [(t,) for t in texts], "cpu")
+
+
+def test_no_module_imports_another_modules_private_names():
+    import ast
+
+    import bertforge
+
+    for path in sorted(Path(bertforge.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertforge"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path}:{node.lineno}: {node.module} {private}"
 
 
 # ---------------------------------------------------------------------------- tagging

@@ -2,7 +2,7 @@
 model memorises it; its model/ is read by transformers and starts a second phase; a run stopped by
 SIGTERM and resumed equals an uninterrupted one, and so does an extended run; accumulation equals a
 bigger micro-batch; a checkpoint that dies mid-write leaves the previous one usable; incompatible
-resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs and bf16.
+resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs, bf16 and auto precision.
 (Runs in other processes: tests/test_pretrain_processes.py.)"""
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_dynamically_masked_data_is_masked_in_the_loader_and_trains(root, tok):
 
 def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data, monkeypatch, caplog):
     got = {}
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)  # as on an AVX2-only CPU
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)  # as on an AVX2-only CPU
     for precision in ("fp32", "bf16"):
         out = root / f"precision-{precision}"
         caplog.clear()
@@ -140,6 +140,25 @@ def test_bf16_first_step_loss_is_close_to_fp32(root, tok, nsp_data, monkeypatch,
     assert got["fp32"][0] == pytest.approx(got["bf16"][0], rel=2e-2)
     assert got["fp32"][1] == pytest.approx(got["bf16"][1], rel=5e-2)
     assert got["fp32"] != got["bf16"]  # bf16 really ran in bf16
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_precision_trains_in_bf16_where_the_cpu_runs_it_natively_else_fp32(root, tok, nsp_data, monkeypatch,
+                                                                                  caplog, native):
+    monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: native)
+    expected = "bf16" if native else "fp32"
+    got, said = {}, {}
+    for precision in ("auto", expected):
+        out = root / f"auto-{native}-{precision}"
+        caplog.clear()
+        with caplog.at_level("INFO", logger="bertforge"):
+            pretrain(config(nsp_data, tok, out, max_steps=2, precision=precision))
+        got[precision] = [r["loss"] for r in lines(out)]
+        said[precision] = next(m for m in caplog.messages if m.startswith("pretrain: "))
+    assert said["auto"].endswith(f"precision {expected} (auto)")
+    assert said[expected].endswith(f"precision {expected}")
+    assert got["auto"] == got[expected]  # auto ran exactly the precision it chose
+    assert json.loads((root / f"auto-{native}-auto" / "run_config.json").read_text())["precision"] == "auto"
 
 
 # ------------------------------------------------------------------------------ exactness
@@ -224,8 +243,11 @@ def test_a_checkpoint_that_dies_mid_write_leaves_the_previous_one(root, tok, nsp
         pretrain(config(nsp_data, tok, out, resume=True, **settings))
     monkeypatch.undo()
     half = out / "checkpoints" / f".step-00000003.tmp-{os.getpid()}"
-    assert (half / "trainer_state.pt").stat().st_size == 100
-    # Leftovers of other deaths: an older process's temporary folder, and a folder with no state.
+    assert not half.exists()  # the failed write cleared its temporary folder
+    # Leftovers of deaths that leave no time to clear up (SIGKILL mid-write): this process's temporary
+    # folder with a torn state file, an older process's, and a folder with no state.
+    shutil.copytree(out / "checkpoints" / "step-00000002", half)
+    (half / "trainer_state.pt").write_bytes((half / "trainer_state.pt").read_bytes()[:100])
     shutil.copytree(half, out / "checkpoints" / ".step-00000009.tmp-1")
     (out / "checkpoints" / "step-00000010").mkdir()
     assert latest_checkpoint(out).name == "step-00000002"

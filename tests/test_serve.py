@@ -16,6 +16,7 @@ from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one th
 from starlette.testclient import TestClient
 
 from bertforge import cli
+from bertforge.console import show_logs
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
 from bertforge.serving.predictor import Predictor
@@ -168,6 +169,7 @@ def test_cli_serve_builds_the_app_from_its_flags(clf, monkeypatch, capsys):
 
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    show_logs()  # as the command line does: the library logs the address, the console shows it
     assert cli.main(["serve", clf.name, "--port", "8123", "--max-batch", "2", "--device", "cpu"]) == 0
     assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
     assert "on http://127.0.0.1:8123" in capsys.readouterr().out

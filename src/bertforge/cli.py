@@ -363,17 +363,6 @@ def _overrides(settings: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(settings).items() if v is not None and v is not False}
 
 
-@contextlib.contextmanager
-def _autocast(precision: str, device: str) -> Iterator[None]:
-    """A task's model (evaluate, predict on a task file) run under ``precision``'s autocast."""
-    from bertforge.train.distributed import resolve_device
-    from bertforge.train.precision import autocast, resolve_precision
-
-    where = resolve_device(device)
-    with autocast(resolve_precision(precision, where), where):
-        yield
-
-
 def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, arg(aliases=("-o",))] = None,
              precision: PrecisionFlag = "fp32",
              settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
@@ -386,10 +375,7 @@ def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, 
     """
     from bertforge.tasks.finetune import evaluate as run
 
-    given = _overrides(settings)
-    with _autocast(precision, given.get("device", "auto")):
-        metrics = run(checkpoint, file, out=out, **given)
-    print(json.dumps(metrics))
+    print(json.dumps(run(checkpoint, file, out=out, precision=precision, **_overrides(settings))))
     return 0
 
 
@@ -476,8 +462,7 @@ def _predict_task_file(checkpoint: str, file: str, out: str | None, run: Inferen
     given = _overrides(settings)
     if run.batch_size:
         given["eval_batch_size"] = run.batch_size
-    with _autocast(run.precision, given.get("device", "auto")):
-        records = run_task(checkpoint, file, out, **given)
+    records = run_task(checkpoint, file, out, precision=run.precision, **given)
     if out:
         print(f"wrote {len(records):,} predictions to {out}")
     else:

@@ -1,7 +1,13 @@
-"""Crash-safe file writes: write a temporary file beside the target, fsync, then rename over it.
+"""Crash-safe writes, one helper for a file and one for a folder: write under a temporary name beside
+the target, fsync, then rename over it.
 
-A reader (or a resumed run) sees either the old file or the new one in full, never a torn write,
-whatever kills the writer (exception, SIGKILL, power loss after the fsync).
+- a file: `atomic_path` (a temporary path for writers that want a file name), with
+  `atomic_write_text` / `atomic_write_bytes` on top of it;
+- a folder: `atomic_dir` (a temporary sibling folder that takes the target's place whole; a checkpoint,
+  a best model, an unpacked download).
+
+A reader (or a resumed run) sees either the old file or folder or the new one in full, never a torn
+write, whatever kills the writer (exception, SIGKILL, power loss after the fsync).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "replace_dir", "open_binary", "COMPRESSED_SUFFIXES"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "replace_dir", "open_binary",
+           "COMPRESSED_SUFFIXES"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -94,10 +101,60 @@ def atomic_write_bytes(target: str | Path, data: bytes) -> None:
     _write(target, "wb", data)
 
 
+@contextlib.contextmanager
+def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``target``; when the block completes, every file in it
+    is fsynced and the folder takes ``target``'s place whole (`replace_dir`).
+
+    On an exception the temporary folder is removed and ``target`` is left untouched. A writer killed
+    outright leaves it behind as ``.NAME.tmp-PID`` (never mistaken for ``target``); a later write
+    from the same process id clears it. With ``replace=False`` a ``target`` that exists when the block
+    completes wins and the new folder is discarded: for content that any of several processes may
+    fetch at once, where the first complete copy is as good as the next.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if replace:
+            replace_dir(tmp, target)
+        else:
+            try:
+                os.replace(tmp, target)  # refused when another writer's complete folder is already there
+            except OSError:
+                if not target.is_dir():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then the folders themselves (deepest first)."""
+    for root, _, files in os.walk(folder, topdown=False):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        _fsync_dir(Path(root))
+
+
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Put the complete folder ``tmp`` in place of ``final``: never a moment without one of them whole."""
+    """Put the complete folder ``tmp`` in place of ``final`` (the swap at the end of `atomic_dir`).
+
+    An existing ``final`` is first renamed aside to ``.NAME.old-PID`` and deleted once ``tmp`` is in
+    place, so one of the two is whole at every moment.
+    """
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)

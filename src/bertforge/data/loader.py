@@ -9,8 +9,13 @@ rank ``r`` takes the r-th slice of each. So N processes see, together, exactly t
 process with an N-times larger batch would see; the last incomplete global batch is dropped so
 every rank takes the same number of steps.
 
-Resume. ``state_dict()`` is ``{"epoch", "position"}`` (instances of the epoch consumed by all
-ranks); ``load_state_dict`` continues from there with the very same batches.
+Resume. ``state_dict()`` is ``{"epoch", "position", "seed", "global_batch"}`` (position: instances
+of the epoch consumed by all ranks); ``load_state_dict`` continues from there with the very same
+batches.
+
+`EpochCursor` (the epoch / position bookkeeping, rank slices and resume state) and
+`epoch_permutation` (the seeded order) are what any epoch-by-epoch loader shares: fine-tuning's
+loader over features in memory (`bertforge.tasks.encoding.FeatureBatches`) is built on them too.
 
 Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
 generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same
@@ -29,9 +34,75 @@ import torch
 from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard
-from bertforge.model.losses import IGNORE_INDEX
 
-__all__ = ["PretrainingDataset", "PretrainingLoader"]
+__all__ = ["IGNORE_INDEX", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
+
+IGNORE_INDEX = -100
+"""Label of a position no loss reads (padding, unmasked tokens, continuation word pieces): the value
+transformers and PyTorch's cross-entropy ignore."""
+
+
+def epoch_permutation(n: int, seed: int, *keys: int) -> np.ndarray:
+    """A permutation of ``range(n)`` drawn from ``(seed, *keys)`` (e.g. the epoch, a shard): the
+    same on every process and in every run, whatever was drawn before."""
+    return np.random.default_rng([seed, *keys]).permutation(n)
+
+
+class EpochCursor:
+    """Where an epoch-by-epoch walk over ``size`` items stands, in global batches of
+    ``batch_size * world_size`` consecutive items of which rank ``rank`` takes the ``rank``-th
+    slice. The last incomplete global batch of an epoch is dropped, so every rank takes the same
+    number of steps. ``state_dict`` / ``load_state_dict`` resume the walk exactly."""
+
+    def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1):
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad batch_size / rank / world_size: {batch_size}, {rank}, {world_size}")
+        self.size = size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.position = 0  # items of this epoch consumed (all ranks together)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch (per rank)."""
+        return self.size // self.global_batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("seed", self.seed) != self.seed or state.get("global_batch", self.global_batch) != self.global_batch:
+            raise ValueError(f"loader state is for seed {state.get('seed')} and global batch "
+                             f"{state.get('global_batch')}; this loader has {self.seed} and {self.global_batch}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def batches(self, name: str) -> Iterator[tuple[int, int]]:
+        """(epoch, first item) of this rank's batches in the rest of one epoch: its batch is the
+        epoch's items ``first .. first + batch_size - 1``. The cursor moves past a batch before it is
+        handed out, so a ``state_dict()`` taken after it resumes at the next one. ``name`` names
+        the data in the error raised when it holds less than one global batch."""
+        if self.size < self.global_batch:
+            raise ValueError(f"{name}: {self.size} instances, fewer than one global batch ({self.global_batch})")
+        if self.position + self.global_batch > self.size:  # resumed right after an epoch's last batch
+            self._next_epoch()
+        epoch = self.epoch
+        while self.epoch == epoch:
+            first = self.position + self.rank * self.batch_size
+            self.position += self.global_batch
+            if self.position + self.global_batch > self.size:
+                self._next_epoch()
+            yield epoch, first
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
 
 
 class PretrainingDataset:
@@ -112,8 +183,7 @@ class PretrainingLoader:
         special: SpecialIds | None = None,
         pad_to_multiple_of: int = 8,
     ):
-        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"bad batch_size / rank / world_size: {batch_size}, {rank}, {world_size}")
+        self.cursor = EpochCursor(len(dataset), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
@@ -131,38 +201,41 @@ class PretrainingLoader:
             self.masking = MaskingConfig(cfg["masked_lm_prob"], cfg["max_predictions_per_seq"],
                                          cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
         self.special = special
-        self.epoch = 0
-        self.position = 0  # instances of this epoch consumed (all ranks together)
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
 
     @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
+    @property
+    def position(self) -> int:
+        """Instances of this epoch consumed (all ranks together)."""
+        return self.cursor.position
+
+    @property
     def global_batch(self) -> int:
-        return self.batch_size * self.world_size
+        return self.cursor.global_batch
 
     def __len__(self) -> int:
         """Batches per epoch (per rank)."""
-        return len(self.dataset) // self.global_batch
+        return len(self.cursor)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "global_batch": self.global_batch}
+        return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("seed", self.seed) != self.seed or state.get("global_batch", self.global_batch) != self.global_batch:
-            raise ValueError(f"loader state is for seed {state.get('seed')} and global batch "
-                             f"{state.get('global_batch')}; this loader has {self.seed} and {self.global_batch}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.cursor.load_state_dict(state)
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard order, start offset of each visited shard in the epoch)."""
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.sizes))
+        order = epoch_permutation(len(self.dataset.sizes), self.seed, epoch)
         starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])
         return order, starts
 
     def _permutation(self, epoch: int, shard: int) -> np.ndarray:
         """The shard's instance order in ``epoch``; kept while batches read the same shard."""
         if self._perm is None or self._perm[0] != (epoch, shard):
-            perm = np.random.default_rng([self.seed, epoch, shard]).permutation(int(self.dataset.sizes[shard]))
+            perm = epoch_permutation(int(self.dataset.sizes[shard]), self.seed, epoch, shard)
             self._perm = ((epoch, shard), perm)
         return self._perm[1]
 
@@ -182,28 +255,12 @@ class PretrainingLoader:
         return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        n = len(self.dataset)
-        if n < self.global_batch:
-            raise ValueError(f"{self.dataset.folder}: {n} instances, fewer than one global batch "
-                             f"({self.global_batch})")
-        if self.position + self.global_batch > n:  # resumed right after an epoch's last batch
-            self._next_epoch()
-        epoch = self.epoch
-        while self.epoch == epoch:
-            first = self.position + self.rank * self.batch_size
+        for epoch, first in self.cursor.batches(str(self.dataset.folder)):
             mine = self._instances(epoch, first, first + self.batch_size)
             instances = [self.dataset.shard(s).instance(i) for s, i in mine]
             if self.masking is not None:
                 self._mask(instances, epoch, first)
-            # Advance before yielding, so state_dict() taken after a batch resumes at the next one.
-            self.position += self.global_batch
-            if self.position + self.global_batch > n:
-                self._next_epoch()
             yield self.collate(instances)
-
-    def _next_epoch(self) -> None:
-        self.epoch += 1
-        self.position = 0
 
     def _mask(self, instances: list, epoch: int, first: int) -> None:
         # Each instance's masks come from a generator seeded by (seed, epoch, its index in the

@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import logging
 import multiprocessing as mp
 import os
 import random
@@ -50,6 +51,8 @@ from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
 
 __all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats", "special_ids"]
+
+logger = logging.getLogger("bertforge")
 
 MANIFEST = "manifest.json"
 SETTINGS = "settings.json"
@@ -351,8 +354,9 @@ def prepare(
     manifest = _write_manifest(out, settings, corpus, total_windows)
     if progress:
         elapsed = time.perf_counter() - t0
-        print(f"prepare: {len(entries)} shards this run, {done_tokens:,} input tokens in {elapsed:.1f} s "
-              f"({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); manifest {'complete' if manifest['complete'] else 'partial'}")
+        logger.info(f"prepare: {len(entries)} shards this run, {done_tokens:,} input tokens in {elapsed:.1f} s "
+                    f"({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); "
+                    f"manifest {'complete' if manifest['complete'] else 'partial'}")
     return manifest
 
 

@@ -1,7 +1,7 @@
 """A bag-of-words baseline for text classification: unigram + bigram counts, L2-regularised
 logistic regression (L-BFGS), the strength chosen on a held-out tenth of the training data.
 
-The demo and the movie-review benchmark print it beside BERT's accuracy for orientation: it is the
+The demo and the movie-review benchmark report it beside BERT's accuracy for orientation: it is the
 classic strong baseline on short sentiment sentences.
 
     acc = bow_logistic_regression(train_texts, train_labels, dev_texts, dev_labels)["accuracy"]

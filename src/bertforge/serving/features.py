@@ -78,11 +78,11 @@ import torch
 
 from bertforge.io import atomic_path, open_binary
 from bertforge.model.bert import BertModel, frozen_weights
-from bertforge.tasks.base import max_context_window, window_starts
+from bertforge.tasks.encoding import max_context_window, window_starts
+from bertforge.train.precision import autocast, check_precision, resolve_precision
 
-__all__ = ["Extracted", "Written", "extract_features", "write_features", "read_inputs", "split_pair", "parse_layers",
-           "output_format",
-           "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
+__all__ = ["Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs", "split_pair",
+           "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -91,7 +91,6 @@ DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's position
 COMBINES = ("concat", "sum")
 POOLINGS = ("cls", "mean")
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
-_PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
 
@@ -210,7 +209,7 @@ class _Spec:
     max_seq_length: int
     stride: int
     batch_size: int
-    autocast: torch.dtype | None
+    precision: str  # resolved: fp32, bf16 or fp16
     device: torch.device
     dim: int
 
@@ -240,8 +239,7 @@ def _run_chunk(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | Non
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])])
     vectors = np.empty((int(offsets[-1]), spec.dim), dtype=np.float32)
     order = np.argsort([len(w.ids) for w in windows], kind="stable")  # similar lengths batch together
-    amp = (torch.autocast(spec.device.type, dtype=spec.autocast) if spec.autocast is not None
-           else contextlib.nullcontext())
+    amp = autocast(spec.precision, spec.device)
     for start in range(0, len(order), spec.batch_size):
         chosen = order[start:start + spec.batch_size]
         batch = [windows[w] for w in chosen]
@@ -341,8 +339,7 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
         raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
     if pooling is not None and pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got {pooling!r}")
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(_PRECISIONS)}, got {precision!r}")
+    check_precision(precision)
     if (max_seq_length is not None and max_seq_length < 4) or stride < 0 or batch_size < 1:
         raise ValueError(f"max_seq_length must be >= 4 (got {max_seq_length}), stride >= 0 (got {stride}) and "
                          f"batch_size >= 1 (got {batch_size})")
@@ -358,13 +355,12 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
     given = tuple(layers) if layers is not None else ((-1,) if pooling else DEFAULT_LAYERS)
     resolved = _resolve_layers(given, config.num_hidden_layers)
     dev = setup(device).device
-    if precision == "fp16" and dev.type != "cuda":
-        raise ValueError("precision fp16 needs a CUDA device; on CPU use bf16")
+    precision = resolve_precision(precision, dev)
     model.to(dev).eval()
     tok = BertTokenizer.from_pretrained(checkpoint)
     inputs = _encode(tok, texts)
     dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
-    spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, _PRECISIONS[precision], dev, dim)
+    spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, dev, dim)
     windowed = sum(_length(*x) > max_seq_length for x in inputs)
     if windowed:
         logger.info("%d of %d inputs are longer than max_seq_length %d: cut into windows", windowed, len(inputs),
@@ -455,12 +451,49 @@ def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, st
     ``texts``: strings, or (text_a, text_b) pairs (``text_b`` may be None). ``layers``: default
     -1,-2,-3,-4 (with ``pooling``: -1). ``max_seq_length``: tokens per forward pass, default 128 (or
     the model's positions if fewer); longer inputs are cut into windows ``stride`` tokens apart (0:
-    half a window). ``precision``: fp32, bf16 (autocast, CPU or CUDA) or fp16 (CUDA).
+    half a window). ``precision``: auto (bf16 where the device computes it natively, else fp32), fp32,
+    bf16 (autocast, CPU or CUDA) or fp16 (CUDA).
     """
     s = _setup(checkpoint, texts, layers, combine, pooling, max_seq_length, stride, batch_size, precision, device)
     result = _allocate(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
     _fill(s, result, progress)
     return result
+
+
+def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str | None]], *, pooling: str = "mean",
+          layers: Sequence[int] = (-1,), combine: str = "concat", max_seq_length: int | None = None, stride: int = 0,
+          batch_size: int = 32, precision: str = "fp32") -> np.ndarray:
+    """(N, D) float32 pooled vectors of ``texts`` from a model already loaded (on its device, in eval
+    mode): `extract_features` with ``pooling`` for a model in memory, such as a predictor's encoder.
+
+    ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``texts``, ``layers``,
+    ``combine``, ``max_seq_length`` (default 128, or the model's positions if fewer), ``stride`` and
+    ``pooling`` ("cls" or "mean") are `extract_features`'s: long inputs are cut into windows, each
+    token taken from the window where it has the most context. ``precision``: fp32, bf16, fp16 or auto
+    (resolved for the model's device)."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+    config = model.config
+    if max_seq_length is None:
+        max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
+    if not 4 <= max_seq_length <= config.max_position_embeddings or stride < 0 or batch_size < 1:
+        raise ValueError(f"max_seq_length must be in 4..{config.max_position_embeddings} (got {max_seq_length}), "
+                         f"stride >= 0 (got {stride}) and batch_size >= 1 (got {batch_size})")
+    device = next(model.parameters()).device
+    if check_precision(precision) == "auto":
+        precision = resolve_precision(precision, device)
+    resolved = _resolve_layers(layers, config.num_hidden_layers)
+    dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
+    spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, device, dim)
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+
+    def add(i: int, seq: np.ndarray, vector: np.ndarray) -> None:
+        out[i] = vector
+
+    _run(model, _encode(tokenizer, texts), spec, tokenizer.cls_token_id, tokenizer.sep_token_id, add, progress=False)
+    return out
 
 
 # ---------------------------------------------------------------------------- files

@@ -166,6 +166,6 @@ def serve(predictor: Predictor, *, host: str = "127.0.0.1", port: int = 8000, ma
 
     app = create_app(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes, top_k=top_k,
                      pooling=pooling)
-    print(f"bertforge serve: {predictor.name} ({predictor.head}, {predictor.device}) on http://{host}:{port} "
-          "(GET /health, POST /predict)", flush=True)
+    logger.info(f"bertforge serve: {predictor.name} ({predictor.head}, {predictor.device}) on http://{host}:{port} "
+                "(GET /health, POST /predict)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)

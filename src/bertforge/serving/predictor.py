@@ -3,7 +3,7 @@ extractive QA, multiple choice, or pooled sentence embeddings (any checkpoint).
 
     from bertforge.serving.predictor import Predictor
 
-    p = Predictor.from_pretrained("runs/sst2/best", device="cpu", dtype=torch.bfloat16)
+    p = Predictor.from_pretrained("runs/sst2/best", device="cpu", precision="bf16")
     p(["a gripping film", "a dull one"])        # records, by the checkpoint's head
     p.classify(["a gripping film"])             # or a head's own method: fill_mask, classify, tag, answer,
     p.embed(["a gripping film"], pooling="mean")  # choose, embed (a (N, H) array)
@@ -36,11 +36,15 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
 - embeddings: ``embedding``: ``pooling`` "mean" (over the input's tokens, [CLS] and [SEP]
   included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]).
 
-The work is the fine-tuning families' own (`bertforge.tasks`): windows for long inputs and their
-averaging or max-context rules, first-WordPiece tags and conlleval's entity spans, SQuAD's n-best
-post-processing, and the features module's windows and pooling for embeddings. Inputs run in
-batches of similar length (sorted, then put back in order); the model skips padding in its dense
-layers. ``dtype=torch.bfloat16`` runs under bf16 autocast (CPU or CUDA).
+The work is the fine-tuning families' own (`bertforge.tasks`: each family's ``predict_texts``):
+windows for long inputs and their averaging or max-context rules, first-WordPiece tags and
+conlleval's entity spans, SQuAD's n-best post-processing; embeddings are the features module's
+(`bertforge.serving.features.embed`: windows and pooling). Inputs run in batches of similar length
+(sorted, then put back in order); the model skips padding in its dense layers.
+
+Precision: ``precision`` is `bertforge.train.precision`'s: "fp32" (the default), "bf16" (autocast,
+CPU or CUDA), "fp16" (CUDA) or "auto" (bf16 where the device computes it natively, else fp32).
+``dtype`` names the same as a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import warnings
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,9 +60,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.train.distributed import resolve_device
-from bertforge.train.precision import native_bf16
 from bertforge.model.bert import freeze_weights
+from bertforge.train.distributed import resolve_device
+from bertforge.train.precision import PRECISIONS, autocast, dtype_of, resolve_precision
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records"]
@@ -75,8 +78,8 @@ _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fi
                        "BertModel": "embeddings"}
 FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
 """Heads read through their fine-tuning family (and able to predict on the family's files)."""
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
+_DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",
+                     torch.float16: "fp16", "float16": "fp16", **{p: p for p in PRECISIONS}}
 _INPUT_KEYS = (("text", "text_pair"), ("question", "context"), ("context", "choices"))
 
 
@@ -118,29 +121,17 @@ def checkpoint_head(path: str | Path) -> str:
     return _ARCHITECTURE_HEADS[infer_model_class(path).__name__]
 
 
-def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """The autocast dtype asked for (None: float32)."""
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(_DTYPES)}")
-        dtype = _DTYPES[dtype]
-    if dtype is None or dtype == torch.float32:
-        return None
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    return dtype
-
-
-def precision(device: torch.device | str, dtype: torch.dtype | str | None) -> contextlib.AbstractContextManager:
-    """Autocast to ``dtype`` on ``device`` ("auto": CUDA if present), or nothing for float32."""
-    amp = _dtype(dtype)
-    kind = resolve_device(device).type
-    if amp == torch.float16 and kind != "cuda":
-        raise ValueError("float16 needs a CUDA device; on CPU use bfloat16")
-    if amp == torch.bfloat16 and not native_bf16(torch.device(kind)):
-        warnings.warn(f"bfloat16 on a {kind} without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU before "
-                      "Ampere) is emulated, far slower than float32; use float32 here", stacklevel=2)
-    return torch.autocast(kind, dtype=amp) if amp is not None else contextlib.nullcontext()
+def _precision(precision: str, dtype: torch.dtype | str | None) -> str:
+    """The precision asked for: ``precision``, or the one ``dtype`` names when given."""
+    if dtype is None:
+        return precision
+    if dtype not in _DTYPE_PRECISIONS:
+        raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16 (or a precision: "
+                         f"{', '.join(PRECISIONS)})")
+    named = _DTYPE_PRECISIONS[dtype]
+    if precision not in ("fp32", named):
+        raise ValueError(f"precision {precision!r} and dtype {dtype!r} disagree; give one")
+    return named
 
 
 # ---------------------------------------------------------------------------- the predictor
@@ -148,11 +139,14 @@ class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
     Not for concurrent calls from several threads: serialise them (`bertforge.serving.http` holds a lock).
-    Its model's weights are frozen (`bertforge.model.bert.freeze_weights`): do not train it."""
+    Its model's weights are frozen (`bertforge.model.bert.freeze_weights`): do not train it.
 
-    def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device,
-                 dtype: torch.dtype | str | None = None, settings: Any = None, family: Any = None,
-                 batch_size: int = 32, max_seq_length: int = 0, stride: int = 0, name: str = ""):
+    ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
+    ``family`` its task family (default: the settings' task's)."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device | str,
+                 precision: str = "fp32", dtype: torch.dtype | str | None = None, settings: Any = None,
+                 family: Any = None, batch_size: int = 32, max_seq_length: int = 0, stride: int = 0, name: str = ""):
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
@@ -160,11 +154,17 @@ class Predictor:
         self.model = freeze_weights(model.eval())
         self.tokenizer = tokenizer
         self.head = head
-        self.device = device
-        self.autocast = _dtype(dtype)
-        precision(device, self.autocast)  # fp16 on CPU fails here, not at the first call
+        self.device = device = resolve_device(device)
+        self.precision = resolve_precision(_precision(precision, dtype), device)  # fp16 on CPU fails here
+        """fp32, bf16 or fp16 ("auto" resolved for the device)."""
+        if settings is not None and settings.eval_batch_size != batch_size:
+            settings = dataclasses.replace(settings, eval_batch_size=batch_size)
         self.settings = settings
         """The fine-tuning settings (a `FinetuneConfig`) of a fine-tuned head; None otherwise."""
+        if family is None and settings is not None:
+            from bertforge.tasks import family_for
+
+            family = family_for(settings.task)
         self.family = family
         self.batch_size = batch_size
         positions = model.config.max_position_embeddings
@@ -176,14 +176,16 @@ class Predictor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
-                        head: str | None = None, batch_size: int = 32, **settings: Any) -> Predictor:
-        """Load a checkpoint folder for inference. ``head``: None (the checkpoint's) or "embeddings".
-        ``settings``: `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
+                        precision: str = "fp32", head: str | None = None, batch_size: int = 32,
+                        **settings: Any) -> Predictor:
+        """Load a checkpoint folder for inference. ``precision`` (or ``dtype``): module docstring.
+        ``head``: None (the checkpoint's) or "embeddings". ``settings``:
+        `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
         tag_scheme, ...) overriding those the checkpoint was fine-tuned with."""
         from bertforge.model.heads import infer_model_class
         from bertforge.model.config import BertConfig
         from bertforge.train.distributed import setup
-        from bertforge.tasks.finetune import INPUT_SETTINGS, SETTINGS_KEY, _load_finetuned
+        from bertforge.tasks.finetune import INPUT_SETTINGS, SETTINGS_KEY, load_finetuned
         from bertforge.text.tokenizer import BertTokenizer
 
         model_class = infer_model_class(path)
@@ -201,18 +203,25 @@ class Predictor:
         if head in FINE_TUNED_HEADS:
             if head == "qa" and not settings.get("task") and not BertConfig.load(path).extra.get(SETTINGS_KEY):
                 settings["task"] = "squad"  # fine-tuned elsewhere: always answer (task squad2 allows no answer)
-            family, model, tok, cfg, dev = _load_finetuned(path, {**settings, "device": device})
-            positions = model.config.max_position_embeddings
-            cfg = dataclasses.replace(cfg, max_seq_length=min(cfg.max_seq_length, positions),
+            ft = load_finetuned(path, **settings, device=device)
+            positions = ft.model.config.max_position_embeddings
+            cfg = dataclasses.replace(ft.settings, max_seq_length=min(ft.settings.max_seq_length, positions),
                                       eval_batch_size=batch_size)
-            return cls(model, tok, head, device=dev, dtype=dtype, settings=cfg, family=family, batch_size=batch_size,
-                       max_seq_length=cfg.max_seq_length, stride=cfg.stride, name=str(path))
+            return cls(ft.model, ft.tokenizer, head, device=ft.device, precision=precision, dtype=dtype, settings=cfg,
+                       family=ft.family, batch_size=batch_size, max_seq_length=cfg.max_seq_length, stride=cfg.stride,
+                       name=str(path))
         dev = setup(device).device
         model = model_class.from_pretrained(path).to(dev)
-        return cls(model, BertTokenizer.from_pretrained(path), head, device=dev, dtype=dtype, batch_size=batch_size,
-                   max_seq_length=settings.get("max_seq_length", 0), stride=settings.get("stride", 0), name=str(path))
+        return cls(model, BertTokenizer.from_pretrained(path), head, device=dev, precision=precision, dtype=dtype,
+                   batch_size=batch_size, max_seq_length=settings.get("max_seq_length", 0),
+                   stride=settings.get("stride", 0), name=str(path))
 
     # -------------------------------------------------------------------- helpers
+    @property
+    def autocast(self) -> torch.dtype | None:
+        """The autocast dtype the model runs under (None: float32)."""
+        return dtype_of(self.precision)
+
     @property
     def labels(self) -> list[str] | None:
         """Class (tag) names in id order, for the heads that have them."""
@@ -223,7 +232,7 @@ class Predictor:
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
-        with torch.inference_mode(), precision(self.device, self.autocast):
+        with torch.inference_mode(), autocast(self.precision, self.device):
             yield
 
     def _texts(self, inputs: Sequence[Any], counts: Container[int], what: str) -> list[tuple[str, ...]]:
@@ -269,8 +278,7 @@ class Predictor:
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
         """The ``top_k`` most likely tokens at every [MASK] of each input (module docstring)."""
         from bertforge.model.heads import MaskedLMOutput
-        from bertforge.tasks.base import predict_items
-        from bertforge.tasks.classification import Features
+        from bertforge.tasks.encoding import Windows, predict_items
 
         self._need("fill-mask")
         if top_k < 1:
@@ -301,9 +309,9 @@ class Predictor:
             split = np.cumsum(counts.cpu().numpy())[:-1]
             return list(zip(np.split(top.cpu().numpy(), split), np.split(probs.cpu().numpy(), split)))
 
-        features = Features([np.asarray(ids, dtype=np.int64) for ids, _, _ in encoded],
-                            np.array([types.count(0) for _, types, _ in encoded], dtype=np.int64),
-                            np.arange(len(items)), len(items))
+        features = Windows([np.asarray(ids, dtype=np.int64) for ids, _, _ in encoded],
+                           np.array([types.count(0) for _, types, _ in encoded], dtype=np.int64),
+                           np.arange(len(items)), len(items))
         with self._running():
             found = predict_items(self.model, features, self.batch_size, self.device, run)
         records = []
@@ -335,124 +343,47 @@ class Predictor:
                     out[i] = (ids, types, offs)
         return out
 
+    def _predict_texts(self, texts: list[tuple[str, ...]]) -> list[dict[str, Any]]:
+        """The fine-tuned family's records for parsed inputs."""
+        with self._running():
+            return self.family.predict_texts(self.model, self.tokenizer, self.settings, texts, self.device)
+
     def classify(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """Label and probabilities (regression: the score) of each text or pair; a long input is cut
         into windows whose logits are averaged (`bertforge.tasks.classification`)."""
-        from bertforge.tasks.classification import Example, encode_examples, predict_logits
-
         self._need("classification")
-        items = self._pairs(inputs)
-        cfg = self.settings
-        features = encode_examples([Example(a, b, None, i + 1) for i, (a, b) in enumerate(items)], self.tokenizer,
-                                   cfg.max_seq_length, cfg.stride)
-        with self._running():
-            logits = predict_logits(self.model, features, self.batch_size, self.device)  # (N, C)
-        config = self.model.config
-        records = []
-        if config.num_labels == 1 or config.problem_type == "regression":
-            return [self._record(i, a, b, score=float(row[0])) for i, ((a, b), row) in enumerate(zip(items, logits))]
-        names = self.labels or []
-        multi = config.problem_type == "multi_label_classification"
-        probs = 1 / (1 + np.exp(-logits)) if multi else np.exp(logits - logits.max(1, keepdims=True))
-        if not multi:
-            probs /= probs.sum(1, keepdims=True)
-        for i, ((a, b), p) in enumerate(zip(items, probs)):
-            best = int(p.argmax())
-            fields: dict[str, Any] = {"label": names[best], "score": float(p[best])}
-            if multi:
-                fields["labels"] = [names[c] for c in np.flatnonzero(p > 0.5)]
-            records.append(self._record(i, a, b, **fields, probabilities=dict(zip(names, p.tolist()))))
-        return records
+        return self._predict_texts(self._texts(inputs, (1, 2), f"expected a text or a pair (a{SEPARATOR}b)"))
 
     def tag(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """A tag per word and the entities they make, with character offsets (`bertforge.tasks.tagging`:
         first-WordPiece tags, max-context windows, conlleval's chunks). Words are the tokenizer's
         (whitespace and punctuation split), as in CoNLL files."""
-        from bertforge.metrics import entity_spans
-        from bertforge.tasks.squad import _through_marks
-        from bertforge.tasks.tagging import Sentence, _by_sentence, _tag_names, encode_sentences, predict_tags, \
-            resolve_scheme
-
         self._need("tagging")
-        texts = [t[0] for t in self._texts(inputs, (1,), "tagging takes one text")]
-        enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_word_ids=True)
-        spans: list[list[tuple[int, int]]] = []  # per text: each word's characters
-        for text, offs, words in zip(texts, enc["offset_mapping"], enc["word_ids"]):
-            offs = _through_marks(text, np.array(offs, dtype=np.int64).reshape(-1, 2))
-            found: dict[int, list[int]] = {}
-            for (s, e), w in zip(offs.tolist(), words):
-                found.setdefault(w, [s, e])[1] = e
-            spans.append([(s, e) for s, e in found.values()])
-        sentences = [Sentence([text[s:e] for s, e in words], None, [i + 1] * len(words))
-                     for i, (text, words) in enumerate(zip(texts, spans))]
-        cfg = self.settings
-        features = encode_sentences(sentences, self.tokenizer, cfg.max_seq_length, cfg.stride)
-        with self._running():
-            ids = predict_tags(self.model, features, self.batch_size, self.device)
-        labels = self.labels or []
-        tags = _by_sentence(_tag_names(ids, dict(enumerate(labels))), features.word_offsets)
-        scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
-        records = []
-        for i, (text, words, seq) in enumerate(zip(texts, spans, tags)):
-            entities = [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
-                         "text": text[words[a][0]:words[b - 1][1]]}
-                        for kind, a, b in (entity_spans(seq, scheme) if scheme else [])]
-            records.append(self._record(i, text, None, entities=entities,
-                                        words=[{"text": text[s:e], "start": s, "end": e, "tag": t}
-                                               for (s, e), t in zip(words, seq)]))
-        return records
+        return self._predict_texts(self._texts(inputs, (1,), "tagging takes one text"))
 
     def answer(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """The answer span of each ``question ||| context`` (`bertforge.tasks.squad`: doc_stride windows,
         n-best over the windows, SQuAD 2.0's null score and threshold for task squad2)."""
-        from bertforge.tasks.squad import VERSIONS, Question, SquadData, encode_squad
-
         self._need("qa")
-        items = self._texts(inputs, (2,), f"expected a question and a context (question{SEPARATOR}context)")
-        cfg = self.settings
-        data = SquadData([c for _, c in items],
-                         [Question(str(i), q, i, (), -1, False, f"input {i}") for i, (q, _) in enumerate(items)],
-                         VERSIONS[cfg.task], [])
-        features = encode_squad(data, self.tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length)
-        with self._running():
-            predictions = self.family._predictions(self.model, data, features, cfg, self.device)
-        records = []
-        for i, ((q, c), p) in enumerate(zip(items, predictions)):
-            answered = p.text != ""
-            record = {"index": i, "question": q, "context": c, "answer": p.text,
-                      "start": p.start if answered else None, "end": p.end if answered else None,
-                      "score": p.probability, "no_answer": not answered}
-            if p.null_odds is not None:
-                record["null_odds"] = p.null_odds
-            records.append(record)
-        return records
+        return self._predict_texts(self._texts(inputs, (2,), f"expected a question and a context "
+                                                             f"(question{SEPARATOR}context)"))
 
     def choose(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """The most likely choice of each ``context ||| choice 1 ||| choice 2 ...`` (every input of a call
         with the same number of choices; `bertforge.tasks.multiple_choice`)."""
-        from bertforge.tasks.multiple_choice import ChoiceExample, choice_scores, encode_choices
-
         self._need("multiple-choice")
         items = self._texts(inputs, range(2, 1 << 31), f"expected a context and choices (context{SEPARATOR}"
                                                            f"choice{SEPARATOR}choice ...)")
         for i, t in enumerate(items):
             if len(t) != len(items[0]):
                 raise InputError(f"{len(t) - 1} choices where input 0 has {len(items[0]) - 1}", i)
-        features = encode_choices([ChoiceExample(t[0], t[1:], None, i + 1) for i, t in enumerate(items)],
-                                  self.tokenizer, self.settings.max_seq_length)
-        with self._running():
-            scores = choice_scores(self.model, features, self.batch_size, self.device)  # (N, C)
-        probs = np.exp(scores - scores.max(1, keepdims=True))
-        probs /= probs.sum(1, keepdims=True)
-        return [{"index": i, "context": t[0], "choices": list(t[1:]), "choice": int(p.argmax()),
-                 "text": t[1 + int(p.argmax())], "probabilities": p.tolist()}
-                for i, (t, p) in enumerate(zip(items, probs))]
+        return self._predict_texts(items)
 
     def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
         """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
         into windows, each token taken from the window where it has the most context
         (`bertforge.serving.features`)."""
-        from bertforge.serving.features import _encode, _run, _Spec
+        from bertforge.serving.features import embed
 
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
@@ -463,16 +394,9 @@ class Predictor:
         if pooling == "pooler" and (bert.pooler is None or any("pooler." in k for k in fresh)):
             raise InputError(f"{self.name or 'this checkpoint'} has no trained pooler (a "
                              f"{type(self.model).__name__}); use pooling mean or cls")
-        config = bert.config
-        spec = _Spec([config.num_hidden_layers], "concat", "cls" if pooling == "pooler" else pooling,
-                     self.max_seq_length, self.stride, self.batch_size, self.autocast, self.device, config.hidden_size)
-        out = np.zeros((len(items), config.hidden_size), dtype=np.float32)
-
-        def add(i: int, seq: np.ndarray, vector: np.ndarray) -> None:
-            out[i] = vector
-
-        _run(bert, _encode(self.tokenizer, items), spec, self.tokenizer.cls_token_id, self.tokenizer.sep_token_id,
-             add, progress=False)
+        out = embed(bert, self.tokenizer, items, pooling="cls" if pooling == "pooler" else pooling,
+                    max_seq_length=self.max_seq_length, stride=self.stride, batch_size=self.batch_size,
+                    precision=self.precision)
         if pooling == "pooler":
             with torch.inference_mode():
                 cls = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)

@@ -1,6 +1,8 @@
 """Fine-tuning tasks: how a task's files become examples, features, batches, losses, metrics and
-prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily`; the recipe that drives
-them through the shared loop is `bertforge.tasks.finetune`.
+prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily` and reads its settings from
+`bertforge.tasks.base.TaskSettings`; what the families share once their files are read (windows,
+batches, prediction over features) is `bertforge.tasks.encoding`. The recipe that drives them
+through the shared loop is `bertforge.tasks.finetune`, which no family imports.
 
     classification   single sentence or pair -> one label, or a score (regression); GLUE's files
     tagging          one tag per word (NER: ner; any tag set: tagging); CoNLL column files
@@ -8,7 +10,7 @@ them through the shared loop is `bertforge.tasks.finetune`.
     squad            extractive QA: a question and a context -> an answer span (or none); SQuAD v1.1 / v2.0 JSON
 """
 
-from bertforge.tasks.base import EvalData, EvalResult, FeatureBatches, ReadReport, TaskFamily, TrainData
+from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.classification import (
     GLUE_TASKS,
     ClassificationFamily,
@@ -20,6 +22,7 @@ from bertforge.tasks.classification import (
     glue_files,
     read_examples,
 )
+from bertforge.tasks.encoding import FeatureBatches, Windows
 from bertforge.tasks.multiple_choice import MultipleChoiceFamily
 from bertforge.tasks.squad import SquadFamily
 from bertforge.tasks.tagging import TaggingFamily
@@ -40,7 +43,7 @@ def family_for(task: str) -> TaskFamily:
     raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(task_names())}")
 
 
-__all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TrainData", "EvalData", "EvalResult",
-           "FeatureBatches", "ReadReport", "GLUE_TASKS", "ClassificationFamily", "ClassificationTask", "Example",
-           "Features", "GlueTask", "encode_examples", "glue_files", "read_examples", "TaggingFamily",
-           "MultipleChoiceFamily", "SquadFamily"]
+__all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TaskSettings", "TrainData", "EvalData",
+           "EvalResult", "FeatureBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily",
+           "ClassificationTask", "Example", "Features", "GlueTask", "encode_examples", "glue_files", "read_examples",
+           "TaggingFamily", "MultipleChoiceFamily", "SquadFamily"]

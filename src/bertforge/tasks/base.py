@@ -1,4 +1,5 @@
-"""What every fine-tuning task family shares, and the contract a family fulfils for the recipe.
+"""The contract between the fine-tuning recipe and a task family, the settings a family reads, and
+reading task files.
 
 A *family* (`TaskFamily`) is one of the paper's fine-tuning setups: sequence classification /
 regression, token tagging, extractive QA, multiple choice. `bertforge.tasks.finetune` drives any of them
@@ -13,12 +14,14 @@ through the shared loop the same way:
     result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, files
     records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
     text = family.format_predictions(records, out_path)            # the family's native prediction file
+    records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
 
-Features. A family's features are any object with ``len()``, ``lengths`` (tokens per item, to
-batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
-the training targets when the features have them). `FeatureBatches` turns them into the loop's
-resumable, rank-sliced, shuffled training batches; `predict_items` runs a model over them in
-length-sorted batches (split across processes when distributed).
+Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths and windows,
+SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it with the
+training loop's settings, so the recipe hands its config to the family as is.
+
+Features and batches (`bertforge.tasks.encoding`): a family's features are a `FeatureSet`;
+`FeatureBatches` makes the training batches and `predict_items` runs a model over them.
 
 Reading. `ReadReport` counts what a reader kept and skipped (with line numbers): nothing is dropped
 silently. `csv_rows` and `text_lines` read (possibly compressed) UTF-8 text with errors naming the
@@ -34,21 +37,68 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.loader import PretrainingLoader
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
+from bertforge.tasks.encoding import FeatureSet
 
-if TYPE_CHECKING:
-    from bertforge.tasks.finetune import FinetuneConfig
+__all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "file_format", "split_files",
+           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
 
-__all__ = ["ReadReport", "text_lines", "csv_rows", "jsonl_records", "file_format", "split_files", "window_starts",
-           "max_context_window", "FeatureSet", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults",
-           "FeatureBatches", "predict_items"]
+
+# ---------------------------------------------------------------------------- settings
+@dataclass
+class TaskSettings:
+    """What a task family reads: the task, its files and columns, how inputs become windows, and
+    what evaluation and prediction need (SQuAD's limits, the tag scheme, the batch size)."""
+
+    task: str = ""
+    """A GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli: its file layout, labels and metrics);
+    classification / regression (generic CSV / TSV / JSONL, with --text-column); ner (CoNLL-2003) / tagging
+    (token<TAB>tag); squad (v1.1) / squad2 (v2.0); swag / multiple_choice."""
+    train_file: str = ""
+    """Training file(s), separated by commas, or the task's folder (GLUE, SQuAD's official names, SWAG)."""
+    dev_file: str = ""
+    """Evaluation file(s), or the task's folder (GLUE: dev.tsv, MNLI: dev_matched.tsv and dev_mismatched.tsv)."""
+    text_column: str = ""
+    """Column (JSONL: key) of the text (default: the GLUE task's; multiple choice: of the context)."""
+    text_pair_column: str = ""
+    """Column of the second text of a pair (default: the GLUE task's; none for single sentences; multiple
+    choice: of the choices)."""
+    label_column: str = ""
+    """Column of the label (default: the GLUE task's, else "label")."""
+    max_seq_length: int = 0
+    """Tokens per sequence, [CLS] and [SEP] included; longer texts are cut into overlapping windows (0: the
+    task's default: 384 for SQuAD, 128 otherwise)."""
+    stride: int = 0
+    """Tokens between the starts of consecutive windows of a long text (0: the task's default: SQuAD's
+    doc_stride 128, half a window otherwise)."""
+    max_query_length: int = 64
+    """SQuAD: question tokens kept (longer questions are cut)."""
+    max_answer_length: int = 30
+    """SQuAD: longest answer span predicted, in WordPiece tokens."""
+    n_best_size: int = 20
+    """SQuAD: start and end candidates per window, and answers kept per question in nbest_predictions.json."""
+    null_score_diff_threshold: float = 0.0
+    """SQuAD 2.0: predict no answer when the null score exceeds the best span's by more than this."""
+    tag_column: int = -1
+    """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
+    tag_scheme: str = "auto"
+    """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
+    eval_batch_size: int = 64
+    """Sequences per forward pass at evaluation, per process."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first."""
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 0 or 0 < self.max_seq_length < 4 or self.stride < 0 or self.eval_batch_size < 1:
+            raise ValueError("max_seq_length must be >= 4 (or 0: the task's default), stride >= 0 and "
+                             "eval_batch_size >= 1")
+        if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
+            raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
 
 
 # ---------------------------------------------------------------------------- reading
@@ -152,41 +202,7 @@ def split_files(spec: str | Path) -> list[Path]:
     return [Path(part.strip()) for part in str(spec).split(",") if part.strip()]
 
 
-# ---------------------------------------------------------------------------- windows
-def window_starts(n: int, size: int, stride: int) -> list[int]:
-    """Starts of the windows of ``size`` over ``n`` tokens: every ``stride`` tokens until one reaches the end."""
-    starts = [0]
-    while starts[-1] + size < n:
-        starts.append(starts[-1] + stride)
-    return starts
-
-
-def max_context_window(starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """For each token position, the window (index into ``starts`` / ``lengths``) where it has the most
-    context: the TF release's SQuAD rule, score = min(tokens left of it, tokens right of it in the
-    window) + 0.01 * window length, the first window on a tie. (positions,) int64."""
-    starts = np.asarray(starts, dtype=np.int64)[:, None]
-    lengths = np.asarray(lengths, dtype=np.int64)[:, None]
-    p = np.asarray(positions, dtype=np.int64)[None, :]
-    left, right = p - starts, starts + lengths - 1 - p  # (windows, positions)
-    score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths, -np.inf)
-    return score.argmax(0)
-
-
 # ---------------------------------------------------------------------------- the contract
-class FeatureSet(Protocol):
-    """Model inputs of a task: items (windows, sequences or sets of choices) ready to batch."""
-
-    lengths: np.ndarray
-    """Tokens per item (the longest sequence of an item with several)."""
-
-    def __len__(self) -> int: ...
-
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Items -> tensors padded to the batch's longest (with the training targets, if any)."""
-        ...
-
-
 @dataclass
 class TrainData:
     """What a family reads from the training files."""
@@ -236,19 +252,19 @@ class TaskFamily(Protocol):
     model_class: type
     """The ``BertFor...`` head class (bertforge.model.heads)."""
     settings: tuple[str, ...]
-    """FinetuneConfig fields that evaluation and prediction must reuse (stored in the checkpoint's config.json)."""
+    """TaskSettings fields that evaluation and prediction must reuse (stored in the checkpoint's config.json)."""
 
-    def configure(self, cfg: FinetuneConfig) -> FinetuneConfig:
+    def configure(self, cfg: TaskSettings) -> TaskSettings:
         """``cfg`` with the family's defaults filled in (e.g. max_seq_length 0 -> its default)."""
         ...
 
-    def files(self, cfg: FinetuneConfig, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         """The files of ``split`` (train, dev, test) named by ``spec`` (comma-separated; a folder for GLUE)."""
         ...
 
-    def train_data(self, cfg: FinetuneConfig, tokenizer: Any) -> TrainData: ...
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData: ...
 
-    def eval_data(self, cfg: FinetuneConfig, tokenizer: Any, path: Path,
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path,
                   label2id: dict[str, int] | None) -> EvalData:
         """A labelled file; a label outside ``label2id`` is an error naming file and line."""
         ...
@@ -257,16 +273,24 @@ class TaskFamily(Protocol):
         """The `bertforge.train.loop.Task` (summed loss terms and statistics) for a model with ``config``."""
         ...
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: FinetuneConfig, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult: ...
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: FinetuneConfig, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """One JSON-able record per example of ``path`` (labels not needed)."""
         ...
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """The text of the family's native prediction file (GLUE TSV, CoNLL columns, SQuAD JSON)."""
+        ...
+
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
+                      device: torch.device | str) -> list[dict[str, Any]]:
+        """One JSON-able record per input of raw text, with its ``index`` and texts, in input order
+        (`bertforge.serving.predictor.Predictor`'s records). Each input is its texts: a text or a pair
+        (classification), a text (tagging), a question and a context (SQuAD), a context and its choices
+        (multiple choice: every input with as many)."""
         ...
 
 
@@ -276,75 +300,8 @@ class FamilyDefaults:
 
     default_max_seq_length = 128
 
-    def configure(self, cfg: FinetuneConfig) -> FinetuneConfig:
+    def configure(self, cfg: TaskSettings) -> TaskSettings:
         return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
 
-    def files(self, cfg: FinetuneConfig, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return split_files(spec)
-
-
-# ---------------------------------------------------------------------------- batches
-class _InMemory:
-    """Features seen as the one-shard dataset `PretrainingLoader` reads (an instance is its index)."""
-
-    config = {"dynamic_masking": False, "nsp": False, "max_predictions_per_seq": 0}
-
-    def __init__(self, features: FeatureSet, name: str):
-        self.features = features
-        self.folder = name
-        self.sizes = np.array([len(features)], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def shard(self, index: int) -> "_InMemory":
-        return self
-
-    def instance(self, index: int) -> int:
-        return index
-
-
-class FeatureBatches(PretrainingLoader):
-    """Training batches over features in memory, with `PretrainingLoader`'s order (seeded shuffle per
-    epoch), rank slices of every global batch (the last incomplete one is dropped) and exact resume
-    (``state_dict`` / ``load_state_dict``: epoch and position)."""
-
-    def __init__(self, features: FeatureSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 name: str = "training data"):
-        dataset: Any = _InMemory(features, name)
-        super().__init__(dataset, batch_size, seed=seed, rank=rank, world_size=world_size, pad_to_multiple_of=1)
-        self.features = features
-
-    def collate(self, instances: list) -> dict[str, torch.Tensor]:
-        return self.features.collate(instances)
-
-
-@torch.no_grad()
-def predict_items(model: nn.Module, features: FeatureSet, batch_size: int, device: torch.device | str,
-                  run: Callable[[nn.Module, dict[str, torch.Tensor], Sequence[int]], Sequence[Any]],
-                  dist: Any = None) -> list[Any]:
-    """``run(model, batch, indices)`` -> one output per item, over every item of ``features`` in
-    batches of similar length; the outputs in item order. With ``dist``, each process runs a part and
-    all get the whole (every process runs the same number of forward passes: a sharded model's
-    forward is collective)."""
-    rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
-    order = np.argsort(features.lengths, kind="stable")
-    parts = np.array_split(order, world)
-    mine = parts[rank]
-    outputs: list[Any] = []
-    for k in range(-(-len(parts[0]) // batch_size)):
-        idx = mine[k * batch_size:(k + 1) * batch_size]
-        real = len(idx) > 0
-        idx = idx if real else order[:1]
-        batch = {name: t.to(device) for name, t in features.collate(idx).items()}
-        got = run(model, batch, idx)
-        if real:
-            outputs.extend(got)
-    pairs = [(mine.tolist(), outputs)]
-    if world > 1:
-        pairs = dist.gather_objects(pairs[0])
-    result: list[Any] = [None] * len(features)
-    for idx, outs in pairs:
-        for i, o in zip(idx, outs):
-            result[i] = o
-    return result

@@ -37,11 +37,12 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, FeatureBatches, ReadReport, TrainData, csv_rows,
-                                  file_format, jsonl_records, predict_items, split_files, window_starts)
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
+                                  file_format, jsonl_records, split_files)
+from bertforge.tasks.encoding import Windows, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
-           "targets", "Features", "encode_examples", "FeatureBatches", "ClassificationTask", "predict_logits",
+           "targets", "Features", "encode_examples", "ClassificationTask", "predict_logits",
            "compute_metrics", "main_metric", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
@@ -231,57 +232,9 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
 
 
 # ---------------------------------------------------------------------------- features
-@dataclass
-class Features:
-    """Token ids of every window, and the example each window comes from."""
-
-    input_ids: list[np.ndarray]
-    num_a: np.ndarray
-    """Tokens of type 0 in each window: [CLS] A [SEP]."""
-    example: np.ndarray
-    num_examples: int
-    labels: np.ndarray | None = None
-    """One per window (its example's): class ids or scores."""
-    windowed: int = 0
-    """Examples longer than max_seq_length (cut into several windows)."""
-    cut_pairs: int = 0
-    """Pairs whose shorter segment exceeded half the room and was cut."""
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
-
-    def with_labels(self, per_example: np.ndarray) -> "Features":
-        self.labels = per_example[self.example]
-        return self
-
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Windows -> tensors padded to the longest of the batch."""
-        rows = [self.input_ids[i] for i in indices]
-        B, T = len(rows), max(len(r) for r in rows)
-        input_ids = np.zeros((B, T), dtype=np.int64)
-        attention_mask = np.zeros((B, T), dtype=np.int64)
-        token_type_ids = np.zeros((B, T), dtype=np.int64)
-        for i, (k, r) in enumerate(zip(indices, rows)):
-            input_ids[i, :len(r)] = r
-            attention_mask[i, :len(r)] = 1
-            token_type_ids[i, self.num_a[k]:len(r)] = 1
-        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
-                 "token_type_ids": torch.from_numpy(token_type_ids)}
-        if self.labels is not None:
-            batch["labels"] = torch.from_numpy(self.labels[np.asarray(indices)])
-        return batch
-
-    def summary(self) -> str:
-        text = f"{self.num_examples:,} examples -> {len(self):,} windows"
-        if self.windowed:
-            text += f" ({self.windowed:,} examples longer than one window)"
-        if self.cut_pairs:
-            text += f"; {self.cut_pairs:,} pairs had their shorter segment cut to half the room"
-        return text
+Features = Windows
+"""Classification's features: the windows of every example (`bertforge.tasks.encoding.Windows`),
+with one label per window (its example's) when training or evaluating."""
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length: int,
@@ -437,16 +390,16 @@ class ClassificationFamily(FamilyDefaults):
         glue = GLUE_TASKS.get(task)
         return glue.regression if glue else task == "regression"
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return [f for part in split_files(spec) for f in glue_files(cfg.task, part, split)]
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
+    def _read(cfg: TaskSettings, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
         return read_examples(path, cfg.task, text_column=cfg.text_column or None,
                              text_pair_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
                              require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
         examples = [e for _, got, _ in read for e in got]
         if not examples:
@@ -462,7 +415,7 @@ class ClassificationFamily(FamilyDefaults):
                                       "problem_type": "single_label_classification"})
         return TrainData(features, head, labels, [r for _, _, r in read], features.summary())
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         examples, report = self._read(cfg, path, True)
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
@@ -473,7 +426,7 @@ class ClassificationFamily(FamilyDefaults):
     def train_task(self, config: Any) -> ClassificationTask:
         return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         features, y = data.data
         logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
@@ -482,7 +435,7 @@ class ClassificationFamily(FamilyDefaults):
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
         return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1))
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
         line, the label name (regression: the score) and the logits averaged over its windows."""
@@ -501,3 +454,35 @@ class ClassificationFamily(FamilyDefaults):
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """GLUE's submission format: ``index <TAB> prediction``."""
         return "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
+
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
+                      device: torch.device | str) -> list[dict[str, Any]]:
+        """``{"index", "text", "text_pair" (pairs only), "label", "score", "probabilities"}`` per text or
+        pair: the best label, its probability and every label's (softmax over the logits averaged over
+        the input's windows). A multi-label head gives sigmoids and ``labels``, those above 0.5; a
+        regression head ``{"index", "text", ("text_pair"), "score"}``."""
+        pairs = [(t[0], t[1] if len(t) > 1 else None) for t in texts]
+        features = encode_examples([Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)], tokenizer,
+                                   cfg.max_seq_length, cfg.stride)
+        logits = predict_logits(model, features, cfg.eval_batch_size, device)  # (N, C)
+
+        def record(i: int, a: str, b: str | None, **fields: Any) -> dict[str, Any]:
+            return {"index": i, "text": a, **({"text_pair": b} if b is not None else {}), **fields}
+
+        config = model.config
+        if config.num_labels == 1 or config.problem_type == "regression":
+            return [record(i, a, b, score=float(row[0])) for i, ((a, b), row) in enumerate(zip(pairs, logits))]
+        id2label = config.id2label or {}
+        names = [id2label.get(i, str(i)) for i in range(config.num_labels)]
+        multi = config.problem_type == "multi_label_classification"
+        probs = 1 / (1 + np.exp(-logits)) if multi else np.exp(logits - logits.max(1, keepdims=True))
+        if not multi:
+            probs /= probs.sum(1, keepdims=True)
+        records = []
+        for i, ((a, b), p) in enumerate(zip(pairs, probs)):
+            best = int(p.argmax())
+            fields: dict[str, Any] = {"label": names[best], "score": float(p[best])}
+            if multi:
+                fields["labels"] = [names[c] for c in np.flatnonzero(p > 0.5)]
+            records.append(record(i, a, b, **fields, probabilities=dict(zip(names, p.tolist()))))
+        return records

@@ -19,7 +19,12 @@ The run folder: ``metrics.jsonl`` (train and eval lines), ``checkpoints/`` (resu
 ``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json``); both are
 checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2label`` /
 ``label2id`` where the task has labels and the settings evaluation and prediction reuse
-(``bertforge_finetune`` in config.json).
+(``bertforge_finetune`` in config.json). `load_finetuned` reads such a folder back with its task
+family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
+
+Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
+training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
+The task families never import this module; it drives them.
 """
 
 from __future__ import annotations
@@ -37,22 +42,27 @@ from torch import nn
 
 from bertforge.model.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
-from bertforge.tasks.base import EvalData, FeatureBatches, ReadReport, TaskFamily, TrainData
+from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
+from bertforge.tasks.encoding import FeatureBatches
 from bertforge.train.loop import TrainConfig, TrainResult, Trainer, resume_point
+from bertforge.train.precision import autocast, resolve_precision
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
-           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS"]
+           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "SETTINGS_KEY", "FinetunedModel",
+           "load_finetuned"]
 
 logger = logging.getLogger("bertforge")
 
-SETTINGS_KEY = "bertforge_finetune"  # config.json entry holding the settings predictions need
+SETTINGS_KEY = "bertforge_finetune"
+"""The config.json entry holding the settings evaluation and prediction reuse (the family's `settings`)."""
 BEST_DIR = "best"
 BEST_METRICS = "eval_metrics.json"
 
 
 @dataclass
-class FinetuneConfig(TrainConfig):
-    """A fine-tuning run: the loop's settings with the paper's fine-tuning defaults, plus task and data."""
+class FinetuneConfig(TaskSettings, TrainConfig):
+    """A fine-tuning run: the loop's settings with the paper's fine-tuning defaults, the task's settings
+    (`bertforge.tasks.base.TaskSettings`, what the task family reads), and the run's model and folder."""
 
     batch_size: int = 32
     """Global batch: sequences (windows) per optimizer step over all processes and accumulation steps."""
@@ -68,57 +78,20 @@ class FinetuneConfig(TrainConfig):
     """Keep the last this many checkpoints (0: keep all)."""
     eval_every: int = 0
     """Evaluate on --dev-file every this many steps (0: at the end of every epoch)."""
-    task: str = ""
-    """A GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli: its file layout, labels and metrics);
-    classification / regression (generic CSV / TSV / JSONL, with --text-column); ner (CoNLL-2003) / tagging
-    (token<TAB>tag); squad (v1.1) / squad2 (v2.0); swag / multiple_choice."""
     model: str = ""
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
-    train_file: str = ""
-    """Training file(s), separated by commas, or the task's folder (GLUE, SQuAD's official names, SWAG)."""
-    dev_file: str = ""
-    """Evaluation file(s), or the task's folder (GLUE: dev.tsv, MNLI: dev_matched.tsv and dev_mismatched.tsv)."""
     out: str = "runs/finetune"
     """Run folder: metrics.jsonl, checkpoints/, model/ (final) and best/ (best on dev)."""
-    text_column: str = ""
-    """Column (JSONL: key) of the text (default: the GLUE task's; multiple choice: of the context)."""
-    text_pair_column: str = ""
-    """Column of the second text of a pair (default: the GLUE task's; none for single sentences; multiple
-    choice: of the choices)."""
-    label_column: str = ""
-    """Column of the label (default: the GLUE task's, else "label")."""
     epochs: float = 3.0
     """Passes over the training data when --max-steps is 0 (the paper searched 2, 3, 4)."""
-    max_seq_length: int = 0
-    """Tokens per sequence, [CLS] and [SEP] included; longer texts are cut into overlapping windows (0: the
-    task's default: 384 for SQuAD, 128 otherwise)."""
-    stride: int = 0
-    """Tokens between the starts of consecutive windows of a long text (0: the task's default: SQuAD's
-    doc_stride 128, half a window otherwise)."""
-    max_query_length: int = 64
-    """SQuAD: question tokens kept (longer questions are cut)."""
-    max_answer_length: int = 30
-    """SQuAD: longest answer span predicted, in WordPiece tokens."""
-    n_best_size: int = 20
-    """SQuAD: start and end candidates per window, and answers kept per question in nbest_predictions.json."""
-    null_score_diff_threshold: float = 0.0
-    """SQuAD 2.0: predict no answer when the null score exceeds the best span's by more than this."""
-    tag_column: int = -1
-    """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
-    tag_scheme: str = "auto"
-    """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
     dropout: float | None = None
     """Dropout on hidden states and attention probabilities (None: the checkpoint's, 0.1 in published BERTs);
     e.g. 0.1 for a checkpoint pre-trained without dropout."""
-    eval_batch_size: int = 64
-    """Sequences per forward pass at evaluation, per process."""
     keep_best: bool = True
     """Keep the model that scores best on the dev set in OUT/best/."""
     metric_for_best: str = ""
     """Metric that decides the best model (default: the task's main one: MCC for CoLA, Pearson for STS-B, F1
     for MRPC / QQP / NER / SQuAD, accuracy otherwise; with several dev files, the first file's)."""
-    skip_bad_rows: bool = False
-    """Skip (and count) malformed rows instead of stopping at the first."""
     grid: str = ""
     """Run a grid and keep the best on dev: "paper" (lr 5e-5, 3e-5, 2e-5 x batch 16, 32 x epochs 2, 3, 4) or a
     subset such as "lr=5e-5,3e-5 batch_size=32 epochs=2,3" (unnamed settings: the run's)."""
@@ -129,17 +102,14 @@ class FinetuneConfig(TrainConfig):
         auto_steps = self.max_steps == 0
         if auto_steps:
             self.max_steps = 1  # set from --epochs once the data is read (`finetune`)
-        super().__post_init__()
+        TrainConfig.__post_init__(self)
         if auto_steps:
             self.max_steps = 0
         if self.task and self.task not in task_names():
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
-        if (self.epochs <= 0 or self.max_seq_length < 0 or 0 < self.max_seq_length < 4 or self.stride < 0
-                or self.eval_batch_size < 1):
-            raise ValueError("epochs must be > 0, max_seq_length >= 4 (or 0: the task's default), stride >= 0 and "
-                             "eval_batch_size >= 1")
-        if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
-            raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
+        TaskSettings.__post_init__(self)
+        if self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.grid:
@@ -333,16 +303,16 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        print(f"finetune: {cfg.task}{kind}; train {train.summary}; "
-              + "; ".join(f"dev {d.path.name} {d.summary}" for d in dev)
-              + f"; {cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch) on {dist.device}")
+        logger.info("finetune: %s%s; train %s; %s; %d steps of %d (%d per epoch) on %s", cfg.task, kind, train.summary,
+                    "; ".join(f"dev {d.path.name} {d.summary}" for d in dev), cfg.max_steps, cfg.batch_size,
+                    steps_per_epoch, dist.device)
         for r in reports:
             if r.num_skipped:
-                print(f"finetune: {r.summary()}")
+                logger.info("finetune: %s", r.summary())
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model")
     if dist.is_main and best is not None:
-        print(f"finetune: best {best['metric']} {best['value']:.4f} at step {best['step']} -> {best_dir}")
+        logger.info("finetune: best %s %.4f at step %d -> %s", best["metric"], best["value"], best["step"], best_dir)
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
     return FinetuneResult(train=result, model_dir=out / "model", best_dir=best_dir if best else None, best=best,
                           eval_metrics=result.eval_metrics, reports=reports)
@@ -388,7 +358,7 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     import time
 
     from bertforge.train.distributed import setup
-    from bertforge.io import atomic_write_text, replace_dir
+    from bertforge.io import atomic_dir, atomic_write_text
     from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
@@ -412,8 +382,8 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
         run = dataclasses.replace(single, lr=lr, batch_size=batch_size, epochs=epochs, out=str(folder),
                                   resume=cfg.resume and latest_checkpoint(folder) is not None)
         if dist.is_main:
-            print(f"finetune grid: run {len(rows) + 1} of {math.prod(len(v) for v in values)}: "
-                  f"lr {lr:g}, batch {batch_size}, epochs {epochs:g} -> {folder}")
+            logger.info("finetune grid: run %d of %d: lr %g, batch %d, epochs %g -> %s", len(rows) + 1,
+                        math.prod(len(v) for v in values), lr, batch_size, epochs, folder)
         start = time.perf_counter()
         result = finetune(run, data)
         if result.train.stopped_early:
@@ -433,13 +403,11 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     if dist.is_main:
         atomic_write_text(out / GRID_TABLE, _grid_table(rows))
         if winner is not None and best_dir is not None:
-            tmp = out / f".{BEST_DIR}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp)
-            replace_dir(tmp, best_dir)
-            print(_grid_table(rows), end="")
-            print(f"finetune grid: best {winner['metric']} {winner['value']:.4f}: lr {winner['lr']:g}, batch "
-                  f"{winner['batch_size']}, epochs {winner['epochs']:g} -> {best_dir}")
+            with atomic_dir(best_dir) as tmp:
+                shutil.copytree(Path(winner["folder"]) / BEST_DIR, tmp, dirs_exist_ok=True)
+            logger.info("%s", _grid_table(rows).rstrip("\n"))
+            logger.info("finetune grid: best %s %.4f: lr %g, batch %d, epochs %g -> %s", winner["metric"],
+                        winner["value"], winner["lr"], winner["batch_size"], winner["epochs"], best_dir)
     dist.barrier()
     return GridResult(runs=rows, best=winner, best_dir=best_dir, stopped_early=stopped)
 
@@ -448,7 +416,8 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
 INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "stride",
                   "max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold", "tag_column",
                   "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
-"""FinetuneConfig fields `evaluate` and `predict` accept; unset ones are the checkpoint's fine-tuning settings."""
+"""FinetuneConfig fields `evaluate`, `predict` and `load_finetuned` accept; unset ones are the checkpoint's
+fine-tuning settings."""
 
 # The task of a checkpoint fine-tuned elsewhere (no bertforge settings in its config.json), by its head.
 # (SQuAD v1.1 and v2.0 predict differently: a QA checkpoint without settings needs --task.)
@@ -456,14 +425,29 @@ _HEAD_TASKS = {"BertForSequenceClassification": "classification", "BertForTokenC
                "BertForMultipleChoice": "swag"}
 
 
-def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
-                    ) -> tuple[TaskFamily, nn.Module, Any, FinetuneConfig, torch.device]:
-    """The checkpoint's family, model (on its device, in eval mode), tokenizer and settings (``overrides`` win)."""
+@dataclass
+class FinetunedModel:
+    """A fine-tuned checkpoint loaded for evaluation or prediction (`load_finetuned`)."""
+
+    family: TaskFamily
+    model: nn.Module
+    """On ``device``, in eval mode."""
+    tokenizer: Any
+    settings: FinetuneConfig
+    """The settings it was fine-tuned with (`INPUT_SETTINGS` of them), those given instead where given, and
+    the family's defaults for what neither sets."""
+    device: torch.device
+
+
+def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
+    """A fine-tuned checkpoint folder (a run's ``best/`` or ``model/``, or a checkpoint fine-tuned
+    elsewhere) with its task family, tokenizer and settings. ``settings``: any of `INPUT_SETTINGS`
+    (None: unset); they override the checkpoint's."""
     from bertforge.model.heads import infer_model_class
     from bertforge.train.distributed import setup
     from bertforge.text.tokenizer import BertTokenizer
 
-    unknown = sorted(set(overrides) - set(INPUT_SETTINGS))
+    unknown = sorted(set(settings) - set(INPUT_SETTINGS))
     if unknown:
         raise TypeError(f"unknown settings: {', '.join(unknown)} (known: {', '.join(INPUT_SETTINGS)})")
     model_class = infer_model_class(checkpoint)
@@ -472,7 +456,7 @@ def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
         raise ValueError(f"{checkpoint}: not a fine-tuned model (no weights for "
                          f"{', '.join(model.load_report.newly_initialized)})")
     saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
-    given = {k: v for k, v in overrides.items() if v is not None}
+    given = {k: v for k, v in settings.items() if v is not None}
     task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
     if not task:
         raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task (--task squad "
@@ -488,7 +472,7 @@ def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
                                              **given, "task": task}))
     device = setup(cfg.device).device
     model.to(device).eval()
-    return family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device
+    return FinetunedModel(family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device)
 
 
 def _label2id(model: nn.Module) -> dict[str, int] | None:
@@ -499,16 +483,18 @@ def _label2id(model: nn.Module) -> dict[str, int] | None:
     return config.label2id or {str(i): i for i in range(config.num_labels)}
 
 
-def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None = None,
+def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None = None, precision: str = "fp32",
              **settings: Any) -> dict[str, float]:
     """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
 
     ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, stride, SQuAD's limits, ...);
     unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the task's
-    prediction files (SQuAD: predictions.json, nbest_predictions.json, null_odds.json)."""
-    family, model, tok, cfg, device = _load_finetuned(checkpoint, settings)
-    data = [family.eval_data(cfg, tok, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
-    with torch.no_grad():
+    prediction files (SQuAD: predictions.json, nbest_predictions.json, null_odds.json). ``precision``:
+    the model's autocast (`bertforge.train.precision.PRECISIONS`: auto, fp32, bf16, fp16)."""
+    ft = load_finetuned(checkpoint, **settings)
+    family, model, cfg, device = ft.family, ft.model, ft.settings, ft.device
+    data = [family.eval_data(cfg, ft.tokenizer, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
+    with torch.no_grad(), autocast(resolve_precision(precision, device), device):
         metrics, _, files = _evaluate_all(family, model, data, cfg, device)
     if out is not None:
         from bertforge.io import atomic_write_text
@@ -519,19 +505,21 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     return metrics
 
 
-def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None,
+def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None, *, precision: str = "fp32",
             **settings: Any) -> list[dict[str, Any]]:
     """Predictions of a fine-tuned checkpoint for every example of ``file`` (labels not needed): one
     JSON-able record per example (the family's: label and scores, tags, answer, choice).
 
     ``out``: ``.jsonl`` writes the records, anything else the task's own format (GLUE's
-    ``index <TAB> prediction`` TSV, CoNLL columns, SQuAD's predictions.json). ``settings``: as `evaluate`."""
-    family, model, tok, cfg, device = _load_finetuned(checkpoint, settings)
+    ``index <TAB> prediction`` TSV, CoNLL columns, SQuAD's predictions.json). ``settings`` and
+    ``precision``: as `evaluate`."""
+    ft = load_finetuned(checkpoint, **settings)
+    family, cfg, device = ft.family, ft.settings, ft.device
     files = family.files(cfg, str(file), "test")
     if len(files) != 1:
         raise ValueError(f"{file}: holds {len(files)} test files; name one")
-    with torch.no_grad():
-        records = family.predict(model, tok, cfg, files[0], device)
+    with torch.no_grad(), autocast(resolve_precision(precision, device), device):
+        records = family.predict(ft.model, ft.tokenizer, cfg, files[0], device)
     if out is not None:
         from bertforge.io import atomic_write_text
 

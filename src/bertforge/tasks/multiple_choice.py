@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, csv_rows, file_format,
-                                  jsonl_records, predict_items, split_files)
-from bertforge.tasks.classification import ClassificationTask, Features
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
+                                  file_format, jsonl_records, split_files)
+from bertforge.tasks.encoding import Windows, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
            "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "MultipleChoiceFamily"]
@@ -222,7 +222,7 @@ def longest_first(n_a: int, n_b: int, room: int) -> tuple[int, int]:
 class ChoiceFeatures:
     """The C sequences of every example; items (for batching, lengths) are examples."""
 
-    sequences: Features
+    sequences: Windows
     """``[CLS] context [SEP] choice [SEP]`` of every (example, choice): example i's choice k is
     sequence ``i * C + k`` (its ``example`` is i)."""
     num_choices: int
@@ -286,18 +286,18 @@ def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_le
         ids.append(np.array([cls, *a[:n_a], sep, *b[:n_b], sep], dtype=np.int64))
         num_a[j], cut[j] = n_a + 2, n_a + n_b < len(a) + len(b)
     example = np.repeat(np.arange(len(examples), dtype=np.int64), C)
-    return ChoiceFeatures(Features(ids, num_a, example, len(examples)), C, max_seq_length,
+    return ChoiceFeatures(Windows(ids, num_a, example, len(examples)), C, max_seq_length,
                           cut_pairs=int(cut.sum()), cut_examples=int(cut.reshape(-1, C).any(axis=1).sum()) if C else 0)
 
 
 # ---------------------------------------------------------------------------- the task
-class MultipleChoiceTask(ClassificationTask):
-    """Summed cross-entropy of the softmax over each example's choices; accuracy (counts and
-    metrics are classification's, over examples)."""
+class MultipleChoiceTask:
+    """Summed cross-entropy of the softmax over each example's choices; accuracy over examples."""
 
-    def __init__(self) -> None:
-        super().__init__(regression=False)
-        self.term = "multiple_choice"
+    term = "multiple_choice"
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return {self.term: float(batch["labels"].shape[0])}
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -305,6 +305,10 @@ class MultipleChoiceTask(ClassificationTask):
         labels = batch["labels"]
         loss = losses.multiple_choice_loss(logits, labels, reduction="sum")
         return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
+                stats: dict[str, float]) -> dict[str, float]:
+        return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
 def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, device: torch.device | str = "cpu",
@@ -334,7 +338,7 @@ class MultipleChoiceFamily(FamilyDefaults):
 
         return BertForMultipleChoice
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         """The files named (comma-separated); a SWAG folder gives its train.csv, val.csv or test.csv."""
         files = []
         for path in split_files(spec):
@@ -346,14 +350,14 @@ class MultipleChoiceFamily(FamilyDefaults):
         return files
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_labels: bool, num_choices: int = 0
+    def _read(cfg: TaskSettings, path: Path, require_labels: bool, num_choices: int = 0
               ) -> tuple[list[ChoiceExample], ReadReport]:
         return read_choices(path, cfg.task, context_column=cfg.text_column or None,
                             choices_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
                             require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows, num_choices=num_choices)
 
     @staticmethod
-    def _encode(cfg: Any, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
+    def _encode(cfg: TaskSettings, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
         features = encode_choices(examples, tokenizer, cfg.max_seq_length)
         if examples and examples[0].label is not None:
             features.with_labels(np.array([e.label for e in examples], dtype=np.int64))
@@ -361,7 +365,7 @@ class MultipleChoiceFamily(FamilyDefaults):
             logger.warning("%s: %s", what, features.summary())
         return features
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         examples: list[ChoiceExample] = []
         reports = []
         for path in self.files(cfg, cfg.train_file, "train"):
@@ -373,7 +377,7 @@ class MultipleChoiceFamily(FamilyDefaults):
         features = self._encode(cfg, tokenizer, examples, cfg.train_file)
         return TrainData(features, {}, None, reports, features.summary())
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         """A labelled file (``label2id`` is not used: labels are choice indexes)."""
         examples, report = self._read(cfg, path, True)
         if not examples:
@@ -384,7 +388,7 @@ class MultipleChoiceFamily(FamilyDefaults):
     def train_task(self, config: Any) -> MultipleChoiceTask:
         return MultipleChoiceTask()
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         from bertforge import metrics
 
@@ -392,7 +396,7 @@ class MultipleChoiceFamily(FamilyDefaults):
         scores = choice_scores(model, features, cfg.eval_batch_size, device, dist)
         return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy")
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
         its line, the index of the chosen choice and every choice's score (logit)."""
@@ -406,3 +410,17 @@ class MultipleChoiceFamily(FamilyDefaults):
         """``index,prediction`` lines: comma-separated for a .csv file, else tab-separated."""
         sep = "," if ".csv" in [s.lower() for s in out.suffixes] else "\t"
         return f"index{sep}prediction\n" + "".join(f"{r['index']}{sep}{r['prediction']}\n" for r in records)
+
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
+                      device: torch.device | str) -> list[dict[str, Any]]:
+        """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, choice 1,
+        choice 2, ...): the index and text of the most likely choice and every choice's probability
+        (softmax over the choices' scores). Every input has the same number of choices."""
+        features = encode_choices([ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)],
+                                  tokenizer, cfg.max_seq_length)
+        scores = choice_scores(model, features, cfg.eval_batch_size, device)  # (N, C)
+        probs = np.exp(scores - scores.max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        return [{"index": i, "context": t[0], "choices": list(t[1:]), "choice": int(p.argmax()),
+                 "text": t[1 + int(p.argmax())], "probabilities": p.tolist()}
+                for i, (t, p) in enumerate(zip(texts, probs))]

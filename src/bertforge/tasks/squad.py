@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +64,8 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TrainData, max_context_window, predict_items,
-                                  split_files, text_lines, window_starts)
-from bertforge.tasks.classification import Features
+from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskSettings, TrainData, split_files, text_lines
+from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
            "encode_squad", "SpanTask", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
@@ -260,7 +258,7 @@ def squad_files(spec: str, task: str, split: str) -> list[Path]:
 
 # ---------------------------------------------------------------------------- features
 @dataclass
-class SquadFeatures(Features):
+class SquadFeatures(Windows):
     """Windows ``[CLS] question [SEP] context part [SEP]`` (``num_a``: the tokens up to the first
     [SEP]); ``example`` is the question's index, and a question's windows are consecutive."""
 
@@ -306,21 +304,6 @@ class SquadFeatures(Features):
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _through_marks(context: str, offsets: np.ndarray) -> np.ndarray:
-    """Token character ranges extended over the combining marks that follow them (up to the next
-    token): accent stripping drops a decomposed accent ("Cafe\u0301") from the token's range, but it
-    is part of the word an answer must return."""
-    if len(offsets) == 0:
-        return offsets
-    next_start = np.append(offsets[1:, 0], len(context))
-    for t in np.flatnonzero(offsets[:, 1] < next_start):  # tokens followed by characters of no token
-        end = offsets[t, 1]
-        while end < next_start[t] and unicodedata.category(context[end]) in ("Mn", "Me"):
-            end += 1
-        offsets[t, 1] = end
-    return offsets
-
-
 def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
                  targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
     """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
@@ -339,7 +322,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         enc = tokenizer([data.contexts[p] for p in used], add_special_tokens=False, return_offsets_mapping=True)
         for p, row, offs in zip(used, enc["input_ids"], enc["offset_mapping"]):
             ids[p] = np.array(row, dtype=np.int64)
-            offsets[p] = _through_marks(data.contexts[p], np.array(offs, dtype=np.int64).reshape(-1, 2))
+            offsets[p] = offsets_through_marks(data.contexts[p], np.array(offs, dtype=np.int64).reshape(-1, 2))
     query_ids = tokenizer.encode_batch_ids([q.text for q in questions])
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
@@ -632,7 +615,7 @@ class SquadFamily:
 
         return BertForQuestionAnswering
 
-    def configure(self, cfg: Any) -> Any:
+    def configure(self, cfg: TaskSettings) -> TaskSettings:
         cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                   stride=cfg.stride or self.default_stride)
         if cfg.max_seq_length <= cfg.max_query_length + 3:
@@ -640,11 +623,11 @@ class SquadFamily:
                              f"({cfg.max_query_length}) + 3")
         return cfg
 
-    def files(self, cfg: Any, spec: str, split: str) -> list[Path]:
+    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return squad_files(spec, cfg.task, split)
 
-    def _encode(self, cfg: Any, tokenizer: Any, paths: Sequence[Path], mode: Literal["train", "eval", "predict"]
-                ) -> tuple[SquadData, SquadFeatures]:
+    def _encode(self, cfg: TaskSettings, tokenizer: Any, paths: Sequence[Path],
+                mode: Literal["train", "eval", "predict"]) -> tuple[SquadData, SquadFeatures]:
         parts = [read_squad(p, VERSIONS[cfg.task], mode=mode, skip_bad_rows=cfg.skip_bad_rows) for p in paths]
         data = SquadData.join(parts)
         if not data.questions:
@@ -653,27 +636,27 @@ class SquadFamily:
                                 targets=mode == "train", skip_bad_rows=cfg.skip_bad_rows)
         return data, features
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         data, features = self._encode(cfg, tokenizer, self.files(cfg, cfg.train_file, "train"), "train")
         impossible = sum(q.is_impossible for q in data.questions)
         summary = features.summary() + (f"; {impossible:,} questions unanswerable" if impossible else "")
         return TrainData(features, {}, None, list(data.reports), summary)
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         data, features = self._encode(cfg, tokenizer, [path], "eval")
         return EvalData(path, _EvalSet(data, features), data.reports[0], features.summary())
 
     def train_task(self, config: Any) -> SpanTask:
         return SpanTask()
 
-    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: Any,
+    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: TaskSettings,
                      device: torch.device | str, dist: Any = None) -> list[Prediction]:
         scores = predict_scores(model, features, cfg.n_best_size, cfg.eval_batch_size, device, dist)
         return postprocess(data, features, scores, n_best_size=cfg.n_best_size,
                            max_answer_length=cfg.max_answer_length,
                            null_score_diff_threshold=cfg.null_score_diff_threshold)
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
         prediction files."""
@@ -682,7 +665,7 @@ class SquadFamily:
         metrics = _score(got.data, predictions, cfg.null_score_diff_threshold)
         return EvalResult(metrics, "f1", prediction_files(predictions, got.data.version))
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"id", "answer", "start", "end", "score", "no_answer"}`` per question (``start`` / ``end``:
         the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
@@ -701,3 +684,25 @@ class SquadFamily:
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """SQuAD's predictions.json: ``{question id: answer}``."""
         return json.dumps({r["id"]: r["answer"] for r in records}, indent=4, ensure_ascii=False) + "\n"
+
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
+                      device: torch.device | str) -> list[dict[str, Any]]:
+        """``{"index", "question", "context", "answer", "start", "end", "score", "no_answer"}`` per
+        (question, context): the answer's characters in the context (end exclusive; None for no answer)
+        and its n-best probability, plus ``null_odds`` for SQuAD 2.0 (task squad2, which may answer
+        nothing)."""
+        items = [(t[0], t[1]) for t in texts]
+        data = SquadData([c for _, c in items],
+                         [Question(str(i), q, i, (), -1, False, f"input {i}") for i, (q, _) in enumerate(items)],
+                         VERSIONS[cfg.task], [])
+        features = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length)
+        records = []
+        for i, ((q, c), p) in enumerate(zip(items, self._predictions(model, data, features, cfg, device))):
+            answered = p.text != ""
+            record = {"index": i, "question": q, "context": c, "answer": p.text,
+                      "start": p.start if answered else None, "end": p.end if answered else None,
+                      "score": p.probability, "no_answer": not answered}
+            if p.null_odds is not None:
+                record["null_odds"] = p.null_odds
+            records.append(record)
+        return records

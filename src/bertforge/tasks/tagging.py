@@ -33,7 +33,7 @@ Long sentences: windows and the max-context rule, never truncation. A sentence o
 ``stride`` sub-tokens (0: half a window) until one reaches the end, as classification cuts texts.
 Each word belongs to exactly one window: of the windows holding its first sub-token, the one where
 that sub-token has the most context, min(sub-tokens left of it, sub-tokens right of it) within the
-window plus 0.01 x the window's length (the TF release's SQuAD rule, `base.max_context_window`),
+window plus 0.01 x the window's length (the TF release's SQuAD rule, `encoding.max_context_window`),
 ties going to the earlier window. The word is labelled and
 predicted in that window only (elsewhere it carries -100), so every word is trained on once and
 gets exactly one prediction.
@@ -54,9 +54,8 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TrainData, max_context_window,
-                                  predict_items, window_starts)
-from bertforge.tasks.classification import Features as Windows
+from bertforge.tasks.base import EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData
+from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
            "encode_sentences", "TaggingTask", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
@@ -446,11 +445,11 @@ class TaggingFamily(FamilyDefaults):
         return BertForTokenClassification
 
     @staticmethod
-    def _read(cfg: Any, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
+    def _read(cfg: TaskSettings, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
         return read_sentences(path, tag_column=cfg.tag_column, require_tags=require_tags,
                               skip_bad_rows=cfg.skip_bad_rows)
 
-    def train_data(self, cfg: Any, tokenizer: Any) -> TrainData:
+    def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
         sentences = [s for _, got, _ in read for s in got]
         if not sentences:
@@ -465,7 +464,7 @@ class TaggingFamily(FamilyDefaults):
         summary = f"{features.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
         return TrainData(features, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
 
-    def eval_data(self, cfg: Any, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
+    def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         sentences, report = self._read(cfg, path, True)
         if not sentences:
             raise ValueError(f"{report.summary()}: no tagged sentences")
@@ -477,7 +476,7 @@ class TaggingFamily(FamilyDefaults):
     def train_task(self, config: Any) -> TaggingTask:
         return TaggingTask()
 
-    def evaluate(self, model: nn.Module, data: EvalData, cfg: Any, device: torch.device,
+    def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         features, sentences = data.data
         labels = _model_labels(model)
@@ -489,7 +488,7 @@ class TaggingFamily(FamilyDefaults):
         text = conll_text([list(zip(s.tokens, s.tags, p)) for s, p in zip(sentences, pred)])
         return EvalResult(metrics, "f1" if scheme else "accuracy", {"predictions.conll": text})
 
-    def predict(self, model: nn.Module, tokenizer: Any, cfg: Any, path: Path,
+    def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """``{"index", "line", "tokens", "tags", "entities"}`` per sentence: its position in the file (from
         0), its first line, its words, their predicted tags and the entities they make, each
@@ -511,3 +510,35 @@ class TaggingFamily(FamilyDefaults):
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """CoNLL columns ``token pred``, a blank line between sentences."""
         return conll_text([list(zip(r["tokens"], r["tags"])) for r in records])
+
+    def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
+                      device: torch.device | str) -> list[dict[str, Any]]:
+        """``{"index", "text", "words", "entities"}`` per text: its words (the tokenizer's: whitespace and
+        punctuation split, as in CoNLL files), each ``{"text", "start", "end", "tag"}``, and the entities
+        their tags make, ``{"type", "start", "end", "text"}``; offsets are characters of the text (end
+        exclusive), a word's range reaching over the combining marks that follow it."""
+        texts = [t[0] for t in texts]
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_word_ids=True)
+        spans: list[list[tuple[int, int]]] = []  # per text: each word's characters
+        for text, offs, words in zip(texts, enc["offset_mapping"], enc["word_ids"]):
+            offs = offsets_through_marks(text, np.array(offs, dtype=np.int64).reshape(-1, 2))
+            found: dict[int, list[int]] = {}
+            for (s, e), w in zip(offs.tolist(), words):
+                found.setdefault(w, [s, e])[1] = e
+            spans.append([(s, e) for s, e in found.values()])
+        sentences = [Sentence([text[s:e] for s, e in words], None, [i + 1] * len(words))
+                     for i, (text, words) in enumerate(zip(texts, spans))]
+        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+        labels = _model_labels(model)
+        tags = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
+                                       dict(enumerate(labels))), features.word_offsets)
+        scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
+        records = []
+        for i, (text, words, seq) in enumerate(zip(texts, spans, tags)):
+            entities = [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
+                         "text": text[words[a][0]:words[b - 1][1]]}
+                        for kind, a, b in (entity_spans(seq, scheme) if scheme else [])]
+            records.append({"index": i, "text": text, "entities": entities,
+                            "words": [{"text": text[s:e], "start": s, "end": e, "tag": t}
+                                      for (s, e), t in zip(words, seq)]})
+        return records

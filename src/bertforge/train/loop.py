@@ -16,9 +16,9 @@ Checkpoints. ``OUT/checkpoints/step-NNNNNNNN/`` is a normal checkpoint folder (c
 model.safetensors, tokenizer files) plus ``trainer_state.pt`` (optimizer, schedule, step, every
 process's random-generator states, the batch source's position; read back with
 ``torch.load(weights_only=True)``) and ``trainer_state.json`` (the same facts, readable). A folder
-is written under a temporary name and renamed when complete, so a crash or ``kill -9`` at any
-moment leaves every earlier checkpoint intact; only then are checkpoints beyond the last
-``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
+is written under a temporary name and renamed when complete (`bertforge.io.atomic_dir`), so a crash
+or ``kill -9`` at any moment leaves every earlier checkpoint intact; only then are checkpoints
+beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import random
 import re
 import shutil
@@ -44,8 +43,8 @@ import torch
 from torch import nn
 
 from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
-from bertforge.train.precision import native_bf16
-from bertforge.io import atomic_write_text, replace_dir
+from bertforge.io import atomic_dir, atomic_write_text
+from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
 from bertforge.train.optim import build_optimizer, build_schedule
 
 __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
@@ -53,7 +52,6 @@ __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint",
 
 logger = logging.getLogger("bertforge")
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTS_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 STATE_PT = "trainer_state.pt"
@@ -98,7 +96,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
     precision: str = "fp32"
-    """fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA)."""
+    """fp32, bf16 (autocast; CPU and CUDA), fp16 (autocast with a gradient scaler; CUDA), or auto (bf16 where
+    the device computes it natively, else fp32)."""
     compile: bool = False
     """Run the model through torch.compile."""
     device: str = "auto"
@@ -121,8 +120,7 @@ class TrainConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_precision(self.precision)
         for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -335,15 +333,8 @@ class Trainer:
         self.train_model = torch.compile(wrapped) if config.compile else wrapped
         self.ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
 
-        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
-        if config.precision == "fp16" and self.device.type != "cuda":
-            raise ValueError("precision fp16 needs a CUDA device (its gradient scaler); on CPU use bf16")
-        if config.precision == "bf16" and not native_bf16(self.device):
-            logger.warning("precision bf16 on a %s without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU "
-                           "before Ampere): it is emulated, far slower than fp32; use precision fp32 here",
-                           self.device.type)
-        self.autocast_dtype = amp
-        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+        self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on
+        self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
         self.elapsed = 0.0  # training seconds, carried across resumes
 
@@ -368,13 +359,10 @@ class Trainer:
 
             weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.dist.is_main:
-            final = Path(folder)
-            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=weights)
-            for name, text in (extra_files or {}).items():
-                atomic_write_text(tmp / name, text)
-            replace_dir(tmp, final)
+            with atomic_dir(folder) as tmp:
+                save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=weights)
+                for name, text in (extra_files or {}).items():
+                    atomic_write_text(tmp / name, text)
         self.dist.barrier()
 
     def save_checkpoint(self) -> Path:
@@ -385,26 +373,23 @@ class Trainer:
         if self.dist.is_main:
             from bertforge.model.checkpoint import save_pretrained
 
-            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=model_state)
-            state = {
-                "step": self.step,
-                "elapsed": self.elapsed,
-                "optimizer": optim_state,
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "rng": rngs,
-                "batches": self.batches.state_dict(),
-                "world_size": self.dist.world_size,
-            }
-            torch.save(state, tmp / STATE_PT)
-            info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3), "world_size": self.dist.world_size,
-                    "batches": self.batches.state_dict(), "run_config": self.run_config}
-            atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
-            with open(tmp / STATE_PT, "rb") as f:
-                os.fsync(f.fileno())
-            replace_dir(tmp, final)  # the same step saved again (a resumed run) is swapped in
+            with atomic_dir(final) as tmp:  # the same step saved again (a resumed run) is swapped in
+                save_pretrained(self.model, tmp, tokenizer=self.tokenizer, state_dict=model_state)
+                state = {
+                    "step": self.step,
+                    "elapsed": self.elapsed,
+                    "optimizer": optim_state,
+                    "scheduler": self.scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                    "rng": rngs,
+                    "batches": self.batches.state_dict(),
+                    "world_size": self.dist.world_size,
+                }
+                torch.save(state, tmp / STATE_PT)
+                info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3),
+                        "world_size": self.dist.world_size, "batches": self.batches.state_dict(),
+                        "run_config": self.run_config}
+                atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
             self._prune()
         self.dist.barrier()
         return final
@@ -523,9 +508,7 @@ class Trainer:
         return metrics
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return autocast(self.precision, self.device)
 
     # ------------------------------------------------------------------ the loop
     def _micro_batches(self, it: Iterator) -> tuple[list[dict[str, torch.Tensor]], Iterator]:

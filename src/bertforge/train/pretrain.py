@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertforge.io import atomic_write_text
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
 from bertforge.train.loop import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
@@ -217,11 +218,13 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
+        atomic_write_text(out / "run_config.json", json.dumps(run_config, indent=1, default=str) + "\n")
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        print(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
-              f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
-              f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; precision {cfg.precision}")
+        precision = trainer.precision + (" (auto)" if cfg.precision == "auto" else "")
+        logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
+                    f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
+                    f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
+                    f"precision {precision}")
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model")
     if dist.is_main:
@@ -235,6 +238,6 @@ def _plot(out: Path) -> None:
         from bertforge.train.plot import plot_run
 
         path = plot_run(out)
-        print(f"pretrain: curves in {path}")
+        logger.info(f"pretrain: curves in {path}")
     except ImportError as e:  # matplotlib missing: the metrics are still in metrics.jsonl
         logger.warning("no plot (%s); metrics are in %s", e, out / "metrics.jsonl")

@@ -1,0 +1,225 @@
+"""What the task families share once their files are read: the encoded windows, the rules that cut
+long inputs into windows, training batches over features in memory and prediction over them.
+
+Windows. `Windows` is the encoded record every family builds on: the token ids of each window
+(``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``), how many of its tokens are of type 0, and the
+example each window comes from. Classification uses it as is, tagging and multiple choice wrap it,
+SQuAD extends it. `window_starts` places overlapping windows over a long input and
+`max_context_window` gives each token the window where it has the most context (the TF release's
+SQuAD rule). `offsets_through_marks` extends token character ranges over combining marks the
+tokenizer drops, so an answer or a word keeps its accents.
+
+Features. A family's features are any object with ``len()``, ``lengths`` (tokens per item, to
+batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
+the training targets when the features have them): a `FeatureSet`. `FeatureBatches` turns them
+into the training loop's resumable, rank-sliced, shuffled batches; `predict_items` runs a model
+over them in length-sorted batches (split across processes when distributed).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.data.loader import EpochCursor, epoch_permutation
+
+__all__ = ["Windows", "window_starts", "max_context_window", "offsets_through_marks", "FeatureSet",
+           "FeatureBatches", "predict_items"]
+
+
+# ---------------------------------------------------------------------------- windows
+@dataclass
+class Windows:
+    """Token ids of every window, and the example each window comes from."""
+
+    input_ids: list[np.ndarray]
+    num_a: np.ndarray
+    """Tokens of type 0 in each window: [CLS] A [SEP]."""
+    example: np.ndarray
+    num_examples: int
+    labels: np.ndarray | None = None
+    """One per window (its example's): class ids or scores."""
+    windowed: int = 0
+    """Examples longer than max_seq_length (cut into several windows)."""
+    cut_pairs: int = 0
+    """Pairs whose shorter segment exceeded half the room and was cut."""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
+
+    def with_labels(self, per_example: np.ndarray) -> "Windows":
+        self.labels = per_example[self.example]
+        return self
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Windows -> tensors padded to the longest of the batch."""
+        rows = [self.input_ids[i] for i in indices]
+        B, T = len(rows), max(len(r) for r in rows)
+        input_ids = np.zeros((B, T), dtype=np.int64)
+        attention_mask = np.zeros((B, T), dtype=np.int64)
+        token_type_ids = np.zeros((B, T), dtype=np.int64)
+        for i, (k, r) in enumerate(zip(indices, rows)):
+            input_ids[i, :len(r)] = r
+            attention_mask[i, :len(r)] = 1
+            token_type_ids[i, self.num_a[k]:len(r)] = 1
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
+                 "token_type_ids": torch.from_numpy(token_type_ids)}
+        if self.labels is not None:
+            batch["labels"] = torch.from_numpy(self.labels[np.asarray(indices)])
+        return batch
+
+    def summary(self) -> str:
+        text = f"{self.num_examples:,} examples -> {len(self):,} windows"
+        if self.windowed:
+            text += f" ({self.windowed:,} examples longer than one window)"
+        if self.cut_pairs:
+            text += f"; {self.cut_pairs:,} pairs had their shorter segment cut to half the room"
+        return text
+
+
+def window_starts(n: int, size: int, stride: int) -> list[int]:
+    """Starts of the windows of ``size`` over ``n`` tokens: every ``stride`` tokens until one reaches the end."""
+    starts = [0]
+    while starts[-1] + size < n:
+        starts.append(starts[-1] + stride)
+    return starts
+
+
+def max_context_window(starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """For each token position, the window (index into ``starts`` / ``lengths``) where it has the most
+    context: the TF release's SQuAD rule, score = min(tokens left of it, tokens right of it in the
+    window) + 0.01 * window length, the first window on a tie. (positions,) int64."""
+    starts = np.asarray(starts, dtype=np.int64)[:, None]
+    lengths = np.asarray(lengths, dtype=np.int64)[:, None]
+    p = np.asarray(positions, dtype=np.int64)[None, :]
+    left, right = p - starts, starts + lengths - 1 - p  # (windows, positions)
+    score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths, -np.inf)
+    return score.argmax(0)
+
+
+def offsets_through_marks(text: str, offsets: np.ndarray) -> np.ndarray:
+    """(tokens, 2) character ranges of tokens in ``text``, each extended (in place) over the combining
+    marks that follow it (up to the next token): accent stripping drops a decomposed accent
+    ("Cafe\u0301") from the token's range, but it is part of the word an answer or a tag must return."""
+    if len(offsets) == 0:
+        return offsets
+    next_start = np.append(offsets[1:, 0], len(text))
+    for t in np.flatnonzero(offsets[:, 1] < next_start):  # tokens followed by characters of no token
+        end = offsets[t, 1]
+        while end < next_start[t] and unicodedata.category(text[end]) in ("Mn", "Me"):
+            end += 1
+        offsets[t, 1] = end
+    return offsets
+
+
+# ---------------------------------------------------------------------------- batches
+class FeatureSet(Protocol):
+    """Model inputs of a task: items (windows, sequences or sets of choices) ready to batch."""
+
+    lengths: np.ndarray
+    """Tokens per item (the longest sequence of an item with several)."""
+
+    def __len__(self) -> int: ...
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Items -> tensors padded to the batch's longest (with the training targets, if any)."""
+        ...
+
+
+class FeatureBatches:
+    """Training batches over features in memory, for `bertforge.train.loop.Trainer`.
+
+    Order: epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
+    (`bertforge.data.loader.epoch_permutation`; the 0 is the one "shard" features in memory make,
+    so the order is the pre-training loader's over a one-shard dataset). Each ``iter()`` yields the
+    rest of one epoch; the next continues with the next epoch. Ranks: every global batch of
+    ``batch_size * world_size`` items is cut into rank slices, the last incomplete one dropped
+    (`bertforge.data.loader.EpochCursor`). Resume: ``state_dict`` / ``load_state_dict`` (epoch and
+    position) continue with the very same batches."""
+
+    def __init__(self, features: FeatureSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 name: str = "training data"):
+        """``name``: the data's name in errors (the training file)."""
+        self.features = features
+        self.cursor = EpochCursor(len(features), batch_size, seed=seed, rank=rank, world_size=world_size)
+        self.name = name
+        self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.cursor.batch_size
+
+    @property
+    def seed(self) -> int:
+        return self.cursor.seed
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
+    @property
+    def position(self) -> int:
+        """Items of this epoch consumed (all ranks together)."""
+        return self.cursor.position
+
+    def __len__(self) -> int:
+        """Batches per epoch (per rank)."""
+        return len(self.cursor)
+
+    def state_dict(self) -> dict[str, int]:
+        return self.cursor.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.cursor.load_state_dict(state)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The items in the order ``epoch`` visits them."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_permutation(len(self.features), self.seed, epoch, 0))
+        return self._order[1]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for epoch, first in self.cursor.batches(self.name):
+            items = self.order(epoch)[first:first + self.batch_size]
+            yield self.features.collate([int(i) for i in items])
+
+
+@torch.no_grad()
+def predict_items(model: nn.Module, features: FeatureSet, batch_size: int, device: torch.device | str,
+                  run: Callable[[nn.Module, dict[str, torch.Tensor], Sequence[int]], Sequence[Any]],
+                  dist: Any = None) -> list[Any]:
+    """``run(model, batch, indices)`` -> one output per item, over every item of ``features`` in
+    batches of similar length; the outputs in item order. With ``dist``, each process runs a part and
+    all get the whole (every process runs the same number of forward passes: a sharded model's
+    forward is collective)."""
+    rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
+    order = np.argsort(features.lengths, kind="stable")
+    parts = np.array_split(order, world)
+    mine = parts[rank]
+    outputs: list[Any] = []
+    for k in range(-(-len(parts[0]) // batch_size)):
+        idx = mine[k * batch_size:(k + 1) * batch_size]
+        real = len(idx) > 0
+        idx = idx if real else order[:1]
+        batch = {name: t.to(device) for name, t in features.collate(idx).items()}
+        got = run(model, batch, idx)
+        if real:
+            outputs.extend(got)
+    pairs = [(mine.tolist(), outputs)]
+    if world > 1:
+        pairs = dist.gather_objects(pairs[0])
+    result: list[Any] = [None] * len(features)
+    for idx, outs in pairs:
+        for i, o in zip(idx, outs):
+            result[i] = o
+    return result

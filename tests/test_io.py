@@ -1,0 +1,69 @@
+"""`bertforge.io`'s folder writes: a folder is replaced whole or not at all, whatever happens to the writer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bertforge.io import atomic_dir
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _old(target: Path) -> dict[str, str]:
+    (target / "sub").mkdir(parents=True)
+    (target / "a.txt").write_text("old a")
+    (target / "sub" / "b.txt").write_text("old b")
+    return _tree(target)
+
+
+def test_a_writer_that_raises_midway_leaves_the_old_folder_intact_and_no_temporary(tmp_path):
+    target = tmp_path / "model"
+    old = _old(target)
+    with pytest.raises(OSError, match="disk full"):
+        with atomic_dir(target) as tmp:
+            (tmp / "a.txt").write_text("new a")  # half of the new folder written ...
+            raise OSError("disk full")  # ... then the writer fails
+    assert _tree(target) == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing else left beside it
+
+
+def test_a_completed_folder_replaces_the_old_one_whole(tmp_path):
+    target = tmp_path / "model"
+    _old(target)
+    with atomic_dir(target) as tmp:
+        assert tmp.parent == target.parent and tmp.is_dir() and not any(tmp.iterdir())
+        assert _tree(target)["a.txt"] == "old a"  # readers see the old folder until the end
+        (tmp / "a.txt").write_text("new a")
+    assert _tree(target) == {"a.txt": "new a"}  # no file of the old folder survives
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    with atomic_dir(tmp_path / "fresh" / "deeper") as tmp:  # a new target, parents made
+        (tmp / "x").write_text("x")
+    assert _tree(tmp_path / "fresh" / "deeper") == {"x": "x"}
+
+
+def test_a_leftover_of_a_killed_writer_is_cleared_and_never_read_as_the_folder(tmp_path):
+    target = tmp_path / "model"
+    old = _old(target)
+    leftover = tmp_path / f".model.tmp-{os.getpid()}"  # what a SIGKILL mid-write leaves
+    leftover.mkdir()
+    (leftover / "torn.bin").write_bytes(b"\0" * 10)
+    assert _tree(target) == old
+    with atomic_dir(target) as tmp:
+        assert not any(tmp.iterdir())  # a fresh folder, not the torn one
+        (tmp / "a.txt").write_text("new a")
+    assert _tree(target) == {"a.txt": "new a"} and not leftover.exists()
+
+
+def test_without_replace_a_folder_already_there_wins(tmp_path):
+    target = tmp_path / "package"
+    with atomic_dir(target, replace=False) as tmp:
+        (tmp / ".complete").write_text("first")
+    with atomic_dir(target, replace=False) as tmp:  # another process finished the same download first
+        (tmp / ".complete").write_text("second")
+    assert _tree(target) == {".complete": "first"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]
