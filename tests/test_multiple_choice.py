@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import random
 import shutil
 from pathlib import Path
@@ -285,15 +284,14 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_multiple_choice(learned,
     assert evaluate(plain, file=folder) == pytest.approx(evaluate(out / "best", file=folder), abs=1e-6)
 
 
-def test_cli_finetune_evaluate_predict_on_a_swag_folder(root, base, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="bertforge")
+def test_cli_finetune_evaluate_predict_on_a_swag_folder(root, base, capsys):
     folder = swag_folder(root / "swag-cli", seed=2, n_train=24, n_val=8, n_test=5)
     out = root / "swag-cli-run"
     assert cli.main(["finetune", "--task", "swag", "--model", str(base), "--train-file", str(folder),
                      "--dev-file", str(folder), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
                      "--max-seq-length", "12", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "train 24 examples x 4 choices; " in caplog.text and "pairs of" in caplog.text  # length 12 cuts, counted
+    assert "train 24 examples x 4 choices; " in printed and "pairs of" in printed  # length 12 cuts, counted
     assert set(json.loads(printed.strip().splitlines()[-1])) == {"accuracy"}
     assert cli.main(["evaluate", str(out / "model"), "--file", str(folder / "val.csv")]) == 0
     assert 0.0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1.0

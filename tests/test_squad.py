@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import random
 from pathlib import Path
 
@@ -516,15 +515,14 @@ def test_predict_gives_one_record_per_question(learned, tmp_path):
     assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[5]) == records[5]
 
 
-def test_cli_finetune_evaluate_predict_squad2(root, base, capsys, caplog, tmp_path):
-    caplog.set_level(logging.INFO, logger="bertforge")
+def test_cli_finetune_evaluate_predict_squad2(root, base, capsys, tmp_path):
     train = write_json(root / "cli-train.json", generated(random.Random(3), 32, v2=True))
     out = root / "cli"
     assert cli.main(["finetune", "--task", "squad2", "--model", str(base), "--train-file", str(train), "--dev-file",
                      str(train), "--out", str(out), "--max-steps", "3", "--batch-size", "8", "--max-seq-length", "32",
                      "--stride", "8", "--max-query-length", "8", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "finetune: squad2; train 32 questions ->" in caplog.text and "unanswerable" in caplog.text
+    assert "finetune: squad2; train 32 questions ->" in printed and "unanswerable" in printed
     assert {"f1", "best_f1_thresh", "NoAns_total"} <= set(json.loads(printed.strip().splitlines()[-1]))
     assert {p.name for p in (out / "best").iterdir()} >= {"predictions.json", "nbest_predictions.json",
                                                           "null_odds.json", "eval_metrics.json"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -369,8 +368,7 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_token_classification(lea
     assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[2]) == records[2]
 
 
-def test_cli_finetune_evaluate_predict_ner(root, base, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="bertforge")
+def test_cli_finetune_evaluate_predict_ner(root, base, capsys):
     rng = random.Random(4)
     train = write_conll(root / "cli-train.conll", [ner_sentence(rng) for _ in range(16)])
     out = root / "cli-run"
@@ -378,7 +376,7 @@ def test_cli_finetune_evaluate_predict_ner(root, base, capsys, caplog):
                      "--dev-file", str(train), "--out", str(out), "--max-steps", "2", "--batch-size", "8",
                      "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "5 labels (O, B-LOC, B-PER, I-LOC, I-PER)" in caplog.text and "scheme BIO" in caplog.text
+    assert "5 labels (O, B-LOC, B-PER, I-LOC, I-PER)" in printed and "scheme BIO" in printed
     assert {"f1", "precision", "recall", "accuracy"} <= set(json.loads(printed.strip().splitlines()[-1]))
     assert cli.main(["evaluate", str(out / "model"), "--file", str(train), "--out", str(root / "cli-eval")]) == 0
     assert {"f1", "accuracy"} <= set(json.loads(capsys.readouterr().out))
