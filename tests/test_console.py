@@ -51,3 +51,21 @@ def test_show_logs_writes_to_the_current_stdout(capsys, tmp_path):
     logging.getLogger("bertforge").info("to the terminal")
     assert (tmp_path / "out.txt").read_text() == "to the file\n"
     assert capsys.readouterr().out == "to the terminal\n"
+
+
+def test_a_data_command_keeps_its_log_off_stdout(capsys, monkeypatch):
+    from bertforge import cli
+
+    def tokenize_and_log(*args, **kwargs):
+        logging.getLogger("bertforge").info("loading the tokenizer")
+        print('{"tokens": []}')
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "tokenize", tokenize_and_log)
+    monkeypatch.setattr(cli, "_run", lambda command, args: cli.COMMANDS[command]())
+    assert cli.main(["tokenize"]) == 0
+    out, err = capsys.readouterr()
+    assert out == '{"tokens": []}\n' and err == "loading the tokenizer\n"
+    monkeypatch.setitem(cli.COMMANDS, "pretrain", tokenize_and_log)
+    assert cli.main(["pretrain"]) == 0  # a training command: its log is its output
+    assert capsys.readouterr().out == 'loading the tokenizer\n{"tokens": []}\n'

@@ -568,6 +568,8 @@ COMMANDS: dict[str, Callable[..., int]] = {
 }
 """Command name -> the function it runs: its signature gives the command's flags, its docstring the help."""
 
+DATA_COMMANDS = ("tokenize", "evaluate", "predict", "features")
+"""Commands whose stdout may be data to pipe on: their log goes to stderr."""
 _BARE_FLAGS = {"--grid": "paper"}
 """Flags that may stand alone, and the value that means."""
 _GONE_FLAGS = {"--bf16": "--precision bf16"}
@@ -626,12 +628,12 @@ def _run(command: str, args: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def _console(verbose: bool) -> Iterator[None]:
+def _console(verbose: bool, stream: str) -> Iterator[None]:
     """The library's log messages on the console while a command runs (`show_logs`). The logger is
     left as it was found, so that main() can run many times in one process (tests, notebooks)."""
     logger = logging.getLogger("bertforge")
     handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
-    show_logs(verbose)
+    show_logs(verbose, stream)
     try:
         yield
     finally:
@@ -643,7 +645,7 @@ def _console(verbose: bool) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     """Run ``bertforge COMMAND ...``: 0 on success; bad input is one line on stderr and exit code 2."""
     top = _parser().parse_args(argv)
-    with _console(top.verbose):
+    with _console(top.verbose, "stderr" if top.command in DATA_COMMANDS else "stdout"):
         try:
             return _run(top.command, top.args)
         except (ValueError, OSError) as e:

@@ -39,15 +39,18 @@ class _ConsoleHandler(logging.StreamHandler):
         pass
 
 
-def show_logs(verbose: bool = False) -> None:
-    """Print the ``bertforge`` logger's messages: INFO (DEBUG if ``verbose``) as plain lines on stdout,
-    WARNING and above on stderr. Calling it again only changes the level.
+def show_logs(verbose: bool = False, stream: str = "stdout") -> None:
+    """Print the ``bertforge`` logger's messages: INFO (DEBUG if ``verbose``) as plain lines on
+    ``stream`` ("stdout", or "stderr" for a command whose stdout is data to pipe on), WARNING and above
+    on stderr. Calling it again replaces what an earlier call set.
 
     The logger stops handing its messages on to the root logger's handlers, which would show each
     line a second time (``logging.basicConfig`` shows every level it receives)."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError(f"stream must be stdout or stderr, got {stream!r}")
     logger = logging.getLogger(LOGGER)
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    if not any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
-        logger.addHandler(_ConsoleHandler("stdout", "%(message)s", below_warning=True))
-        logger.addHandler(_ConsoleHandler("stderr", logging.BASIC_FORMAT, below_warning=False))
+    logger.handlers[:] = [h for h in logger.handlers if not isinstance(h, _ConsoleHandler)]
+    logger.addHandler(_ConsoleHandler(stream, "%(message)s", below_warning=True))
+    logger.addHandler(_ConsoleHandler("stderr", logging.BASIC_FORMAT, below_warning=False))
     logger.propagate = False
