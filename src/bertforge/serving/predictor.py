@@ -59,7 +59,7 @@ from torch import nn
 
 from bertforge.train.distributed import resolve_device
 from bertforge.train.precision import native_bf16
-from bertforge.model.bert import freeze_weights
+from bertforge.fast import prepare
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records"]
@@ -148,7 +148,7 @@ class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
     Not for concurrent calls from several threads: serialise them (`bertforge.serving.http` holds a lock).
-    Its model's weights are frozen (`bertforge.model.bert.freeze_weights`): do not train it."""
+    Its model is prepared for fast inference with frozen weights (`bertforge.fast.prepare`): do not train it."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device,
                  dtype: torch.dtype | str | None = None, settings: Any = None, family: Any = None,
@@ -157,7 +157,7 @@ class Predictor:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = freeze_weights(model.eval())
+        self.model = prepare(model.eval(), freeze=True)
         self.tokenizer = tokenizer
         self.head = head
         self.device = device

@@ -486,8 +486,10 @@ def _load_finetuned(checkpoint: str | Path, overrides: dict[str, Any]
                          f"{family.model_class.__name__}")
     cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
                                              **given, "task": task}))
+    from bertforge.fast import prepare
+
     device = setup(cfg.device).device
-    model.to(device).eval()
+    prepare(model.to(device).eval())
     return family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device
 
 
