@@ -6,9 +6,10 @@ of 32 sentences, in eval mode under ``torch.no_grad()``, on the CPU. Four runs:
 * ``ours-fp32``, ``ours-bf16``: bertforge's `BertModel`, float32, and under
   ``torch.autocast("cpu", torch.bfloat16)`` (what ``bertforge features --bf16`` does). With padding in
   the batch its dense layers run on the real tokens only.
-  Its weights are frozen as `Predictor` and ``bertforge features`` freeze them
-  (`bertforge.modeling.freeze_weights`): the stacked q/k/v weight, and under autocast every
-  projection's bf16 copy, are made once instead of on every forward.
+  It is prepared as `Predictor` and ``bertforge features`` prepare it
+  (`bertforge.fast.prepare(model, freeze=True)`): unpadded, attention per length group, and the
+  stacked q/k/v weight, and under autocast every projection's bf16 copy, made once instead of on
+  every forward.
 * ``HF-fp32``, ``HF-bf16``: ``transformers.BertModel`` with ``attn_implementation="sdpa"`` (its
   default; the script reports what it uses), float32 and under the same autocast.
 
@@ -60,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.modeling import freeze_weights
+from bertforge.fast import freeze_weights, prepare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
@@ -78,7 +79,7 @@ MAX_LENGTH = 128
 def leads_sentences() -> list[str]:
     """The leads' sentences, in corpus order, split as ``prepare`` splits them."""
     from bertforge.data.corpus import iter_documents
-    from bertforge.resources import wikipedia_leads_file
+    from bertforge.demo.resources import wikipedia_leads_file
 
     return [s for d in iter_documents([wikipedia_leads_file()], fmt="wiki-json") for s in d.sentences()]
 
@@ -86,7 +87,7 @@ def leads_sentences() -> list[str]:
 def make_batches(sentences: list[str], batch_size: int, count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
     """``count`` consecutive batches from sentence ``start``, each padded to its longest sentence."""
     from bertforge import BertTokenizer
-    from bertforge.resources import minilm_folder
+    from bertforge.demo.resources import minilm_folder
 
     tok = BertTokenizer.from_pretrained(minilm_folder())
     out = []
@@ -142,8 +143,8 @@ def run_preset(preset: str, sentences: list[str], args) -> Row:
     count = args.batches or DEFAULTS[preset]
     batches = make_batches(sentences, args.batch_size, args.warmup + count)
     _, ours_pt, theirs_pt = build_models(preset, MAX_LENGTH, args.seed)
-    # ours as `Predictor` and `bertforge features` run it: weights frozen (stacked and cast once, not per forward)
-    models = {"ours": freeze_weights(ours_pt.bert.eval()), "HF": theirs_pt.bert.eval()}
+    # ours as `Predictor` and `bertforge features` run it: prepared, weights frozen (stacked and cast once)
+    models = {"ours": prepare(ours_pt.bert.eval(), freeze=True), "HF": theirs_pt.bert.eval()}
     del ours_pt.cls, theirs_pt.cls  # the MLM / NSP heads are not used
     diff = check_same_outputs(models["ours"], models["HF"], batches[0], args.atol)
     runs = RUNS + (WEIGHT_RUNS if args.bf16_weights else ())

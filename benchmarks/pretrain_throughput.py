@@ -7,9 +7,10 @@ the timed steps divided by their summed time.
 
 How each stack is driven:
 
-* bertforge: `bertforge.trainer.Trainer.train_step` with `bertforge.pretrain.PretrainingTask`,
+* bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingTask`,
   i.e. exactly what ``bertforge pretrain`` runs per step (loss normalised over the step's masked
-  tokens, MLM logits only at the masked positions, unpadded dense layers, bertforge's AdamW
+  tokens, MLM logits only at the masked positions, the model prepared by `bertforge.fast.prepare`
+  as the loop prepares it (unpadded dense layers, CPU dropout masks, ...), bertforge's AdamW
   (``torch.optim.AdamW(fused=True)``) with the paper's weight-decay groups, ``clip_grad_norm_``).
   Precision ``fp32`` and ``bf16`` (``TrainConfig.precision``: autocast).
 * transformers: a plain loop on ``transformers.BertForPreTraining`` (its default attention, sdpa):
@@ -86,8 +87,8 @@ from step_time import Batch, _loadavg, build_models, check_same_loss, cpu_model 
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
-from bertforge.pretrain import PretrainingTask  # noqa: E402
-from bertforge.trainer import TrainConfig, Trainer  # noqa: E402
+from bertforge.train.loop import TrainConfig, Trainer  # noqa: E402
+from bertforge.train.pretrain import PretrainingTask  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 # Per-preset defaults: (batch size, timed steps, warm-up steps). The three presets with targets share
@@ -106,7 +107,7 @@ def bench_cache() -> Path:
 def prepared_leads(folder: str | Path | None = None, *, dupe_factor: int = 1, shard_chars: int = 500_000) -> Path:
     """The Wikipedia leads prepared for pre-training (MiniLM uncased vocab, length 128); built once."""
     from bertforge.data.prepare import PrepareConfig, load_manifest, prepare
-    from bertforge.resources import minilm_folder, wikipedia_leads_file
+    from bertforge.demo.resources import minilm_folder, wikipedia_leads_file
 
     out = Path(folder) if folder else bench_cache() / f"leads-minilm-dupe{dupe_factor}-s{shard_chars}"
     try:
