@@ -29,7 +29,7 @@ class LengthGroups:
     group's longest sequence instead of the batch's. The dense layers already skip padding; on
     mixed-length batches most of the padded attention work is padding (Wikipedia-leads sentences in
     batches of 32: 76 %; two groups cut the work to 43 % of the padded layout's). Up to four groups
-    (31 %) measured no faster (within 1 %, BERT-mini and -base) and cost more small operations.
+    (31 %) are no faster (within 1 %, BERT-mini and -base) and cost more small operations.
 
     Each group's (b, t) layout is read from the unpadded (N, F) rows with one ``index_select``; a
     padding slot reads its sequence's first real token, which is finite and masked as a key, and the
@@ -173,8 +173,8 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
     autocast: PyTorch's CPU softmax (and its backward) computes in float32 inside and rounds once,
     which is what the product with V needs anyway, so no (B, A, T, T) tensor is converted in either
     direction; the padding mask enters as an additive -inf bias inside the scores' product (baddbmm).
-    Without one (inference), a float32 softmax, one cast and an in-place mask measured 5-7 % faster
-    over a BERT-mini forward.
+    Without one (inference), a float32 softmax, one cast and an in-place mask are faster (5-7 % of a
+    BERT-mini forward).
     """
     *batch, K, D = q.shape
     T = k.shape[-2]
@@ -227,8 +227,8 @@ class _Scores(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
               p: float) -> torch.Tensor:
     """PyTorch's fused attention (flash / memory-efficient kernels where the device has them), except
-    in bf16 inference on CPU (no gradient), where its flash kernel took 1.5-1.8x the time of the
-    written-out matrix products (torch 2.13, BERT-mini / -base head sizes)."""
+    in bf16 inference on CPU (no gradient), where its flash kernel takes 1.5-1.8x the time of the
+    written-out matrix products at BERT-mini and -base head sizes."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not torch.is_grad_enabled():
         return written_out_attention(q, k, v, key_mask, p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
