@@ -236,7 +236,8 @@ def test_cheap_dropout_statistics_in_a_prepared_model(tiny_config):
 
 
 # ---------------------------------------------------------------------------- riders (CPU training)
-@pytest.mark.parametrize("lengths, riders", [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
+@pytest.mark.parametrize("lengths, riders",
+                         [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
 def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
     """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
     every slot): outputs equal the un-rounded forward's, with zeros at padding."""

@@ -1,6 +1,6 @@
 """The BERT encoder as the paper describes it: embeddings, self-attention, post-LN Transformer
 blocks, pooler, `BertModel`. This is the reference: it computes every slot of the padded (B, T)
-batch and reads the same on every device, precision and wrapper. The speed paths (unpadding,
+batch and runs the same code on every device, precision and wrapper. The speed paths (unpadding,
 cheaper dropout masks, cached weights, ...) are applied to a built model from outside by
 `bertforge.fast.prepare`, whose tests pin it to this file.
 

@@ -141,7 +141,8 @@ class _MLMMixin:
         The (H -> V) projection dominates the cost of small BERTs: with ``masked_positions`` it runs
         at the P predicted positions only, and the encoder is asked for the last layer there alone
         (plus [CLS] for the pooler)."""
-        if prediction_mask is not None and (masked_positions is None or prediction_mask.shape != masked_positions.shape):
+        if prediction_mask is not None and (masked_positions is None
+                                            or prediction_mask.shape != masked_positions.shape):
             raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
         if masked_positions is None:
             out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
