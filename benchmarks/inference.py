@@ -6,13 +6,14 @@ of 32 sentences, in eval mode under ``torch.no_grad()``, on the CPU. Four runs:
 * ``ours-fp32``, ``ours-bf16``: bertforge's `BertModel`, float32, and under
   ``torch.autocast("cpu", torch.bfloat16)`` (what ``bertforge features --bf16`` does). With padding in
   the batch its dense layers run on the real tokens only.
-  Its weights are frozen as `Predictor` and ``bertforge features`` freeze them
-  (`bertforge.model.bert.freeze_weights`): the stacked q/k/v weight, and under autocast every
-  projection's bf16 copy, are made once instead of on every forward.
+  It is prepared as `Predictor` and ``bertforge features`` prepare it
+  (`bertforge.fast.prepare(model, freeze=True)`): unpadded, attention per length group, and the
+  stacked q/k/v weight, and under autocast every projection's bf16 copy, made once instead of on
+  every forward.
 * ``HF-fp32``, ``HF-bf16``: ``transformers.BertModel`` with ``attn_implementation="sdpa"`` (its
   default; the script reports what it uses), float32 and under the same autocast.
 
-Data: the sentences of the Wikipedia leads (`bertforge.demo.resources`), split as ``bertforge prepare``
+Data: the sentences of the Wikipedia leads (`bertforge.resources`), split as ``bertforge prepare``
 splits them (``RawDocument.sentences()``), in corpus order, so a batch mixes short and long
 sentences as they come (sorting by length would be the caller's choice; neither stack does it).
 Encoded with the all-MiniLM-L6-v2 uncased vocab, [CLS] sentence [SEP], cut at 128 tokens, each
@@ -60,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.model.bert import freeze_weights
+from bertforge.fast import freeze_weights, prepare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
@@ -142,8 +143,8 @@ def run_preset(preset: str, sentences: list[str], args) -> Row:
     count = args.batches or DEFAULTS[preset]
     batches = make_batches(sentences, args.batch_size, args.warmup + count)
     _, ours_pt, theirs_pt = build_models(preset, MAX_LENGTH, args.seed)
-    # ours as `Predictor` and `bertforge features` run it: weights frozen (stacked and cast once, not per forward)
-    models = {"ours": freeze_weights(ours_pt.bert.eval()), "HF": theirs_pt.bert.eval()}
+    # ours as `Predictor` and `bertforge features` run it: prepared, weights frozen (stacked and cast once)
+    models = {"ours": prepare(ours_pt.bert.eval(), freeze=True), "HF": theirs_pt.bert.eval()}
     del ours_pt.cls, theirs_pt.cls  # the MLM / NSP heads are not used
     diff = check_same_outputs(models["ours"], models["HF"], batches[0], args.atol)
     runs = RUNS + (WEIGHT_RUNS if args.bf16_weights else ())

@@ -9,7 +9,8 @@ How each stack is driven:
 
 * bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingTask`,
   i.e. exactly what ``bertforge pretrain`` runs per step (loss normalised over the step's masked
-  tokens, MLM logits only at the masked positions, unpadded dense layers, bertforge's AdamW
+  tokens, MLM logits only at the masked positions, the model prepared by `bertforge.fast.prepare`
+  as the loop prepares it (unpadded dense layers, CPU dropout masks, ...), bertforge's AdamW
   (``torch.optim.AdamW(fused=True)``) with the paper's weight-decay groups, ``clip_grad_norm_``).
   Precision ``fp32`` and ``bf16`` (``TrainConfig.precision``: autocast).
 * transformers: a plain loop on ``transformers.BertForPreTraining`` (its default attention, sdpa):
@@ -28,7 +29,7 @@ must give the same loss (``--loss-atol``) and logits (``--logits-atol``) on the 
 shared machine hits all of them alike. The fp32 and bf16 runs of a stack share one model (each
 with its own optimizer); speed does not depend on the weights' values.
 
-Batches are real: the Wikipedia leads of `bertforge.demo.resources` are prepared with
+Batches are real: the Wikipedia leads of `bertforge.resources` are prepared with
 `bertforge.data.prepare.prepare` (Google's algorithm, the all-MiniLM-L6-v2 uncased vocab,
 ``dupe_factor`` 1, ``max_seq_length`` 128, shards of 500,000 characters; cached under
 ``$TMPDIR/bertforge-bench``), and the batches come from `bertforge.data.loader.PretrainingLoader`
@@ -86,8 +87,8 @@ from step_time import Batch, _loadavg, build_models, check_same_loss, cpu_model 
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
-from bertforge.train.pretrain import PretrainingTask  # noqa: E402
 from bertforge.train.loop import TrainConfig, Trainer  # noqa: E402
+from bertforge.train.pretrain import PretrainingTask  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 # Per-preset defaults: (batch size, timed steps, warm-up steps). The three presets with targets share

@@ -1,14 +1,18 @@
-"""bertforge's CPU dropout (masks from 64-bit random words) and the hand-written CPU attention path
-that uses it in training."""
+"""The fast layer's CPU dropout (masks from 64-bit random words, `bertforge.fast.dropout`) and the
+hand-written CPU attention path that uses it in training (`bertforge.fast.attention`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import bertforge.model.bert as modeling
+from torch import nn
+
+from bertforge.fast import attention as fast_attention
+from bertforge.fast import dropout as fast_dropout
+from bertforge.fast import prepare
+from bertforge.fast.dropout import dropout_mask
 from bertforge.model.heads import BertForPreTraining
-from bertforge.model.bert import Dropout, dropout_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.03])
@@ -39,11 +43,13 @@ def test_mask_follows_the_default_generator():
     assert dropout_mask(shape, 0.1, cpu, torch.bfloat16).dtype == torch.bfloat16
 
 
-def test_dropout_module():
-    drop = Dropout(0.2)
+def test_prepared_dropout_module():
+    """An nn.Dropout of a prepared model draws `dropout_mask` on CPU; it stays an nn.Dropout."""
+    drop = prepare(nn.Dropout(0.2))
+    assert type(drop) is nn.Dropout and "forward" in drop.__dict__
     x = torch.randn(50, 40, requires_grad=True)
     assert drop.eval()(x) is x
-    assert Dropout(0.0).train()(x) is x
+    assert prepare(nn.Dropout(0.0)).train()(x) is x
     drop.train()
     torch.manual_seed(3)
     y = drop(x)
@@ -52,15 +58,14 @@ def test_dropout_module():
     assert torch.equal(y, x * mask)
     y.sum().backward()
     assert torch.equal(x.grad, mask)  # d(x * mask)/dx
-    with pytest.raises(ValueError, match="dropout probability"):
-        Dropout(1.0)
+    assert torch.equal(prepare(nn.Dropout(1.0)).train()(x), torch.zeros_like(x))  # PyTorch's own at p = 1
 
 
 def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch, randomize):
     """With every mask forced to 'keep all', training mode (the hand-written attention) must give
     eval mode's outputs (SDPA), padding and the sparse last layer included."""
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    model = randomize(BertForPreTraining(config))
+    model = prepare(randomize(BertForPreTraining(config)))
     batch = make_batch(config, (11, 7, 4))
     positions = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 2, 0]])
     calls = []
@@ -71,9 +76,10 @@ def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch
 
     with torch.no_grad():
         expected = model.eval()(**batch, masked_positions=positions)
-        monkeypatch.setattr(modeling, "dropout_mask", keep_all)
+        monkeypatch.setattr(fast_dropout, "dropout_mask", keep_all)
         got = model.train()(**batch, masked_positions=positions)
     assert any(len(s) == 4 for s in calls), "the attention-probability dropout was not drawn"
+    assert any(len(s) == 2 for s in calls), "the hidden-state dropout was not drawn"
     for key in ("prediction_logits", "seq_relationship_logits"):
         assert float((got[key] - expected[key]).abs().max()) < 1e-5, key
 
@@ -90,7 +96,7 @@ def test_written_out_attention_and_its_gradients_equal_sdpa(masked):
     key_mask = key_mask if masked else None
     grad = torch.randn(B, A, T, D, dtype=torch.float64)
     results = []
-    for attend in (lambda q, k, v: modeling._written_out_attention(q, k, v, key_mask, 0.0),
+    for attend in (lambda q, k, v: fast_attention.written_out_attention(q, k, v, key_mask, 0.0),
                    lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)):
         x = qkv.clone().requires_grad_()
         q, k, v = x.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)
@@ -101,6 +107,6 @@ def test_written_out_attention_and_its_gradients_equal_sdpa(masked):
     torch.testing.assert_close(y0, y1, rtol=0, atol=1e-12)
     with torch.no_grad():  # inference takes its own (measured faster) formulation
         q, k, v = qkv.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)
-        torch.testing.assert_close(modeling._written_out_attention(q, k, v, key_mask, 0.0), y1, rtol=0, atol=1e-12)
+        torch.testing.assert_close(fast_attention.written_out_attention(q, k, v, key_mask, 0.0), y1, rtol=0, atol=1e-12)
     torch.testing.assert_close(g0, g1, rtol=0, atol=1e-12)
     assert float(g0.abs().max()) > 0.1  # the gradients are not trivially zero

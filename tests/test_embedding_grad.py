@@ -1,4 +1,4 @@
-"""The word-embedding gradient kept across CPU steps (`modeling._RowGradient`) equals PyTorch's own
+"""The word-embedding gradient kept across CPU steps (`bertforge.fast.embedding.RowGradient`) equals PyTorch's own
 dense embedding gradient: for untied models (fine-tuning) and tied ones (MLM), over several steps
 with the gradient dropped between them, with accumulation over micro-batches and for padding."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
+from bertforge.fast import prepare
+from bertforge.fast.embedding import words
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
-from bertforge.model import bert as modeling
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                     max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -26,14 +27,13 @@ def batches(seed: int, n: int) -> list[torch.Tensor]:
     return out
 
 
-def grads(cls, kept: bool, steps: list[list[torch.Tensor]], monkeypatch) -> list[torch.Tensor]:
-    """The word-embedding gradient after each step (each step: its micro-batches' backward summed)."""
-    if not kept:  # PyTorch's own embedding backward
-        monkeypatch.setattr(modeling.BertEmbeddings, "_words", lambda self, ids: self.word_embeddings(ids))
-    else:
-        monkeypatch.undo()
+def grads(cls, kept: bool, steps: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """The word-embedding gradient after each step (each step: its micro-batches' backward summed);
+    ``kept``: a prepared model, else the reference with PyTorch's own embedding backward."""
     torch.manual_seed(0)
     model = cls(CONFIG)
+    if kept:
+        prepare(model)
     weight = model.bert.embeddings.word_embeddings.weight
     out = []
     for micro in steps:
@@ -53,11 +53,11 @@ def grads(cls, kept: bool, steps: list[list[torch.Tensor]], monkeypatch) -> list
     return out
 
 
-def test_untied_and_tied_models_get_pytorchs_embedding_gradient_over_steps_and_accumulation(monkeypatch):
+def test_untied_and_tied_models_get_pytorchs_embedding_gradient_over_steps_and_accumulation():
     steps = [batches(1, 1), batches(2, 2), batches(3, 1), batches(4, 3)]
     for cls in (BertForSequenceClassification, BertForMaskedLM):
-        want = grads(cls, False, steps, monkeypatch)
-        got = grads(cls, True, steps, monkeypatch)
+        want = grads(cls, False, steps)
+        got = grads(cls, True, steps)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
         if cls is BertForSequenceClassification:  # (tied, the decoder's softmax reaches every row)
@@ -67,7 +67,7 @@ def test_untied_and_tied_models_get_pytorchs_embedding_gradient_over_steps_and_a
 
 def test_the_kept_buffer_is_reused_and_only_used_in_training_with_gradients():
     torch.manual_seed(0)
-    model = BertForSequenceClassification(CONFIG)
+    model = prepare(BertForSequenceClassification(CONFIG))
     weight = model.bert.embeddings.word_embeddings.weight
     first = None
     for ids in batches(5, 3):
@@ -76,5 +76,5 @@ def test_the_kept_buffer_is_reused_and_only_used_in_training_with_gradients():
         assert weight.grad is first  # the same storage every step: no fresh (V, H) buffer
         model.zero_grad(set_to_none=True)
     with torch.no_grad():
-        out = model.bert.embeddings._words(batches(6, 1)[0])
+        out = words(model.bert.embeddings, batches(6, 1)[0])
     assert out.grad_fn is None

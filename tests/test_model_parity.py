@@ -1,8 +1,9 @@
-"""Parity with transformers on identical weights: every class, outputs, losses and gradients.
+"""Parity with transformers on identical weights: every class, outputs, losses and gradients, for
+the reference model and for the same model prepared by `bertforge.fast.prepare`.
 
-Our model runs dense layers on real tokens only, so per-token outputs are compared at real
-(non-padding) positions; at padding ours returns zeros by design (see `bertforge.model.bert`).
-Sequence-level outputs (pooler, NSP, classification, multiple choice) are compared in full.
+Per-token outputs are compared at real (non-padding) positions; at padding ours returns zeros by
+design (see `bertforge.model.bert`). Sequence-level outputs (pooler, NSP, classification, multiple
+choice) are compared in full.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge.model import bert as modeling
+from bertforge.fast import prepare
 from bertforge.model.heads import gather_positions
-from bertforge.model.bert import frozen_weights
 
 CONFIGS = {
     "L2-A4-gelu": dict(),
@@ -45,13 +45,19 @@ def _mlm_labels(batch, vocab_size: int, share: float = 0.3) -> torch.Tensor:
     return labels.masked_fill(~chosen, -100)
 
 
+@pytest.fixture(params=["reference", "fast"])
+def build(request):
+    """``build(model)`` -> the model as built (the reference) or prepared by `bertforge.fast.prepare`."""
+    return (lambda model: model) if request.param == "reference" else prepare
+
+
 @pytest.fixture
-def pair(hf_twin, randomize):
+def pair(hf_twin, randomize, build):
     """``pair(cls, config)`` -> (ours with random weights, transformers' twin), both in eval mode."""
 
     def make(cls, config):
         ours = randomize(cls(config)).eval()
-        return ours, hf_twin(ours)
+        return build(ours), hf_twin(ours)
 
     return make
 
@@ -105,9 +111,9 @@ def test_token_type_ids_matter_and_match(tiny_config, pair, make_batch, assert_c
     assert (a - a0)[m.bool()].abs().max() > 1e-3  # segments do change the encoding
 
 
-def test_no_attention_mask_equals_all_ones(tiny_config, make_batch, assert_close):
+def test_no_attention_mask_equals_all_ones(tiny_config, make_batch, assert_close, build):
     config = tiny_config()
-    model = BertModel(config).eval()
+    model = build(BertModel(config)).eval()
     batch = make_batch(config, (9, 9))
     with torch.no_grad():
         a = model(batch["input_ids"], token_type_ids=batch["token_type_ids"]).last_hidden_state
@@ -225,10 +231,10 @@ def test_question_answering_out_of_range_positions(tiny_config, pair, make_batch
     assert_close(a.loss, expected, atol=1e-6)
 
 
-def test_question_answering_padding_logits_are_constant(tiny_config, make_batch):
+def test_question_answering_padding_logits_are_constant(tiny_config, make_batch, build):
     """The documented deviation behind the padded QA loss: padding scores are exactly the head bias."""
     config = tiny_config()
-    model = BertForQuestionAnswering(config).eval()
+    model = build(BertForQuestionAnswering(config)).eval()
     torch.nn.init.normal_(model.qa_outputs.bias)
     batch = make_batch(config, PADDING["padded"])
     with torch.no_grad():
@@ -256,9 +262,9 @@ def test_multiple_choice(overrides, lengths, tiny_config, pair, make_batch, asse
 
 # ---------------------------------------------------------------------------- sparse MLM
 @pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
-def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close):
+def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close, build):
     config = tiny_config()
-    model = cls(config).eval()
+    model = build(cls(config)).eval()
     torch.nn.init.normal_(model.cls.predictions.bias)  # make the output bias count
     batch = make_batch(config, PADDING["padded"])
     # (B, P) with P = 3; row 2 uses only two slots: its third slot points at 0 with label -100
@@ -288,11 +294,11 @@ def test_masked_positions_equal_dense(cls, tiny_config, make_batch, assert_close
 
 @pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
 @pytest.mark.parametrize("lengths", PADDING.values(), ids=PADDING.keys())
-def test_masked_positions_gradients_equal_dense(cls, lengths, tiny_config, make_batch, randomize):
+def test_masked_positions_gradients_equal_dense(cls, lengths, tiny_config, make_batch, randomize, build):
     """With masked_positions the last layer runs at [CLS] + the predicted positions only: the loss
     and every gradient must still be the dense model's."""
     config = tiny_config()
-    model = randomize(cls(config))
+    model = build(randomize(cls(config)))
     batch = make_batch(config, lengths)
     positions = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 2, 0]])  # inside every row's real tokens
     sparse_labels = torch.tensor([[5, 17, 42], [8, 1, 98], [33, 7, -100]])
@@ -315,9 +321,9 @@ def test_masked_positions_gradients_equal_dense(cls, lengths, tiny_config, make_
 
 # ---------------------------------------------------------------------------- padding invariance
 @pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification, BertForTokenClassification])
-def test_padding_invariance(cls, tiny_config, make_batch, assert_close):
+def test_padding_invariance(cls, tiny_config, make_batch, assert_close, build):
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)  # eval() must disable it
-    model = cls(config).eval()
+    model = build(cls(config)).eval()
     batch = make_batch(config, (13, 5, 9))
     alone = {k: v[1:2, :5] for k, v in batch.items()}
     with torch.no_grad():
@@ -329,34 +335,6 @@ def test_padding_invariance(cls, tiny_config, make_batch, assert_close):
         assert_close(together.logits[1:2, :5], single.logits, what="token logits")
     else:
         assert_close(together.logits[1:2], single.logits, what="logits")
-
-
-@pytest.mark.parametrize("lengths, riders", [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
-def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
-    """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
-    every slot): outputs equal the un-rounded forward's, with zeros at padding."""
-    import bertforge.model.bert as modeling
-
-    seen = []
-    real_round = modeling._Padding.round_rows
-
-    def spy(self, keep, multiple=64):
-        real_round(self, keep, multiple)
-        seen.append((self.indices.numel(), self.riders))
-
-    monkeypatch.setattr(modeling._Padding, "round_rows", spy)
-    config = tiny_config()
-    model = BertModel(config).train()  # dropout 0: train mode is deterministic
-    batch = make_batch(config, lengths)
-    rounded = model(**batch)  # gradient enabled: riders
-    with torch.no_grad():
-        plain = model(**batch)  # no gradient, train mode: neither riders nor length groups
-    N = sum(lengths)
-    assert seen == [(N + riders, riders)]
-    assert (N + riders) % 64 == 0 or N + riders == len(lengths) * max(lengths)
-    torch.testing.assert_close(rounded.last_hidden_state.detach(), plain.last_hidden_state, rtol=0, atol=1e-6)
-    pad = batch["attention_mask"] == 0
-    assert torch.equal(rounded.last_hidden_state[pad], torch.zeros_like(rounded.last_hidden_state[pad]))
 
 
 # ---------------------------------------------------------------------------- gradients
@@ -405,9 +383,9 @@ def test_gradients_match(case, lengths, tiny_config, pair, make_batch):
 
 
 # ---------------------------------------------------------------------------- tied weights
-def test_mlm_decoder_is_the_word_embedding_matrix(tiny_config, make_batch, assert_close):
+def test_mlm_decoder_is_the_word_embedding_matrix(tiny_config, make_batch, assert_close, build):
     config = tiny_config()
-    model = BertForMaskedLM(config).eval()
+    model = build(BertForMaskedLM(config)).eval()
     batch = make_batch(config)
     batch["input_ids"][batch["input_ids"] == 7] = 8  # token 7 is not in the input: only the decoder uses it
     assert "cls.predictions.decoder.weight" not in model.state_dict()
@@ -431,10 +409,10 @@ def test_mlm_decoder_is_the_word_embedding_matrix(tiny_config, make_batch, asser
                  torch.cat([before[..., :7], before[..., 8:]], -1), real, atol=0)
 
 
-def test_tied_after_from_pretrained(tmp_path, tiny_config, make_batch):
+def test_tied_after_from_pretrained(tmp_path, tiny_config, make_batch, build):
     config = tiny_config()
-    BertForPreTraining(config).save_pretrained(tmp_path)
-    model = BertForPreTraining.from_pretrained(tmp_path).eval()
+    build(BertForPreTraining(config)).save_pretrained(tmp_path)
+    model = build(BertForPreTraining.from_pretrained(tmp_path)).eval()
     batch = make_batch(config)
     with torch.no_grad():
         before = model(**batch).prediction_logits
@@ -448,9 +426,9 @@ def test_tied_after_from_pretrained(tmp_path, tiny_config, make_batch):
 
 
 # ---------------------------------------------------------------------------- dropout
-def test_dropout_only_in_train_mode(tiny_config, make_batch):
+def test_dropout_only_in_train_mode(tiny_config, make_batch, build):
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    model = BertForSequenceClassification(config)
+    model = build(BertForSequenceClassification(config))
     batch = make_batch(config)
     model.train()
     with torch.no_grad():
@@ -463,9 +441,9 @@ def test_dropout_only_in_train_mode(tiny_config, make_batch):
 
 
 @pytest.mark.parametrize("which", ["hidden_dropout_prob", "attention_probs_dropout_prob"])
-def test_each_dropout_is_applied_in_train(which, tiny_config, make_batch, assert_close):
+def test_each_dropout_is_applied_in_train(which, tiny_config, make_batch, assert_close, build):
     config = tiny_config(**{which: 0.5})
-    model = BertModel(config)
+    model = build(BertModel(config))
     batch = make_batch(config)
     model.eval()
     with torch.no_grad():
@@ -476,86 +454,7 @@ def test_each_dropout_is_applied_in_train(which, tiny_config, make_batch, assert
     real = batch["attention_mask"].bool()
     assert (noisy - reference)[real].abs().max() > 1e-2
     # and eval equals a twin built without dropout
-    twin = BertModel(config.replace(**{which: 0.0})).eval()
+    twin = build(BertModel(config.replace(**{which: 0.0}))).eval()
     twin.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert_close(twin(**batch).last_hidden_state, reference, atol=0)
-
-
-# ---------------------------------------------------------------------------- inference caches
-def test_frozen_weights_cache_follows_replaced_weights(tiny_config, make_batch, assert_close):
-    """Frozen layers (`freeze_weights`) reuse their stacked, cast weights in inference: the outputs
-    still follow `load_state_dict`, in-place changes, a dtype round trip, and autocast on and off,
-    and equal an unfrozen twin's."""
-    config = tiny_config()
-    model, fresh = BertModel(config).eval(), BertModel(config).eval()
-    batch = make_batch(config)
-    real = batch["attention_mask"].bool()
-
-    def out(m, **autocast):
-        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bool(autocast)):
-            return m(**batch).last_hidden_state.float()
-
-    def same(**autocast):
-        fresh.load_state_dict(model.state_dict())
-        assert_close(out(model, **autocast), out(fresh, **autocast), real, atol=0)
-
-    with frozen_weights(model):
-        first = out(model)
-        same()
-        with torch.no_grad():
-            model.encoder.layer[0].attention.self.value.weight.mul_(3.0)  # in place: the version counter moves
-        assert (out(model) - first)[real].abs().max() > 1e-3
-        same()
-        model.load_state_dict(BertModel(config).state_dict())  # copied into the same storage
-        same()
-        same(autocast=True)
-        same()  # the fp32 stack again, not the bf16 one
-        model.to(torch.bfloat16).to(torch.float32)  # new storage holding rounded values
-        same()
-    assert not any(m in modeling._FROZEN for m in model.modules())
-
-
-@pytest.mark.parametrize("frozen", [False, True], ids=["unfrozen", "frozen"])
-def test_eval_between_steps_follows_a_fused_optimizer(frozen, tiny_config, make_batch, assert_close):
-    """Eval between training steps sees every step, even a fused AdamW's, which moves no version
-    counter: unfrozen layers cache nothing, and a forward in train mode drops frozen layers' caches."""
-    config = tiny_config()
-    model = BertModel(config)
-    batch = make_batch(config)
-    real = batch["attention_mask"].bool()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    if frozen:
-        modeling.freeze_weights(model)
-    for _ in range(2):
-        model.train()
-        model(**batch).last_hidden_state.sum().backward()
-        optimizer.step()
-        model.eval()
-        with torch.no_grad():
-            got = model(**batch).last_hidden_state
-        fresh = BertModel(config).eval()
-        fresh.load_state_dict(model.state_dict())
-        with torch.no_grad():
-            assert_close(got, fresh(**batch).last_hidden_state, real, atol=0)
-
-
-def test_linear_calls_replaced_or_hooked_layers(tiny_config, make_batch, assert_close):
-    """A projection replaced by another module, or carrying a forward hook, is called, not bypassed."""
-    config = tiny_config()
-    model = BertModel(config).eval()
-    batch = make_batch(config)
-    real = batch["attention_mask"].bool()
-    with torch.no_grad():
-        before = model(**batch).last_hidden_state
-    attention = model.encoder.layer[0].attention.self
-    attention.value = torch.nn.Sequential(attention.value, torch.nn.Tanh())  # e.g. an adapter wrapping it
-    model.encoder.layer[1].output.dense.register_forward_hook(lambda m, i, o: o * 2)
-    with torch.no_grad():
-        after = model(**batch).last_hidden_state
-    assert (after - before)[real].abs().max() > 1e-3
-    value, dense = attention.value, model.encoder.layer[1].output.dense
-    attention.value = value[0]
-    dense._forward_hooks.clear()
-    with torch.no_grad():
-        assert_close(model(**batch).last_hidden_state, before, real, atol=0)

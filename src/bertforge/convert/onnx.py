@@ -15,10 +15,11 @@ Opset 18 by default: the lowest the dynamo exporter implements. A lower request 
 version converter, which cannot express LayerNormalization (an opset-17 op) below 17, so the
 model stays at 18 anyway; optimum's default of 14 belongs to the TorchScript exporter.
 
-While ``torch.export`` traces it, `BertModel` runs its dense layers on every slot instead of on the
-real tokens only: unpadding's shapes depend on the mask's values, which one graph cannot. Outputs
-are the same (zeros at padding), so the exported model is checked against the eager one on padded
-batches of several sizes.
+The graph is the reference model's (`bertforge.model.bert`): dense layers on every slot, padding
+keys masked in attention, zeros at padding, so no shape depends on the mask's values and one graph
+serves every batch and length. A model prepared by `bertforge.fast.prepare` exports the same graph
+(it runs the reference forward while traced). The exported model is checked against the eager one
+on full and padded batches of several sizes.
 """
 
 from __future__ import annotations

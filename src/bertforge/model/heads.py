@@ -19,7 +19,7 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.model.config import BertConfig
 from bertforge.model.checkpoint import CheckpointError, load_config, read_state_dict
-from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel, Dropout, activation, gather_positions
+from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel, activation, gather_positions
 
 __all__ = [
     "MODEL_CLASSES",
@@ -128,34 +128,32 @@ class _MLMMixin:
     bert: BertModel
     cls: BertOnlyMLMHead | BertPreTrainingHeads
 
-    def _mlm_logits(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        # The full (B, T, V) projection dominates the cost of small BERTs; with masked_positions
-        # (B, P) the encoder's last layer and the projection run at the P predicted positions only.
-        return self.cls.predictions(sequence_output, self.bert.embeddings.word_embeddings.weight)
+    def _mlm_logits(self, states: torch.Tensor) -> torch.Tensor:
+        return self.cls.predictions(states, self.bert.embeddings.word_embeddings.weight)  # (..., V)
 
     def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_type_ids: torch.Tensor | None, masked_positions: torch.Tensor | None,
                 output_hidden_states: bool, with_cls: bool,
                 prediction_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """(states to predict from: (B, T or P, H), or (M, H) with ``prediction_mask``; pooled output
-        or None; encoder output)."""
-        if prediction_mask is not None:
-            if masked_positions is None or prediction_mask.shape != masked_positions.shape:
-                raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
-            states, pooled, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
-                                               output_hidden_states, with_cls)
-            return states[prediction_mask.bool()], pooled, out  # (M, H): the filled slots only
+        """(states to predict from: (B, T, H), (B, P, H) at ``masked_positions``, or (M, H), the
+        slots ``prediction_mask`` marks; pooled output or None; encoder output).
+
+        The (H -> V) projection dominates the cost of small BERTs: with ``masked_positions`` it runs
+        at the P predicted positions only, and the encoder is asked for the last layer there alone
+        (plus [CLS] for the pooler)."""
+        if prediction_mask is not None and (masked_positions is None
+                                            or prediction_mask.shape != masked_positions.shape):
+            raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
         if masked_positions is None:
             out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
             return out.last_hidden_state, out.pooler_output, out
-        if output_hidden_states:  # every layer in full was asked for: gather afterwards
-            out = self.bert(input_ids, attention_mask, token_type_ids, True)
-            return gather_positions(out.last_hidden_state, masked_positions), out.pooler_output, out
         positions = masked_positions.long()
         if with_cls:  # [CLS] first, for the pooler (NSP)
             positions = torch.cat([positions.new_zeros(positions.shape[0], 1), positions], 1)
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_positions=positions)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions)
         states = out.last_hidden_state[:, 1:] if with_cls else out.last_hidden_state  # (B, P, H)
+        if prediction_mask is not None:
+            states = states[prediction_mask.bool()]  # (M, H): the filled slots only, row-major
         return states, out.pooler_output, out
 
 
@@ -230,19 +228,17 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
 
 
 # ---------------------------------------------------------------------------- fine-tuning heads
-def _classifier_dropout(config: BertConfig) -> Dropout:
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return Dropout(p)
+    return nn.Dropout(p)
 
 
 def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
             token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
-    """The encoder for a head that reads only the pooled [CLS] output: unless every layer is wanted
-    in full, the last layer runs at [CLS] only (``last_hidden_state`` is then (B, 1, H))."""
-    if output_hidden_states:
-        return bert(input_ids, attention_mask, token_type_ids, True)
+    """The encoder for a head that reads only the pooled [CLS] output: the last layer is asked for at
+    [CLS] alone (``last_hidden_state`` is then (B, 1, H))."""
     cls = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
-    return bert(input_ids, attention_mask, token_type_ids, output_positions=cls)
+    return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):

@@ -77,7 +77,8 @@ import numpy as np
 import torch
 
 from bertforge.io import atomic_path, open_binary
-from bertforge.model.bert import BertModel, frozen_weights
+from bertforge.fast import frozen_weights, prepare
+from bertforge.model.bert import BertModel
 from bertforge.tasks.encoding import max_context_window, window_starts
 from bertforge.train.precision import autocast, check_precision, resolve_precision
 
@@ -280,7 +281,7 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
             add(i, seq, vectors)
 
-    with frozen_weights(model):
+    with frozen_weights(prepare(model)):
         try:
             chunk: list[int] = []
             tokens = 0

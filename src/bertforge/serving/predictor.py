@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.model.bert import freeze_weights
+from bertforge.fast import prepare
 from bertforge.train.distributed import resolve_device
 from bertforge.train.precision import PRECISIONS, autocast, dtype_of, resolve_precision
 
@@ -139,7 +139,7 @@ class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
     Not for concurrent calls from several threads: serialise them (`bertforge.serving.http` holds a lock).
-    Its model's weights are frozen (`bertforge.model.bert.freeze_weights`): do not train it.
+    Its model is prepared for fast inference with frozen weights (`bertforge.fast.prepare`): do not train it.
 
     ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
     ``family`` its task family (default: the settings' task's)."""
@@ -151,7 +151,7 @@ class Predictor:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = freeze_weights(model.eval())
+        self.model = prepare(model.eval(), freeze=True)
         self.tokenizer = tokenizer
         self.head = head
         self.device = device = resolve_device(device)

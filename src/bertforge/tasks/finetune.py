@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertforge.fast import prepare
 from bertforge.model.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
@@ -471,7 +472,7 @@ def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
     cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
                                              **given, "task": task}))
     device = setup(cfg.device).device
-    model.to(device).eval()
+    prepare(model.to(device).eval())
     return FinetunedModel(family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertforge.fast import prepare
 from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
@@ -320,7 +321,8 @@ class Trainer:
         if self.device.type == "cpu":
             keep_freed_memory()
 
-        self.model = unwrap_model(model).to(self.device)  # the bare model: saving, evaluation
+        # the bare model (saving, evaluation), with the speed paths of `bertforge.fast` (the state dict unchanged)
+        self.model = prepare(unwrap_model(model).to(self.device))
         wrapped = wrap_model(self.model, self.dist, config.strategy)
         self.fsdp = self.dist.enabled and config.strategy == "fsdp"
         self.optimizer = build_optimizer(

@@ -1,0 +1,88 @@
+"""Speed paths applied to a built model from outside: `prepare(model)`.
+
+The model code (`bertforge.model`) is the plain reference and knows nothing of this package.
+`prepare` replaces forward methods of one model instance's submodules, never a class or a module-level
+name, and adds no parameter or buffer: the state dict, hence every checkpoint, stays the same.
+
+What a prepared model does, without changing the maths (tests/test_fast.py pins it to the reference):
+
+* unpadding (`bertforge.fast.unpad`): every dense layer runs on the real tokens of a padded batch
+  only; attention alone sees the padded (B, T) layout. q, k and v come from one matrix product.
+  ``output_positions`` computes the last layer at those positions only (pre-training: [CLS] and
+  the masked positions; sentence heads: [CLS]);
+* on CPU, in training: row counts rounded to multiples of 64 (`Padding.round_rows`), dropout
+  masks drawn four to a 64-bit random word (`bertforge.fast.dropout`), attention written out as
+  matrix products around that mask, and the word-embedding gradient added row by row into a buffer
+  kept across steps (`bertforge.fast.embedding`; one process, eager mode only);
+* on CPU, in inference (eval mode, no gradient): attention per group of similar lengths, written
+  out in bf16 (`bertforge.fast.attention`);
+* with ``freeze=True``, projection weights stacked and cast once (`bertforge.fast.frozen`):
+  for inference only (`Predictor`, ``bertforge features``).
+
+On other devices a prepared model unpads and runs PyTorch's own fused attention and dropout. While
+``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
+``fully_shard``, ``torch.compile``) go around a prepared model: prepare first, then wrap.
+
+The unpadded encoder masks padding keys, which is the reference's `make_attention_mask`; a model
+whose mask adds more (e.g. causal) must not be prepared.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import MethodType
+from typing import Callable, TypeVar
+
+from torch import nn
+
+from bertforge.fast.dropout import dropout_forward, dropout_mask
+from bertforge.fast.embedding import embeddings_forward
+from bertforge.fast.frozen import freeze_weights, frozen_weights
+from bertforge.fast.unpad import layer_forward, model_forward, pooler_forward
+from bertforge.model.bert import BertModel
+
+__all__ = ["prepare", "is_prepared", "freeze_weights", "frozen_weights", "dropout_mask"]
+
+logger = logging.getLogger("bertforge")
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def prepare(model: M, *, freeze: bool = False) -> M:
+    """``model`` (any bertforge model: `BertModel` or a head class) prepared for fast execution, in
+    place, and returned. Idempotent. ``freeze``: also `freeze_weights` (inference only: the weights
+    must not change afterwards, see there). Which path a call takes is decided per call, from the
+    device, train / eval mode and whether gradients are on, so a prepared model can move and switch
+    modes freely."""
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            if type(module).forward is not BertModel.forward:
+                logger.debug("%s overrides forward: its encoder is left as it is", type(module).__name__)
+                continue
+            _replace_forward(module, model_forward)
+            _replace_forward(module.embeddings, embeddings_forward)
+            for layer in module.encoder.layer:
+                _replace_forward(layer, layer_forward)
+            if module.pooler is not None:
+                _replace_forward(module.pooler, pooler_forward)
+        elif isinstance(module, nn.Dropout) and type(module).forward is nn.Dropout.forward:
+            _replace_forward(module, dropout_forward)
+    if freeze:
+        freeze_weights(model)
+    return model
+
+
+def is_prepared(model: nn.Module) -> bool:
+    """Whether `prepare` has been applied to ``model``'s encoder."""
+    return any(_replaced(m, model_forward) for m in model.modules() if isinstance(m, BertModel))
+
+
+def _replaced(module: nn.Module, forward: Callable) -> bool:
+    return getattr(module.__dict__.get("forward"), "__func__", None) is forward
+
+
+def _replace_forward(module: nn.Module, forward: Callable) -> None:
+    """Give this one instance ``forward`` (an instance attribute shadows the class's method; the
+    class and its other instances are untouched)."""
+    if not _replaced(module, forward):
+        module.forward = MethodType(forward, module)

@@ -1,0 +1,91 @@
+"""Inference caches of projection weights: stacked (q, k, v as one matrix) and cast to autocast's
+dtype once, instead of on every forward, for layers whose owner promises not to change them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["freeze_weights", "frozen_weights", "linear"]
+
+# An nn.Linear's cache lives in its own __dict__ under this name: {(layer count, dtype): entry}.
+# A plain attribute, not a buffer, so state dicts do not see it.
+_CACHE = "_frozen_weights"
+
+
+def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
+    """Promise that ``model``'s weights stay as they are (``frozen=False`` withdraws the promise), so
+    that inference through it (eval mode, no gradient) reuses its projection weights stacked and cast
+    to autocast's dtype instead of concatenating and casting them on every forward (autocast casts
+    weights anew each time its context is entered). Caches are rebuilt when a weight is replaced
+    (``.to()``, new tensors) or changed in place (its version counter moves: ``load_state_dict``,
+    ``copy_``), and dropped whenever a forward runs in train mode. A fused optimizer's step moves no
+    version counter: train in train mode, or unfreeze. The caches cost one copy of the weights (in
+    bf16: half) and live as long as the layers. They serve the projections `bertforge.fast.prepare`
+    routes through `linear`."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            if frozen:
+                m.__dict__.setdefault(_CACHE, {})
+            else:
+                m.__dict__.pop(_CACHE, None)
+    return model
+
+
+def is_frozen(layer: nn.Module) -> bool:
+    return _CACHE in layer.__dict__
+
+
+@contextlib.contextmanager
+def frozen_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """`freeze_weights` for the length of a ``with`` block (layers frozen before it stay frozen)."""
+    before = [m for m in model.modules() if isinstance(m, nn.Linear) and is_frozen(m)]
+    freeze_weights(model)
+    try:
+        yield model
+    finally:
+        freeze_weights(model, False)
+        for m in before:
+            m.__dict__[_CACHE] = {}
+
+
+def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
+    """The outputs of ``layers`` side by side, (..., sum of their out_features), from one matrix product
+    with their weights stacked (one layer: ``layers[0](x)``). The stacked (and cast) weights of frozen
+    layers are cached in inference (see `freeze_weights`), never while exporting or compiling, where
+    the weights stay graph inputs. A layer that is not a plain `nn.Linear` (replaced by an adapter or
+    a quantized module) or carries hooks is called as a module instead."""
+    if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in layers):
+        return layers[0](x) if len(layers) == 1 else torch.cat([m(x) for m in layers], -1)
+    n = len(layers)
+    params = [m.weight for m in layers] + [m.bias for m in layers]
+    entries = layers[0].__dict__.get(_CACHE)
+    if entries is not None and (layers[0].training or torch.is_grad_enabled() or _exporting()
+                                or torch.compiler.is_compiling()):
+        if layers[0].training:
+            entries.clear()  # training: the weights are about to change, or have
+        entries = None
+    if entries is None:
+        if n == 1:
+            return F.linear(x, params[0], params[1])
+        return F.linear(x, torch.cat(params[:n]), torch.cat(params[n:]))
+    dtype = (torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type)
+             else params[0].dtype)
+    cached = entries.get((n, dtype))
+    if cached is None or any(s.data_ptr() != t.data_ptr() or v != t._version
+                             for s, v, t in zip(cached[0], cached[1], params)):
+        sources = [t.detach() for t in params]  # keep the storage alive: no new parameter takes its address
+        cached = (sources, [t._version for t in params], torch.cat(sources[:n]).to(dtype),
+                  torch.cat(sources[n:]).to(dtype))
+        entries[(n, dtype)] = cached
+    return F.linear(x, cached[2], cached[3])
+
+
+def _exporting() -> bool:
+    """True while ``torch.export`` traces the model (``torch.compiler.is_exporting``, torch >= 2.7)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return is_exporting is not None and is_exporting()

@@ -1,0 +1,150 @@
+"""The unpadded encoder: every dense layer runs on the N real tokens of a padded (B, T) batch only;
+attention alone sees the padded layout. And the last layer at chosen positions only: pre-training
+reads [CLS] and the masked positions, sentence heads [CLS].
+
+The forwards here replace those of one model's `BertModel`, `BertLayer` and `BertPooler` instances
+(`bertforge.fast.prepare`); they call the model's own Linear, LayerNorm and Dropout modules, so
+replaced or hooked layers and the cheaper dropout apply. Their outputs equal the reference's
+(`bertforge.model.bert`), zeros at padding included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bertforge.fast.attention import LengthGroups, self_attention
+from bertforge.fast.frozen import _exporting, linear
+from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
+                                  gather_positions)
+
+__all__ = ["Padding", "layer_forward", "model_forward", "pooler_forward"]
+
+
+@dataclass
+class Padding:
+    """Where the real tokens of a padded (B, T) batch are, for unpadding dense layers."""
+
+    indices: torch.Tensor  # (N,) flat positions in B*T of the real tokens, then of `riders`
+    key_mask: torch.Tensor  # (B, 1, 1, T) bool, True = attend
+    batch: int
+    length: int
+    groups: LengthGroups | None = None  # inference on CPU: attention per group of similar lengths
+    riders: int = 0  # padding slots that ride along at the end of `indices` (see `round_rows`)
+
+    def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...) with zeros at padding (``real_only``: riders dropped, so zeros at
+        every padding slot; otherwise riders keep their finite values there, which attention masks)."""
+        indices = self.indices
+        if real_only and self.riders:
+            indices, x = indices[:-self.riders], x[:-self.riders]
+        out = x.new_zeros(self.batch * self.length, *x.shape[1:])
+        out = out.index_copy(0, indices, x)
+        return out.view(self.batch, self.length, *x.shape[1:])
+
+    def round_rows(self, keep: torch.Tensor, multiple: int = 64) -> None:
+        """Append padding slots to `indices` until the row count is a multiple of ``multiple`` (or
+        every slot). The dense layers' matrix products then take a few dozen row counts over a run
+        instead of one per batch: oneDNN JIT-compiles bf16 matrix-product kernels for every new
+        shape (code buffers mmap-ed and page-faulted afresh), which costs MiniLM fine-tuning on MR
+        about a fifth of its step time when every batch brings a new row count. A rider's rows are
+        computed and dropped: as a key it is masked, as a query its output is never read, and its
+        gradient is zero."""
+        n = self.indices.numel()
+        target = min(-(-n // multiple) * multiple, self.batch * self.length)
+        if target > n:
+            slots = (~keep).reshape(-1).nonzero().squeeze(1)[:target - n]
+            self.indices = torch.cat([self.indices, slots])
+            self.riders = slots.numel()
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...)."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.indices)
+
+
+def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  token_type_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
+                  output_positions: torch.Tensor | None = None) -> BertModelOutput:
+    """`BertModel.forward` with unpadded dense layers, the last layer computed at ``output_positions``
+    only, and on CPU: riders in training (`Padding.round_rows`), length groups in inference.
+
+    While ``torch.export`` traces the model (ONNX export) it runs the reference forward: unpadding's
+    shapes depend on the mask's values, which one exported graph cannot."""
+    if _exporting():
+        return type(self).forward(self, input_ids, attention_mask, token_type_ids, output_hidden_states,
+                                  output_positions)
+    check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
+    B, T = input_ids.shape
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)
+    keep, padding = None, None
+    if attention_mask is not None:
+        keep = attention_mask.bool()
+        if not bool(keep.all()):
+            padding = Padding(indices=keep.reshape(-1).nonzero().squeeze(1), key_mask=keep[:, None, None, :],
+                              batch=B, length=T)
+            if input_ids.device.type == "cpu" and not self.training and not torch.is_grad_enabled():
+                padding.groups = LengthGroups.build(keep, padding.indices)
+            elif input_ids.device.type == "cpu" and torch.is_grad_enabled():
+                padding.round_rows(keep)
+    if padding is not None:
+        x = self.embeddings(input_ids, token_type_ids, padding.indices)  # (N, H)
+    else:
+        x = self.embeddings(input_ids, token_type_ids).reshape(B * T, -1)  # (B*T, H)
+    # every layer in full was asked for: the last one too, positions gathered afterwards
+    select = output_positions if not output_hidden_states else None
+    layers = [x]
+    last_index = len(self.encoder.layer) - 1
+    for i, layer in enumerate(self.encoder.layer):
+        x = layer(x, padding, (B, T), select if i == last_index else None)
+        layers.append(x)
+
+    def full(h: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, T, H), zeros at padding
+        return padding.pad(h, real_only=True) if padding is not None else h.view(B, T, -1)
+
+    states = [full(h) for h in layers] if output_hidden_states else None
+    if select is not None:
+        last = x.view(B, select.shape[1], -1)  # (B, K, H)
+        if padding is not None:  # a chosen padding position reads zero, as in the full output
+            last = last.masked_fill(~keep.gather(1, select.long()).unsqueeze(-1), 0.0)
+    else:
+        last = states[-1] if states is not None else full(x)
+        if output_positions is not None:
+            last = gather_positions(last, output_positions)
+    return BertModelOutput(
+        last_hidden_state=last,
+        pooler_output=self.pooler(last) if self.pooler is not None else None,
+        hidden_states=tuple(states) if states is not None else None,
+    )
+
+
+def layer_forward(self: BertLayer, x: torch.Tensor, padding: Padding | torch.Tensor | None = None,
+                  shape: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
+    """`BertLayer.forward` on unpadded rows: x (N, H) -> (N, H); or, with ``select`` (B, K)
+    positions, (B*K, H) at those positions only. Called with the reference's arguments (x (B, T, H),
+    the attention mask; no ``shape``), as the reference encoder does while exporting, it is the
+    reference block.
+
+    A layer's output at a position depends on every position's keys and values but only on that
+    position's query, residual and feed-forward, so a selected output equals the full layer's there.
+    """
+    if shape is None:
+        return type(self).forward(self, x, padding)
+    attention, out = self.attention.output, self.output
+    if select is None:
+        residual = x
+        y = self_attention(self.attention.self, x, padding, shape)  # (N, H)
+    else:
+        B, T = shape
+        full = padding.pad(x) if padding is not None else x.view(B, T, -1)  # (B, T, H)
+        residual = gather_positions(full, select).reshape(-1, x.shape[-1])  # (B*K, H)
+        y = self_attention(self.attention.self, x, padding, shape, queries=residual)  # (B*K, H)
+    h = attention.LayerNorm(residual + attention.dropout(linear(y, attention.dense)))  # post-LN
+    f = self.intermediate.act(linear(h, self.intermediate.dense))  # (N, I)
+    return out.LayerNorm(h + out.dropout(linear(f, out.dense)))  # (N, H)
+
+
+def pooler_forward(self: BertPooler, hidden: torch.Tensor) -> torch.Tensor:
+    """`BertPooler.forward` with its dense layer through `linear` (frozen weights cached)."""
+    return self.activation(linear(hidden[:, 0], self.dense))  # (B, T, H) -> (B, H)

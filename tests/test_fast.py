@@ -1,0 +1,406 @@
+"""`bertforge.fast.prepare` pinned to the reference model: the outputs and the gradient of every
+parameter of every head class on padded batches, fp32 and bf16, train mode (dropout 0) and eval;
+and the pieces on their own: length groups, riders, frozen-weight caches, the state dict,
+idempotence, the export fallback and the distributed guard."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+
+import pytest
+import torch
+
+from bertforge import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bertforge.fast import attention as fast_attention
+from bertforge.fast import embedding as fast_embedding
+from bertforge.fast import freeze_weights, frozen_weights, is_prepared, prepare
+from bertforge.fast import unpad as fast_unpad
+from bertforge.fast.frozen import is_frozen
+
+LENGTHS = (11, 7, 4, 9)  # padded: three of four rows shorter than the batch
+
+
+def _inputs(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Each class's inputs with labels, so that its loss (and every head parameter) takes part."""
+    mask = batch["attention_mask"]
+    B = mask.shape[0]
+    if cls is BertModel:
+        return dict(batch, output_hidden_states=True)
+    if cls in (BertForPreTraining, BertForMaskedLM):
+        labels = torch.randint(0, config.vocab_size, mask.shape).masked_fill(mask == 0, -100)
+        extra = {"next_sentence_label": torch.arange(B) % 2} if cls is BertForPreTraining else {}
+        return dict(batch, labels=labels, output_hidden_states=True, **extra)
+    if cls is BertForSequenceClassification:
+        return dict(batch, labels=torch.arange(B) % config.num_labels)
+    if cls is BertForTokenClassification:
+        return dict(batch, labels=torch.randint(0, config.num_labels, mask.shape).masked_fill(mask == 0, -100))
+    if cls is BertForQuestionAnswering:
+        return dict(batch, start_positions=torch.arange(B) % 3, end_positions=torch.arange(B) % 3 + 1)
+    # multiple choice: the B sequences as B / 2 questions of 2 choices
+    return dict({k: v.view(B // 2, 2, -1) for k, v in batch.items()}, labels=torch.arange(B // 2) % 2)
+
+
+def _sparse_mlm(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Pre-training as the loop runs it: (B, P) masked positions, some slots unused, compact logits."""
+    positions = torch.tensor([[1, 4, 9], [2, 3, 6], [1, 2, 0], [5, 8, 0]])
+    labels = torch.tensor([[5, 17, 42], [8, 1, 98], [33, 7, -100], [3, 4, -100]])
+    extra = {"next_sentence_label": torch.tensor([0, 1, 0, 1])} if cls is BertForPreTraining else {}
+    return dict(batch, labels=labels, masked_positions=positions, prediction_mask=labels != -100, **extra)
+
+
+CLASSES = [BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+           BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice]
+CASES = [(cls, _inputs) for cls in CLASSES] + [(cls, _sparse_mlm) for cls in (BertForPreTraining, BertForMaskedLM)]
+CASE_IDS = [c.__name__ for c in CLASSES] + ["BertForPreTraining-masked_positions", "BertForMaskedLM-masked_positions"]
+
+
+def _tensors(out) -> dict[str, torch.Tensor]:
+    """Every tensor of a model output, by name (hidden states numbered)."""
+    found = {}
+    for name, value in vars(out).items():
+        if isinstance(value, torch.Tensor):
+            found[name] = value
+        elif isinstance(value, tuple):
+            found.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+    return found
+
+
+def _scalar(out) -> torch.Tensor:
+    """What to differentiate: the loss, or (BertModel) a fixed random projection of every output."""
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    g = torch.Generator().manual_seed(1)
+    return sum((t.float() * torch.randn(t.shape, generator=g)).sum() for t in _tensors(out).values())
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float, what: str) -> None:
+    assert a.shape == b.shape, (what, a.shape, b.shape)
+    a, b = a.detach().float(), b.detach().float()
+    scale = max(float(b.abs().max()), 1e-1)  # the floor: gradients that are zero in exact arithmetic
+    err = float((a - b).abs().max())
+    assert err <= rel * scale, f"{what}: max diff {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fast_equals_reference(case, mode, precision, tiny_config, randomize, make_batch):
+    """Outputs at every position (both are zero at padding) and the gradient of every parameter."""
+    cls, inputs = case
+    config = tiny_config(num_labels=3)
+    reference = randomize(cls(config)).train(mode == "train")
+    fast = prepare(copy.deepcopy(reference))
+    kwargs = inputs(cls, make_batch(config, LENGTHS), config)
+    rel = 1e-5 if precision == "fp32" else 5e-2
+    amp = torch.autocast("cpu", torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    outputs = []
+    for model in (reference, fast):
+        with amp:
+            out = model(**kwargs)
+        _scalar(out).backward()
+        outputs.append(out)
+    want, got = _tensors(outputs[0]), _tensors(outputs[1])
+    assert want.keys() == got.keys() and want
+    for name in want:
+        _close(got[name], want[name], rel, name)
+    params = dict(fast.named_parameters())
+    for name, p in reference.named_parameters():
+        assert p.grad is not None and params[name].grad is not None, name
+        _close(params[name].grad, p.grad, rel, f"grad {name}")
+    assert float(reference.bert.embeddings.word_embeddings.weight.grad.abs().max()
+                 if hasattr(reference, "bert") else reference.embeddings.word_embeddings.weight.grad.abs().max()) > 0
+
+
+@pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification], ids=lambda c: c.__name__)
+def test_unpadded_batch_and_no_mask(cls, tiny_config, randomize, make_batch, assert_close):
+    """No padding in the batch (every slot through the dense layers), with and without a mask."""
+    config = tiny_config(num_labels=2)
+    reference = randomize(cls(config)).eval()
+    fast = prepare(copy.deepcopy(reference))
+    batch = make_batch(config, (9, 9))
+    key = "last_hidden_state" if cls is BertModel else "logits"
+    with torch.no_grad():
+        want = reference(**batch)[key]
+        assert_close(fast(**batch)[key], want)
+        assert_close(fast(batch["input_ids"], token_type_ids=batch["token_type_ids"])[key], want)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_output_positions_anywhere(mode, tiny_config, randomize, make_batch):
+    """The last layer at chosen positions only: real positions as the full layer, padding ones zero."""
+    config = tiny_config()
+    reference = randomize(BertModel(config)).train(mode == "train")
+    fast = prepare(copy.deepcopy(reference))
+    batch = make_batch(config, (11, 7, 4))
+    positions = torch.tensor([[0, 10, 3], [0, 9, 6], [0, 3, 7]])  # (1, 1) and (2, 2) are padding
+    want, got = reference(**batch, output_positions=positions), fast(**batch, output_positions=positions)
+    assert got.last_hidden_state.shape == (3, 3, config.hidden_size)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-5)
+    assert torch.all(got.last_hidden_state[[1, 2], [1, 2]] == 0)
+
+
+# ---------------------------------------------------------------------------- the prepared model itself
+def test_state_dict_unchanged_and_prepare_idempotent(tiny_config, make_batch, tmp_path):
+    model = BertForPreTraining(tiny_config())
+    before = model.state_dict()
+    prepare(model)
+    forwards = {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__}
+    assert "bert" in forwards and "bert.encoder.layer.1" in forwards and "bert.embeddings.dropout" in forwards
+    assert prepare(model) is model
+    assert {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__} == forwards
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(after[k] is before[k] or after[k].data_ptr() == before[k].data_ptr() for k in before)
+    assert BertModel.__dict__["forward"].__module__ == "bertforge.model.bert"  # the class is untouched
+    assert "forward" not in BertForPreTraining(tiny_config()).bert.__dict__  # a fresh instance is the reference
+    assert is_prepared(model) and not is_prepared(BertModel(tiny_config()))
+    model.save_pretrained(tmp_path)
+    loaded = BertForPreTraining.from_pretrained(tmp_path)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in after.items())
+
+
+def test_a_copy_of_a_prepared_model_runs_its_own_weights(tiny_config, make_batch):
+    config = tiny_config()
+    model = prepare(BertModel(config)).eval()
+    twin = copy.deepcopy(model)
+    assert twin.__dict__["forward"].__self__ is twin
+    with torch.no_grad():
+        twin.encoder.layer[0].output.dense.weight.mul_(2.0)
+    batch = make_batch(config)
+    with torch.no_grad():
+        assert not torch.allclose(model(**batch).last_hidden_state, twin(**batch).last_hidden_state)
+
+
+def test_subclass_with_its_own_forward_is_left_alone(tiny_config):
+    class Custom(BertModel):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = prepare(Custom(tiny_config()))
+    assert "forward" not in model.__dict__ and not is_prepared(model)
+
+
+def test_export_runs_the_reference_forward(tiny_config, randomize, make_batch, monkeypatch):
+    """While traced by torch.export, a prepared model takes the reference path (every slot through
+    the dense layers; no shape depends on the mask): same outputs, hidden states included."""
+    reference = randomize(BertModel(tiny_config())).eval()
+    fast = prepare(copy.deepcopy(reference))
+    batch = make_batch(reference.config, (11, 7, 1))
+    calls = []
+    real_layer = fast_unpad.layer_forward
+
+    def spy(self, x, padding=None, shape=None, select=None):
+        calls.append(x.dim())
+        return real_layer(self, x, padding, shape, select)
+
+    for layer in fast.encoder.layer:
+        layer.forward = spy.__get__(layer)
+    monkeypatch.setattr(fast_unpad, "_exporting", lambda: True)
+    with torch.no_grad():
+        want, got = reference(**batch, output_hidden_states=True), fast(**batch, output_hidden_states=True)
+    assert calls == [3, 3]  # (B, T, H): the reference layout
+    for a, b in zip(want.hidden_states + (want.pooler_output,), got.hidden_states + (got.pooler_output,)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_row_gradient_only_on_one_process(tiny_config, make_batch, monkeypatch):
+    """Under a process group (DDP, FSDP) the embedding gradient is PyTorch's own, which the wrappers hook."""
+    model = prepare(BertModel(tiny_config())).train()
+    ids = make_batch(model.config)["input_ids"]
+    assert type(fast_embedding.words(model.embeddings, ids).grad_fn).__name__ == "_LookupRowGradBackward"
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    assert type(fast_embedding.words(model.embeddings, ids).grad_fn).__name__ == "EmbeddingBackward0"
+
+
+def test_cheap_dropout_statistics_in_a_prepared_model(tiny_config):
+    """The prepared model's dropout modules drop about p of the values and rescale the rest."""
+    model = prepare(BertForSequenceClassification(tiny_config(hidden_dropout_prob=0.1))).train()
+    x = torch.ones(400, 500)
+    for drop in (model.bert.embeddings.dropout, model.bert.encoder.layer[1].output.dropout, model.dropout):
+        y = drop(x)
+        kept = float((y != 0).float().mean())
+        assert abs(kept - 0.9) < 0.005 and abs(float(y.mean()) - 1.0) < 0.01
+        values = torch.unique(y).tolist()
+        assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(65536 / (65536 - 6554))
+
+
+# ---------------------------------------------------------------------------- riders (CPU training)
+@pytest.mark.parametrize("lengths, riders",
+                         [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
+def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
+    """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
+    every slot): outputs equal the un-rounded forward's, with zeros at padding."""
+    seen = []
+    real_round = fast_unpad.Padding.round_rows
+
+    def spy(self, keep, multiple=64):
+        real_round(self, keep, multiple)
+        seen.append((self.indices.numel(), self.riders))
+
+    monkeypatch.setattr(fast_unpad.Padding, "round_rows", spy)
+    config = tiny_config()
+    model = prepare(BertModel(config)).train()  # dropout 0: train mode is deterministic
+    batch = make_batch(config, lengths)
+    rounded = model(**batch)  # gradient enabled: riders
+    with torch.no_grad():
+        plain = model(**batch)  # no gradient, train mode: neither riders nor length groups
+    N = sum(lengths)
+    assert seen == [(N + riders, riders)]
+    assert (N + riders) % 64 == 0 or N + riders == len(lengths) * max(lengths)
+    torch.testing.assert_close(rounded.last_hidden_state.detach(), plain.last_hidden_state, rtol=0, atol=1e-6)
+    pad = batch["attention_mask"] == 0
+    assert torch.equal(rounded.last_hidden_state[pad], torch.zeros_like(rounded.last_hidden_state[pad]))
+
+
+# ---------------------------------------------------------------------------- length groups (CPU inference)
+def _masks(T: int = 40) -> dict[str, torch.Tensor]:
+    def right(lengths):
+        return (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+    holes = right([40, 31, 9, 22])
+    holes[:, 2::5] = 0
+    return {"mixed": right([3, 40, 17, 39, 1, 8, 25, 40, 2, 33]), "left": right([40, 6, 19, 2]).flip(1),
+            "holes": holes, "empty-row": right([0, 12, 40, 5]), "one": right([9])}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mask", list(_masks()), ids=list(_masks()))
+def test_inference_path_equals_reference(mask, precision, tiny_config, randomize):
+    """Eval without gradients on CPU runs attention per length group (and bf16 attention written out):
+    real positions match the reference and the prepared model's path with gradients on; padding is zero."""
+    reference = randomize(BertModel(tiny_config())).eval()
+    model = prepare(copy.deepcopy(reference))
+    attention_mask = _masks()[mask]
+    input_ids = torch.randint(1, model.config.vocab_size, attention_mask.shape) * attention_mask
+    token_type_ids = torch.randint(0, 2, attention_mask.shape)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    with amp:
+        with_grad = model(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+        with torch.no_grad():
+            got = model(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+            want = reference(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+    real = attention_mask.bool()
+    atol = 1e-5 if precision == "fp32" else 3e-2
+    for ref in (with_grad, want):
+        for a, b in zip(ref.hidden_states, got.hidden_states):
+            assert (a[real].float() - b[real].float()).abs().max() <= atol
+        rows = real.any(1)
+        assert (ref.pooler_output[rows].float() - got.pooler_output[rows].float()).abs().max() <= atol
+    assert torch.all(got.last_hidden_state[~real] == 0)
+
+
+def test_length_groups_layout():
+    keep = _masks()["mixed"].bool()
+    indices = keep.reshape(-1).nonzero().squeeze(1)
+    groups = fast_attention.LengthGroups.build(keep, indices)
+    assert 1 < len(groups.shapes) <= fast_attention.LengthGroups.MAX_GROUPS
+    assert sum(b for b, _ in groups.shapes) == keep.shape[0]
+    assert sum(b * t * t for b, t in groups.shapes) < keep.numel() * keep.shape[1]  # less attention work
+    # every real token once: each group's real slots read the unpadded rows its targets name
+    for gather, real, targets in zip(groups.gathers, groups.real, groups.targets):
+        assert torch.equal(gather.index_select(0, real), targets)
+    assert torch.equal(torch.cat(groups.targets).sort().values, torch.arange(indices.numel()))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_length_cuts_are_optimal(seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = sorted(torch.randint(1, 60, (7,), generator=g).tolist())
+    fixed = lengths[-1] ** 2
+
+    def work(cuts):
+        bounds = [0, *cuts]
+        return sum((e - s) * lengths[e - 1] ** 2 + fixed for s, e in zip(bounds, bounds[1:]))
+
+    best = min(work([*c, 7]) for k in range(4) for c in itertools.combinations(range(1, 7), k))
+    assert work(fast_attention.length_cuts(lengths, 4)) == best
+
+
+# ---------------------------------------------------------------------------- frozen-weight caches (inference)
+def test_frozen_weights_cache_follows_replaced_weights(tiny_config, make_batch, assert_close):
+    """Frozen layers (`freeze_weights`) reuse their stacked, cast weights in inference: the outputs
+    still follow `load_state_dict`, in-place changes, a dtype round trip, and autocast on and off,
+    and equal an unfrozen twin's."""
+    config = tiny_config()
+    model, fresh = prepare(BertModel(config)).eval(), prepare(BertModel(config)).eval()
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+
+    def out(m, **autocast):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bool(autocast)):
+            return m(**batch).last_hidden_state.float()
+
+    def same(**autocast):
+        fresh.load_state_dict(model.state_dict())
+        assert_close(out(model, **autocast), out(fresh, **autocast), real, atol=0)
+
+    with frozen_weights(model):
+        first = out(model)
+        assert any(model.encoder.layer[0].attention.self.query.__dict__["_frozen_weights"].values())  # cached
+        same()
+        with torch.no_grad():
+            model.encoder.layer[0].attention.self.value.weight.mul_(3.0)  # in place: the version counter moves
+        assert (out(model) - first)[real].abs().max() > 1e-3
+        same()
+        model.load_state_dict(BertModel(config).state_dict())  # copied into the same storage
+        same()
+        same(autocast=True)
+        same()  # the fp32 stack again, not the bf16 one
+        model.to(torch.bfloat16).to(torch.float32)  # new storage holding rounded values
+        same()
+    assert not any(is_frozen(m) for m in model.modules())
+    assert list(model.state_dict()) == list(fresh.state_dict())
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["unfrozen", "frozen"])
+def test_eval_between_steps_follows_a_fused_optimizer(frozen, tiny_config, make_batch, assert_close):
+    """Eval between training steps sees every step, even a fused AdamW's, which moves no version
+    counter: unfrozen layers cache nothing, and a forward in train mode drops frozen layers' caches."""
+    config = tiny_config()
+    model = prepare(BertModel(config), freeze=frozen)
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        model.train()
+        model(**batch).last_hidden_state.sum().backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            got = model(**batch).last_hidden_state
+        fresh = BertModel(config).eval()
+        fresh.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            assert_close(got, fresh(**batch).last_hidden_state, real, atol=1e-5)
+
+
+def test_linear_calls_replaced_or_hooked_layers(tiny_config, make_batch, assert_close):
+    """A projection replaced by another module, or carrying a forward hook, is called, not bypassed."""
+    config = tiny_config()
+    model = freeze_weights(prepare(BertModel(config)).eval())
+    batch = make_batch(config)
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        before = model(**batch).last_hidden_state
+    attention = model.encoder.layer[0].attention.self
+    attention.value = torch.nn.Sequential(attention.value, torch.nn.Tanh())  # e.g. an adapter wrapping it
+    model.encoder.layer[1].output.dense.register_forward_hook(lambda m, i, o: o * 2)
+    with torch.no_grad():
+        after = model(**batch).last_hidden_state
+    assert (after - before)[real].abs().max() > 1e-3
+    value, dense = attention.value, model.encoder.layer[1].output.dense
+    attention.value = value[0]
+    dense._forward_hooks.clear()
+    with torch.no_grad():
+        assert_close(model(**batch).last_hidden_state, before, real, atol=0)
