@@ -206,7 +206,7 @@ def test_export_runs_the_reference_forward(tiny_config, randomize, make_batch, m
 
     for layer in fast.encoder.layer:
         layer.forward = spy.__get__(layer)
-    monkeypatch.setattr(fast_unpad, "_exporting", lambda: True)
+    monkeypatch.setattr(fast_unpad, "exporting", lambda: True)
     with torch.no_grad():
         want, got = reference(**batch, output_hidden_states=True), fast(**batch, output_hidden_states=True)
     assert calls == [3, 3]  # (B, T, H): the reference layout

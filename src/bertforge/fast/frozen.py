@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["freeze_weights", "frozen_weights", "linear"]
+__all__ = ["exporting", "freeze_weights", "frozen_weights", "linear"]
 
 # An nn.Linear's cache lives in its own __dict__ under this name: {(layer count, dtype): entry}.
 # A plain attribute, not a buffer, so state dicts do not see it.
@@ -64,7 +64,7 @@ def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     n = len(layers)
     params = [m.weight for m in layers] + [m.bias for m in layers]
     entries = layers[0].__dict__.get(_CACHE)
-    if entries is not None and (layers[0].training or torch.is_grad_enabled() or _exporting()
+    if entries is not None and (layers[0].training or torch.is_grad_enabled() or exporting()
                                 or torch.compiler.is_compiling()):
         if layers[0].training:
             entries.clear()  # training: the weights are about to change, or have
@@ -85,7 +85,7 @@ def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     return F.linear(x, cached[2], cached[3])
 
 
-def _exporting() -> bool:
+def exporting() -> bool:
     """True while ``torch.export`` traces the model (``torch.compiler.is_exporting``, torch >= 2.7)."""
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return is_exporting is not None and is_exporting()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from bertforge.fast.attention import LengthGroups, self_attention
-from bertforge.fast.frozen import _exporting, linear
+from bertforge.fast.frozen import exporting, linear
 from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
                                   gather_positions)
 
@@ -71,7 +71,7 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
 
     While ``torch.export`` traces the model (ONNX export) it runs the reference forward: unpadding's
     shapes depend on the mask's values, which one exported graph cannot."""
-    if _exporting():
+    if exporting():
         return type(self).forward(self, input_ids, attention_mask, token_type_ids, output_hidden_states,
                                   output_positions)
     check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
