@@ -23,6 +23,7 @@ from bertforge import (
 )
 from bertforge.fast import attention as fast_attention
 from bertforge.fast import embedding as fast_embedding
+from bertforge.fast import layout as fast_layout
 from bertforge.fast import freeze_weights, frozen_weights, is_prepared, prepare
 from bertforge.fast import unpad as fast_unpad
 from bertforge.fast.frozen import is_frozen
@@ -242,13 +243,13 @@ def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, mon
     """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
     every slot): outputs equal the un-rounded forward's, with zeros at padding."""
     seen = []
-    real_round = fast_unpad.Padding.round_rows
+    real_round = fast_layout.Padding.round_rows
 
     def spy(self, keep, multiple=64):
         real_round(self, keep, multiple)
         seen.append((self.indices.numel(), self.riders))
 
-    monkeypatch.setattr(fast_unpad.Padding, "round_rows", spy)
+    monkeypatch.setattr(fast_layout.Padding, "round_rows", spy)
     config = tiny_config()
     model = prepare(BertModel(config)).train()  # dropout 0: train mode is deterministic
     batch = make_batch(config, lengths)
@@ -303,8 +304,8 @@ def test_inference_path_equals_reference(mask, precision, tiny_config, randomize
 def test_length_groups_layout():
     keep = _masks()["mixed"].bool()
     indices = keep.reshape(-1).nonzero().squeeze(1)
-    groups = fast_attention.LengthGroups.build(keep, indices)
-    assert 1 < len(groups.shapes) <= fast_attention.LengthGroups.MAX_GROUPS
+    groups = fast_layout.LengthGroups.build(keep, indices)
+    assert 1 < len(groups.shapes) <= fast_layout.LengthGroups.MAX_GROUPS
     assert sum(b for b, _ in groups.shapes) == keep.shape[0]
     assert sum(b * t * t for b, t in groups.shapes) < keep.numel() * keep.shape[1]  # less attention work
     # every real token once: each group's real slots read the unpadded rows its targets name
@@ -324,7 +325,7 @@ def test_length_cuts_are_optimal(seed):
         return sum((e - s) * lengths[e - 1] ** 2 + fixed for s, e in zip(bounds, bounds[1:]))
 
     best = min(work([*c, 7]) for k in range(4) for c in itertools.combinations(range(1, 7), k))
-    assert work(fast_attention.length_cuts(lengths, 4)) == best
+    assert work(fast_layout.length_cuts(lengths, 4)) == best
 
 
 # ---------------------------------------------------------------------------- frozen-weight caches (inference)

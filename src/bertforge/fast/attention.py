@@ -6,100 +6,17 @@ whose mask it draws with `dropout_mask`)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from bertforge.fast import dropout
 from bertforge.fast.frozen import linear
+from bertforge.fast.layout import LengthGroups, Padding
 from bertforge.model.bert import BertSelfAttention
 
-if TYPE_CHECKING:
-    from bertforge.fast.unpad import Padding
-
-__all__ = ["LengthGroups", "attention", "length_cuts", "self_attention", "written_out_attention"]
-
-
-@dataclass
-class LengthGroups:
-    """Inference only (CPU, no gradient): the sequences of a padded batch in a few groups of similar
-    length, so that attention, whose cost grows with T^2, runs per group on a layout padded to the
-    group's longest sequence instead of the batch's. The dense layers already skip padding; on
-    mixed-length batches most of the padded attention work is padding (Wikipedia-leads sentences in
-    batches of 32: 76 %; two groups cut the work to 43 % of the padded layout's). Up to four groups
-    (31 %) are no faster (within 1 %, BERT-mini and -base) and cost more small operations.
-
-    Each group's (b, t) layout is read from the unpadded (N, F) rows with one ``index_select``; a
-    padding slot reads its sequence's first real token, which is finite and masked as a key, and the
-    output it gets as a query is dropped.
-    """
-
-    gathers: list[torch.Tensor]  # per group: (b*t,) rows of the (N, F) tensor to lay out as (b, t)
-    key_masks: list[torch.Tensor]  # per group: (b, 1, 1, t) bool
-    real: list[torch.Tensor]  # per group: positions of its real tokens in the (b*t) layout
-    shapes: list[tuple[int, int]]  # per group: (b, t)
-    targets: list[torch.Tensor] | None  # per group: the (N,) rows of its real tokens (None: one group, in order)
-
-    MAX_GROUPS = 2
-
-    @classmethod
-    def build(cls, keep: torch.Tensor, indices: torch.Tensor) -> LengthGroups:
-        """keep: (B, T) bool; indices: (N,) flat positions of its real tokens (row-major)."""
-        B, T = keep.shape
-        positions = torch.arange(1, T + 1, device=keep.device)
-        extent = (keep * positions).amax(1)  # (B,): last real position + 1 (masks need not be contiguous)
-        extents, rows = extent.sort()
-        rows = rows[extents > 0]  # a sequence without real tokens has nothing to attend
-        cuts = length_cuts(extents[extents > 0].tolist(), cls.MAX_GROUPS)
-        token = torch.full((B * T,), -1, dtype=torch.long, device=keep.device)
-        token[indices] = torch.arange(indices.numel(), device=keep.device)
-        token = token.view(B, T)  # the row in (N, F) of each real slot
-        first = token.gather(1, keep.to(torch.uint8).argmax(1, keepdim=True))  # (B, 1) first real token
-        if len(cuts) == 1:  # one group: the sequences in their own order, no reordering
-            rows = rows.sort().values
-        groups = cls([], [], [], [], [] if len(cuts) > 1 else None)
-        start = 0
-        for end in cuts:
-            r = rows[start:end]
-            t = int(extent[r].max())
-            k = keep[r, :t]
-            groups.gathers.append(torch.where(k, token[r, :t], first[r]).reshape(-1))
-            groups.key_masks.append(k[:, None, None, :])
-            groups.real.append(k.reshape(-1).nonzero().squeeze(1))
-            groups.shapes.append((r.numel(), t))
-            if groups.targets is not None:
-                groups.targets.append(token[r, :t][k])  # in the order of `real`
-            start = end
-        return groups
-
-
-def length_cuts(extents: list[int], max_groups: int) -> list[int]:
-    """Split ascending sequence lengths into at most ``max_groups`` runs of consecutive ones, minimising
-    the attention work: the sum over runs of (sequences in the run) x (its longest)^2, plus for each run
-    the work of one longest sequence of the batch (a run's fixed cost). Returns each run's end index."""
-    n = len(extents)
-    if n == 0:
-        return []
-    L = torch.tensor(extents, dtype=torch.float64)
-    i = torch.arange(n + 1).unsqueeze(1)
-    j = torch.arange(n + 1).unsqueeze(0)
-    # cost[i, j]: sequences i .. j-1 as one run
-    cost = torch.where(i < j, (j - i) * L[(j - 1).clamp(min=0)] ** 2, float("inf"))
-    fixed = float(L[-1]) ** 2
-    best, back = cost[0], []  # best[j]: sequences 0 .. j-1 in g runs
-    totals = [float(best[n]) + fixed]
-    for _ in range(1, max_groups):
-        best, arg = (best.unsqueeze(1) + cost).min(0)
-        back.append(arg)
-        totals.append(float(best[n]) + fixed * (len(back) + 1))
-    runs = min(range(len(totals)), key=totals.__getitem__)  # runs + 1 groups
-    cuts, end = [n], n
-    for arg in reversed(back[:runs]):
-        end = int(arg[end])
-        cuts.append(end)
-    return sorted(cuts)
+__all__ = ["attention", "self_attention", "written_out_attention"]
 
 
 def self_attention(module: BertSelfAttention, x: torch.Tensor, padding: Padding | None, shape: tuple[int, int],

@@ -10,57 +10,15 @@ replaced or hooked layers and the cheaper dropout apply. Their outputs equal the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from bertforge.fast.attention import LengthGroups, self_attention
+from bertforge.fast.attention import self_attention
+from bertforge.fast.layout import LengthGroups, Padding
 from bertforge.fast.frozen import exporting, linear
 from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
                                   gather_positions)
 
-__all__ = ["Padding", "layer_forward", "model_forward", "pooler_forward"]
-
-
-@dataclass
-class Padding:
-    """Where the real tokens of a padded (B, T) batch are, for unpadding dense layers."""
-
-    indices: torch.Tensor  # (N,) flat positions in B*T of the real tokens, then of `riders`
-    key_mask: torch.Tensor  # (B, 1, 1, T) bool, True = attend
-    batch: int
-    length: int
-    groups: LengthGroups | None = None  # inference on CPU: attention per group of similar lengths
-    riders: int = 0  # padding slots that ride along at the end of `indices` (see `round_rows`)
-
-    def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
-        """(N, ...) -> (B, T, ...) with zeros at padding (``real_only``: riders dropped, so zeros at
-        every padding slot; otherwise riders keep their finite values there, which attention masks)."""
-        indices = self.indices
-        if real_only and self.riders:
-            indices, x = indices[:-self.riders], x[:-self.riders]
-        out = x.new_zeros(self.batch * self.length, *x.shape[1:])
-        out = out.index_copy(0, indices, x)
-        return out.view(self.batch, self.length, *x.shape[1:])
-
-    def round_rows(self, keep: torch.Tensor, multiple: int = 64) -> None:
-        """Append padding slots to `indices` until the row count is a multiple of ``multiple`` (or
-        every slot). The dense layers' matrix products then take a few dozen row counts over a run
-        instead of one per batch: oneDNN JIT-compiles bf16 matrix-product kernels for every new
-        shape (code buffers mmap-ed and page-faulted afresh), which costs MiniLM fine-tuning on MR
-        about a fifth of its step time when every batch brings a new row count. A rider's rows are
-        computed and dropped: as a key it is masked, as a query its output is never read, and its
-        gradient is zero."""
-        n = self.indices.numel()
-        target = min(-(-n // multiple) * multiple, self.batch * self.length)
-        if target > n:
-            slots = (~keep).reshape(-1).nonzero().squeeze(1)[:target - n]
-            self.indices = torch.cat([self.indices, slots])
-            self.riders = slots.numel()
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, ...) -> (N, ...)."""
-        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.indices)
+__all__ = ["layer_forward", "model_forward", "pooler_forward"]
 
 
 def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
