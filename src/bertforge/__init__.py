@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from bertforge.version import __version__
 
 _EXPORTS = {
     "BertConfig": "bertforge.model.config",

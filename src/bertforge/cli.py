@@ -584,7 +584,7 @@ def _summary(fn: Callable[..., Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     """``bertforge [-v] COMMAND ...``: picks the command; the command's own flags are tyro's."""
-    from bertforge import __version__
+    from bertforge.version import __version__
 
     table = "\n".join(f"  {name:<12} {_summary(fn)}" for name, fn in COMMANDS.items())
     parser = argparse.ArgumentParser(

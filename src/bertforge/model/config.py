@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertforge import __version__
+from bertforge.version import __version__
 from bertforge.io import atomic_write_text
 
 __all__ = ["BertConfig", "PRESETS", "ACTIVATIONS", "dropout_overrides"]
