@@ -35,7 +35,7 @@ from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard
 
-__all__ = ["IGNORE_INDEX", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
+__all__ = ["IGNORE_INDEX", "CursorLoader", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
 
 IGNORE_INDEX = -100
 """Label of a position no loss reads (padding, unmasked tokens, continuation word pieces): the value
@@ -105,6 +105,36 @@ class EpochCursor:
         self.position = 0
 
 
+class CursorLoader:
+    """What a batch loader reads from its `EpochCursor` (``self.cursor``): where it is in the data, its
+    length, and the state that resumes it exactly (the training loop saves and restores it)."""
+
+    cursor: EpochCursor
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
+    @property
+    def position(self) -> int:
+        """Items of this epoch consumed (all ranks together)."""
+        return self.cursor.position
+
+    @property
+    def global_batch(self) -> int:
+        return self.cursor.global_batch
+
+    def __len__(self) -> int:
+        """Batches per epoch (per rank)."""
+        return len(self.cursor)
+
+    def state_dict(self) -> dict[str, int]:
+        return self.cursor.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.cursor.load_state_dict(state)
+
+
 class PretrainingDataset:
     """A prepared folder: its manifest, checked, and its shards, loaded on demand (one at a time)."""
 
@@ -169,7 +199,7 @@ def _check_special(special: SpecialIds, dataset: PretrainingDataset) -> None:
                          f"has {V} tokens")
 
 
-class PretrainingLoader:
+class PretrainingLoader(CursorLoader):
     """Iterates batches of one epoch per ``iter()``; the next ``iter()`` continues with the next epoch."""
 
     def __init__(
@@ -202,29 +232,6 @@ class PretrainingLoader:
                                          cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
         self.special = special
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
-
-    @property
-    def epoch(self) -> int:
-        return self.cursor.epoch
-
-    @property
-    def position(self) -> int:
-        """Instances of this epoch consumed (all ranks together)."""
-        return self.cursor.position
-
-    @property
-    def global_batch(self) -> int:
-        return self.cursor.global_batch
-
-    def __len__(self) -> int:
-        """Batches per epoch (per rank)."""
-        return len(self.cursor)
-
-    def state_dict(self) -> dict[str, int]:
-        return self.cursor.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.cursor.load_state_dict(state)
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard order, start offset of each visited shard in the epoch)."""

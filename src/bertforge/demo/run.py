@@ -16,10 +16,8 @@ scale, on real data, from nothing.
 
 The pre-training text is the Wikipedia leads plus, by default, the movie-review *training*
 sentences without their labels (``task_text_in_pretraining``; the dev sentences are never seen
-before evaluation). Within 18 minutes on 2 CPU cores pre-training has not paid off on movie reviews
-in any run measured, on three kinds of CPU; with about three times the pre-training it did
-(``--minutes 60``: +1.7 points with 3,524 steps): benchmarks/README.md has the runs. Every setting
-is a field of `DemoConfig`; ``bertforge demo --config FILE.yaml`` scales it up
+before evaluation). The report states the verdict; docs/demo.md has the results by machine. Every
+setting is a field of `DemoConfig`; ``bertforge demo --config FILE.yaml`` scales it up
 (``configs/demo.yaml`` lists them with the defaults).
 """
 

@@ -228,11 +228,6 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
 
 
 # ---------------------------------------------------------------------------- fine-tuning heads
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
-    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
-
-
 def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
             token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
     """The encoder for a head that reads only the pooled [CLS] output: the last layer is asked for at
@@ -241,18 +236,26 @@ def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tens
     return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls)
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
-    """Dropout + Linear on the pooled [CLS] output: classification, or regression with num_labels=1."""
+class _DropoutLinear(BertPreTrainedModel):
+    """An encoder with Dropout + Linear(H, ``outputs``) on top (the classifier heads' shared parts)."""
 
     _fresh_head_prefixes = ("classifier.",)
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, outputs: int, add_pooling_layer: bool):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, outputs)
         self.init_weights()
+
+
+class BertForSequenceClassification(_DropoutLinear):
+    """Dropout + Linear on the pooled [CLS] output: classification, or regression with num_labels=1."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, config.num_labels, add_pooling_layer=True)
 
     def forward(
         self,
@@ -271,18 +274,11 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_DropoutLinear):
     """Dropout + Linear on every token's final hidden state (tagging, e.g. NER)."""
 
-    _fresh_head_prefixes = ("classifier.",)
-
     def __init__(self, config: BertConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
+        super().__init__(config, config.num_labels, add_pooling_layer=False)
 
     def forward(
         self,
@@ -329,17 +325,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                                             end_logits=end_logits.contiguous(), hidden_states=out.hidden_states)
 
 
-class BertForMultipleChoice(BertPreTrainedModel):
+class BertForMultipleChoice(_DropoutLinear):
     """One score per (context, choice) sequence from the pooled output; softmax over the choices."""
 
-    _fresh_head_prefixes = ("classifier.",)
-
     def __init__(self, config: BertConfig):
-        super().__init__(config)
-        self.bert = BertModel(config)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        self.init_weights()
+        super().__init__(config, 1, add_pooling_layer=True)
 
     def forward(
         self,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.loader import EpochCursor, epoch_permutation
+from bertforge.data.loader import CursorLoader, EpochCursor, epoch_permutation
 
 __all__ = ["Windows", "window_starts", "max_context_window", "offsets_through_marks", "FeatureSet",
            "FeatureBatches", "predict_items"]
@@ -136,7 +136,7 @@ class FeatureSet(Protocol):
         ...
 
 
-class FeatureBatches:
+class FeatureBatches(CursorLoader):
     """Training batches over features in memory, for `bertforge.train.loop.Trainer`.
 
     Order: epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
@@ -162,25 +162,6 @@ class FeatureBatches:
     @property
     def seed(self) -> int:
         return self.cursor.seed
-
-    @property
-    def epoch(self) -> int:
-        return self.cursor.epoch
-
-    @property
-    def position(self) -> int:
-        """Items of this epoch consumed (all ranks together)."""
-        return self.cursor.position
-
-    def __len__(self) -> int:
-        """Batches per epoch (per rank)."""
-        return len(self.cursor)
-
-    def state_dict(self) -> dict[str, int]:
-        return self.cursor.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.cursor.load_state_dict(state)
 
     def order(self, epoch: int) -> np.ndarray:
         """The items in the order ``epoch`` visits them."""
