@@ -391,3 +391,33 @@ def test_incomplete_or_broken_manifest_is_an_error(tmp_path, corpus, tok_dir, co
     (copy / "manifest.json").write_text(json.dumps(manifest)[:-20])
     with pytest.raises(ShardError, match="corrupt manifest"):
         PretrainingDataset(copy)
+
+
+def test_data_of_another_normalisation_is_refused(static_dir, tokenizer):
+    # The same vocab.txt read cased gives other ids for the same text: the data and the tokenizer must agree.
+    assert json.loads((static_dir / "manifest.json").read_text())["normalization"] == tokenizer.normalization
+    PretrainingDataset(static_dir, vocab_hash=tokenizer.vocab_hash, normalization=tokenizer.normalization)
+    cased = {**tokenizer.normalization, "do_lower_case": False, "strip_accents": False}
+    with pytest.raises(ShardError, match=r"normalization is do_lower_case=True, strip_accents=True.*"
+                                         r"tokenizer has do_lower_case=False, strip_accents=False"):
+        PretrainingDataset(static_dir, vocab_hash=tokenizer.vocab_hash, normalization=cased)
+
+
+def test_check_files_finds_a_damaged_shard_before_reading_any(copy):
+    ds = PretrainingDataset(copy)
+    ds.check_files()  # intact
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert all(e["bytes"] == (copy / e["file"]).stat().st_size for e in manifest["shards"])
+    last = copy / manifest["shards"][-1]["file"]
+    data = bytearray(last.read_bytes())
+    data[len(data) - 7] ^= 0x01  # same size, other contents
+    last.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=rf"{last.name}: contents differ from the manifest's SHA-256"):
+        PretrainingDataset(copy).check_files()
+    PretrainingDataset(copy, verify_checksums=False).check_files()  # sizes only
+    last.write_bytes(bytes(data[:-100]))
+    with pytest.raises(ShardError, match=rf"{last.name}: {len(data) - 100:,} bytes, the manifest says {len(data):,}"):
+        PretrainingDataset(copy, verify_checksums=False).check_files()
+    last.unlink()
+    with pytest.raises(ShardError, match=rf"{last.name}: shard file missing"):
+        PretrainingDataset(copy).check_files()

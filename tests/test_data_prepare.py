@@ -522,3 +522,40 @@ def test_cli_errors_are_one_line(tmp_path, corpus, tok_dir, capsys):
     capsys.readouterr()
     assert main([*args[:-1], "2"]) == 2
     assert "other settings (dupe_factor)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", r"no documents to prepare \(1 file\(s\), 0 document\(s\), 0 characters\)"),
+    (b"\n  \n\t\n\n", r"no documents to prepare \(1 file\(s\), 0 document\(s\), 0 characters\)"),
+    (b"word " * 250_000, r"no documents to prepare \(1 file\(s\), 0 document\(s\), 0 characters, 1 line\(s\) over "
+                         r"the limit of 1,000,000 characters skipped \(first at .*in.txt:1\)\)"),
+])
+def test_input_without_documents_is_an_error_with_counts(tmp_path, tok_dir, capsys, content, reason):
+    path = write_bytes(tmp_path / "in.txt", content)
+    out = tmp_path / "data"
+    with pytest.raises(ValueError, match=reason):
+        run([path], out, tok_dir)
+    assert not (out / "manifest.json").exists()
+    assert main(["prepare", str(path), "--out", str(tmp_path / "cli"), "--tokenizer", str(tok_dir)]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress bar
+    assert last.startswith("bertforge prepare: error:") and "no documents to prepare" in last
+    assert "Traceback" not in err
+
+
+def test_too_little_text_for_one_instance_is_an_error(tmp_path, tok_dir, capsys):
+    path = write_bytes(tmp_path / "in.txt", b"\xe2\x80\x8b\n")  # a zero-width space: a document of no tokens
+    with pytest.raises(ValueError, match=r"no sentence pairs could be built: 0 document\(s\) with tokens, 0 "
+                                         r"sentence\(s\), 0 token\(s\) \(read: 1 file\(s\), 1 document\(s\)"):
+        run([path], tmp_path / "data", tok_dir)
+    assert not (tmp_path / "data" / "manifest.json").exists()
+
+
+def test_a_folder_prepared_with_another_normalisation_is_not_added_to(tmp_path, tok_dir):
+    path = write_google(tmp_path / "in.txt", documents(seed=3, n_docs=6, min_sents=3, max_sents=6))
+    manifest = run([path], tmp_path / "data", tok_dir)
+    assert manifest["normalization"] == {"do_lower_case": True, "strip_accents": True, "tokenize_chinese_chars": True}
+    cased = tmp_path / "cased"
+    BertTokenizer.from_pretrained(tok_dir, do_lower_case=False).save_pretrained(cased)
+    with pytest.raises(ValueError, match=r"other settings \(tokenizer normalization\)"):
+        run([path], tmp_path / "data", cased)

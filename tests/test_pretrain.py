@@ -355,3 +355,29 @@ def test_a_yaml_config_file_is_honoured_and_flags_override_it(root, tok, nsp_dat
     assert cli.main(["pretrain", "--config", str(file)]) == 2
     assert "max_steps" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+def test_a_tokenizer_of_the_same_vocab_with_other_normalisation_is_refused(root, tok, nsp_data):
+    # Same vocab.txt, so the same vocab hash; read cased, the same text gets other ids.
+    cased = root / "cased-tok"
+    BertTokenizer.from_pretrained(tok, do_lower_case=False).save_pretrained(cased)
+    assert BertTokenizer.from_pretrained(cased).vocab_hash == BertTokenizer.from_pretrained(tok).vocab_hash
+    out = root / "cased-run"
+    with pytest.raises(ValueError, match=r"do_lower_case=True.*do_lower_case=False"):
+        pretrain(config(nsp_data, cased, out, max_steps=1))
+    assert not (out / "model").exists()
+
+
+def test_a_damaged_shard_stops_the_run_before_its_first_step(root, tok, nsp_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(nsp_data, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    # The shard the first epoch visits last, so reading batches alone would meet it late.
+    from bertforge.data.loader import epoch_permutation
+
+    last = data / manifest["shards"][int(epoch_permutation(len(manifest["shards"]), 0, 0)[-1])]["file"]
+    last.write_bytes(last.read_bytes()[:-50])
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=rf"{last.name}: .* bytes, the manifest says"):
+        pretrain(config(data, tok, out, max_steps=1, seed=0))
+    assert not (out / "metrics.jsonl").exists()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,46 @@ def test_single_path_is_accepted(tmp_path):
     tok = learn_vocab(f, tmp_path / "one", vocab_size=200, show_progress=False)
     assert isinstance(tok, BertTokenizer) and Path(tmp_path / "one" / "vocab.txt").is_file()
     assert len(tok) <= 200
+
+
+_STEMS = ("govern nation work people year free right law health school family budget power secure trade "
+          "build market energy child war peace state congress job tax cost plan help hope serve protect "
+          "grow vote reform honor teach care strong fair defend invest create recover unite promise move "
+          "veteran border citizen worker business farmer student nurse soldier neighbor leader judge").split()
+_PREFIXES = ("", "", "", "re", "un", "pre", "over", "under", "co", "mis")
+_SUFFIXES = ("", "", "s", "ed", "ing", "er", "ers", "ment", "ly", "ness", "ful", "ity", "able", "ance", "ive")
+_GLUE = ("the of and to a in that we our for is it will this with have are on not be all must by who "
+         "more than they can new from every american now as an what at more tonight together").split()
+
+
+def _prose(seed: int, n_sentences: int) -> str:
+    """Speech-like English prose of many word forms: frequent glue words, stems with affixes, numbers."""
+    rng = random.Random(seed)
+    words = [p + s + x for s in _STEMS for p in _PREFIXES for x in _SUFFIXES]
+    out = []
+    for _ in range(n_sentences):
+        n = rng.randint(6, 22)
+        sent = [rng.choice(_GLUE) if rng.random() < 0.45 else rng.choice(words) for _ in range(n)]
+        if rng.random() < 0.15:
+            sent.insert(rng.randrange(n), f"{rng.randint(1, 2030):,}")
+        sent[0] = sent[0].capitalize()
+        out.append(" ".join(sent) + rng.choice(".....?!;"))
+    return "\n".join(" ".join(out[i:i + 4]) for i in range(0, len(out), 4)) + "\n"
+
+
+def test_a_small_corpus_gives_a_byte_identical_vocab_in_every_process(tmp_path):
+    # Thousands of word forms and a 2,000-piece budget: the trainer stops among many equally frequent
+    # merges, and each process has its own hash-map order (Python's and the trainer's own).
+    corpus = tmp_path / "speeches.txt"
+    corpus.write_text(_prose(seed=7, n_sentences=1500), encoding="utf-8")
+    assert 100_000 < corpus.stat().st_size < 300_000
+    script = ("import sys; from bertforge.text.vocab import learn_vocab; "
+              "learn_vocab([sys.argv[1]], sys.argv[2], vocab_size=2000, show_progress=False)")
+    files = []
+    for k in range(4):
+        out = tmp_path / f"vocab{k}"
+        env = {**os.environ, "PYTHONHASHSEED": str(k), "PYTHONPATH": os.pathsep.join(sys.path)}
+        subprocess.run([sys.executable, "-c", script, str(corpus), str(out)], env=env, check=True, timeout=120)
+        files.append((out / "vocab.txt").read_bytes())
+    assert len(files[0].splitlines()) == 2000  # the budget, not the corpus, ends training
+    assert all(f == files[0] for f in files[1:])

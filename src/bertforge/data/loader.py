@@ -24,6 +24,7 @@ whatever the number of ranks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,11 @@ import torch
 
 from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
 from bertforge.data.prepare import load_manifest
-from bertforge.data.shards import Shard, ShardError, read_shard
+from bertforge.data.shards import Shard, ShardError, read_shard, sha256_file
 
 __all__ = ["IGNORE_INDEX", "CursorLoader", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
+
+logger = logging.getLogger("bertforge")
 
 IGNORE_INDEX = -100
 """Label of a position no loss reads (padding, unmasked tokens, continuation word pieces): the value
@@ -138,9 +141,12 @@ class CursorLoader:
 class PretrainingDataset:
     """A prepared folder: its manifest, checked, and its shards, loaded on demand (one at a time)."""
 
-    def __init__(self, folder: str | Path, *, vocab_hash: str | None = None, verify_checksums: bool = True,
+    def __init__(self, folder: str | Path, *, vocab_hash: str | None = None,
+                 normalization: dict[str, bool] | None = None, verify_checksums: bool = True,
                  shards: list[int] | None = None):
-        """``shards``: use only these shard indices (e.g. hold the last ones out for evaluation)."""
+        """``vocab_hash`` / ``normalization``: those of the tokenizer that will read the data (see
+        `BertTokenizer.normalization`); data prepared with another vocab or other normalisation is
+        refused. ``shards``: use only these shard indices (e.g. hold the last ones out for evaluation)."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         m = self.manifest
@@ -152,6 +158,8 @@ class PretrainingDataset:
         if vocab_hash is not None and m["vocab_hash"] != vocab_hash:
             raise ShardError(f"{self.folder}: prepared with another vocab (hash {m['vocab_hash'][:12]}) than the "
                              f"model's tokenizer (hash {vocab_hash[:12]}); prepare the data with this tokenizer")
+        if normalization is not None:
+            _check_normalization(self.folder, m, normalization)
         self.config: dict[str, Any] = m["config"]
         self.shards: list[dict[str, Any]] = m["shards"]
         if shards is not None:
@@ -171,6 +179,27 @@ class PretrainingDataset:
     def vocab_hash(self) -> str:
         return self.manifest["vocab_hash"]
 
+    def check_files(self) -> None:
+        """Check every shard file against the manifest before any is read: present, of the recorded
+        size, and (with ``verify_checksums``) of the recorded SHA-256. A run calls this when it starts,
+        so a truncated or corrupt shard stops it at once rather than when the loader reaches it."""
+        for entry in self.shards:
+            path = self.folder / entry["file"]
+            if not path.is_file():
+                raise ShardError(f"{path}: shard file missing (listed in {self.folder / 'manifest.json'})")
+            size = path.stat().st_size
+            if "bytes" in entry and size != entry["bytes"]:
+                raise ShardError(f"{path}: {size:,} bytes, the manifest says {entry['bytes']:,} "
+                                 "(truncated or replaced); prepare the data again")
+        if not self.verify_checksums:
+            return
+        for entry in self.shards:
+            path = self.folder / entry["file"]
+            if sha256_file(path) != entry["sha256"]:
+                raise ShardError(f"{path}: contents differ from the manifest's SHA-256 (corrupt or replaced); "
+                                 "prepare the data again")
+        logger.debug("%s: %d shards match the manifest's sizes and checksums", self.folder, len(self.shards))
+
     def shard(self, index: int) -> Shard:
         if self._cached is None or self._cached[0] != index:
             entry = self.shards[index]
@@ -181,6 +210,24 @@ class PretrainingDataset:
                                  f"{entry['instances']}")
             self._cached = (index, shard)
         return self._cached[1]
+
+
+def _describe(normalization: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={normalization.get(k)}" for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"))
+
+
+def _check_normalization(folder: Path, manifest: dict[str, Any], normalization: dict[str, bool]) -> None:
+    """The data's tokens were made with one normalisation; a tokenizer with another one would train a
+    model on ids it never produces itself (and ship with it)."""
+    data = manifest.get("normalization")
+    if data is None:
+        logger.warning("%s: the manifest does not record the tokenizer's normalisation (prepared by an older "
+                       "version); it cannot be checked against the tokenizer's (%s)", folder, _describe(normalization))
+        return
+    if {k: data.get(k) for k in normalization} != normalization:
+        raise ShardError(f"{folder}: prepared with a tokenizer whose normalization is {_describe(data)}, but the "
+                         f"given tokenizer has {_describe(normalization)}; use the tokenizer the data was "
+                         "prepared with, or prepare the data again with this one")
 
 
 def _check_special(special: SpecialIds, dataset: PretrainingDataset) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from bertforge.data.corpus import FORMATS, CorpusStats, RawDocument, expand_inputs, iter_documents
+from bertforge.data.corpus import FORMATS, MAX_LINE_CHARS, CorpusStats, RawDocument, expand_inputs, iter_documents
 from bertforge.data.instances import (
     DocumentPool,
     InstanceBatch,
@@ -109,8 +109,12 @@ class PrepareConfig:
         return MaskingConfig(self.masked_lm_prob, self.max_predictions_per_seq, self.mask_token_prob,
                              self.random_token_prob, self.whole_word_mask)
 
-    def fingerprint(self, vocab_hash: str, inputs: list | None = None) -> str:
-        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash, "inputs": inputs}, sort_keys=True)
+    def fingerprint(self, vocab_hash: str, inputs: list | None = None,
+                    normalization: dict[str, bool] | None = None) -> str:
+        """What the shards are a function of: these settings, the vocab, the tokenizer's
+        normalisation and the input files."""
+        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash, "inputs": inputs,
+                           "normalization": normalization}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -261,6 +265,10 @@ def prepare(
     ``tokenizer`` is a checkpoint folder or vocab folder (``vocab.txt`` + settings).
     ``num_shards`` / ``shard_index`` split the work across machines: this call builds the windows
     whose index is ``shard_index`` modulo ``num_shards``.
+
+    Raises ``ValueError`` when the inputs hold no document (empty, blank, or only lines over the
+    length limit) or when no instance can be built from them (too little text), with the counts of
+    what was read, rather than writing an empty dataset.
     """
     from bertforge.text.tokenizer import BertTokenizer
 
@@ -275,11 +283,12 @@ def prepare(
     # The shards are made of these files: a folder of shards of other inputs must not be resumed.
     # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
     input_files = [[f.name, f.stat().st_size] for f in files]
-    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files)
+    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files, tok.normalization)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
-                "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "fingerprint": fingerprint,
+                "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "normalization": tok.normalization,
+                "fingerprint": fingerprint,
                 "inputs": [str(f) for f in files], "input_files": input_files}
     settings_path = out / SETTINGS
     if settings_path.is_file():
@@ -288,6 +297,8 @@ def prepare(
             diff = [k for k in settings["config"] if old.get("config", {}).get(k) != settings["config"][k]]
             if old.get("vocab_hash") != tok.vocab_hash:
                 diff.append("vocab")
+            if old.get("normalization") != tok.normalization:
+                diff.append("tokenizer normalization")
             raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
                              "use a new output folder")
     atomic_write_text(settings_path, json.dumps(settings, indent=1) + "\n")
@@ -351,7 +362,15 @@ def prepare(
         if pool is not None:
             pool.terminate()
         bar.close()
-    manifest = _write_manifest(out, settings, corpus, total_windows)
+    if total_windows == 0:
+        raise ValueError(f"{_names(files)}: no documents to prepare ({_input_counts(corpus)})")
+    manifest = _build_manifest(out, settings, corpus, total_windows)
+    if manifest["complete"] and manifest["totals"]["instances"] == 0:
+        t = manifest["totals"]
+        raise ValueError(f"{_names(files)}: no {'sentence pairs' if cfg.nsp else 'instances'} could be built: "
+                         f"{t['documents']} document(s) with tokens, {t['sentences']} sentence(s), "
+                         f"{t['input_tokens']} token(s) (read: {_input_counts(corpus)}); give more text")
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     if progress:
         elapsed = time.perf_counter() - t0
         logger.info(f"prepare: {len(entries)} shards this run, {done_tokens:,} input tokens in {elapsed:.1f} s "
@@ -360,7 +379,27 @@ def prepare(
     return manifest
 
 
-def _write_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, total: int) -> dict[str, Any]:
+def _names(files: list[Path]) -> str:
+    return ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+
+
+def _input_counts(corpus: CorpusStats) -> str:
+    """What reading the input met, for an error that says why nothing came of it."""
+    parts = [f"{corpus.files} file(s), {corpus.documents} document(s), {corpus.characters:,} characters"]
+    if corpus.empty_documents:
+        parts.append(f"{corpus.empty_documents} empty or blank document(s)")
+    if corpus.long_lines_skipped:
+        parts.append(f"{corpus.long_lines_skipped} line(s) over the limit of {MAX_LINE_CHARS:,} characters skipped "
+                     f"(first at {corpus.first_problem.get('long_lines_skipped', '?')})")
+    if corpus.invalid_utf8_lines:
+        parts.append(f"{corpus.invalid_utf8_lines} line(s) of invalid UTF-8")
+    if corpus.bad_json_records:
+        parts.append(f"{corpus.bad_json_records} bad JSON record(s) "
+                     f"(first at {corpus.first_problem.get('bad_json_records', '?')})")
+    return ", ".join(parts)
+
+
+def _build_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, total: int) -> dict[str, Any]:
     shards, missing = [], []
     for index in range(total):
         entry = _finished(out, index, settings["fingerprint"])
@@ -384,10 +423,8 @@ def _write_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, to
                                   if shards else [0] * P),
         "replacements": dict(sum((collections.Counter(e["replacements"]) for e in shards), collections.Counter())),
     }
-    manifest = {**settings, "complete": not missing, "missing_shards": missing, "total_shards": total,
-                "corpus": dataclasses.asdict(corpus), "totals": totals, "shards": shards}
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    return {**settings, "complete": not missing, "missing_shards": missing, "total_shards": total,
+            "corpus": dataclasses.asdict(corpus), "totals": totals, "shards": shards}
 
 
 def load_manifest(folder: str | Path) -> dict[str, Any]:

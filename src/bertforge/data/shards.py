@@ -1,7 +1,7 @@
 """The on-disk format of prepared pre-training data: a folder of shards and a manifest.
 
 A shard is one safetensors file of flat integer arrays (no pickle; the header is checked, so a
-truncated file is detected on open), plus a sidecar ``.json`` with its counts, statistics and
+truncated file is detected on open), plus a sidecar ``.json`` with its counts, statistics, size in bytes and
 SHA-256. ``manifest.json`` gathers the settings, the vocab hash and every shard's entry.
 
 Arrays of a shard of n instances (token ids as uint16 when the vocab fits, else uint32):
@@ -81,7 +81,7 @@ def write_shard(path: Path, instances: InstanceBatch | Sequence[TrainingInstance
     with atomic_path(path) as tmp:
         save_file(arrays, str(tmp), metadata=meta)
     entry = {"file": path.name, "instances": len(batch), "tokens": int(batch.offsets[-1]),
-             "sha256": sha256_file(path), **info}
+             "bytes": path.stat().st_size, "sha256": sha256_file(path), **info}
     atomic_write_text(path.with_suffix(".json"), json.dumps(entry, indent=1) + "\n")
     return entry
 

@@ -438,6 +438,18 @@ class BertTokenizer:
     def vocab_size(self) -> int:
         return len(self._tokens)
 
+    @property
+    def normalization(self) -> dict[str, bool]:
+        """The text normalisation that, with the vocabulary, fixes which ids a text gets: lower-casing,
+        accent stripping (``strip_accents=None`` resolved to what it does) and CJK splitting.
+
+        Two tokenizers with the same ``vocab.txt`` but other settings tokenize differently, so data
+        and models record these next to the vocab hash and are checked against them.
+        """
+        strip = self.strip_accents if self.strip_accents is not None else self.do_lower_case
+        return {"do_lower_case": bool(self.do_lower_case), "strip_accents": bool(strip),
+                "tokenize_chinese_chars": bool(self.tokenize_chinese_chars)}
+
     def __len__(self) -> int:
         return len(self._tokens)
 

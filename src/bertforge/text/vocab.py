@@ -16,15 +16,17 @@ so with ``num_unused=99``: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Iterable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from tokenizers import Tokenizer, models, trainers
 
 from bertforge.io import open_binary
-from bertforge.text.tokenizer import BertTokenizer, bert_normalizer, bert_pre_tokenizer
+from bertforge.text.tokenizer import _CJK_RANGES, BertTokenizer, bert_normalizer, bert_pre_tokenizer
 
 __all__ = ["learn_vocab", "iter_text_lines"]
 
@@ -34,6 +36,26 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 def _canonical(piece: str) -> tuple[bool, bool, str]:
     """Sort key of a learned piece: characters, then "##" characters, then longer pieces ("##" ones last)."""
     return len(piece.removeprefix("##")) > 1, piece.startswith("##"), piece
+
+
+def _own_word(ch: str) -> bool:
+    """A character the pre-tokenizer always makes a word of its own (punctuation, CJK ideograph):
+    it never continues a word, so it needs no ``##`` piece."""
+    cp = ord(ch)
+    if 33 <= cp <= 126 and not ch.isalnum():
+        return True
+    return unicodedata.category(ch).startswith("P") or any(a <= cp <= b for a, b in _CJK_RANGES)
+
+
+def _alphabet(text: Callable[[], Iterable[str]], do_lower_case: bool, limit: int) -> list[str]:
+    """The characters the vocabulary keeps: the ``limit`` most frequent of the normalised text, ties
+    broken by code point, so the choice does not depend on the trainer's hash-map order."""
+    normalizer = bert_normalizer(do_lower_case=do_lower_case)
+    counts: collections.Counter[str] = collections.Counter()
+    for line in text():
+        counts.update(normalizer.normalize_str(line))
+    chars = [c for c in counts if not c.isspace()]
+    return sorted(sorted(chars, key=lambda c: (-counts[c], c))[:limit])
 
 
 def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
@@ -76,7 +98,8 @@ def learn_vocab(
     Args:
         files: text to learn from. A list or tuple (or a single path) names files, read line by
             line, ``.gz``/``.bz2``/``.xz`` transparently; any other iterable (a generator, an
-            iterator over lines) yields the text itself.
+            iterator over lines) yields the text itself, and is held in memory (the text is read
+            twice: once to choose the alphabet, once to train).
         out_dir: where :meth:`BertTokenizer.save_pretrained` writes ``vocab.txt`` and the rest.
         vocab_size: upper bound on the size of the whole vocabulary, special and ``[unused]``
             tokens included (a small corpus can give fewer pieces).
@@ -98,14 +121,29 @@ def learn_vocab(
 
     if isinstance(files, (str, os.PathLike)):
         files = [files]
+    # The text is read twice (the alphabet, then the trainer): files are re-read, other iterables held.
     if isinstance(files, (list, tuple)):
         paths = [Path(p) for p in files]
         for p in paths:
             if not p.is_file():
                 raise FileNotFoundError(f"{p}: no such text file")
-        lines: Iterable[str] = (line for p in paths for line in iter_text_lines(p))
+
+        def text() -> Iterable[str]:
+            return (line for p in paths for line in iter_text_lines(p))
     else:
-        lines = files  # type: ignore[assignment]
+        held = list(files)  # type: ignore[arg-type]
+
+        def text() -> Iterable[str]:
+            return iter(held)
+
+    # tokenizers' trainer is not deterministic by itself (tokenizers #1794): it numbers the "##"
+    # characters in hash-map order, breaks ties between equally frequent merges by those numbers, and
+    # cuts the alphabet at `limit_alphabet` among equal counts in hash-map order, so which pieces make
+    # the cut changed from run to run. Here the alphabet is chosen beforehand (frequency, then code
+    # point) and passed as the trainer's whole alphabet, and every "##" character is given to it up
+    # front, in code point order, so all its numbers, and with them the ties, are the same on every run.
+    alphabet = _alphabet(text, do_lower_case, limit_alphabet)
+    continuations = [f"##{c}" for c in alphabet if not _own_word(c)]
 
     backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     backend.normalizer = bert_normalizer(do_lower_case=do_lower_case)
@@ -114,17 +152,16 @@ def learn_vocab(
         # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
         vocab_size=vocab_size - num_unused,
         min_frequency=min_frequency,
-        limit_alphabet=limit_alphabet,
-        special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=len(alphabet),
+        initial_alphabet=alphabet,
+        special_tokens=[*SPECIAL_TOKENS, *continuations],
         continuing_subword_prefix="##",
         show_progress=show_progress,
     )
-    backend.train_from_iterator(lines, trainer=trainer)
+    backend.train_from_iterator(text(), trainer=trainer)
 
-    # In a canonical order, not the trainer's: tokenizers numbers the "##" pieces in hash-map order, so the
-    # same text gave a differently ordered vocab.txt (the same set, other ids) on every run (tokenizers
-    # #1794). WordPiece's greedy longest match depends on the set only: characters, "##" characters,
-    # then longer pieces, each group sorted.
+    # In a canonical order, not the trainer's: WordPiece's greedy longest match depends on the set
+    # only: characters, "##" characters, then longer pieces, each group sorted.
     pieces = sorted((t for t in backend.get_vocab() if t not in SPECIAL_TOKENS), key=_canonical)
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(num_unused)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]
     tokenizer = BertTokenizer(tokens, do_lower_case=do_lower_case)

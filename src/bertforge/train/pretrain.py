@@ -190,7 +190,9 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
         raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
     held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
     train_shards = [i for i in range(n_shards) if i not in held_out]
-    dataset = PretrainingDataset(cfg.data, vocab_hash=tok.vocab_hash, shards=train_shards)
+    vocab_hash, normalization = tok.vocab_hash, tok.normalization  # the data must have been made with these
+    dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization, shards=train_shards)
+    dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
     special = special_ids(tok) if data_cfg.get("dynamic_masking") else None
     loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                world_size=dist.world_size, special=special)
@@ -198,10 +200,11 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     task = PretrainingTask(nsp=nsp)
     evaluate = None
     if cfg.eval_data or held_out:
-        eval_set = (PretrainingDataset(cfg.eval_data, vocab_hash=tok.vocab_hash) if cfg.eval_data
-                    else PretrainingDataset(cfg.data, vocab_hash=tok.vocab_hash, shards=list(held_out)))
+        eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash, normalization=normalization,
+                                      shards=None if cfg.eval_data else list(held_out))
         if bool(eval_set.config["nsp"]) != nsp:
             raise ValueError(f"{cfg.eval_data}: NSP mode differs from the training data's")
+        eval_set.check_files()
         evaluate = _evaluator(eval_set, task, cfg, dist, special)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
