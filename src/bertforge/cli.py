@@ -49,7 +49,7 @@ from bertforge.demo.run import DemoConfig
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
-from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES
+from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.precision import PRECISIONS
 from bertforge.train.pretrain import PretrainConfig
@@ -472,7 +472,8 @@ def _predict_task_file(checkpoint: str, file: str, out: str | None, run: Inferen
 
 # ---------------------------------------------------------------------------- serve
 def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
-          max_request_bytes: int = MAX_REQUEST_BYTES, run: Annotated[Inference, arg(name="")] = Inference(),
+          max_request_bytes: int = MAX_REQUEST_BYTES, max_request_tokens: int = MAX_REQUEST_TOKENS,
+          run: Annotated[Inference, arg(name="")] = Inference(),
           settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
     """Serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits.
 
@@ -482,6 +483,7 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
         port: port to listen on
         max_batch: most inputs in one request
         max_request_bytes: largest request body
+        max_request_tokens: most tokens in one request (its texts' WordPiece tokens, [CLS] and [SEP])
     """
     from bertforge.serving.http import serve as run_server
 
@@ -492,7 +494,8 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
         print(f"bertforge serve: error: {e.name} is not installed; pip install 'bertforge[serve]'", file=sys.stderr)
         return 2
     run_server(_load_predictor(checkpoint, settings, run), host=host, port=port, max_batch=max_batch,
-               max_request_bytes=max_request_bytes, top_k=run.top_k, pooling=run.pooling)
+               max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=run.top_k,
+               pooling=run.pooling)
     return 0
 
 

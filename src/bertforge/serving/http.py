@@ -18,26 +18,31 @@ Inputs are what `bertforge.serving.predictor.parse_input` reads: strings (``"a |
 The predictions are `bertforge.serving.predictor.Predictor`'s records, one per input, in order.
 
 Errors are JSON ``{"error": message}``: 400 for a body that is not a JSON object with ``inputs``
-(or a bad ``top_k`` / ``pooling``, or an unknown key); 413 for a body over ``max_request_bytes`` or
-more inputs than ``max_batch``; 422 for inputs the model cannot take (none at all, no [MASK] for
-fill-mask, a fill-mask text longer than the model's positions, a QA input without its context, an
-input of the wrong type), naming the input; 404 and 405 for unknown routes and methods.
+(or a bad ``top_k`` / ``pooling``, or an unknown key), is not valid Unicode text (a lone surrogate
+such as ``"\\ud800"``) or nests deeper than `MAX_DEPTH`; 413 for a body over ``max_request_bytes``,
+more inputs than ``max_batch`` or more tokens than ``max_request_tokens``; 422 for inputs the model
+cannot take (none at all, no [MASK] for fill-mask, a fill-mask text longer than the model's
+positions, a QA input without its context, an input of the wrong type), naming the input; 404 and
+405 for unknown routes and methods. A bad request never stops the server.
 
-Each request's inputs run as one batched call, in a worker thread so the server keeps accepting
-connections; a lock lets one call use the model at a time, so concurrent requests are safe (and
-the machine's cores go to one forward pass rather than several fighting over them).
+Each request's inputs run as one call, in a worker thread so the server keeps accepting
+connections. The model runs one forward pass (one batch) at a time, the requests taking turns
+batch by batch in arrival order (`bertforge.serving.predictor.take_turns`): concurrent requests are
+safe, the machine's cores go to one forward pass rather than several fighting over them, and a
+short request waits for one batch of a long one, not for all of it. ``max_request_tokens`` bounds
+the work of one request (its bytes alone do not: 1 MiB of text is some 250,000 tokens).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Any
 
-from bertforge.serving.predictor import POOLINGS, InputError, Predictor
+from bertforge.serving.predictor import POOLINGS, InputError, Predictor, parse_input, take_turns
 
-__all__ = ["create_app", "serve", "HEAD_ROUTES", "MAX_BATCH", "MAX_REQUEST_BYTES"]
+__all__ = ["create_app", "serve", "HEAD_ROUTES", "MAX_BATCH", "MAX_REQUEST_BYTES", "MAX_REQUEST_TOKENS",
+           "MAX_DEPTH"]
 
 logger = logging.getLogger("bertforge")
 
@@ -45,9 +50,46 @@ MAX_BATCH = 32
 """Inputs per request, by default."""
 MAX_REQUEST_BYTES = 1 << 20
 """Bytes of a request body, by default (1 MiB)."""
+MAX_REQUEST_TOKENS = 16384
+"""Tokens of a request, by default: its texts' WordPiece tokens plus [CLS] and a [SEP] per text (32
+inputs of 512 tokens)."""
+MAX_DEPTH = 32
+"""JSON nesting a request body may have (a request needs 4: body, inputs, an input, its choices)."""
 HEAD_ROUTES = {"fill-mask": "/fill-mask", "classification": "/classify", "tagging": "/tag", "qa": "/answer",
                "multiple-choice": "/choose", "embeddings": "/embed"}
 _KEYS = ("inputs", "top_k", "pooling")
+
+
+def _unservable(data: Any) -> str:
+    """Why a parsed body cannot be served ("" if it can): nesting deeper than `MAX_DEPTH`, which
+    the code reading it would have to recurse through, or a string holding a lone surrogate (JSON's
+    ``"\\ud800"`` escape decodes to one), which no UTF-8 text, and so no tokenizer or response, can
+    hold. Walked without recursion, so any depth the parser returned is safe to look at."""
+    if isinstance(data, str) and not _is_utf8(data):
+        return f"the body has a lone surrogate ({ascii(data)[:80]}): not valid Unicode text"
+    stack = [(data, 1, "the body")]  # the objects and lists still to look into
+    while stack:
+        x, depth, where = stack.pop()
+        if not isinstance(x, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            return f"the body nests JSON deeper than {MAX_DEPTH} levels"
+        for k, v in x.items() if isinstance(x, dict) else enumerate(x):
+            if isinstance(k, str) and not _is_utf8(k):
+                return f"a key of {where} has a lone surrogate ({ascii(k)[:80]}): not valid Unicode text"
+            if isinstance(v, str) and not _is_utf8(v):
+                return f"{where}[{json.dumps(k)}] has a lone surrogate ({ascii(v)[:80]}): not valid Unicode text"
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1, f"{where}[{json.dumps(k)}]"))
+    return ""
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_type(x: Any) -> str:
@@ -56,7 +98,7 @@ def _json_type(x: Any) -> str:
 
 
 def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_bytes: int = MAX_REQUEST_BYTES,
-               top_k: int = 5, pooling: str = "mean") -> Any:
+               max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5, pooling: str = "mean") -> Any:
     """The Starlette application serving ``predictor`` (module docstring); ``top_k`` and ``pooling``
     are the defaults of requests that do not name them."""
     import torch
@@ -67,11 +109,12 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    if max_batch < 1 or max_request_bytes < 1:
-        raise ValueError(f"max_batch and max_request_bytes must be >= 1, got {max_batch} and {max_request_bytes}")
+    if min(max_batch, max_request_bytes, max_request_tokens) < 1:
+        raise ValueError(f"max_batch, max_request_bytes and max_request_tokens must be >= 1, got {max_batch}, "
+                         f"{max_request_bytes} and {max_request_tokens}")
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-    lock = threading.Lock()
+    take_turns(predictor)
     heads = dict.fromkeys([predictor.head, "embeddings"])
     posts = ["/predict", *(HEAD_ROUTES[h] for h in heads)]
 
@@ -87,9 +130,15 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
                 raise HTTPException(413, f"the request body exceeds the limit of {max_request_bytes:,} bytes "
                                          "(--max-request-bytes)")
         try:
-            return json.loads(bytes(body))
+            data = json.loads(bytes(body))
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             raise HTTPException(400, f"the body is not valid JSON ({e}); send {{\"inputs\": [...]}}") from None
+        except RecursionError:
+            raise HTTPException(400, f"the body nests JSON deeper than {MAX_DEPTH} levels") from None
+        problem = _unservable(data)
+        if problem:
+            raise HTTPException(400, problem)
+        return data
 
     def parse(data: Any) -> tuple[list[Any], dict[str, Any]]:
         if not isinstance(data, dict):
@@ -117,14 +166,23 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
             raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
         return inputs, {"top_k": k, "pooling": how}
 
+    def count_tokens(inputs: list[Any]) -> int:
+        """The request's tokens (`MAX_REQUEST_TOKENS`), counted before any model work."""
+        texts = [parse_input(x, i) for i, x in enumerate(inputs)]  # InputError: 422, as the predictor's
+        pieces = predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])
+        return sum(map(len, pieces)) + sum(len(group) + 1 for group in texts)
+
     def endpoint(head: str | None) -> Any:
         async def handle(request: Request) -> JSONResponse:
             inputs, options = parse(await read_json(request))
             name = head or predictor.head
 
             def call() -> list[dict[str, Any]]:
-                with lock:
-                    return predictor(inputs, head=name, **options)
+                tokens = count_tokens(inputs)
+                if tokens > max_request_tokens:
+                    raise HTTPException(413, f"{tokens:,} tokens; the limit is {max_request_tokens:,} per request "
+                                             "(--max-request-tokens): send fewer or shorter inputs")
+                return predictor(inputs, head=name, **options)
 
             try:
                 records = await run_in_threadpool(call)
@@ -139,7 +197,8 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
                              "device": str(predictor.device),
                              "dtype": str(predictor.autocast or torch.float32).removeprefix("torch."),
                              "labels": predictor.labels, "routes": ["GET /health", *(f"POST {r}" for r in posts)],
-                             "limits": {"max_batch": max_batch, "max_request_bytes": max_request_bytes}})
+                             "limits": {"max_batch": max_batch, "max_request_bytes": max_request_bytes,
+                                        "max_request_tokens": max_request_tokens}})
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
@@ -159,13 +218,13 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
 
 
 def serve(predictor: Predictor, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
-          max_request_bytes: int = MAX_REQUEST_BYTES, top_k: int = 5, pooling: str = "mean",
-          log_level: str = "info") -> None:
+          max_request_bytes: int = MAX_REQUEST_BYTES, max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5,
+          pooling: str = "mean", log_level: str = "info") -> None:
     """Serve ``predictor`` with uvicorn until interrupted (Ctrl-C / SIGTERM)."""
     import uvicorn
 
-    app = create_app(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes, top_k=top_k,
-                     pooling=pooling)
+    app = create_app(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes,
+                     max_request_tokens=max_request_tokens, top_k=top_k, pooling=pooling)
     logger.info(f"bertforge serve: {predictor.name} ({predictor.head}, {predictor.device}) on http://{host}:{port} "
                 "(GET /health, POST /predict)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)

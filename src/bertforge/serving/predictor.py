@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ from bertforge.train.distributed import resolve_device
 from bertforge.train.precision import PRECISIONS, autocast, dtype_of, resolve_precision
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
-           "format_record", "format_records"]
+           "format_record", "format_records", "TurnLock", "take_turns"]
 
 HEADS = ("fill-mask", "classification", "tagging", "qa", "multiple-choice", "embeddings")
 POOLINGS = ("mean", "cls", "pooler")
@@ -138,7 +139,8 @@ def _precision(precision: str, dtype: torch.dtype | str | None) -> str:
 class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
-    Not for concurrent calls from several threads: serialise them (`bertforge.serving.http` holds a lock).
+    Not for concurrent calls from several threads unless its forward passes take turns (`take_turns`,
+    as `bertforge.serving.http` does), or the calls are serialised.
     Its model is prepared for fast inference with frozen weights (`bertforge.fast.prepare`): do not train it.
 
     ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
@@ -402,6 +404,66 @@ class Predictor:
                 cls = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)
                 out = bert.pooler(cls[:, None]).float().cpu().numpy()  # (N, 1, H) -> (N, H)
         return out
+
+
+# ---------------------------------------------------------------------------- taking turns
+class TurnLock:
+    """A lock handed to its waiters in the order they asked (first come, first served).
+
+    `threading.Lock` is not fair: a thread that releases it and asks again at once usually gets it
+    back before a waiting thread wakes up, so a long call taking it batch after batch would still
+    keep a short one waiting to the end."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._issued = 0  # tickets handed out
+        self._serving = 0  # the ticket holding the lock
+
+    def __enter__(self) -> None:
+        with self._changed:
+            ticket = self._issued
+            self._issued += 1
+            while ticket != self._serving:
+                self._changed.wait()
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._changed:
+            self._serving += 1
+            self._changed.notify_all()
+
+
+def take_turns(predictor: Predictor) -> TurnLock:
+    """Make every forward pass of ``predictor``'s model (one batch) hold one `TurnLock`, released
+    between batches, and return it. Calls from several threads then share the model batch by batch
+    in arrival order: a short call waits for one batch of a long call rather than all of it, and the
+    machine's cores still go to one forward pass at a time. Calling it again returns the same lock.
+
+    The lock is taken by forward hooks on the model and on its encoder (the embeddings call the
+    encoder, and the pooler, alone); a call inside a call (the head calling its encoder) keeps the
+    lock it has."""
+    lock = getattr(predictor.model, "_turns", None)
+    if lock is not None:
+        return lock
+    lock = TurnLock()
+    depth = threading.local()
+
+    def enter(module: nn.Module, args: Any) -> None:
+        level = getattr(depth, "level", 0)
+        if level == 0:
+            lock.__enter__()
+        depth.level = level + 1
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        depth.level -= 1
+        if depth.level == 0:
+            lock.__exit__()
+
+    bert = getattr(predictor.model, "bert", predictor.model)
+    for module in dict.fromkeys(m for m in (predictor.model, bert, getattr(bert, "pooler", None)) if m is not None):
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave, always_call=True)  # released if the forward pass raises too
+    predictor.model._turns = lock  # on the model, which carries the hooks
+    return lock
 
 
 # ---------------------------------------------------------------------------- output
