@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -62,7 +62,15 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 @dataclass
 class TrainConfig:
-    """Settings of the shared training loop (defaults: the paper's pre-training)."""
+    """Settings of the shared training loop (defaults: the paper's pre-training).
+
+    A warmup setting left unset (None) means "not given": `warmup` resolves it to the recipe's default,
+    so a value the user gives always wins over a default, and giving both is an error."""
+
+    DEFAULT_WARMUP_STEPS: ClassVar[int] = 10_000
+    """Warmup steps when neither warmup setting is given (the paper's pre-training)."""
+    DEFAULT_WARMUP_RATIO: ClassVar[float | None] = None
+    """If set: warmup over this share of max_steps when neither warmup setting is given (wins over the above)."""
 
     batch_size: int = 256
     """Global batch: sequences per optimizer step over all processes and accumulation steps."""
@@ -72,10 +80,11 @@ class TrainConfig:
     """Optimizer steps of the run (the schedule decays to its end over them)."""
     lr: float = 1e-4
     """Peak learning rate."""
-    warmup_steps: int = 10_000
-    """Steps of linear warmup from 0 to the peak."""
-    warmup_ratio: float = 0.0
-    """If > 0: warmup over this share of max_steps instead of warmup_steps (fine-tuning: 0.1)."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup from 0 to the peak (not given, and no --warmup-ratio: 10,000, the paper's
+    pre-training; give one, not both)."""
+    warmup_ratio: float | None = None
+    """Warmup over this share of max_steps, instead of --warmup-steps (give one, not both)."""
     schedule: str = "linear"
     """Decay after warmup: linear (the paper), polynomial, cosine or constant."""
     power: float = 1.0
@@ -125,14 +134,25 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both "
+                             "set; set one of them")
+        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.warmup_steps < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
+        if (self.warmup_steps or 0) < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
             raise ValueError("warmup_steps, keep_checkpoints and eval_every must be >= 0")
 
     @property
     def warmup(self) -> int:
-        return int(self.warmup_ratio * self.max_steps) if self.warmup_ratio > 0 else self.warmup_steps
+        """The warmup steps the run takes: warmup_steps or warmup_ratio, whichever is given, else the
+        recipe's default (`DEFAULT_WARMUP_STEPS` or `DEFAULT_WARMUP_RATIO`, exactly one of them set)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        if self.warmup_ratio is not None:
+            return int(self.warmup_ratio * self.max_steps)
+        if self.DEFAULT_WARMUP_RATIO is not None:
+            return int(self.DEFAULT_WARMUP_RATIO * self.max_steps)
+        return self.DEFAULT_WARMUP_STEPS
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward pass on each process."""
@@ -305,7 +325,8 @@ class Trainer:
         tokenizer: Any = None,
         run_config: dict[str, Any] | None = None,
         resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
-                                              "eval_every", "max_time_minutes", "progress", "compile"),
+                                              "eval_every", "max_time_minutes", "progress", "compile",
+                                              "warmup_steps_used"),
     ):
         self.cfg = config
         self.dist = dist or Distributed()
