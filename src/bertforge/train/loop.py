@@ -19,6 +19,12 @@ process's random-generator states, the batch source's position; read back with
 is written under a temporary name and renamed when complete (`bertforge.io.atomic_dir`), so a crash
 or ``kill -9`` at any moment leaves every earlier checkpoint intact; only then are checkpoints
 beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
+
+Metrics. ``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every
+multiple of ``log_every`` over the steps since the previous multiple (plus one at the step a run stops
+at). The sums of the open logging window are part of the checkpoint,
+so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
+partial window is replaced by the full window's line.
 """
 
 from __future__ import annotations
@@ -274,6 +280,11 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: (float(f"{v:.8g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
+def _empty_window() -> dict[str, Any]:
+    """A logging window: this process's loss and statistic sums, the global counts, tokens, seconds, steps."""
+    return {"loss": {}, "count": {}, "stat": {}, "tokens": 0.0, "seconds": 0.0, "steps": 0}
+
+
 def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -360,6 +371,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
         self.elapsed = 0.0  # training seconds, carried across resumes
+        self._window = _empty_window()
 
     # ------------------------------------------------------------------ checkpoints
     def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -391,6 +403,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step (every process must call this)."""
         rngs = self.dist.gather_objects(_rng_state())
+        window = self._window_state()
         model_state, optim_state = self._state_dicts()
         final = self.out / CHECKPOINTS_DIR / f"step-{self.step:08d}"
         if self.dist.is_main:
@@ -407,6 +420,7 @@ class Trainer:
                     "rng": rngs,
                     "batches": self.batches.state_dict(),
                     "world_size": self.dist.world_size,
+                    "log_window": window,
                 }
                 torch.save(state, tmp / STATE_PT)
                 info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3),
@@ -470,8 +484,34 @@ class Trainer:
         _set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
         self.elapsed = float(state.get("elapsed", 0.0))
+        self._load_window(state.get("log_window"))
         if self.dist.is_main:
             logger.info("resumed from %s at step %d", folder, self.step)
+
+    def _window_state(self) -> dict[str, Any]:
+        """The open logging window with every process's loss and statistic sums added up (a collective
+        call): a run resumed on any number of processes continues the same totals."""
+        w = self._window
+        names = sorted(w["loss"]), sorted(w["stat"])
+        local = torch.tensor([w["loss"][k] for k in names[0]] + [w["stat"][k] for k in names[1]] + [w["tokens"]],
+                             dtype=torch.float64, device=self.device)
+        total = self.dist.all_reduce_sum(local).tolist()
+        return {"loss": dict(zip(names[0], total)), "stat": dict(zip(names[1], total[len(names[0]):])),
+                "count": dict(w["count"]), "tokens": total[-1], "seconds": w["seconds"], "steps": w["steps"]}
+
+    def _load_window(self, saved: dict[str, Any] | None) -> None:
+        """Reopen the logging window of a checkpoint: the main process holds its summed totals, the
+        others zeros (the next line adds every process's sums); counts are global already."""
+        self._window = _empty_window()
+        if not saved:  # a checkpoint without one: the window starts afresh
+            return
+        main = self.dist.is_main
+        self._window.update({
+            "loss": {k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
+            "stat": {k: float(v) if main else 0.0 for k, v in saved["stat"].items()},
+            "count": {k: float(v) for k, v in saved["count"].items()},
+            "tokens": float(saved["tokens"]) if main else 0.0,
+            "seconds": float(saved["seconds"]), "steps": int(saved["steps"])})
 
     def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
         changed = sorted(k for k in set(saved) | set(self.run_config)
@@ -504,17 +544,22 @@ class Trainer:
 
     def _truncate_metrics(self) -> None:
         """Drop metrics logged after the step training starts from (a run that went on past its last
-        checkpoint before it was killed), so the file holds one history."""
+        checkpoint before it was killed), and the line of a partial window that training continues,
+        so the file holds one history."""
         path = self.out / METRICS_FILE
         if not path.is_file():
             return
+        reopened = self._window["steps"] > 0 and self.step < self.cfg.max_steps
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                if json.loads(line)["step"] <= self.step:
-                    kept.append(line)
+                record = json.loads(line)
+                step, split = record["step"], record["split"]
             except (json.JSONDecodeError, KeyError, TypeError):  # a line cut by a crash
                 continue
+            if step > self.step or (reopened and step == self.step and split == "train"):
+                continue
+            kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     def run_evaluation(self) -> dict[str, float]:
@@ -619,9 +664,7 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        window: dict[str, dict[str, float]] = {"loss": {}, "count": {}, "stat": {}}
-        window_tokens = 0.0
-        window_time = 0.0
+        window = self._window
         last_ckpt: Path | None = None
         eval_metrics: dict[str, float] = {}
         final: dict[str, float] = {}
@@ -637,8 +680,9 @@ class Trainer:
                 self.step += 1
                 dt = time.perf_counter() - t0
                 self.elapsed += dt
-                window_time += dt
-                window_tokens += tokens
+                window["seconds"] += dt
+                window["tokens"] += tokens
+                window["steps"] += 1
                 for k, v in loss_sums.items():
                     window["loss"][k] = window["loss"].get(k, 0.0) + v
                 for k, v in counts.items():
@@ -651,9 +695,9 @@ class Trainer:
                     stop_now = bool(flag.item() > 0)
                 done = self.step >= cfg.max_steps or stop_now
                 if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too
-                    final = self._log_train(window, window_tokens, window_time, grad_norm, bar)
-                    window = {"loss": {}, "count": {}, "stat": {}}
-                    window_tokens = window_time = 0.0
+                    final = self._log_train(window, grad_norm, bar)
+                if self.step % cfg.log_every == 0:  # a partial window stays open: a resumed run continues it
+                    window = self._window = _empty_window()
                 if bar is not None:
                     bar.update(1)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
@@ -672,8 +716,8 @@ class Trainer:
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested)
 
-    def _log_train(self, window: dict[str, dict[str, float]], tokens: float, seconds: float, grad_norm: float,
-                   bar: Any) -> dict[str, float]:
+    def _log_train(self, window: dict[str, Any], grad_norm: float, bar: Any) -> dict[str, float]:
+        tokens, seconds = window["tokens"], window["seconds"]
         names = sorted(window["loss"]) + sorted(window["stat"])
         local = torch.tensor([window["loss"][k] for k in sorted(window["loss"])]
                              + [window["stat"][k] for k in sorted(window["stat"])] + [tokens], dtype=torch.float64,
