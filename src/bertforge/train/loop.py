@@ -22,9 +22,10 @@ beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish the curren
 
 Metrics. ``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every
 multiple of ``log_every`` over the steps since the previous multiple (plus one at the step a run stops
-at). The sums of the open logging window are part of the checkpoint,
+at), and one eval line per evaluation. The sums of the open logging window are part of the checkpoint,
 so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
-partial window is replaced by the full window's line.
+partial window is replaced by the full window's line. A run resumed at its last step (finished, or
+killed while saving its final model) does not evaluate again when its final evaluation is logged.
 """
 
 from __future__ import annotations
@@ -372,6 +373,7 @@ class Trainer:
         self.step = 0
         self.elapsed = 0.0  # training seconds, carried across resumes
         self._window = _empty_window()
+        self._logged_eval: dict[str, Any] | None = None  # the eval line already logged at the step resumed from
 
     # ------------------------------------------------------------------ checkpoints
     def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -545,7 +547,7 @@ class Trainer:
     def _truncate_metrics(self) -> None:
         """Drop metrics logged after the step training starts from (a run that went on past its last
         checkpoint before it was killed), and the line of a partial window that training continues,
-        so the file holds one history."""
+        so the file holds one history; note the eval line at that step, if any."""
         path = self.out / METRICS_FILE
         if not path.is_file():
             return
@@ -559,8 +561,20 @@ class Trainer:
                 continue
             if step > self.step or (reopened and step == self.step and split == "train"):
                 continue
+            if step == self.step and split == "eval":
+                self._logged_eval = {k: v for k, v in record.items() if k not in ("split", "step", "time")}
             kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def _final_evaluation(self, trained: bool) -> dict[str, float]:
+        """The evaluation at the end of training, run once per step: a run that took no step here
+        (resumed at its last step) reuses the eval line it already logged there."""
+        logged = None if trained else self._logged_eval
+        if not trained:  # every process must agree (the evaluation is a collective call)
+            flag = torch.tensor([float(logged is not None)], device=self.device)
+            if self.dist.all_reduce_sum(flag).item() > 0:
+                return dict(logged or {})
+        return self.run_evaluation()
 
     def run_evaluation(self) -> dict[str, float]:
         if self.evaluate_fn is None:
@@ -654,6 +668,7 @@ class Trainer:
         cfg = self.cfg
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+        start = self.step
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self._truncate_metrics()
@@ -710,7 +725,7 @@ class Trainer:
         if bar is not None:
             bar.close()
         if not stop.requested:
-            eval_metrics = self.run_evaluation() or eval_metrics
+            eval_metrics = self._final_evaluation(trained=self.step > start) or eval_metrics
         if self._tb is not None:
             self._tb.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
