@@ -5,8 +5,8 @@ generic CSV / JSONL are read as they are written; errors name file and line; ski
 counted. A tiny model learns an easy task (the label is the word "good" or "bad") to near-perfect
 accuracy, also when that word lies beyond the first window of a long text; STS-B-style regression
 learns; the fine-tuned folder is transformers' BertForSequenceClassification with equal logits and
-the right id2label; a run stopped by SIGTERM and resumed equals an uninterrupted one; the CLI runs
-finetune / evaluate / predict.
+the right id2label; a run stopped by SIGTERM and resumed equals an uninterrupted one; a warmup setting
+given wins over the default and the run records the warmup used; the CLI runs finetune / evaluate / predict.
 """
 
 from __future__ import annotations
@@ -425,6 +425,31 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     for folder in ("model", "best"):
         a, b = load_file(straight / folder / "model.safetensors"), load_file(halves / folder / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), folder
+
+
+def test_a_given_warmup_setting_wins_over_the_default_and_the_run_records_the_warmup_used(root, base):
+    """Not given, a warmup setting takes the recipe's default (fine-tuning 10% of the steps, pre-training
+    10,000 steps); given, it wins; both given is an error."""
+    from bertforge.train.optim import lr_factor
+    from bertforge.train.pretrain import PretrainConfig
+
+    assert FinetuneConfig(max_steps=40).warmup == 4
+    assert FinetuneConfig(max_steps=40, warmup_steps=2).warmup == 2
+    assert FinetuneConfig(max_steps=40, warmup_ratio=0.5).warmup == 20
+    assert PretrainConfig().warmup == 10_000
+    assert PretrainConfig(max_steps=100, warmup_ratio=0.2).warmup == 20
+    for cls in (FinetuneConfig, PretrainConfig):
+        with pytest.raises(ValueError, match="warmup_steps .* and warmup_ratio .* are both set"):
+            cls(warmup_steps=2, warmup_ratio=0.1)
+    rng = random.Random(3)
+    train = write_csv(root / "warmup.csv", [polar(rng) for _ in range(32)])
+    out = root / "warmup-steps"
+    finetune(config(base, out, task="classification", train_file=str(train), text_column="review",
+                    label_column="sentiment", keep_best=False, max_steps=4, warmup_ratio=None, warmup_steps=2))
+    expected = [1e-3 * lr_factor(step, total_steps=4, warmup_steps=2) for step in range(1, 5)]
+    assert [r["lr"] for r in train_lines(out)] == pytest.approx(expected)
+    saved = json.loads((out / "run_config.json").read_text())
+    assert (saved["warmup_steps"], saved["warmup_ratio"], saved["warmup_steps_used"]) == (2, None, 2)
 
 
 def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):

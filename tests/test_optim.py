@@ -194,9 +194,13 @@ def test_lr_factor_without_warmup_starts_at_the_peak():
     assert lr_factor(5, total_steps=10, warmup_steps=0) == pytest.approx(0.5)
 
 
-def test_warmup_ratio_is_a_share_of_max_steps():
-    assert TrainConfig(max_steps=200, warmup_ratio=0.1, warmup_steps=7).warmup == 20
+def test_warmup_ratio_is_a_share_of_max_steps_and_a_given_warmup_wins_over_the_default():
+    assert TrainConfig(max_steps=200, warmup_ratio=0.1).warmup == 20
     assert TrainConfig(max_steps=200, warmup_steps=7).warmup == 7
+    assert TrainConfig(max_steps=200, warmup_ratio=0.0).warmup == 0
+    assert TrainConfig(max_steps=200).warmup == 10_000  # neither given: the paper's pre-training
+    with pytest.raises(ValueError, match="both set"):
+        TrainConfig(max_steps=200, warmup_ratio=0.1, warmup_steps=7)
 
 
 def test_build_schedule_sets_the_optimizer_lr_of_each_step():

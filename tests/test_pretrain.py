@@ -1,8 +1,9 @@
 """Pre-training end to end, in this process, on a tiny prepared corpus: the loss falls and a tiny
 model memorises it; its model/ is read by transformers and starts a second phase; a run stopped by
 SIGTERM and resumed equals an uninterrupted one, and so does an extended run; accumulation equals a
-bigger micro-batch; a checkpoint that dies mid-write leaves the previous one usable; incompatible
-resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs, bf16 and auto precision.
+bigger micro-batch; a checkpoint that dies mid-write leaves the previous one usable; a run stopped
+between metrics lines and resumed logs the uninterrupted lines; a finished run resumed evaluates once;
+incompatible resumes are refused; MLM-only data, held-out evaluation, plots, YAML configs, bf16 and auto precision.
 (Runs in other processes: tests/test_pretrain_processes.py.)"""
 
 from __future__ import annotations
@@ -272,6 +273,51 @@ def test_a_stopped_run_logs_the_steps_since_its_last_metrics_line(root, tok, nsp
     train = lines(out)
     assert [r["step"] for r in train] == [4, 6]
     assert result.final_metrics == {k: v for k, v in train[-1].items() if k not in ("split", "step", "time")}
+
+
+def test_a_run_stopped_between_metrics_lines_and_resumed_logs_the_uninterrupted_lines(root, tok, nsp_data,
+                                                                                     monkeypatch):
+    """Stopped at step 4 with a line every 3 steps: the stopped run's line for steps 4..4 is replaced,
+    and the resumed run's line at 6 covers steps 4..6, as in the uninterrupted run."""
+    settings = dict(max_steps=8, log_every=3)
+    straight, halves = root / "windows-straight", root / "windows-halves"
+    pretrain(config(nsp_data, tok, straight, **settings))
+    monkeypatch.setattr(trainer, "time", _Clock())
+    first = pretrain(config(nsp_data, tok, halves, max_time_minutes=3.5 / 60, **settings))
+    assert first.stopped_early and first.step == 4
+    assert [r["step"] for r in lines(halves)] == [3, 4]  # the partial window is logged when the run stops
+    pretrain(config(nsp_data, tok, halves, resume=True, **settings))
+
+    def curve(out: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in lines(out)]
+
+    assert [r["step"] for r in curve(straight)] == [3, 6, 8]
+    assert curve(halves) == curve(straight)
+
+
+def test_a_finished_run_resumed_evaluates_once(root, tok, nsp_data, monkeypatch):
+    """Killed while saving its final model, then resumed twice: one eval line at the last step, and
+    the result reports it."""
+    out = root / "evaluated-once"
+    settings = dict(max_steps=3, eval_shards=1)
+
+    real_save = trainer.Trainer.save_model
+
+    def die(self, folder, extra_files=None):
+        raise OSError("killed")
+
+    monkeypatch.setattr(trainer.Trainer, "save_model", die)
+    with pytest.raises(OSError, match="killed"):
+        pretrain(config(nsp_data, tok, out, **settings))
+    monkeypatch.setattr(trainer.Trainer, "save_model", real_save)
+    assert [r["step"] for r in lines(out, "eval")] == [3]
+    for _ in range(2):
+        result = pretrain(config(nsp_data, tok, out, resume=True, **settings))
+        evals = lines(out, "eval")
+        assert [r["step"] for r in evals] == [3]
+        assert result.eval_metrics == {k: v for k, v in evals[0].items() if k not in ("split", "step", "time")}
+    assert [r["step"] for r in lines(out)] == [1, 2, 3]
+    assert (out / "model" / "model.safetensors").is_file()
 
 
 def test_an_extended_run_continues_on_the_longer_schedule(root, tok, nsp_data):

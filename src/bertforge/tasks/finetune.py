@@ -35,7 +35,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -71,8 +71,11 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """Optimizer steps of the run (0: --epochs passes over the training data)."""
     lr: float = 2e-5
     """Peak learning rate (the paper searched 5e-5, 3e-5, 2e-5)."""
-    warmup_ratio: float = 0.1
-    """Warmup over this share of the steps (the paper: a tenth), then linear decay."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup from 0 to the peak, instead of --warmup-ratio (give one, not both)."""
+    warmup_ratio: float | None = None
+    """Warmup over this share of the steps, then linear decay (not given, and no --warmup-steps: 0.1, the
+    paper's tenth)."""
     checkpoint_every: int = 500
     """Save a resumable checkpoint every this many steps (and at the end, and on SIGINT / SIGTERM)."""
     keep_checkpoints: int = 1
@@ -98,6 +101,9 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     subset such as "lr=5e-5,3e-5 batch_size=32 epochs=2,3" (unnamed settings: the run's)."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint (a grid: from its unfinished runs)."""
+
+    DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
+    """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
 
     def __post_init__(self) -> None:
         auto_steps = self.max_steps == 0
@@ -275,6 +281,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     batches = FeatureBatches(train.features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size, name=cfg.train_file)
     run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume"}
+    run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["labels"] = train.labels
     best_dir = out / BEST_DIR
     best: dict[str, Any] | None = None
@@ -297,16 +304,16 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
                       evaluate=evaluate if dev else None, tokenizer=tok, run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
-                                         "compile", "out", "device", "epochs"))
+                                         "compile", "out", "device", "epochs", "warmup_steps_used"))
     resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        logger.info("finetune: %s%s; train %s; %s; %d steps of %d (%d per epoch) on %s", cfg.task, kind, train.summary,
-                    "; ".join(f"dev {d.path.name} {d.summary}" for d in dev), cfg.max_steps, cfg.batch_size,
-                    steps_per_epoch, dist.device)
+        logger.info("finetune: %s%s; train %s; %s; %d steps of %d (%d per epoch, warmup %d) on %s", cfg.task, kind,
+                    train.summary, "; ".join(f"dev {d.path.name} {d.summary}" for d in dev), cfg.max_steps,
+                    cfg.batch_size, steps_per_epoch, cfg.warmup, dist.device)
         for r in reports:
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())

@@ -19,6 +19,13 @@ process's random-generator states, the batch source's position; read back with
 is written under a temporary name and renamed when complete (`bertforge.io.atomic_dir`), so a crash
 or ``kill -9`` at any moment leaves every earlier checkpoint intact; only then are checkpoints
 beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
+
+Metrics. ``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every
+multiple of ``log_every`` over the steps since the previous multiple (plus one at the step a run stops
+at), and one eval line per evaluation. The sums of the open logging window are part of the checkpoint,
+so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
+partial window is replaced by the full window's line. A run resumed at its last step (finished, or
+killed while saving its final model) does not evaluate again when its final evaluation is logged.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -62,7 +69,15 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 @dataclass
 class TrainConfig:
-    """Settings of the shared training loop (defaults: the paper's pre-training)."""
+    """Settings of the shared training loop (defaults: the paper's pre-training).
+
+    A warmup setting left unset (None) means "not given": `warmup` resolves it to the recipe's default,
+    so a value the user gives always wins over a default, and giving both is an error."""
+
+    DEFAULT_WARMUP_STEPS: ClassVar[int] = 10_000
+    """Warmup steps when neither warmup setting is given (the paper's pre-training)."""
+    DEFAULT_WARMUP_RATIO: ClassVar[float | None] = None
+    """If set: warmup over this share of max_steps when neither warmup setting is given (wins over the above)."""
 
     batch_size: int = 256
     """Global batch: sequences per optimizer step over all processes and accumulation steps."""
@@ -72,10 +87,11 @@ class TrainConfig:
     """Optimizer steps of the run (the schedule decays to its end over them)."""
     lr: float = 1e-4
     """Peak learning rate."""
-    warmup_steps: int = 10_000
-    """Steps of linear warmup from 0 to the peak."""
-    warmup_ratio: float = 0.0
-    """If > 0: warmup over this share of max_steps instead of warmup_steps (fine-tuning: 0.1)."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup from 0 to the peak (not given, and no --warmup-ratio: 10,000, the paper's
+    pre-training; give one, not both)."""
+    warmup_ratio: float | None = None
+    """Warmup over this share of max_steps, instead of --warmup-steps (give one, not both)."""
     schedule: str = "linear"
     """Decay after warmup: linear (the paper), polynomial, cosine or constant."""
     power: float = 1.0
@@ -125,14 +141,25 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both "
+                             "set; set one of them")
+        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.warmup_steps < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
+        if (self.warmup_steps or 0) < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
             raise ValueError("warmup_steps, keep_checkpoints and eval_every must be >= 0")
 
     @property
     def warmup(self) -> int:
-        return int(self.warmup_ratio * self.max_steps) if self.warmup_ratio > 0 else self.warmup_steps
+        """The warmup steps the run takes: warmup_steps or warmup_ratio, whichever is given, else the
+        recipe's default (`DEFAULT_WARMUP_STEPS` or `DEFAULT_WARMUP_RATIO`, exactly one of them set)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        if self.warmup_ratio is not None:
+            return int(self.warmup_ratio * self.max_steps)
+        if self.DEFAULT_WARMUP_RATIO is not None:
+            return int(self.DEFAULT_WARMUP_RATIO * self.max_steps)
+        return self.DEFAULT_WARMUP_STEPS
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward pass on each process."""
@@ -254,6 +281,11 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: (float(f"{v:.8g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
+def _empty_window() -> dict[str, Any]:
+    """A logging window: this process's loss and statistic sums, the global counts, tokens, seconds, steps."""
+    return {"loss": {}, "count": {}, "stat": {}, "tokens": 0.0, "seconds": 0.0, "steps": 0}
+
+
 def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -305,7 +337,8 @@ class Trainer:
         tokenizer: Any = None,
         run_config: dict[str, Any] | None = None,
         resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
-                                              "eval_every", "max_time_minutes", "progress", "compile"),
+                                              "eval_every", "max_time_minutes", "progress", "compile",
+                                              "warmup_steps_used"),
     ):
         self.cfg = config
         self.dist = dist or Distributed()
@@ -339,6 +372,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
         self.elapsed = 0.0  # training seconds, carried across resumes
+        self._window = _empty_window()
+        self._logged_eval: dict[str, Any] | None = None  # the eval line already logged at the step resumed from
 
     # ------------------------------------------------------------------ checkpoints
     def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -370,6 +405,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step (every process must call this)."""
         rngs = self.dist.gather_objects(_rng_state())
+        window = self._window_state()
         model_state, optim_state = self._state_dicts()
         final = self.out / CHECKPOINTS_DIR / f"step-{self.step:08d}"
         if self.dist.is_main:
@@ -386,6 +422,7 @@ class Trainer:
                     "rng": rngs,
                     "batches": self.batches.state_dict(),
                     "world_size": self.dist.world_size,
+                    "log_window": window,
                 }
                 torch.save(state, tmp / STATE_PT)
                 info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3),
@@ -449,8 +486,34 @@ class Trainer:
         _set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
         self.elapsed = float(state.get("elapsed", 0.0))
+        self._load_window(state.get("log_window"))
         if self.dist.is_main:
             logger.info("resumed from %s at step %d", folder, self.step)
+
+    def _window_state(self) -> dict[str, Any]:
+        """The open logging window with every process's loss and statistic sums added up (a collective
+        call): a run resumed on any number of processes continues the same totals."""
+        w = self._window
+        names = sorted(w["loss"]), sorted(w["stat"])
+        local = torch.tensor([w["loss"][k] for k in names[0]] + [w["stat"][k] for k in names[1]] + [w["tokens"]],
+                             dtype=torch.float64, device=self.device)
+        total = self.dist.all_reduce_sum(local).tolist()
+        return {"loss": dict(zip(names[0], total)), "stat": dict(zip(names[1], total[len(names[0]):])),
+                "count": dict(w["count"]), "tokens": total[-1], "seconds": w["seconds"], "steps": w["steps"]}
+
+    def _load_window(self, saved: dict[str, Any] | None) -> None:
+        """Reopen the logging window of a checkpoint: the main process holds its summed totals, the
+        others zeros (the next line adds every process's sums); counts are global already."""
+        self._window = _empty_window()
+        if not saved:  # a checkpoint without one: the window starts afresh
+            return
+        main = self.dist.is_main
+        self._window.update({
+            "loss": {k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
+            "stat": {k: float(v) if main else 0.0 for k, v in saved["stat"].items()},
+            "count": {k: float(v) for k, v in saved["count"].items()},
+            "tokens": float(saved["tokens"]) if main else 0.0,
+            "seconds": float(saved["seconds"]), "steps": int(saved["steps"])})
 
     def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
         changed = sorted(k for k in set(saved) | set(self.run_config)
@@ -483,18 +546,35 @@ class Trainer:
 
     def _truncate_metrics(self) -> None:
         """Drop metrics logged after the step training starts from (a run that went on past its last
-        checkpoint before it was killed), so the file holds one history."""
+        checkpoint before it was killed), and the line of a partial window that training continues,
+        so the file holds one history; note the eval line at that step, if any."""
         path = self.out / METRICS_FILE
         if not path.is_file():
             return
+        reopened = self._window["steps"] > 0 and self.step < self.cfg.max_steps
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                if json.loads(line)["step"] <= self.step:
-                    kept.append(line)
+                record = json.loads(line)
+                step, split = record["step"], record["split"]
             except (json.JSONDecodeError, KeyError, TypeError):  # a line cut by a crash
                 continue
+            if step > self.step or (reopened and step == self.step and split == "train"):
+                continue
+            if step == self.step and split == "eval":
+                self._logged_eval = {k: v for k, v in record.items() if k not in ("split", "step", "time")}
+            kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def _final_evaluation(self, trained: bool) -> dict[str, float]:
+        """The evaluation at the end of training, run once per step: a run that took no step here
+        (resumed at its last step) reuses the eval line it already logged there."""
+        logged = None if trained else self._logged_eval
+        if not trained:  # every process must agree (the evaluation is a collective call)
+            flag = torch.tensor([float(logged is not None)], device=self.device)
+            if self.dist.all_reduce_sum(flag).item() > 0:
+                return dict(logged or {})
+        return self.run_evaluation()
 
     def run_evaluation(self) -> dict[str, float]:
         if self.evaluate_fn is None:
@@ -588,6 +668,7 @@ class Trainer:
         cfg = self.cfg
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+        start = self.step
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self._truncate_metrics()
@@ -598,9 +679,7 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        window: dict[str, dict[str, float]] = {"loss": {}, "count": {}, "stat": {}}
-        window_tokens = 0.0
-        window_time = 0.0
+        window = self._window
         last_ckpt: Path | None = None
         eval_metrics: dict[str, float] = {}
         final: dict[str, float] = {}
@@ -616,8 +695,9 @@ class Trainer:
                 self.step += 1
                 dt = time.perf_counter() - t0
                 self.elapsed += dt
-                window_time += dt
-                window_tokens += tokens
+                window["seconds"] += dt
+                window["tokens"] += tokens
+                window["steps"] += 1
                 for k, v in loss_sums.items():
                     window["loss"][k] = window["loss"].get(k, 0.0) + v
                 for k, v in counts.items():
@@ -630,9 +710,9 @@ class Trainer:
                     stop_now = bool(flag.item() > 0)
                 done = self.step >= cfg.max_steps or stop_now
                 if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too
-                    final = self._log_train(window, window_tokens, window_time, grad_norm, bar)
-                    window = {"loss": {}, "count": {}, "stat": {}}
-                    window_tokens = window_time = 0.0
+                    final = self._log_train(window, grad_norm, bar)
+                if self.step % cfg.log_every == 0:  # a partial window stays open: a resumed run continues it
+                    window = self._window = _empty_window()
                 if bar is not None:
                     bar.update(1)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
@@ -645,14 +725,14 @@ class Trainer:
         if bar is not None:
             bar.close()
         if not stop.requested:
-            eval_metrics = self.run_evaluation() or eval_metrics
+            eval_metrics = self._final_evaluation(trained=self.step > start) or eval_metrics
         if self._tb is not None:
             self._tb.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested)
 
-    def _log_train(self, window: dict[str, dict[str, float]], tokens: float, seconds: float, grad_norm: float,
-                   bar: Any) -> dict[str, float]:
+    def _log_train(self, window: dict[str, Any], grad_norm: float, bar: Any) -> dict[str, float]:
+        tokens, seconds = window["tokens"], window["seconds"]
         names = sorted(window["loss"]) + sorted(window["stat"])
         local = torch.tensor([window["loss"][k] for k in sorted(window["loss"])]
                              + [window["stat"][k] for k in sorted(window["stat"])] + [tokens], dtype=torch.float64,

@@ -211,13 +211,14 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]))
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
     run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume",)}
+    run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["data_vocab_hash"] = manifest["vocab_hash"]
     run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
     trainer = Trainer(model, task, loader, cfg, out, dist=dist, evaluate=evaluate, tokenizer=tok,
                       run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batches", "max_time_minutes", "progress",
-                                         "compile", "out", "device"))
+                                         "compile", "out", "device", "warmup_steps_used"))
     resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +228,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
         logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
                     f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
-                    f"precision {precision}")
+                    f"warmup {cfg.warmup:,} steps; precision {precision}")
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model")
     if dist.is_main:
