@@ -19,6 +19,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -412,11 +414,21 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     monkeypatch.setattr(trainer.Trainer, "train_step", step_and_signal)
     first = finetune(config(base, halves, **settings))
     assert first.train.stopped_early and first.train.step == 4
+    assert first.train.exit_code == 128 + signal.SIGTERM
+    assert json.loads((halves / "model" / trainer.STOP_MARKER).read_text())["reason"] == "SIGTERM"
     monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
     with pytest.raises(ValueError, match="pass --resume"):
         finetune(config(base, halves, **settings))
+    # What a kill during the saves of model/ and best/ leaves: cleared by the resumed run.
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    for name in ("model", "best"):
+        for kind in ("tmp", "old"):
+            (halves / f".{name}.{kind}-{proc.pid}").mkdir()
     second = finetune(config(base, halves, resume=True, **settings))
     assert second.train.step == 6
+    assert not (halves / "model" / trainer.STOP_MARKER).exists()
+    assert not [p.name for p in halves.iterdir() if p.name.startswith(".")]
     assert [r["loss"] for r in train_lines(halves)] == [r["loss"] for r in train_lines(straight)]
     untimed = lambda out: [{k: v for k, v in r.items() if k != "time"} for r in train_lines(out, "eval")]  # noqa: E731
     assert [r["step"] for r in untimed(halves)] == [3, 6] and untimed(halves) == untimed(straight)
@@ -425,6 +437,13 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     for folder in ("model", "best"):
         a, b = load_file(straight / folder / "model.safetensors"), load_file(halves / folder / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), folder
+    # A finished run without its checkpoints is refused, its files as they were.
+    shutil.rmtree(straight / "checkpoints")
+    before = {p: p.read_bytes() for p in sorted(straight.rglob("*")) if p.is_file()}
+    with pytest.raises(ValueError, match="already holds a previous run's files .*metrics.jsonl.*model/.*best/.*"
+                                         "no checkpoint to resume from, --overwrite"):
+        finetune(config(base, straight, **settings))
+    assert {p: p.read_bytes() for p in sorted(straight.rglob("*")) if p.is_file()} == before
 
 
 def test_a_given_warmup_setting_wins_over_the_default_and_the_run_records_the_warmup_used(root, base):

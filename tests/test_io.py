@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from bertforge.io import atomic_dir
+from bertforge.io import atomic_dir, clear_stale
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def _tree(folder: Path) -> dict[str, str]:
@@ -67,3 +76,31 @@ def test_without_replace_a_folder_already_there_wins(tmp_path):
         (tmp / ".complete").write_text("second")
     assert _tree(target) == {".complete": "first"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]
+
+
+def test_leftovers_of_killed_writers_are_cleared_and_a_live_writers_folder_stays(tmp_path):
+    """A kill leaves ``.NAME.tmp-PID`` (mid-write) or ``.NAME.old-PID`` (between the two renames of the
+    swap, with no NAME at all): the old folder is put back, the torn one removed; another running
+    process's temporary folder and other names are not touched."""
+    dead, live = _dead_pid(), os.getppid()
+    _old(tmp_path / f".model.old-{dead}")  # the swap was killed after moving model/ aside
+    (tmp_path / f".model.tmp-{dead}").mkdir()
+    (tmp_path / f".best.tmp-{dead}").mkdir()
+    (tmp_path / f".best.tmp-{live}").mkdir()  # a writer still at work
+    (tmp_path / f".other.tmp-{dead}").mkdir()  # not ours
+    removed = clear_stale(tmp_path, lambda name: name in ("model", "best"))
+    assert sorted(p.name for p in removed) == sorted([f".model.tmp-{dead}", f".best.tmp-{dead}"])
+    assert _tree(tmp_path / "model") == {"a.txt": "old a", "sub/b.txt": "old b"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", f".best.tmp-{live}", f".other.tmp-{dead}"])
+
+
+def test_the_next_write_clears_a_dead_writers_leftovers(tmp_path):
+    dead = _dead_pid()
+    target = tmp_path / "model"
+    _old(target)
+    (tmp_path / f".model.tmp-{dead}").mkdir()
+    (tmp_path / f".model.old-{dead}").mkdir()
+    with atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("new a")
+    assert _tree(target) == {"a.txt": "new a"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from pretrain_fixtures import config, evaluate_folder, lines, losses_by_step, make_data
+from pretrain_fixtures import cli_args, config, evaluate_folder, lines, losses_by_step, make_data
 from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
 
 from bertforge import cli
@@ -29,7 +31,8 @@ from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
 from bertforge.train.optim import lr_factor
 from bertforge.train.pretrain import pretrain
 from bertforge.text.tokenizer import BertTokenizer
-from bertforge.train.loop import latest_checkpoint
+from bertforge.serving.predictor import Predictor
+from bertforge.train.loop import STOP_MARKER, latest_checkpoint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -165,9 +168,11 @@ def test_auto_precision_trains_in_bf16_where_the_cpu_runs_it_natively_else_fp32(
 # ------------------------------------------------------------------------------ exactness
 
 
-def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, tok, nsp_data, monkeypatch):
+def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, tok, nsp_data, monkeypatch, capsys):
     """Dropout on: the resumed half must restore weights, optimizer, schedule, data position and
-    the random generators exactly. A real SIGTERM, sent to this process during step 4 of 8."""
+    the random generators exactly. A real SIGTERM, sent to this process during step 4 of 8. The
+    stopped run's model/ is marked partial (exit code 143, `bertforge info`, the predictor) until
+    the resumed run replaces it."""
     settings = dict(max_steps=8, dropout=0.1, warmup_steps=2, schedule="linear", optimizer="adamw")
     straight = root / "straight"
     pretrain(config(nsp_data, tok, straight, **settings))
@@ -184,9 +189,20 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     assert first.stopped_early and first.step == 4
     assert signal.getsignal(signal.SIGTERM) is handler  # the loop's handler is gone again
     assert latest_checkpoint(halves).name == "step-00000004"
+    assert first.exit_code == 128 + signal.SIGTERM
+    marker = json.loads((halves / "model" / STOP_MARKER).read_text())
+    assert (marker["step"], marker["max_steps"], marker["reason"]) == (4, 8, "SIGTERM")
+    capsys.readouterr()
+    assert cli.main(["info", str(halves / "model")]) == 0
+    assert "stopped early at step 4 of 8 (SIGTERM)" in capsys.readouterr().out
+    assert Predictor.from_pretrained(halves / "model", device="cpu").stopped_early["step"] == 4
     monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
     second = pretrain(config(nsp_data, tok, halves, resume=True, **settings))
-    assert second.step == 8 and not second.stopped_early
+    assert second.step == 8 and not second.stopped_early and second.exit_code == 0
+    assert not (halves / "model" / STOP_MARKER).exists()
+    assert Predictor.from_pretrained(halves / "model", device="cpu").stopped_early is None
+    assert cli.main(["info", str(halves / "model")]) == 0
+    assert "stopped early" not in capsys.readouterr().out
     a, b = losses_by_step(straight), losses_by_step(halves)
     assert list(a) == list(range(1, 9))
     assert b == a
@@ -339,7 +355,8 @@ def test_resume_checks_refuse_incompatible_runs(root, tok, nsp_data):
     with pytest.raises(ValueError, match="no complete checkpoint"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=1))
     pretrain(config(nsp_data, tok, out, max_steps=1))
-    with pytest.raises(ValueError, match="already holds checkpoints.*--resume"):
+    with pytest.raises(ValueError, match="already holds a previous run's files.*--resume to continue it from "
+                                         "checkpoints/step-00000001.*--overwrite"):
         pretrain(config(nsp_data, tok, out, max_steps=2))
     with pytest.raises(ValueError, match=r"settings differ \(.*model: 'tiny' -> 'mini'"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, model="mini"))
@@ -359,6 +376,57 @@ def test_resume_checks_refuse_incompatible_runs(root, tok, nsp_data):
     # Changes that do not alter the run are allowed: more steps, other logging.
     result = pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, log_every=2))
     assert result.step == 2
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_without_its_checkpoints_is_refused_and_left_byte_identical(root, tok, nsp_data, capsys):
+    """Only --overwrite starts afresh over an earlier run's metrics and model/; refused, the folder
+    stays as it was, and the message names it, what it holds and both flags."""
+    out = root / "finished"
+    pretrain(config(nsp_data, tok, out, max_steps=2))
+    shutil.rmtree(out / "checkpoints")
+    before = _files(out)
+    with pytest.raises(ValueError) as refused:
+        pretrain(config(nsp_data, tok, out, max_steps=3))
+    message = str(refused.value)
+    assert str(out) in message and "metrics.jsonl" in message and "model/" in message
+    assert "no checkpoint to resume from" in message and "--overwrite" in message
+    with pytest.raises(ValueError, match="no complete checkpoint.*--overwrite"):
+        pretrain(config(nsp_data, tok, out, max_steps=3, resume=True))
+    with pytest.raises(ValueError, match="--resume.*--overwrite.*one of them"):
+        pretrain(config(nsp_data, tok, out, max_steps=3, resume=True, overwrite=True))
+    assert cli.main(["pretrain", *cli_args(config(nsp_data, tok, out, max_steps=3))]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert _files(out) == before
+    result = pretrain(config(nsp_data, tok, out, max_steps=3, overwrite=True))
+    assert result.step == 3 and [r["step"] for r in lines(out)] == [1, 2, 3]  # one run's metrics, not two
+    assert not (out / "model" / STOP_MARKER).exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_run_clears_the_temporary_folders_a_killed_run_left(root, tok, nsp_data):
+    """A kill while model/ was being swapped in leaves no model/ but .model.old-PID (put back) and
+    .model.tmp-PID (removed), and a torn checkpoint folder; a stranger's hidden folder stays."""
+    out = root / "leftovers"
+    pretrain(config(nsp_data, tok, out, max_steps=2, checkpoint_every=1))
+    dead = _dead_pid()
+    os.replace(out / "model", out / f".model.old-{dead}")
+    shutil.copytree(out / f".model.old-{dead}", out / f".model.tmp-{dead}")
+    (out / "checkpoints" / f".step-00000003.tmp-{dead}").mkdir()
+    (out / f".notes.tmp-{dead}").mkdir()
+    trainer.open_run_dir(out, resume=True)
+    assert (out / "model" / "model.safetensors").is_file()
+    hidden = sorted(p.name for p in out.rglob(".*"))
+    assert hidden == [f".notes.tmp-{dead}"]
+    assert pretrain(config(nsp_data, tok, out, max_steps=3, checkpoint_every=1, resume=True)).step == 3
 
 
 # ------------------------------------------------------------------------------ evaluation and configuration

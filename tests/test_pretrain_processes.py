@@ -1,6 +1,7 @@
 """Pre-training in other processes: two gloo processes under torchrun equal one process with the
 same global batch, under DDP and FSDP; a run killed with SIGKILL while it checkpoints resumes from
-what is left; SIGINT saves a checkpoint and stops with the "continue with --resume" message."""
+what is left; SIGINT saves a checkpoint, marks the partial model/ and exits 130 with the "continue with
+--resume" message."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa:
 
 from bertforge.model.checkpoint import read_state_dict
 from bertforge.train.pretrain import pretrain
-from bertforge.train.loop import latest_checkpoint
+from bertforge.train.loop import STOP_MARKER, latest_checkpoint
 
 
 def _start(cfg, cwd: Path) -> subprocess.Popen:
@@ -120,10 +121,11 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(root, tok, nsp_data):
     _wait_for(lambda: latest_checkpoint(out) is not None, proc)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 128 + signal.SIGINT, stderr  # as a shell reports a command Ctrl-C stopped
     step = _step(latest_checkpoint(out))
     assert step > 3  # a checkpoint of its own, not the periodic one
-    assert f"pretrain: stopped at step {step}; continue with --resume" in stdout
+    assert f"pretrain: stopped at step {step} of 100000" in stdout and "continue with --resume" in stdout
+    assert json.loads((out / "model" / STOP_MARKER).read_text())["reason"] == "SIGINT"
     assert max(losses_by_step(out)) == step
 
     result = pretrain(config(nsp_data, tok, out, max_steps=step + 2, resume=True, **settings))

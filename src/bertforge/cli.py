@@ -51,6 +51,7 @@ from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
+from bertforge.train.loop import STOP_MARKER, read_stop_marker
 from bertforge.train.precision import PRECISIONS
 from bertforge.train.pretrain import PretrainConfig
 
@@ -240,6 +241,10 @@ def info(checkpoint: Positional[str]) -> int:
         print(f"  labels: {config.id2label}")
     has_vocab = (Path(checkpoint) / "vocab.txt").is_file()
     print(f"  tokenizer: {'vocab.txt present' if has_vocab else 'none in this folder'}")
+    stopped = read_stop_marker(checkpoint)
+    if stopped is not None:
+        print(f"  training: stopped early at step {stopped.get('step', '?')} of {stopped.get('max_steps', '?')} "
+              f"({stopped.get('reason', 'unknown reason')}): a partial model ({STOP_MARKER})")
     return 0
 
 
@@ -279,10 +284,15 @@ def export_onnx(checkpoint: Positional[str], out: Positional[str], model_class: 
 
 
 # ---------------------------------------------------------------------------- pretrain / plot
-def _report_stop(command: str, result: Any) -> None:
-    """``result``: the loop's `TrainResult`."""
-    if result.stopped_early:
-        print(f"{command}: stopped at step {result.step}; continue with --resume")
+def _report_stop(command: str, result: Any) -> int:
+    """Say that a run stopped before its end and return the command's exit code (130 / 143 for a run a
+    SIGINT / SIGTERM stopped, so that a script does not take its partial model for a finished one).
+    ``result``: the loop's `TrainResult`."""
+    if not result.stopped_early:
+        return 0
+    print(f"{command}: stopped at step {result.step} of {result.max_steps}; model/ holds the partial model "
+          f"(marked by {STOP_MARKER}); continue with --resume")
+    return result.exit_code
 
 
 def pretrain(config: Annotated[str | None, arg(metavar="FILE")] = None,
@@ -294,8 +304,7 @@ def pretrain(config: Annotated[str | None, arg(metavar="FILE")] = None,
     """
     from bertforge.train.pretrain import pretrain as run
 
-    _report_stop("pretrain", run(cfg))
-    return 0
+    return _report_stop("pretrain", run(cfg))
 
 
 def plot(run_dir: Positional[str], out: str | None = None) -> int:
@@ -326,14 +335,15 @@ def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
         grid = finetune_grid(cfg)
         if grid.stopped_early:
             print("finetune: the grid stopped early; continue with --resume")
-        elif grid.best is not None:
+            return grid.exit_code
+        if grid.best is not None:
             print(json.dumps({k: grid.best[k] for k in ("lr", "batch_size", "epochs", "metric", "value")}))
         return 0
     result = run(cfg)
-    _report_stop("finetune", result.train)
+    code = _report_stop("finetune", result.train)
     if result.eval_metrics:
         print(json.dumps(result.eval_metrics))
-    return 0
+    return code
 
 
 def _checkpoint_settings() -> type:

@@ -17,14 +17,15 @@ import contextlib
 import gzip
 import lzma
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "replace_dir", "open_binary",
-           "COMPRESSED_SUFFIXES"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "replace_dir", "clear_stale",
+           "open_binary", "COMPRESSED_SUFFIXES"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -107,14 +108,15 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
     is fsynced and the folder takes ``target``'s place whole (`replace_dir`).
 
     On an exception the temporary folder is removed and ``target`` is left untouched. A writer killed
-    outright leaves it behind as ``.NAME.tmp-PID`` (never mistaken for ``target``); a later write
-    from the same process id clears it. With ``replace=False`` a ``target`` that exists when the block
+    outright leaves it behind as ``.NAME.tmp-PID`` (never mistaken for ``target``); the next write of
+    ``target`` clears it (`clear_stale`). With ``replace=False`` a ``target`` that exists when the block
     completes wins and the new folder is discarded: for content that any of several processes may
     fetch at once, where the first complete copy is as good as the next.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    clear_stale(target.parent, lambda name: name == target.name)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -160,3 +162,52 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+_LEFT_OVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is another live process on this machine (this process's own leftovers are stale:
+    it writes one target at a time)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to another user
+        return True
+    return True
+
+
+def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: True) -> list[Path]:
+    """Remove the ``.NAME.tmp-PID`` / ``.NAME.old-PID`` folders a killed `atomic_dir` left in ``folder``,
+    for the targets NAME that ``owns(NAME)`` accepts; return what was removed.
+
+    Only leftovers of processes no longer running on this machine are touched, so a concurrent writer's
+    folder stays. A kill between `replace_dir`'s two renames leaves no ``NAME`` but a whole
+    ``.NAME.old-PID``: that one is put back as ``NAME`` (the previous complete version) rather than removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale: dict[str, list[tuple[str, Path]]] = {}
+    for p in folder.iterdir():
+        m = _LEFT_OVER.match(p.name)
+        if m and owns(m["name"]) and not _running(int(m["pid"])):
+            stale.setdefault(m["name"], []).append((m["kind"], p))
+    removed: list[Path] = []
+    for name, found in stale.items():
+        target = folder / name
+        olds = sorted((p for kind, p in found if kind == "old"), key=lambda p: p.stat().st_mtime)
+        if olds and not target.exists():
+            os.replace(olds[-1], target)
+            found = [(kind, p) for kind, p in found if p != olds[-1]]
+        for _, p in found:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +68,8 @@ from bertforge.train.precision import PRECISIONS, autocast, dtype_of, resolve_pr
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records", "TurnLock", "take_turns"]
+
+logger = logging.getLogger("bertforge")
 
 HEADS = ("fill-mask", "classification", "tagging", "qa", "multiple-choice", "embeddings")
 POOLINGS = ("mean", "cls", "pooler")
@@ -175,6 +178,9 @@ class Predictor:
         windows for embeddings."""
         self.stride = stride
         self.name = name
+        self.stopped_early: dict[str, Any] | None = None
+        """The model folder's stop marker (`bertforge.train.loop.STOP_MARKER`: the step, max_steps and reason
+        of a training run that stopped before its end, so the model is partial); None for a finished model."""
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
@@ -183,7 +189,22 @@ class Predictor:
         """Load a checkpoint folder for inference. ``precision`` (or ``dtype``): module docstring.
         ``head``: None (the checkpoint's) or "embeddings". ``settings``:
         `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
-        tag_scheme, ...) overriding those the checkpoint was fine-tuned with."""
+        tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose training
+        stopped early loads with a warning and `stopped_early` set."""
+        from bertforge.train.loop import read_stop_marker
+
+        predictor = cls._load(path, device, dtype, precision=precision, head=head, batch_size=batch_size,
+                              **settings)
+        predictor.stopped_early = read_stop_marker(path)
+        if predictor.stopped_early is not None:
+            mark = predictor.stopped_early
+            logger.warning("%s: a partial model: its training stopped early at step %s of %s (%s)", path,
+                           mark.get("step", "?"), mark.get("max_steps", "?"), mark.get("reason", "unknown reason"))
+        return predictor
+
+    @classmethod
+    def _load(cls, path: str | Path, device: str, dtype: torch.dtype | str | None, *, precision: str,
+              head: str | None, batch_size: int, **settings: Any) -> Predictor:
         from bertforge.model.heads import infer_model_class
         from bertforge.model.config import BertConfig
         from bertforge.train.distributed import setup

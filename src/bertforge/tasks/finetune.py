@@ -21,6 +21,9 @@ checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2
 ``label2id`` where the task has labels and the settings evaluation and prediction reuse
 (``bertforge_finetune`` in config.json). `load_finetuned` reads such a folder back with its task
 family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
+An --out holding an earlier run's files is refused unless the run resumes it (``--resume``) or
+replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
+(`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`).
 
 Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
 training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
@@ -45,7 +48,7 @@ from bertforge.model.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import FeatureBatches
-from bertforge.train.loop import TrainConfig, TrainResult, Trainer, resume_point
+from bertforge.train.loop import TrainConfig, TrainResult, Trainer, open_run_dir, stop_marker
 from bertforge.train.precision import autocast, resolve_precision
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
@@ -101,6 +104,8 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     subset such as "lr=5e-5,3e-5 batch_size=32 epochs=2,3" (unnamed settings: the run's)."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint (a grid: from its unfinished runs)."""
+    overwrite: bool = False
+    """Delete an earlier run's files in --out (metrics, checkpoints, model, best; a grid's runs) and start afresh."""
 
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
     """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
@@ -259,6 +264,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
         raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
     dist = setup(cfg.device)
     out = Path(cfg.out)
+    resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, outputs=(BEST_DIR,), dist=dist)
     steps_per_epoch = len(train.features) // cfg.batch_size
     if steps_per_epoch < 1:
         raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
@@ -280,7 +286,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
 
     batches = FeatureBatches(train.features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size, name=cfg.train_file)
-    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume"}
+    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite")}
     run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["labels"] = train.labels
     best_dir = out / BEST_DIR
@@ -305,7 +311,6 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
                                          "compile", "out", "device", "epochs", "warmup_steps_used"))
-    resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
@@ -318,7 +323,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())
     result = trainer.fit(resume_from=resume_from)
-    trainer.save_model(out / "model")
+    trainer.save_model(out / "model", extra_files=stop_marker(result))
     if dist.is_main and best is not None:
         logger.info("finetune: best %s %.4f at step %d -> %s", best["metric"], best["value"], best["step"], best_dir)
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
@@ -334,6 +339,8 @@ class GridResult:
     """The winning row (None if no run evaluated)."""
     best_dir: Path | None
     stopped_early: bool = False
+    exit_code: int = 0
+    """The stopped run's `TrainResult.exit_code` (0: none stopped by a signal)."""
 
 
 GRID_DIR = "grid"
@@ -378,24 +385,27 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     out = Path(cfg.out)
     values = [grid.get(name, (getattr(cfg, name),)) for name in ("lr", "batch_size", "epochs")]
     rows: list[dict[str, Any]] = []
-    stopped = False
+    stopped, exit_code = False, 0
     for lr, batch_size, epochs in itertools.product(*values):
         folder = out / GRID_DIR / _grid_name(lr, batch_size, epochs)
         done = folder / _RUN_RESULT
-        if done.is_file():
+        if done.is_file() and not cfg.overwrite:
             if not cfg.resume:
-                raise ValueError(f"{out} already holds a grid; pass --resume to continue it, or use a new --out")
+                raise ValueError(f"{out} already holds a grid; pass --resume to continue it, --overwrite to run it "
+                                 "afresh, or use a new --out")
             rows.append(json.loads(done.read_text(encoding="utf-8")))
             continue
+        # resuming a grid: a run killed before its first checkpoint starts again
+        resumable = cfg.resume and latest_checkpoint(folder) is not None
         run = dataclasses.replace(single, lr=lr, batch_size=batch_size, epochs=epochs, out=str(folder),
-                                  resume=cfg.resume and latest_checkpoint(folder) is not None)
+                                  resume=resumable, overwrite=cfg.overwrite or (cfg.resume and not resumable))
         if dist.is_main:
             logger.info("finetune grid: run %d of %d: lr %g, batch %d, epochs %g -> %s", len(rows) + 1,
                         math.prod(len(v) for v in values), lr, batch_size, epochs, folder)
         start = time.perf_counter()
         result = finetune(run, data)
         if result.train.stopped_early:
-            stopped = True
+            stopped, exit_code = True, result.train.exit_code
             break
         best = result.best or {"step": result.train.step, "metric": "", "value": float("nan"),
                                "metrics": result.eval_metrics}
@@ -417,7 +427,7 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
             logger.info("finetune grid: best %s %.4f: lr %g, batch %d, epochs %g -> %s", winner["metric"],
                         winner["value"], winner["lr"], winner["batch_size"], winner["epochs"], best_dir)
     dist.barrier()
-    return GridResult(runs=rows, best=winner, best_dir=best_dir, stopped_early=stopped)
+    return GridResult(runs=rows, best=winner, best_dir=best_dir, stopped_early=stopped, exit_code=exit_code)
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model

@@ -26,6 +26,11 @@ at), and one eval line per evaluation. The sums of the open logging window are p
 so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
 partial window is replaced by the full window's line. A run resumed at its last step (finished, or
 killed while saving its final model) does not evaluate again when its final evaluation is logged.
+
+The run folder. `open_run_dir` admits a run: a folder holding an earlier run's files is refused
+unless the run resumes it (``--resume``) or replaces it (``--overwrite``), and temporary folders
+a killed run left there are tidied. A run that stops before ``max_steps`` marks the model it saves
+with `STOP_MARKER` (`stop_marker`), which `bertforge info` and the predictor report.
 """
 
 from __future__ import annotations
@@ -51,12 +56,13 @@ from torch import nn
 
 from bertforge.fast import prepare
 from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
-from bertforge.io import atomic_dir, atomic_write_text
+from bertforge.io import atomic_dir, atomic_write_text, clear_stale
 from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
 from bertforge.train.optim import build_optimizer, build_schedule
 
-__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "keep_freed_memory",
-           "task_metrics", "PRECISIONS", "CHECKPOINTS_DIR"]
+__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "open_run_dir",
+           "run_files", "stop_marker", "read_stop_marker", "keep_freed_memory", "task_metrics", "PRECISIONS",
+           "CHECKPOINTS_DIR", "STOP_MARKER"]
 
 logger = logging.getLogger("bertforge")
 
@@ -64,6 +70,12 @@ CHECKPOINTS_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
+STOP_MARKER = "stopped_early.json"
+"""Written into the model folder of a run that stopped before max_steps: that model is not the finished one."""
+RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
+"""The results a run writes into its folder (a recipe adds its own, e.g. fine-tuning's best/)."""
+RUN_SETUP = ("run_config.json", "tensorboard")
+"""What a run writes before its first result: a folder holding only these is a run that failed at its start."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -201,6 +213,39 @@ class TrainResult:
     checkpoint: Path | None
     interrupted: bool = False
     """Stopped by SIGINT / SIGTERM (not by the time limit)."""
+    stop_signal: int = 0
+    """The signal that stopped the run (0: none)."""
+    max_steps: int = 0
+    """The steps the run was set to train."""
+
+    @property
+    def exit_code(self) -> int:
+        """What a command ends with: 128 + the signal for a run a signal stopped early (130 for SIGINT,
+        143 for SIGTERM, as a shell reports a killed command), else 0."""
+        return 128 + self.stop_signal if self.stopped_early and self.stop_signal else 0
+
+
+def stop_marker(result: TrainResult) -> dict[str, str]:
+    """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped before
+    max_steps (that model is partial), else none."""
+    if not result.stopped_early:
+        return {}
+    reason = signal.Signals(result.stop_signal).name if result.stop_signal else "time limit (max_time_minutes)"
+    record = {"step": result.step, "max_steps": result.max_steps, "reason": reason,
+              "note": "training stopped early: a partial model; continue the run with --resume"}
+    return {STOP_MARKER: json.dumps(record, indent=1) + "\n"}
+
+
+def read_stop_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The `STOP_MARKER` record of a model folder (None: no marker, a finished model)."""
+    path = Path(folder) / STOP_MARKER
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    return record if isinstance(record, dict) else {"note": f"{path} is unreadable"}
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -212,16 +257,64 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
-    """The checkpoint a recipe continues from: the newest one with ``resume``; otherwise None, after
-    checking that ``run_dir`` holds no earlier run (starting afresh over one would mix two runs)."""
-    latest = latest_checkpoint(run_dir)
+def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[str, ...] = RUN_FILES) -> list[str]:
+    """The non-empty files and folders of an earlier run's results in ``run_dir`` (``names`` and
+    ``outputs``); folders end in "/"."""
+    folder = Path(run_dir)
+    found = []
+    for name in dict.fromkeys((*names, *outputs)):
+        p = folder / name
+        if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir())):
+            found.append(name + ("/" if p.is_dir() else ""))
+    return found
+
+
+def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, outputs: tuple[str, ...] = (),
+                 dist: Distributed | None = None) -> Path | None:
+    """Admit a run into ``run_dir`` and return the checkpoint it continues from (None: a fresh start).
+
+    A folder holding an earlier run's files (`run_files`) is refused, with what it holds and the two
+    ways on: ``resume`` continues from its newest checkpoint, ``overwrite`` deletes those files first.
+    Its files are untouched when refused: starting afresh over them would mix two runs' metrics and
+    replace a finished model. Then temporary folders that killed writes left (`bertforge.io.clear_stale`)
+    are tidied. Every process calls this; only the main one changes the folder.
+    """
+    dist = dist or Distributed()
+    folder = Path(run_dir)
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+    held = run_files(folder, outputs)
+    latest = latest_checkpoint(folder)
     if resume and latest is None:
-        raise ValueError(f"--resume: {run_dir} has no complete checkpoint to resume from")
-    if not resume and latest is not None:
-        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, "
-                         "or use a new --out")
-    return latest if resume else None
+        hint = f" (it holds {', '.join(held)}; pass --overwrite to start afresh there)" if held else ""
+        raise ValueError(f"--resume: {folder} has no complete checkpoint to resume from{hint}")
+    if not resume and not overwrite and held:
+        how = (f"pass --resume to continue it from {latest.relative_to(folder)}" if latest is not None
+               else "it has no checkpoint to resume from")
+        raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
+                         "--overwrite to delete them and start afresh, or use a new --out")
+    dist.barrier()  # every process has looked before the main one changes anything
+    if dist.is_main:
+        if overwrite and held:
+            logger.warning("--overwrite: deleting the previous run's %s in %s", ", ".join(held), folder)
+        # a fresh start also drops what a run that failed before its first result left (settings, events)
+        for name in (held + run_files(folder, names=RUN_SETUP)) if not resume else []:
+            p = folder / name.rstrip("/")
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        names = set(RUN_FILES) | set(RUN_SETUP) | set(outputs)
+        for p in clear_stale(folder, lambda name: name in names) + clear_stale(folder / CHECKPOINTS_DIR,
+                                                                             _STEP_DIR.match):
+            logger.info("removed %s, left by a run that was killed", p)
+    dist.barrier()
+    return latest_checkpoint(folder) if resume else None
+
+
+def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
+    """`open_run_dir` without ``overwrite``, in one process."""
+    return open_run_dir(run_dir, resume)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -295,6 +388,7 @@ class _Stop:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum = 0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "_Stop":
@@ -309,6 +403,7 @@ class _Stop:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = self.signum or signum
         logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
 
     def __exit__(self, *exc: object) -> None:
@@ -729,7 +824,8 @@ class Trainer:
         if self._tb is not None:
             self._tb.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
-                           eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested)
+                           eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested,
+                           stop_signal=stop.signum, max_steps=cfg.max_steps)
 
     def _log_train(self, window: dict[str, Any], grad_norm: float, bar: Any) -> dict[str, float]:
         tokens, seconds = window["tokens"], window["seconds"]

@@ -28,7 +28,7 @@ from torch import nn
 from bertforge.io import atomic_write_text
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
-from bertforge.train.loop import TrainConfig, Trainer, TrainResult, resume_point, task_metrics
+from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
 
 __all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
 
@@ -59,6 +59,8 @@ class PretrainConfig(TrainConfig):
     """Batches per evaluation at most."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint."""
+    overwrite: bool = False
+    """Delete an earlier run's files in --out (metrics, checkpoints, model) and start afresh."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -182,6 +184,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     tok = BertTokenizer.from_pretrained(tokenizer_dir)
     dist = setup(cfg.device)
     out = Path(cfg.out)
+    resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, dist=dist)
 
     manifest = load_manifest(cfg.data)
     data_cfg = manifest["config"]
@@ -210,7 +213,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
     model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]))
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
-    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume",)}
+    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite")}
     run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["data_vocab_hash"] = manifest["vocab_hash"]
     run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
@@ -219,7 +222,6 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batches", "max_time_minutes", "progress",
                                          "compile", "out", "device", "warmup_steps_used"))
-    resume_from = resume_point(out, cfg.resume)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "run_config.json", json.dumps(run_config, indent=1, default=str) + "\n")
@@ -230,7 +232,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
                     f"warmup {cfg.warmup:,} steps; precision {precision}")
     result = trainer.fit(resume_from=resume_from)
-    trainer.save_model(out / "model")
+    trainer.save_model(out / "model", extra_files=stop_marker(result))
     if dist.is_main:
         _plot(out)
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
