@@ -71,7 +71,7 @@ class VocabError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 # The "CJK Unified Ideographs" blocks Google's _is_chinese_char checks (Hangul, kana are not in it).
-_CJK_RANGES = (
+CJK_RANGES = (
     (0x4E00, 0x9FFF),
     (0x3400, 0x4DBF),
     (0x20000, 0x2A6DF),
@@ -157,7 +157,7 @@ def _unicode_tables() -> _UnicodeTables:
         (ch, unicodedata.normalize("NFD", ch)) for ch, got in zip(decomposable, ours)
         if got != unicodedata.normalize("NFD", ch)
     )
-    cjk = "[" + "".join(_range(a, b) for a, b in _CJK_RANGES) + "]"
+    cjk = "[" + "".join(_range(a, b) for a, b in CJK_RANGES) + "]"
     return _UnicodeTables(
         drop=_regex_class(drop), space=_regex_class(sorted(space)), marks=_regex_class(marks),
         punct=_regex_class(punct), cjk=cjk, final_sigma=final_sigma, nfd_fixes=fixes,

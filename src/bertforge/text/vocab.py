@@ -26,7 +26,7 @@ from typing import IO
 from tokenizers import Tokenizer, models, trainers
 
 from bertforge.io import open_binary
-from bertforge.text.tokenizer import _CJK_RANGES, BertTokenizer, bert_normalizer, bert_pre_tokenizer
+from bertforge.text.tokenizer import CJK_RANGES, BertTokenizer, bert_normalizer, bert_pre_tokenizer
 
 __all__ = ["learn_vocab", "iter_text_lines"]
 
@@ -44,7 +44,7 @@ def _own_word(ch: str) -> bool:
     cp = ord(ch)
     if 33 <= cp <= 126 and not ch.isalnum():
         return True
-    return unicodedata.category(ch).startswith("P") or any(a <= cp <= b for a, b in _CJK_RANGES)
+    return unicodedata.category(ch).startswith("P") or any(a <= cp <= b for a, b in CJK_RANGES)
 
 
 def _alphabet(text: Callable[[], Iterable[str]], do_lower_case: bool, limit: int) -> list[str]:
