@@ -18,7 +18,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from pretrain_fixtures import config, evaluate_folder, lines, losses_by_step, make_data
+from pretrain_fixtures import cli_args, config, evaluate_folder, lines, losses_by_step, make_data
 from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
 
 from bertforge import cli
@@ -313,6 +313,19 @@ def test_resume_checks_refuse_incompatible_runs(root, tok, nsp_data):
     # Changes that do not alter the run are allowed: more steps, other logging.
     result = pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, log_every=2))
     assert result.step == 2
+
+
+def test_nsp_data_with_one_token_type_is_one_error_naming_the_config(root, tok, nsp_data, tmp_path, capsys):
+    # not an IndexError from the token-type embedding at the first step
+    from bertforge.model.config import BertConfig
+
+    model = tmp_path / "one-type.json"
+    BertConfig.preset("tiny", type_vocab_size=1).save(model)
+    code = cli.main(["pretrain"] + cli_args(config(nsp_data, tok, tmp_path / "run", model=str(model))))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{model}: type_vocab_size is 1" in err and "next sentence prediction" in err
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------ evaluation and configuration
