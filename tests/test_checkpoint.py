@@ -227,6 +227,48 @@ def test_convert_round_trip(model_class, tmp_path, config, batch, randomize):
     _assert_same_outputs(reloaded, theirs, batch)
 
 
+def _transformers5_folder(folder: Path, config, **tokenizer_settings) -> Path:
+    """A checkpoint folder as transformers 5 saves it: tokenizer.json and tokenizer_config.json, no vocab.txt."""
+    bertforge.BertForMaskedLM(config).save_pretrained(folder)
+    vocab = folder / "words.txt"
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "caf", "##é", "cafe", "Caf", "the", "The", ".", "蛋"]
+    vocab.write_text("".join(w + "\n" for w in words), encoding="utf-8")
+    transformers.BertTokenizer(vocab=str(vocab), **tokenizer_settings).save_pretrained(str(folder))
+    vocab.unlink()
+    assert (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").exists()
+    return folder
+
+
+@pytest.mark.parametrize("settings", [dict(do_lower_case=False), dict(do_lower_case=True),
+                                      dict(do_lower_case=True, strip_accents=False)])
+def test_convert_carries_a_tokenizer_json_without_vocab_txt(settings, tmp_path, config):
+    src = _transformers5_folder(tmp_path / "src", config, **settings)
+    hf = transformers.AutoTokenizer.from_pretrained(str(src))
+    (src / "tokenizer_config.json").unlink()  # the settings are read from tokenizer.json's normalizer
+    convert(src, tmp_path / "dst")
+    assert (tmp_path / "dst" / "vocab.txt").is_file()
+    ours = bertforge.BertTokenizer.from_pretrained(tmp_path / "dst")
+    text = "The Café. the cafe 蛋"
+    assert ours(text)["input_ids"] == hf(text)["input_ids"]
+    assert ours.do_lower_case == settings["do_lower_case"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["model"].update(type="BPE"), "model.type is 'BPE'"),
+    (lambda d: d.update(normalizer=None), "normalizer is None"),
+    (lambda d: d["model"].update(continuing_subword_prefix="__"), "model.continuing_subword_prefix is '__'"),
+])
+def test_convert_refuses_a_tokenizer_json_it_cannot_read(change, message, tmp_path, config):
+    src = _transformers5_folder(tmp_path / "src", config)
+    (src / "tokenizer_config.json").unlink()
+    data = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    change(data)
+    (src / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"tokenizer\.json: {message}"):
+        convert(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
 # ---------------------------------------------------------------------------- errors
 def _saved(tmp_path, config, cls=bertforge.BertForPreTraining):
     cls(config).save_pretrained(tmp_path)
@@ -289,6 +331,19 @@ def test_error_unknown_keys(tmp_path, config):
     state["bert.encoder.layer.2.attention.self.query.weight"] = torch.zeros(32, 32)  # a 3rd layer
     save_file(state, folder / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"bert\.encoder\.layer\.2\.attention\.self\.query\.weight"):
+        bertforge.BertForPreTraining.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_or_boolean_weights_are_refused_by_name(dtype, tmp_path, config):
+    # load_state_dict would cast them to float silently
+    folder = _saved(tmp_path, config)
+    state = _tensors(folder)
+    key = "bert.encoder.layer.0.output.dense.bias"
+    state[key] = torch.ones_like(state[key], dtype=dtype)
+    save_file(state, folder / "model.safetensors")
+    name = str(dtype).replace("torch.", "")
+    with pytest.raises(CheckpointError, match=rf"floating point.*{key.replace('.', '[.]')} \({name}\)"):
         bertforge.BertForPreTraining.from_pretrained(folder)
 
 

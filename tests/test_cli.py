@@ -84,6 +84,23 @@ def test_convert_and_info(tmp_path, capsys):
     assert "BertForPreTraining" in text and "L=2 H=32 A=4" in text
 
 
+def test_info_reads_the_tokenizer_of_a_tokenizer_json_folder(tmp_path, capsys):
+    # transformers 5 saves tokenizer.json (+ tokenizer_config.json) and no vocab.txt
+    import transformers
+
+    config = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
+    BertForPreTraining(config).save_pretrained(tmp_path / "m")
+    words = tmp_path / "words.txt"
+    words.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\n", encoding="utf-8")
+    transformers.BertTokenizer(vocab=str(words), do_lower_case=False).save_pretrained(str(tmp_path / "m"))
+    assert not (tmp_path / "m" / "vocab.txt").exists()
+    assert main(["info", str(tmp_path / "m")]) == 0
+    assert "tokenizer: tokenizer.json, 7 entries, cased, accents kept" in capsys.readouterr().out
+    (tmp_path / "m" / "tokenizer.json").write_text('{"model": {"type": "Unigram"}}', encoding="utf-8")
+    assert main(["info", str(tmp_path / "m")]) == 0
+    assert "tokenizer: not usable (" in capsys.readouterr().out
+
+
 def test_bad_input_is_one_clear_line(tmp_path, capsys):
     code = main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -232,3 +249,43 @@ def test_version_and_unknown_command(capsys):
     with pytest.raises(SystemExit) as e:
         main(["pretrian"])
     assert e.value.code == 2 and "invalid choice: 'pretrian'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- Ctrl-C during start-up
+_SIGINT_ON_TORCH_IMPORT = """
+import os, signal, sys
+
+class Finder:  # Ctrl-C (a real SIGINT) arrives while torch is being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Finder())
+sys.argv = ["bertforge"] + sys.argv[1:]
+from bertforge.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_ctrl_c_while_torch_is_imported_is_one_line_and_exit_130(verbose):
+    args = ["-v"] * verbose + ["info", "nowhere"]
+    done = subprocess.run([sys.executable, "-c", _SIGINT_ON_TORCH_IMPORT, *args], capture_output=True, text=True,
+                          timeout=120)
+    if verbose:  # -v shows the traceback
+        assert "KeyboardInterrupt" in done.stderr
+    else:
+        assert done.returncode == 130 and done.stderr == "bertforge: interrupted\n"
+
+
+def test_ctrl_c_while_parsing_is_one_line_and_exit_130(monkeypatch, capsys):
+    from bertforge import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_parser", interrupted)
+    assert main(["info", "x"]) == 130
+    assert capsys.readouterr().err == "bertforge: interrupted\n"

@@ -421,3 +421,23 @@ def test_check_files_finds_a_damaged_shard_before_reading_any(copy):
     last.unlink()
     with pytest.raises(ShardError, match=rf"{last.name}: shard file missing"):
         PretrainingDataset(copy).check_files()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda m: m.pop("vocab_hash"), r"vocab_hash is missing"),
+    (lambda m: m["config"].pop("nsp"), r"config\.nsp is missing"),
+    (lambda m: m["shards"][2].pop("sha256"), r"shards\[2\]\.sha256 is missing"),
+    (lambda m: m["config"].update(max_seq_length=32.0), r"config\.max_seq_length must be a whole number, got 32\.0"),
+    (lambda m: m["totals"].pop("instances"), r"totals\.instances is missing"),
+])
+def test_a_manifest_missing_keys_is_one_error_naming_file_and_key(damage, message, copy, capsys):
+    from bertforge.cli import main
+
+    manifest = json.loads((copy / "manifest.json").read_text())
+    damage(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=rf"manifest\.json: {message}"):
+        PretrainingDataset(copy)
+    assert main(["prepare", "--stats", str(copy)]) == 2  # not a KeyError traceback
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest.json" in err and "Traceback" not in err

@@ -167,6 +167,37 @@ def test_errors_name_file_and_line_and_skips_are_counted(tmp_path):
         read_examples(write(tmp_path / "e.xml", ""), text_column="text")
 
 
+@pytest.mark.parametrize("name", ["big.csv", "big.tsv", "big.jsonl", "big.csv.gz"])
+def test_invalid_utf8_names_the_exact_line_and_byte_offset(name, tmp_path):
+    # the text reader decodes ahead of the line it returns: the error must still name the exact place
+    if name.endswith(".jsonl"):
+        lines = [f'{{"text": "row {i}", "label": "pos"}}\n' for i in range(2000)]
+    else:
+        sep = "," if ".csv" in name else "\t"
+        lines = [f"text{sep}label\n"] + [f"row {i}{sep}pos\n" for i in range(2000)]
+    text, rest = "".join(lines[:1200]), "".join(lines[1200:])  # well beyond the reader's look-ahead
+    data = text.encode() + b"caf\xe9 au lait" + rest.encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    line = text.count("\n") + 1
+    offset = len(text.encode()) + 3
+    where = "the decompressed text" if name.endswith(".gz") else "the file"
+    with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}:{line}: not UTF-8 text: b'\\xe9' "
+                                         rf"at byte offset {offset} of {where} \(3 bytes into the line"):
+        read_examples(path, text_column="text")
+
+
+def test_the_utf8_error_place_does_not_depend_on_how_the_file_is_read(tmp_path):
+    from bertforge.tasks.base import not_utf8
+
+    path = tmp_path / "a.csv"
+    path.write_bytes("text,label\nnaïve,pos\n".encode() + b"a longer line, then caf\xc3\xa9 \xff here,neg\n")
+    expected = str(not_utf8(path))
+    assert expected.startswith(f"{path}:3: not UTF-8 text: b'\\xff' at byte offset 48 of the file (26 bytes into")
+    for size in (1, 2, 3, 7, 30):  # chunk boundaries inside the é, inside the line, at the line's start
+        assert str(not_utf8(path, chunk_size=size)) == expected
+
+
 # ------------------------------------------------------------------------------ windows and batches
 def test_long_texts_become_overlapping_windows_covering_every_token(base):
     tok = BertTokenizer.from_pretrained(base)

@@ -209,8 +209,8 @@ def test_question_answering(overrides, lengths, tiny_config, pair, make_batch, a
     assert_close(a.start_logits, b.start_logits, mask, what="start_logits")
     assert_close(a.end_logits, b.end_logits, mask, what="end_logits")
     if lengths == PADDING["unpadded"]:
-        # With padding the softmax over positions also sees padding logits, which differ by design
-        # (ours: the head's bias; transformers: values computed from [PAD]); see test below.
+        # With padding, ours leaves padding out of the softmax over positions and transformers does
+        # not: the losses differ by design (see test_question_answering_loss_leaves_padding_out).
         assert_close(a.loss, b.loss, what="loss")
 
 
@@ -229,6 +229,29 @@ def test_question_answering_out_of_range_positions(tiny_config, pair, make_batch
     expected = (ce(a.start_logits[[0, 2]], torch.tensor([3, 0]))
                 + ce(a.end_logits[[1, 2]], torch.tensor([4, 1]))) / 2
     assert_close(a.loss, expected, atol=1e-6)
+
+
+def test_question_answering_loss_leaves_padding_out(tiny_config, make_batch, assert_close, build, randomize):
+    """The head's loss on a padded batch is the mean of each row's loss alone: padding positions are
+    not in the softmax over start / end positions (a target on padding is ignored like one beyond T)."""
+    config = tiny_config()
+    model = build(randomize(BertForQuestionAnswering(config))).eval()
+    batch = make_batch(config, PADDING["padded"])  # lengths 11, 7, 4
+    start, end = torch.tensor([3, 0, 2]), torch.tensor([5, 6, 3])
+    with torch.no_grad():
+        together = model(**batch, start_positions=start, end_positions=end).loss
+        rows = [model(**{k: v[i:i + 1, :n] for k, v in batch.items()}, start_positions=start[i:i + 1],
+                      end_positions=end[i:i + 1]).loss for i, n in enumerate(PADDING["padded"])]
+        on_padding = model(**batch, start_positions=torch.tensor([3, 9, 2]), end_positions=end).loss
+    assert_close(together, torch.stack(rows).mean(), atol=1e-6, what="loss")
+    # start 9 of row 1 (7 tokens) is padding: ignored, so the start term averages rows 0 and 2
+    ce = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        out = model(**batch)
+    pad = batch["attention_mask"] == 0
+    s, e = out.start_logits.masked_fill(pad, float("-inf")), out.end_logits.masked_fill(pad, float("-inf"))
+    expected = (ce(s[[0, 2]], torch.tensor([3, 2])) + ce(e, end)) / 2
+    assert_close(on_padding, expected, atol=1e-6, what="loss with a target on padding")
 
 
 def test_question_answering_padding_logits_are_constant(tiny_config, make_batch, build):

@@ -429,6 +429,19 @@ def test_a_run_clears_the_temporary_folders_a_killed_run_left(root, tok, nsp_dat
     assert pretrain(config(nsp_data, tok, out, max_steps=3, checkpoint_every=1, resume=True)).step == 3
 
 
+def test_nsp_data_with_one_token_type_is_one_error_naming_the_config(root, tok, nsp_data, tmp_path, capsys):
+    # not an IndexError from the token-type embedding at the first step
+    from bertforge.model.config import BertConfig
+
+    model = tmp_path / "one-type.json"
+    BertConfig.preset("tiny", type_vocab_size=1).save(model)
+    code = cli.main(["pretrain"] + cli_args(config(nsp_data, tok, tmp_path / "run", model=str(model))))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{model}: type_vocab_size is 1" in err and "next sentence prediction" in err
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------ evaluation and configuration
 
 

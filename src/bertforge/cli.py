@@ -33,11 +33,35 @@ import functools
 import inspect
 import json
 import logging
+import signal
 import sys
+import threading
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
+
+
+def _interrupted_at_start_up(signum: int, frame: Any) -> None:
+    """Ctrl-C while the commands (and torch) are imported: one line and exit code 130, not a
+    traceback from inside an import. `main` handles it once a command runs."""
+    print("bertforge: interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+def _quiet_start_up() -> Any:
+    """Install `_interrupted_at_start_up` for the imports below; returns the handler to restore
+    after them (None: nothing installed, e.g. in a notebook with its own handler, or with -v, which
+    shows the traceback)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            or {"-v", "--verbose"} & set(sys.argv[1:])):
+        return None
+    return signal.signal(signal.SIGINT, _interrupted_at_start_up)
+
+
+# The imports below take seconds (torch): Ctrl-C during them meets the start-up handler.
+_SIGINT_BEFORE_START_UP = _quiet_start_up()
 
 import tyro
 from tyro.conf import Positional, PositionalMetavarFromFieldName, arg
@@ -224,6 +248,7 @@ def info(checkpoint: Positional[str]) -> int:
     Args:
         checkpoint: a checkpoint folder
     """
+    from bertforge.convert.folders import describe_tokenizer
     from bertforge.model.checkpoint import read_state_dict
     from bertforge.model.config import BertConfig
     from bertforge.model.heads import infer_model_class
@@ -239,8 +264,7 @@ def info(checkpoint: Positional[str]) -> int:
           f"act={config.hidden_act}")
     if config.id2label:
         print(f"  labels: {config.id2label}")
-    has_vocab = (Path(checkpoint) / "vocab.txt").is_file()
-    print(f"  tokenizer: {'vocab.txt present' if has_vocab else 'none in this folder'}")
+    print(f"  tokenizer: {describe_tokenizer(checkpoint)}")
     stopped = read_stop_marker(checkpoint)
     if stopped is not None:
         print(f"  training: stopped early at step {stopped.get('step', '?')} of {stopped.get('max_steps', '?')} "
@@ -657,7 +681,11 @@ def _console(verbose: bool, stream: str) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``bertforge COMMAND ...``: 0 on success; bad input is one line on stderr and exit code 2."""
-    top = _parser().parse_args(argv)
+    try:
+        top = _parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("bertforge: interrupted", file=sys.stderr)
+        return 130
     with _console(top.verbose, "stderr" if top.command in DATA_COMMANDS else "stdout"):
         try:
             return _run(top.command, top.args)
@@ -680,6 +708,10 @@ def _close_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+if _SIGINT_BEFORE_START_UP is not None:  # imported: Ctrl-C is KeyboardInterrupt again, which main() handles
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE_START_UP)
 
 
 if __name__ == "__main__":

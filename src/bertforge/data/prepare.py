@@ -428,13 +428,53 @@ def _build_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, to
 
 
 def load_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest.json of a prepared folder, checked: every key the loader, pre-training and
+    ``prepare --stats`` read is present with the right type, else a `ShardError` naming the file
+    and the key (``config.nsp``, ``shards[3].sha256``), not a KeyError when it is first used."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ShardError(f"{folder}: no {MANIFEST} (not a prepared dataset, or prepare has not finished)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{path}: corrupt manifest ({e})") from e
+
+    count, number = "a whole number", "a number"
+    kinds: dict[str, Any] = {count: (int,), number: (int, float), "true or false": (bool,), "a string": (str,),
+                             "a list": (list,), "an object": (dict,)}
+    top = {"format": "a string", "vocab_hash": "a string", "vocab_size": count, "complete": "true or false",
+           "missing_shards": "a list", "total_shards": count, "config": "an object", "totals": "an object",
+           "corpus": "an object", "shards": "a list"}
+    config = {"max_seq_length": count, "max_predictions_per_seq": count, "masked_lm_prob": number,
+              "mask_token_prob": number, "random_token_prob": number, "whole_word_mask": "true or false",
+              "dupe_factor": count, "nsp": "true or false", "dynamic_masking": "true or false"}
+    totals = {**dict.fromkeys(("shards", "instances", "tokens", "input_tokens", "documents", "one_sentence_documents",
+                               "sentences", "not_next"), count),
+              "length_histogram": "a list", "predictions_histogram": "a list", "replacements": "an object"}
+    corpus = dict.fromkeys(("files", "documents", "invalid_utf8_lines", "long_lines_skipped", "empty_documents",
+                            "bad_json_records"), count)
+    shard = {"file": "a string", "sha256": "a string", "instances": count}
+
+    def check(obj: Any, keys: dict[str, str], where: str) -> None:
+        for key, kind in keys.items():
+            name = f"{where}{key}"
+            if key not in obj:
+                raise ShardError(f"{path}: {name} is missing (re-run `bertforge prepare` to rewrite the manifest)")
+            value = obj[key]
+            if (isinstance(value, bool) and kind != "true or false") or not isinstance(value, kinds[kind]):
+                raise ShardError(f"{path}: {name} must be {kind}, got {json.dumps(value)[:80]}")
+
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{path}: corrupt manifest (expected a JSON object)")
+    check(manifest, top, "")
+    check(manifest["config"], config, "config.")
+    check(manifest["totals"], totals, "totals.")
+    check(manifest["corpus"], corpus, "corpus.")
+    for i, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict):
+            raise ShardError(f"{path}: shards[{i}] must be an object, got {json.dumps(entry)[:80]}")
+        check(entry, shard, f"shards[{i}].")
+    return manifest
 
 
 def format_stats(manifest: dict[str, Any]) -> str:

@@ -214,6 +214,13 @@ def load_pretrained(
         report.reinitialized_mismatched = [k for k, _, _ in mismatched]
 
     state = {k: v for k, v in state.items() if k in expected}
+    # load_state_dict would cast integer or boolean tensors to float without a word: such weights
+    # are not a trained model's, so they are refused by name.
+    not_float = [f"{k} ({str(v.dtype).replace('torch.', '')})" for k, v in state.items()
+                 if expected[k].is_floating_point() and not v.is_floating_point()]
+    if not_float:
+        raise CheckpointError(f"{source}: weights must be floating point (float32, float16 or bfloat16); "
+                              f"these are not: {short_list(not_float)}")
     model.load_state_dict(state, strict=False)
     if report.newly_initialized or report.reinitialized_mismatched:
         logger.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, source,

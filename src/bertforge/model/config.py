@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,22 +69,44 @@ class BertConfig:
     """config.json keys bertforge does not use, kept so a round trip loses nothing."""
 
     def __post_init__(self) -> None:
+        # Checked here, not left to torch: a size of 64.0 or -1 would otherwise fail deep inside
+        # nn.Linear with a TypeError that names neither the file nor the field.
+        for name in _SIZES:
+            _check_int(name, getattr(self, name), minimum=1)
+        if self.pad_token_id is not None:
+            _check_int("pad_token_id", self.pad_token_id, minimum=0)
+            if self.pad_token_id >= self.vocab_size:
+                raise ValueError(f"pad_token_id ({self.pad_token_id}) must be below vocab_size ({self.vocab_size})")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is not None or name != "classifier_dropout":
+                _check_number(name, value, low=0.0, high=1.0)
+        _check_number("initializer_range", self.initializer_range, low=0.0)
+        _check_number("layer_norm_eps", self.layer_norm_eps, low=0.0)
+        if self.layer_norm_eps == 0:
+            raise ValueError("layer_norm_eps must be > 0, got 0")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        if self.hidden_act not in ACTIVATIONS:
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
             raise ValueError(f"unknown problem_type {self.problem_type!r}")
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.architectures is not None and (not isinstance(self.architectures, list)
+                                               or not all(isinstance(a, str) for a in self.architectures)):
+            raise ValueError(f"architectures must be a list of class names, got {self.architectures!r}")
         if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if not isinstance(self.id2label, dict):
+                raise ValueError(f"id2label must map class indices to names, got {self.id2label!r}")
+            try:
+                self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            except (TypeError, ValueError):
+                raise ValueError(f"id2label keys must be class indices (0, 1, ...), got {list(self.id2label)}") from None
             self.num_labels = len(self.id2label)
+            if self.num_labels < 1:
+                raise ValueError("id2label is empty: num_labels must be >= 1")
 
     # ---------------------------------------------------------------- derived
     @property
@@ -188,6 +212,28 @@ class BertConfig:
             changes["id2label"] = None
         changes.setdefault("extra", dict(self.extra))  # the copy must not share the dict
         return dataclasses.replace(self, **changes)
+
+
+# Fields that size a tensor: whole numbers >= 1.
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+          "max_position_embeddings", "type_vocab_size", "num_labels")
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    """``value`` is a whole number (an int, not a bool or a float such as 64.0) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_number(name: str, value: Any, *, low: float, high: float | None = None) -> None:
+    """``value`` is a real number (not a bool or a string) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if value < low or (high is not None and value > high):
+        bounds = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
 
 
 # (layers, hidden) of the paper's models and of Google's 24 smaller BERTs.

@@ -315,12 +315,17 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         end_positions: torch.Tensor | None = None,
         output_hidden_states: bool = False,
     ) -> QuestionAnsweringModelOutput:
-        """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer."""
+        """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer.
+
+        The logits are transformers' (padding positions included); the loss leaves padding out of
+        the softmax over positions (`losses.span_loss`), so it does not depend on how a batch is padded.
+        """
         out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # 2 x (B, T)
         loss = None
         if start_positions is not None and end_positions is not None:
-            loss = losses.span_loss(start_logits, end_logits, start_positions, end_positions)
+            loss = losses.span_loss(start_logits, end_logits, start_positions, end_positions,
+                                    attention_mask=attention_mask)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
                                             end_logits=end_logits.contiguous(), hidden_states=out.hidden_states)
 

@@ -78,17 +78,30 @@ def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, reduct
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
-              start_positions: torch.Tensor, end_positions: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+              start_positions: torch.Tensor, end_positions: torch.Tensor, reduction: str = "mean",
+              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(CE(start) + CE(end)) / 2 over the sequence, mean over the batch or "sum". logits (B, T), positions (B,).
 
-    Positions outside the sequence are ignored (transformers clamps them to T and ignores T).
-    Impossible answers point at [CLS], position 0, and are learned like any other span.
+    With ``attention_mask`` (B, T), padding positions are left out of both softmaxes: a batch's
+    padding then changes neither the loss nor its gradient (transformers' head lets them in, so its
+    loss differs on padded batches; the logits are the same). Positions outside the sequence, or on
+    padding, are ignored (transformers clamps them to T and ignores T). Impossible answers point at
+    [CLS], position 0, and are learned like any other span.
     """
     T = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, T)
     end = end_positions.reshape(-1).clamp(0, T)
-    return (F.cross_entropy(start_logits.float(), start, ignore_index=T, reduction=reduction)
-            + F.cross_entropy(end_logits.float(), end, ignore_index=T, reduction=reduction)) / 2
+    start_logits, end_logits = start_logits.float(), end_logits.float()
+    if attention_mask is not None:
+        pad = attention_mask.reshape(start_logits.shape) == 0
+        start_logits = start_logits.masked_fill(pad, float("-inf"))
+        end_logits = end_logits.masked_fill(pad, float("-inf"))
+        # a target on padding has no probability left: ignored like one outside the sequence
+        padded = torch.cat([pad, pad.new_ones(pad.shape[0], 1)], dim=1)
+        start = start.masked_fill(padded.gather(1, start[:, None])[:, 0], T)
+        end = end.masked_fill(padded.gather(1, end[:, None])[:, 0], T)
+    return (F.cross_entropy(start_logits, start, ignore_index=T, reduction=reduction)
+            + F.cross_entropy(end_logits, end, ignore_index=T, reduction=reduction)) / 2
 
 
 def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -45,8 +45,8 @@ from torch import nn
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.tasks.encoding import FeatureSet
 
-__all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "file_format", "split_files",
-           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
+__all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "not_utf8", "file_format",
+           "split_files", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
 
 
 # ---------------------------------------------------------------------------- settings
@@ -154,8 +154,8 @@ def csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
                     raise ValueError(f"{path}:{reader.line_num}: malformed {fmt.upper()} ({e})") from None
                 yield start, row
                 start = reader.line_num + 1
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text at or after line {start} ({e})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     finally:
         csv.field_size_limit(old_limit)
 
@@ -179,8 +179,44 @@ def jsonl_records(path: Path, report: ReadReport, bad: Callable[[int, str], None
                     bad(n, f"expected a JSON object, got {type(record).__name__}")
                     continue
                 yield n, record
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({e})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+
+
+def not_utf8(path: Path, chunk_size: int = 1 << 20) -> ValueError:
+    """The error for a file that is not UTF-8, naming the line and byte offset of its first invalid
+    byte. The text reader decodes ahead of the line it returns, so its own error position is only
+    approximate: the file is read again as bytes, ``chunk_size`` at a time, to find the exact place."""
+    decoder_input = b""
+    offset = 0  # bytes of the (decompressed) file before ``decoder_input``
+    line, line_start = 1, 0  # the line at ``offset`` and the offset where it starts
+    with open_binary(path) as f:
+        while True:
+            chunk = f.read(chunk_size)
+            data = decoder_input + chunk
+            try:
+                data.decode("utf-8")
+                good = len(data)
+            except UnicodeDecodeError as e:
+                if chunk and e.reason == "unexpected end of data" and e.end == len(data):
+                    good = e.start  # a character split by the chunk boundary: decode it with the next chunk
+                else:
+                    at = offset + e.start
+                    line += data.count(b"\n", 0, e.start)
+                    newline = data.rfind(b"\n", 0, e.start)
+                    column = at - (offset + newline + 1 if newline >= 0 else line_start)
+                    bad = data[e.start:e.end]
+                    of = "the decompressed text" if Path(path).suffix.lower() in COMPRESSED_SUFFIXES else "the file"
+                    return ValueError(f"{path}:{line}: not UTF-8 text: {bad!r} at byte offset {at} of {of} "
+                                      f"({column} bytes into the line; {e.reason}); save the file as UTF-8")
+            if not chunk:
+                return ValueError(f"{path}: not UTF-8 text")  # the text reader failed; the bytes decode
+            line += data.count(b"\n", 0, good)
+            newline = data.rfind(b"\n", 0, good)
+            if newline >= 0:
+                line_start = offset + newline + 1
+            offset += good
+            decoder_input = data[good:]
 
 
 def file_format(path: Path) -> str:

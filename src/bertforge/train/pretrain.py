@@ -128,6 +128,13 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
         else:
             config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout)
         model = cls(config)
+    if nsp and config.type_vocab_size < 2:
+        # NSP instances give segment B token type 1: an IndexError in the embedding otherwise
+        source = Path(cfg.init_from or cfg.model)
+        source = source / "config.json" if source.is_dir() else source
+        raise ValueError(f"{source}: type_vocab_size is {config.type_vocab_size}, but the data was prepared with "
+                         "next sentence prediction, whose segment B has token type 1: NSP needs type_vocab_size >= 2 "
+                         "(or prepare the data with --no-nsp)")
     if config.vocab_size != vocab_size:
         raise ValueError(f"the model has {config.vocab_size} word embeddings but the data's vocab has "
                          f"{vocab_size} entries")
