@@ -32,7 +32,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
 import socket
 import statistics
@@ -43,6 +42,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import cpu_model  # noqa: E402
 
 TIMEOUT = 120.0
 """Seconds a request (and the server's start) may take before the script gives up."""
@@ -65,16 +67,6 @@ def build_checkpoint(folder: Path, preset: str, seed: int) -> list[str]:
     BertForSequenceClassification(config).save_pretrained(folder)
     BertTokenizer(tokens).save_pretrained(folder)
     return words
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def free_port() -> int:
@@ -190,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     results = {
-        "preset": args.preset, "cpu": cpu_name(), "cores": os.cpu_count(),
+        "preset": args.preset, "cpu": cpu_model(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "batch_size": args.batch_size, "short_tokens": args.short_words + 2,
         "long_tokens": args.long_words + 2, "max_request_tokens": args.max_request_tokens,
         "alone": summary(alone), "with_long": summary(with_long), "long": summary(long_times),
