@@ -226,7 +226,7 @@ def load_pretrained(
         logger.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, source,
                        short_list(report.newly_initialized + report.reinitialized_mismatched))
     if report.ignored:
-        logger.info("%s: ignored checkpoint weights of other heads in %s: %s", cls.__name__, source,
+        logger.debug("%s: ignored checkpoint weights of other heads in %s: %s", cls.__name__, source,
                     short_list(report.ignored))
     model.load_report = report  # type: ignore[attr-defined]
     if dtype is not None or device is not None:
