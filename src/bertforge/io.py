@@ -15,6 +15,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import json
 import lzma
 import os
 import re
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 __all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "replace_dir", "clear_stale",
-           "open_binary", "COMPRESSED_SUFFIXES"]
+           "open_binary", "read_json_object", "COMPRESSED_SUFFIXES"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -211,3 +212,15 @@ def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: T
                 p.unlink(missing_ok=True)
             removed.append(p)
     return removed
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding one object (a config, a tokenizer's settings), or a ValueError naming the
+    file: not valid JSON, or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data

@@ -3,13 +3,12 @@ canonical bertforge / transformers folder, and reading the tokenizer a folder ho
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from bertforge.convert.tf import convert_tf_checkpoint, find_tf_checkpoint
+from bertforge.io import read_json_object
 from bertforge.model.bert import BertPreTrainedModel
 from bertforge.model.checkpoint import load_pretrained, save_pretrained
 from bertforge.model.heads import MODEL_CLASSES, infer_model_class
@@ -60,7 +59,7 @@ def read_tokenizer(folder: str | Path) -> BertTokenizer | None:
     path = folder / TOKENIZER_FILE
     if not path.is_file():
         return None
-    data = _read_json(path)
+    data = read_json_object(path)
     model = data.get("model")
     kind = model.get("type") if isinstance(model, dict) else None
     if kind != "WordPiece":
@@ -73,7 +72,7 @@ def read_tokenizer(folder: str | Path) -> BertTokenizer | None:
         raise ValueError(f"{path}: model.continuing_subword_prefix is {prefix!r}; BERT's WordPiece uses '##'")
     normalizer = data.get("normalizer")
     norm_kind = normalizer.get("type") if isinstance(normalizer, dict) else None
-    config = _read_json(folder / CONFIG_FILE) if (folder / CONFIG_FILE).is_file() else {}
+    config = read_json_object(folder / CONFIG_FILE) if (folder / CONFIG_FILE).is_file() else {}
     if norm_kind != "BertNormalizer" and "do_lower_case" not in config:
         raise ValueError(f"{path}: normalizer is {norm_kind!r}, not 'BertNormalizer', and there is no "
                          f"{CONFIG_FILE} with do_lower_case: the lower-casing and accent settings cannot be read")
@@ -95,13 +94,3 @@ def describe_tokenizer(folder: str | Path) -> str:
     return (f"{source}, {tok.vocab_size:,} entries, {'lower-cased' if tok.do_lower_case else 'cased'}, "
             f"accents {'stripped' if accents else 'kept'}"
             f"{'' if tok.tokenize_chinese_chars else ', Chinese characters not split'}")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.version import __version__
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, read_json_object
 
 __all__ = ["BertConfig", "PRESETS", "ACTIVATIONS", "dropout_overrides"]
 
@@ -196,13 +196,7 @@ class BertConfig:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json at {path}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json_object(path), source=str(path))
 
     def replace(self, **changes: Any) -> "BertConfig":
         # id2label decides num_labels in __post_init__; a new num_labels must not be overruled by the
