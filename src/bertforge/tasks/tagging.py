@@ -430,6 +430,16 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 
 
 # ---------------------------------------------------------------------------- the family
+def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentences: list[Sentence],
+                   device: torch.device | str) -> tuple[list[list[str]], str | None]:
+    """Each sentence's predicted tag per word, and the tag scheme their entities are read with."""
+    features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+    labels = _model_labels(model)
+    tags = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
+                                   dict(enumerate(labels))), features.word_offsets)
+    return tags, resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
+
+
 class TaggingFamily(FamilyDefaults):
     """Token classification (`bertforge.tasks.base.TaskFamily`): ``ner`` (CoNLL-2003 files, entity
     tags required) and ``tagging`` (any tag set: entity scores when the tags are entity tags)."""
@@ -494,11 +504,7 @@ class TaggingFamily(FamilyDefaults):
         0), its first line, its words, their predicted tags and the entities they make, each
         ``{"type", "start", "end", "text"}`` with word indices (end exclusive) and the words joined by spaces."""
         sentences, _ = self._read(cfg, path, False)
-        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
-        labels = _model_labels(model)
-        pred = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
-                                       dict(enumerate(labels))), features.word_offsets)
-        scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, pred)
+        pred, scheme = _tag_sentences(model, tokenizer, cfg, sentences, device)
         records = []
         for i, (s, tags) in enumerate(zip(sentences, pred)):
             spans = entity_spans(tags, scheme) if scheme else []
@@ -528,11 +534,7 @@ class TaggingFamily(FamilyDefaults):
             spans.append([(s, e) for s, e in found.values()])
         sentences = [Sentence([text[s:e] for s, e in words], None, [i + 1] * len(words))
                      for i, (text, words) in enumerate(zip(texts, spans))]
-        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
-        labels = _model_labels(model)
-        tags = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
-                                       dict(enumerate(labels))), features.word_offsets)
-        scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
+        tags, scheme = _tag_sentences(model, tokenizer, cfg, sentences, device)
         records = []
         for i, (text, words, seq) in enumerate(zip(texts, spans, tags)):
             entities = [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
