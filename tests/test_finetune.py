@@ -502,6 +502,18 @@ def test_a_given_warmup_setting_wins_over_the_default_and_the_run_records_the_wa
     assert (saved["warmup_steps"], saved["warmup_ratio"], saved["warmup_steps_used"]) == (2, None, 2)
 
 
+def test_the_run_summary_without_a_dev_file_has_no_empty_parts(root, base, caplog):
+    """The summary line joins only the parts a run has: without --dev-file there is no dev part (and no "; ;")."""
+    caplog.set_level(logging.INFO, logger="bertforge")
+    rng = random.Random(6)
+    train = write_csv(root / "summary.csv", [polar(rng) for _ in range(32)])
+    finetune(config(base, root / "summary", task="classification", train_file=str(train), text_column="review",
+                    label_column="sentiment", keep_best=False, max_steps=2, device="cpu"))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("finetune: classification"))
+    assert line == ("finetune: classification, 2 labels (neg, pos); train 32 examples -> 32 windows; "
+                    "2 steps of 16 (2 per epoch, warmup 0) on cpu")
+
+
 def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
     rng = random.Random(4)
     folder = root / "MNLI"

@@ -316,9 +316,10 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        logger.info("finetune: %s%s; train %s; %s; %d steps of %d (%d per epoch, warmup %d) on %s", cfg.task, kind,
-                    train.summary, "; ".join(f"dev {d.path.name} {d.summary}" for d in dev), cfg.max_steps,
-                    cfg.batch_size, steps_per_epoch, cfg.warmup, dist.device)
+        parts = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev),
+                 f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
+                 f"on {dist.device}"]
+        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in parts if p))
         for r in reports:
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())
