@@ -167,6 +167,39 @@ def test_errors_name_file_and_line_and_skips_are_counted(tmp_path):
         read_examples(write(tmp_path / "e.xml", ""), text_column="text")
 
 
+class ConstantClassifier(torch.nn.Module):
+    """Gives every input the same logits."""
+
+    def __init__(self, logits: list[float], id2label: dict[int, str]):
+        super().__init__()
+        self.config = SimpleNamespace(num_labels=len(logits), id2label=id2label)
+        self.register_buffer("logits", torch.tensor(logits))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return SimpleNamespace(logits=self.logits.expand(len(input_ids), -1))
+
+
+def test_an_evaluation_label_the_model_was_not_trained_on_counts_as_wrong_with_a_warning(tmp_path, base, caplog):
+    """Always "pos" on pos, neg, meh, meh ("meh" unseen): accuracy 1/4; F1 of pos: 1 right, 3 predicted, 1 true
+    -> 2/5. A training file's label outside a GLUE task's set stays an error naming file and line."""
+    from bertforge.tasks import family_for
+
+    family, tok = family_for("classification"), BertTokenizer.from_pretrained(base)
+    cfg = family.configure(config(base, tmp_path, task="classification", text_column="review",
+                                  label_column="sentiment"))
+    dev = write_csv(tmp_path / "dev.csv", [("good", "pos"), ("bad", "neg"), ("so so", "meh"), ("fine", "meh")])
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        data = family.eval_data(cfg, tok, dev, {"neg": 0, "pos": 1})
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{dev}: 2 examples carry a label the model was not trained on ('meh': 2): it cannot predict them, so they "
+        "count as wrong predictions"]
+    result = family.evaluate(ConstantClassifier([0.0, 1.0], {0: "neg", 1: "pos"}), data, cfg, "cpu")
+    assert result.metrics == pytest.approx({"accuracy": 0.25, "f1": 0.4})
+    train = write(tmp_path / "train.tsv", "sentence\tlabel\ngood\t1\nbad\t2\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:3: unknown label '2' \(the model's labels: 0, 1\)"):
+        family.train_data(family.configure(config(base, tmp_path, task="sst2", train_file=str(train))), tok)
+
+
 @pytest.mark.parametrize("name", ["big.csv", "big.tsv", "big.jsonl", "big.csv.gz"])
 def test_invalid_utf8_names_the_exact_line_and_byte_offset(name, tmp_path):
     # the text reader decodes ahead of the line it returns: the error must still name the exact place

@@ -34,7 +34,9 @@ import csv
 import dataclasses
 import io
 import json
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,8 +47,10 @@ from torch import nn
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.tasks.encoding import FeatureSet
 
+logger = logging.getLogger("bertforge")
+
 __all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "not_utf8", "file_format",
-           "split_files", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
+           "split_files", "unseen_labels", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
 
 
 # ---------------------------------------------------------------------------- settings
@@ -238,6 +242,24 @@ def split_files(spec: str | Path) -> list[Path]:
     return [Path(part.strip()) for part in str(spec).split(",") if part.strip()]
 
 
+def unseen_labels(path: Path, labels: Iterable[str | None], known: Collection[str], *, kind: str = "label",
+                  unit: str = "example", effect: str = "they count as wrong predictions") -> Counter[str]:
+    """The labels of an evaluation file outside the model's label set ``known``, each with the number
+    of items (``unit``: example, word) carrying it, in order of first appearance. The model cannot
+    predict such a label, so the file is still scored (``effect`` says how) rather than refused; a
+    warning names the file, the labels and the counts, once per file."""
+    unseen = Counter(label for label in labels if label is not None and label not in known)
+    if unseen:
+        total = unseen.total()
+        carry = f"{unit} carries" if total == 1 else f"{unit}s carry"
+        what = f"{kind}s" if len(unseen) > 1 else f"a {kind}"
+        shown = ", ".join(f"{name!r}: {n:,}" for name, n in list(unseen.items())[:10])
+        more = f", and {len(unseen) - 10:,} more" if len(unseen) > 10 else ""
+        logger.warning("%s: %s %s %s the model was not trained on (%s%s): it cannot predict them, so %s",
+                       path, f"{total:,}", carry, what, shown, more, effect)
+    return unseen
+
+
 # ---------------------------------------------------------------------------- the contract
 @dataclass
 class TrainData:
@@ -302,7 +324,8 @@ class TaskFamily(Protocol):
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path,
                   label2id: dict[str, int] | None) -> EvalData:
-        """A labelled file; a label outside ``label2id`` is an error naming file and line."""
+        """A labelled file. A label outside ``label2id`` (one the model was not trained on) is scored as a
+        prediction the model could not make, with a warning (`unseen_labels`); training files refuse it."""
         ...
 
     def train_task(self, config: Any) -> Any:

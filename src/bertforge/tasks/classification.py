@@ -12,8 +12,10 @@ with its line numbers, and logged: nothing is dropped silently.
 
 Labels. The label set of a GLUE task is fixed (its list below, in the TF release's order); for
 other files it is the sorted set of the training file's labels (numerically sorted when all are
-integers). A label outside the set in an evaluation file is an error naming file and line. STS-B
-(and ``regression=True``) reads the label as a float score.
+integers). A label outside the set in a training file (GLUE) is an error naming file and line; in
+an evaluation file it is a label the model cannot predict: its examples are scored as wrong (their
+class id is `UNSEEN`, which no prediction equals), with a warning naming the file, the labels and
+how many examples carry them. STS-B (and ``regression=True``) reads the label as a float score.
 
 Long inputs: windows, never silent truncation. ``[CLS] A [SEP]`` (or ``[CLS] A [SEP] B [SEP]``)
 longer than ``max_seq_length`` is cut into overlapping windows: window k holds the tokens from
@@ -38,7 +40,7 @@ from torch import nn
 
 from bertforge.model import losses
 from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
-                                  file_format, jsonl_records, split_files)
+                                  file_format, jsonl_records, split_files, unseen_labels)
 from bertforge.tasks.encoding import Windows, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
@@ -46,6 +48,9 @@ __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "
            "compute_metrics", "main_metric", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
+
+UNSEEN = -1
+"""The class id of an evaluation file's label the model was not trained on: a class no prediction is."""
 
 
 class Example(NamedTuple):
@@ -211,8 +216,11 @@ def label_list(examples: Sequence[Example], task: str | None = None) -> list[str
     return sorted(found)
 
 
-def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None) -> np.ndarray:
-    """Class ids (int64), or scores (float32) when ``label2id`` is None (regression)."""
+def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None,
+            unseen: int | None = None) -> np.ndarray:
+    """Class ids (int64), or scores (float32) when ``label2id`` is None (regression). A label outside
+    ``label2id`` is an error naming file and line, or, given ``unseen``, gets that id (an evaluation
+    file's label the model was not trained on)."""
     if label2id is None:
         out = np.zeros(len(examples), dtype=np.float32)
         for i, e in enumerate(examples):
@@ -223,11 +231,11 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
         return out
     ids = np.zeros(len(examples), dtype=np.int64)
     for i, e in enumerate(examples):
-        try:
-            ids[i] = label2id[e.label]  # type: ignore[index]
-        except KeyError:
+        got = label2id.get(e.label, unseen)  # type: ignore[arg-type]
+        if got is None:
             raise ValueError(f"{path}:{e.line}: unknown label {e.label!r} (the model's labels: "
-                             f"{', '.join(label2id)})") from None
+                             f"{', '.join(label2id)})")
+        ids[i] = got
     return ids
 
 
@@ -419,7 +427,9 @@ class ClassificationFamily(FamilyDefaults):
         examples, report = self._read(cfg, path, True)
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
-        y = targets(examples, path, label2id)
+        if label2id is not None:
+            unseen_labels(path, (e.label for e in examples), label2id)
+        y = targets(examples, path, label2id, unseen=UNSEEN)
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
         return EvalData(path, (features, y), report, features.summary())
 
