@@ -367,6 +367,20 @@ def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
     assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
 
 
+def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
+    """best/predictions.tsv: predict's table of the dev file with the gold label, the predictions that scored best."""
+    out, _, dev = learned
+    lines = (out / "best" / "predictions.tsv").read_text().splitlines()
+    records = predict(out / "best", dev)
+    gold = [e.label for e in read_examples(dev, text_column="review", label_column="sentiment")[0]]
+    assert lines == ["index\tprediction\tgold",
+                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+    best = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == best["metrics"]["accuracy"]
+    evaluate(out / "best", file=dev, out=tmp_path)  # evaluate --out writes the same table
+    assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
+
+
 def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_path):
     out, _, _ = learned
     ft = load_finetuned(out / "best", max_seq_length=16, eval_batch_size=3)
@@ -459,6 +473,10 @@ def test_stsb_regression_learns_the_score(root, base):
     saved = json.loads((out / "model" / "config.json").read_text())
     assert saved["num_labels"] == 1 and saved["problem_type"] == "regression"
     assert isinstance(predict(out / "model", train)[0]["prediction"], float)
+    table = [line.split("\t") for line in (out / "best" / "predictions.tsv").read_text().splitlines()]
+    assert table[0] == ["index", "prediction", "gold"] and len(table) == 65  # the predicted and the gold score
+    scores = np.array([[float(x) for x in row[1:]] for row in table[1:]])
+    assert np.corrcoef(scores.T)[0, 1] == pytest.approx(result.best["metrics"]["pearson"], abs=1e-6)
 
 
 def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, base, monkeypatch):

@@ -260,6 +260,20 @@ def test_predictions_of_an_unlabelled_swag_test_file(learned, tmp_path):
     assert np.mean(np.array(preds) == labels) == pytest.approx(evaluate(out / "best", file=folder)["accuracy"])
 
 
+def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
+    """best/predictions.tsv: predict's table of val.csv with the gold choice, the predictions that scored best."""
+    out, folder = learned
+    lines = (out / "best" / "predictions.tsv").read_text().splitlines()
+    records = predict(out / "best", folder / "val.csv")
+    gold = [e.label for e in read_choices(folder / "val.csv", "swag")[0]]
+    assert lines == ["index\tprediction\tgold",
+                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+    best = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == pytest.approx(best["value"])
+    evaluate(out / "best", file=folder, out=tmp_path)
+    assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
+
+
 def test_the_fine_tuned_folder_is_transformers_bert_for_multiple_choice(learned, tmp_path):
     out, folder = learned
     assert json.loads((out / "best" / "config.json").read_text())["architectures"] == ["BertForMultipleChoice"]

@@ -11,7 +11,7 @@ through the shared loop the same way:
     dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
     Trainer(model, family.train_task(model.config), FeatureBatches(train.features, ...), ...)
-    result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, files
+    result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, prediction files
     records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
     text = family.format_predictions(records, out_path)            # the family's native prediction file
     records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
@@ -47,10 +47,11 @@ from torch import nn
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.tasks.encoding import FeatureSet
 
-logger = logging.getLogger("bertforge")
-
 __all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "not_utf8", "file_format",
-           "split_files", "unseen_labels", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
+           "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table", "TrainData", "EvalData",
+           "EvalResult", "TaskFamily", "FamilyDefaults"]
+
+logger = logging.getLogger("bertforge")
 
 
 # ---------------------------------------------------------------------------- settings
@@ -260,6 +261,19 @@ def unseen_labels(path: Path, labels: Iterable[str | None], known: Collection[st
     return unseen
 
 
+# ---------------------------------------------------------------------------- prediction files
+PREDICTION_TABLE = "predictions.tsv"
+"""The per-example predictions of an evaluated file as a `prediction_table` (classification, regression,
+multiple choice), kept beside the best model."""
+
+
+def prediction_table(records: Sequence[dict[str, Any]], sep: str = "\t") -> str:
+    """``index``, ``prediction`` and, when the records have it (an evaluated file), ``gold`` of each
+    record, one line each under a header: GLUE's submission layout."""
+    columns = ["index", "prediction", *(["gold"] if records and "gold" in records[0] else [])]
+    return "".join(sep.join(map(str, row)) + "\n" for row in [columns, *([r[c] for c in columns] for r in records)])
+
+
 # ---------------------------------------------------------------------------- the contract
 @dataclass
 class TrainData:
@@ -296,8 +310,12 @@ class EvalResult:
     main: str
     """The metric the best checkpoint is chosen by (a key of ``metrics``)."""
     files: dict[str, str] = field(default_factory=dict)
-    """Prediction files of this evaluation (name -> text), kept beside the best model (e.g. SQuAD's
-    predictions.json, nbest_predictions.json, null_odds.json)."""
+    """The per-example prediction files of this evaluation (name -> text), in the family's `predict`
+    layout with the gold beside each prediction where the layout has room: classification,
+    regression and multiple choice `PREDICTION_TABLE` (index, prediction, gold), tagging
+    predictions.conll (token, gold, predicted tag), SQuAD predictions.json, nbest_predictions.json
+    and null_odds.json (the official scripts' inputs). The recipe keeps them in ``best/`` with the
+    best model; ``evaluate --out`` writes them."""
 
 
 class TaskFamily(Protocol):
@@ -333,7 +351,9 @@ class TaskFamily(Protocol):
         ...
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
-                 dist: Any = None) -> EvalResult: ...
+                 dist: Any = None) -> EvalResult:
+        """The metrics of a labelled file and its per-example prediction files (`EvalResult.files`)."""
+        ...
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:

@@ -39,13 +39,14 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
-                                  file_format, jsonl_records, split_files, unseen_labels)
+from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
+                                  TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files,
+                                  unseen_labels)
 from bertforge.tasks.encoding import Windows, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "Features", "encode_examples", "ClassificationTask", "predict_logits",
-           "compute_metrics", "main_metric", "ClassificationFamily"]
+           "compute_metrics", "main_metric", "prediction_records", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
 
@@ -378,6 +379,23 @@ def main_metric(task: str | None, metrics: Mapping[str, float], regression: bool
     return next(iter(metrics))
 
 
+# ---------------------------------------------------------------------------- predictions
+def prediction_records(examples: Sequence[Example], logits: np.ndarray, id2label: Mapping[int, str],
+                       gold: bool = False) -> list[dict[str, Any]]:
+    """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
+    line, the label name (regression: the score) and the logits averaged over its windows; with
+    ``gold``, also the example's label as the file writes it."""
+    records = []
+    for i, (e, row) in enumerate(zip(examples, logits)):
+        best = int(row.argmax())
+        pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
+        record = {"index": i, "line": e.line, "prediction": pred, "scores": [round(float(x), 6) for x in row]}
+        if gold:
+            record["gold"] = e.label
+        records.append(record)
+    return records
+
+
 # ---------------------------------------------------------------------------- the family
 class ClassificationFamily(FamilyDefaults):
     """Sequence classification and regression (`bertforge.tasks.base.TaskFamily`): GLUE by task name,
@@ -431,39 +449,35 @@ class ClassificationFamily(FamilyDefaults):
             unseen_labels(path, (e.label for e in examples), label2id)
         y = targets(examples, path, label2id, unseen=UNSEEN)
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
-        return EvalData(path, (features, y), report, features.summary())
+        return EvalData(path, (features, y, examples), report, features.summary())
 
     def train_task(self, config: Any) -> ClassificationTask:
         return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
-        features, y = data.data
+        """The task's metrics, and ``predictions.tsv``: `format_predictions` of the file's records with
+        the gold label."""
+        features, y, examples = data.data
         logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
         C = logits.shape[1]
         preds = logits[:, 0] if C == 1 else logits.argmax(-1)
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
-        return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1))
+        records = prediction_records(examples, logits, model.config.id2label or {}, gold=True)
+        return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1),
+                          {PREDICTION_TABLE: self.format_predictions(records, Path(PREDICTION_TABLE))})
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
-        line, the label name (regression: the score) and the logits averaged over its windows."""
+        """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride)
-        logits = predict_logits(model, features, cfg.eval_batch_size, device)
-        id2label = model.config.id2label or {}
-        records = []
-        for i, (e, row) in enumerate(zip(examples, logits)):
-            best = int(row.argmax())
-            pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
-            records.append({"index": i, "line": e.line, "prediction": pred,
-                            "scores": [round(float(x), 6) for x in row]})
-        return records
+        return prediction_records(examples, predict_logits(model, features, cfg.eval_batch_size, device),
+                                  model.config.id2label or {})
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
-        """GLUE's submission format: ``index <TAB> prediction``."""
-        return "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
+        """GLUE's submission format: ``index <TAB> prediction``, and ``gold`` when the records have it."""
+        return prediction_table(records)
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
