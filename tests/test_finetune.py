@@ -7,6 +7,8 @@ accuracy, also when that word lies beyond the first window of a long text; STS-B
 learns; the fine-tuned folder is transformers' BertForSequenceClassification with equal logits and
 the right id2label; a run stopped by SIGTERM and resumed equals an uninterrupted one; a warmup setting
 given wins over the default and the run records the warmup used; the CLI runs finetune / evaluate / predict.
+An evaluation label the model was not trained on is scored as wrong with a warning (a GLUE training file's
+stays an error); best/ keeps the dev predictions with their gold labels; the run summary has no empty parts.
 """
 
 from __future__ import annotations

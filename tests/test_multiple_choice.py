@@ -5,8 +5,9 @@ ending, ``test.csv`` without labels) and generic CSV / JSONL are read as written
 and line; skips are counted. Every (context, choice) pair is ``[CLS] context [SEP] choice [SEP]``,
 cut longest-first as the TF release cuts (transformers' tokenizer agrees up to the odd token of a
 halved odd room), counted when cut. A tiny model learns to pick the ending that reads "good" (to
-perfection on train and dev); evaluate / predict work through Python and the CLI; the fine-tuned
-folder is transformers' BertForMultipleChoice with equal logits and loss.
+perfection on train and dev) and keeps the dev predictions beside its best model; evaluate / predict
+work through Python and the CLI; the fine-tuned folder is transformers' BertForMultipleChoice with
+equal logits and loss.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ Column files are read as written (-DOCSTART-, blank lines, tag columns, tabs or 
 naming file and line; the first WordPiece of each word carries its tag and words that tokenize to
 nothing do not shift the others; long sentences become windows in which every word is labelled and
 predicted exactly once, in its max-context window; a model that tags by token identity gives the
-conlleval scores counted by hand (whatever the window size); a tiny model learns a tiny NER task;
-the fine-tuned folder is transformers' BertForTokenClassification with equal logits; finetune /
-evaluate / predict run through the Python API and the CLI.
+conlleval scores counted by hand (whatever the window size), a gold tag the model was not trained
+on counting as missed (with a warning); a tiny model learns a tiny NER task; the fine-tuned folder
+is transformers' BertForTokenClassification with equal logits; finetune / evaluate / predict run
+through the Python API and the CLI.
 """
 
 from __future__ import annotations
