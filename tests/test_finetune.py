@@ -7,6 +7,8 @@ accuracy, also when that word lies beyond the first window of a long text; STS-B
 learns; the fine-tuned folder is transformers' BertForSequenceClassification with equal logits and
 the right id2label; a run stopped by SIGTERM and resumed equals an uninterrupted one; a warmup setting
 given wins over the default and the run records the warmup used; the CLI runs finetune / evaluate / predict.
+An evaluation label the model was not trained on is scored as wrong with a warning (a GLUE training file's
+stays an error); best/ keeps the dev predictions with their gold labels; the run summary has no empty parts.
 """
 
 from __future__ import annotations
@@ -165,6 +167,39 @@ def test_errors_name_file_and_line_and_skips_are_counted(tmp_path):
         targets(read_examples(sts, "stsb")[0], sts, None)
     with pytest.raises(ValueError, match="unknown file type"):
         read_examples(write(tmp_path / "e.xml", ""), text_column="text")
+
+
+class ConstantClassifier(torch.nn.Module):
+    """Gives every input the same logits."""
+
+    def __init__(self, logits: list[float], id2label: dict[int, str]):
+        super().__init__()
+        self.config = SimpleNamespace(num_labels=len(logits), id2label=id2label)
+        self.register_buffer("logits", torch.tensor(logits))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return SimpleNamespace(logits=self.logits.expand(len(input_ids), -1))
+
+
+def test_an_evaluation_label_the_model_was_not_trained_on_counts_as_wrong_with_a_warning(tmp_path, base, caplog):
+    """Always "pos" on pos, neg, meh, meh ("meh" unseen): accuracy 1/4; F1 of pos: 1 right, 3 predicted, 1 true
+    -> 2/5. A training file's label outside a GLUE task's set stays an error naming file and line."""
+    from bertforge.tasks import family_for
+
+    family, tok = family_for("classification"), BertTokenizer.from_pretrained(base)
+    cfg = family.configure(config(base, tmp_path, task="classification", text_column="review",
+                                  label_column="sentiment"))
+    dev = write_csv(tmp_path / "dev.csv", [("good", "pos"), ("bad", "neg"), ("so so", "meh"), ("fine", "meh")])
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        data = family.eval_data(cfg, tok, dev, {"neg": 0, "pos": 1})
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{dev}: 2 examples carry a label the model was not trained on ('meh': 2): it cannot predict them, so they "
+        "count as wrong predictions"]
+    result = family.evaluate(ConstantClassifier([0.0, 1.0], {0: "neg", 1: "pos"}), data, cfg, "cpu")
+    assert result.metrics == pytest.approx({"accuracy": 0.25, "f1": 0.4})
+    train = write(tmp_path / "train.tsv", "sentence\tlabel\ngood\t1\nbad\t2\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:3: unknown label '2' \(the model's labels: 0, 1\)"):
+        family.train_data(family.configure(config(base, tmp_path, task="sst2", train_file=str(train))), tok)
 
 
 @pytest.mark.parametrize("name", ["big.csv", "big.tsv", "big.jsonl", "big.csv.gz"])
@@ -334,6 +369,20 @@ def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
     assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
 
 
+def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
+    """best/predictions.tsv: predict's table of the dev file with the gold label, the predictions that scored best."""
+    out, _, dev = learned
+    lines = (out / "best" / "predictions.tsv").read_text().splitlines()
+    records = predict(out / "best", dev)
+    gold = [e.label for e in read_examples(dev, text_column="review", label_column="sentiment")[0]]
+    assert lines == ["index\tprediction\tgold",
+                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+    best = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == best["metrics"]["accuracy"]
+    evaluate(out / "best", file=dev, out=tmp_path)  # evaluate --out writes the same table
+    assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
+
+
 def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_path):
     out, _, _ = learned
     ft = load_finetuned(out / "best", max_seq_length=16, eval_batch_size=3)
@@ -426,6 +475,10 @@ def test_stsb_regression_learns_the_score(root, base):
     saved = json.loads((out / "model" / "config.json").read_text())
     assert saved["num_labels"] == 1 and saved["problem_type"] == "regression"
     assert isinstance(predict(out / "model", train)[0]["prediction"], float)
+    table = [line.split("\t") for line in (out / "best" / "predictions.tsv").read_text().splitlines()]
+    assert table[0] == ["index", "prediction", "gold"] and len(table) == 65  # the predicted and the gold score
+    scores = np.array([[float(x) for x in row[1:]] for row in table[1:]])
+    assert np.corrcoef(scores.T)[0, 1] == pytest.approx(result.best["metrics"]["pearson"], abs=1e-6)
 
 
 def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, base, monkeypatch):
@@ -500,6 +553,18 @@ def test_a_given_warmup_setting_wins_over_the_default_and_the_run_records_the_wa
     assert [r["lr"] for r in train_lines(out)] == pytest.approx(expected)
     saved = json.loads((out / "run_config.json").read_text())
     assert (saved["warmup_steps"], saved["warmup_ratio"], saved["warmup_steps_used"]) == (2, None, 2)
+
+
+def test_the_run_summary_without_a_dev_file_has_no_empty_parts(root, base, caplog):
+    """The summary line joins only the parts a run has: without --dev-file there is no dev part (and no "; ;")."""
+    caplog.set_level(logging.INFO, logger="bertforge")
+    rng = random.Random(6)
+    train = write_csv(root / "summary.csv", [polar(rng) for _ in range(32)])
+    finetune(config(base, root / "summary", task="classification", train_file=str(train), text_column="review",
+                    label_column="sentiment", keep_best=False, max_steps=2, device="cpu"))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("finetune: classification"))
+    assert line == ("finetune: classification, 2 labels (neg, pos); train 32 examples -> 32 windows; "
+                    "2 steps of 16 (2 per epoch, warmup 0) on cpu")
 
 
 def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):

@@ -5,8 +5,9 @@ ending, ``test.csv`` without labels) and generic CSV / JSONL are read as written
 and line; skips are counted. Every (context, choice) pair is ``[CLS] context [SEP] choice [SEP]``,
 cut longest-first as the TF release cuts (transformers' tokenizer agrees up to the odd token of a
 halved odd room), counted when cut. A tiny model learns to pick the ending that reads "good" (to
-perfection on train and dev); evaluate / predict work through Python and the CLI; the fine-tuned
-folder is transformers' BertForMultipleChoice with equal logits and loss.
+perfection on train and dev) and keeps the dev predictions beside its best model; evaluate / predict
+work through Python and the CLI; the fine-tuned folder is transformers' BertForMultipleChoice with
+equal logits and loss.
 """
 
 from __future__ import annotations
@@ -258,6 +259,20 @@ def test_predictions_of_an_unlabelled_swag_test_file(learned, tmp_path):
     labels = [int(line.rsplit(",", 1)[1]) for line in (folder / "val.csv").read_text().splitlines()[1:]]
     preds = [r["prediction"] for r in predict(out / "best", folder / "val.csv")]
     assert np.mean(np.array(preds) == labels) == pytest.approx(evaluate(out / "best", file=folder)["accuracy"])
+
+
+def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
+    """best/predictions.tsv: predict's table of val.csv with the gold choice, the predictions that scored best."""
+    out, folder = learned
+    lines = (out / "best" / "predictions.tsv").read_text().splitlines()
+    records = predict(out / "best", folder / "val.csv")
+    gold = [e.label for e in read_choices(folder / "val.csv", "swag")[0]]
+    assert lines == ["index\tprediction\tgold",
+                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+    best = json.loads((out / "best" / "eval_metrics.json").read_text())
+    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == pytest.approx(best["value"])
+    evaluate(out / "best", file=folder, out=tmp_path)
+    assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
 
 
 def test_the_fine_tuned_folder_is_transformers_bert_for_multiple_choice(learned, tmp_path):

@@ -4,9 +4,10 @@ Column files are read as written (-DOCSTART-, blank lines, tag columns, tabs or 
 naming file and line; the first WordPiece of each word carries its tag and words that tokenize to
 nothing do not shift the others; long sentences become windows in which every word is labelled and
 predicted exactly once, in its max-context window; a model that tags by token identity gives the
-conlleval scores counted by hand (whatever the window size); a tiny model learns a tiny NER task;
-the fine-tuned folder is transformers' BertForTokenClassification with equal logits; finetune /
-evaluate / predict run through the Python API and the CLI.
+conlleval scores counted by hand (whatever the window size), a gold tag the model was not trained
+on counting as missed (with a warning); a tiny model learns a tiny NER task; the fine-tuned folder
+is transformers' BertForTokenClassification with equal logits; finetune / evaluate / predict run
+through the Python API and the CLI.
 """
 
 from __future__ import annotations
@@ -292,6 +293,33 @@ def test_evaluate_gives_the_conlleval_scores_counted_by_hand(tmp_path, tok, base
     assert pos.metrics == {"accuracy": 1.0} and pos.main == "accuracy"  # not entity tags: token accuracy
 
 
+def test_a_gold_tag_the_model_was_not_trained_on_is_scored_as_missed_with_a_warning(tmp_path, tok, base, caplog):
+    """Gold B-movie / I-movie, which the model cannot predict: conlleval's scores with those entities
+    missed. Predicted: walker/B-PER river/B-LOC the/O singer/O painter/O | the/O city/O. Gold entities:
+    PER LOC movie(3,5) | movie(1,2) = 4, predicted 2, both right: P 1, R 2/4, F1 2/3; tokens right 4/7."""
+    family = family_for("ner")
+    cfg = family.configure(config(base, tmp_path))
+    labels = ["O", "B-LOC", "B-PER", "I-LOC", "I-PER"]
+    dev = write(tmp_path / "dev.conll", "walker B-PER\nriver B-LOC\nthe O\nsinger B-movie\npainter I-movie\n\n"
+                                        "the O\ncity B-movie\n")
+    with caplog.at_level("WARNING", logger="bertforge"):
+        data = family.eval_data(cfg, tok, dev, {t: i for i, t in enumerate(labels)})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"{dev}: 3 words carry tags the model was not trained on ('B-movie': 2, 'I-movie': 1): it "
+                        "cannot predict them, so those words count as wrong and their entities as missed"]
+    result = family.evaluate(LookupTagger(tok, labels, {"walk": "B-PER", "river": "B-LOC"}), data, cfg, "cpu")
+    assert result.metrics == pytest.approx({"precision": 1.0, "recall": 0.5, "f1": 2 / 3, "accuracy": 4 / 7,
+                                            "f1_LOC": 1.0, "f1_PER": 1.0, "f1_movie": 0.0})
+    assert result.files["predictions.conll"].splitlines()[3:5] == ["singer B-movie O", "painter I-movie O"]
+    # An unseen tag the model's scheme cannot read is still an error naming file and line.
+    bad = write(tmp_path / "bad.conll", "walker B-PER\nriver S-LOC\n")
+    with pytest.raises(ValueError, match=r"bad\.conll:2: tag 'S-LOC' is not valid in scheme 'BIO'"):
+        family.eval_data(cfg, tok, bad, {t: i for i, t in enumerate(labels)})
+    # Outside evaluation (training reads its own tag set) a tag missing from the map stays an error.
+    with pytest.raises(ValueError, match=r"dev\.conll:4: unknown tag 'B-movie'"):
+        tag_ids(read_sentences(dev)[0], dev, {t: i for i, t in enumerate(labels)})
+
+
 # ------------------------------------------------------------------------------ learning
 @pytest.fixture(scope="module")
 def learned(root, base) -> tuple[Path, Path, Path]:
@@ -328,6 +356,24 @@ def test_a_tiny_model_learns_a_tiny_ner_task(learned):
     assert all(len(r.split(" ")) == 3 for b in blocks for r in b)
     settings = json.loads((out / "best" / "config.json").read_text())["bertforge_finetune"]
     assert settings == {"task": "ner", "max_seq_length": 16, "stride": 0, "tag_column": -1, "tag_scheme": "auto"}
+
+
+def test_a_run_whose_dev_file_has_an_unseen_tag_scores_it_at_every_evaluation(root, base, caplog):
+    rng = random.Random(5)
+    train = write_conll(root / "unseen-train.conll", [ner_sentence(rng) for _ in range(16)])
+    dev = write(root / "unseen-dev.conll", "walker B-PER\nriver B-LOC\n\nthe O\nsinger B-movie\npainter I-movie\n")
+    out = root / "unseen-run"
+    with caplog.at_level("INFO", logger="bertforge"):
+        result = finetune(config(base, out, train_file=str(train), dev_file=str(dev), max_steps=4, eval_every=2,
+                                 batch_size=8))
+    warned = [r.getMessage() for r in caplog.records if "not trained on" in r.getMessage()]
+    assert warned == [f"{dev}: 2 words carry tags the model was not trained on ('B-movie': 1, 'I-movie': 1): it "
+                      "cannot predict them, so those words count as wrong and their entities as missed"]
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["f1_movie"] for r in evals if r["split"] == "eval"] == [0.0, 0.0]
+    assert result.best["metrics"]["recall"] <= 2 / 3  # the movie entity is never found
+    conll = (out / "best" / "predictions.conll").read_text()
+    assert "singer B-movie " in conll and "painter I-movie " in conll
 
 
 def test_the_fine_tuned_folder_is_transformers_bert_for_token_classification(learned, tmp_path):
@@ -384,6 +430,12 @@ def test_cli_finetune_evaluate_predict_ner(root, base, capsys):
     assert cli.main(["predict", str(out / "model"), str(train), "--out", str(root / "cli.conll")]) == 0
     blocks = [b for b in (root / "cli.conll").read_text().split("\n\n") if b]
     assert len(blocks) == 16 and all(len(row.split(" ")) == 2 for b in blocks for row in b.splitlines())
-    bad = write(root / "cli-bad.conll", "walker B-PER\nriver B-TIME\n")
+    unseen = write(root / "cli-unseen.conll", "walker B-PER\nriver B-TIME\n")  # a type the model never saw
+    assert cli.main(["evaluate", str(out / "model"), "--file", str(unseen)]) == 0
+    got = capsys.readouterr()
+    metrics = json.loads(got.out.splitlines()[-1])
+    assert metrics["f1_TIME"] == 0.0 and metrics["recall"] <= 0.5
+    assert "cli-unseen.conll: 1 word carries a tag the model was not trained on ('B-TIME': 1)" in got.err
+    bad = write(root / "cli-bad.conll", "walker B-PER\nriver TIME\n")
     assert cli.main(["evaluate", str(out / "model"), "--file", str(bad)]) == 2
-    assert "cli-bad.conll:2: unknown tag 'B-TIME'" in capsys.readouterr().err
+    assert "cli-bad.conll:2: tag 'TIME' is not valid in scheme 'BIO'" in capsys.readouterr().err

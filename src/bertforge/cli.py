@@ -405,7 +405,7 @@ def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, 
     Args:
         checkpoint: a fine-tuned checkpoint folder (e.g. RUN/best or RUN/model)
         file: labelled file(s), comma-separated, or a GLUE task folder (dev)
-        out: folder for the task's prediction files (SQuAD: predictions.json, ...)
+        out: folder for the per-example predictions (predictions.tsv, predictions.conll, SQuAD's predictions.json, ...)
     """
     from bertforge.tasks.finetune import evaluate as run
 

@@ -11,7 +11,7 @@ through the shared loop the same way:
     dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
     Trainer(model, family.train_task(model.config), FeatureBatches(train.features, ...), ...)
-    result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, files
+    result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, prediction files
     records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
     text = family.format_predictions(records, out_path)            # the family's native prediction file
     records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
@@ -34,7 +34,9 @@ import csv
 import dataclasses
 import io
 import json
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +48,10 @@ from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.tasks.encoding import FeatureSet
 
 __all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "not_utf8", "file_format",
-           "split_files", "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
+           "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table", "TrainData", "EvalData",
+           "EvalResult", "TaskFamily", "FamilyDefaults"]
+
+logger = logging.getLogger("bertforge")
 
 
 # ---------------------------------------------------------------------------- settings
@@ -238,6 +243,37 @@ def split_files(spec: str | Path) -> list[Path]:
     return [Path(part.strip()) for part in str(spec).split(",") if part.strip()]
 
 
+def unseen_labels(path: Path, labels: Iterable[str | None], known: Collection[str], *, kind: str = "label",
+                  unit: str = "example", effect: str = "they count as wrong predictions") -> Counter[str]:
+    """The labels of an evaluation file outside the model's label set ``known``, each with the number
+    of items (``unit``: example, word) carrying it, in order of first appearance. The model cannot
+    predict such a label, so the file is still scored (``effect`` says how) rather than refused; a
+    warning names the file, the labels and the counts, once per file."""
+    unseen = Counter(label for label in labels if label is not None and label not in known)
+    if unseen:
+        total = unseen.total()
+        carry = f"{unit} carries" if total == 1 else f"{unit}s carry"
+        what = f"{kind}s" if len(unseen) > 1 else f"a {kind}"
+        shown = ", ".join(f"{name!r}: {n:,}" for name, n in list(unseen.items())[:10])
+        more = f", and {len(unseen) - 10:,} more" if len(unseen) > 10 else ""
+        logger.warning("%s: %s %s %s the model was not trained on (%s%s): it cannot predict them, so %s",
+                       path, f"{total:,}", carry, what, shown, more, effect)
+    return unseen
+
+
+# ---------------------------------------------------------------------------- prediction files
+PREDICTION_TABLE = "predictions.tsv"
+"""The per-example predictions of an evaluated file as a `prediction_table` (classification, regression,
+multiple choice), kept beside the best model."""
+
+
+def prediction_table(records: Sequence[dict[str, Any]], sep: str = "\t") -> str:
+    """``index``, ``prediction`` and, when the records have it (an evaluated file), ``gold`` of each
+    record, one line each under a header: GLUE's submission layout."""
+    columns = ["index", "prediction", *(["gold"] if records and "gold" in records[0] else [])]
+    return "".join(sep.join(map(str, row)) + "\n" for row in [columns, *([r[c] for c in columns] for r in records)])
+
+
 # ---------------------------------------------------------------------------- the contract
 @dataclass
 class TrainData:
@@ -274,8 +310,12 @@ class EvalResult:
     main: str
     """The metric the best checkpoint is chosen by (a key of ``metrics``)."""
     files: dict[str, str] = field(default_factory=dict)
-    """Prediction files of this evaluation (name -> text), kept beside the best model (e.g. SQuAD's
-    predictions.json, nbest_predictions.json, null_odds.json)."""
+    """The per-example prediction files of this evaluation (name -> text), in the family's `predict`
+    layout with the gold beside each prediction where the layout has room: classification,
+    regression and multiple choice `PREDICTION_TABLE` (index, prediction, gold), tagging
+    predictions.conll (token, gold, predicted tag), SQuAD predictions.json, nbest_predictions.json
+    and null_odds.json (the official scripts' inputs). The recipe keeps them in ``best/`` with the
+    best model; ``evaluate --out`` writes them."""
 
 
 class TaskFamily(Protocol):
@@ -302,7 +342,8 @@ class TaskFamily(Protocol):
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path,
                   label2id: dict[str, int] | None) -> EvalData:
-        """A labelled file; a label outside ``label2id`` is an error naming file and line."""
+        """A labelled file. A label outside ``label2id`` (one the model was not trained on) is scored as a
+        prediction the model could not make, with a warning (`unseen_labels`); training files refuse it."""
         ...
 
     def train_task(self, config: Any) -> Any:
@@ -310,7 +351,9 @@ class TaskFamily(Protocol):
         ...
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
-                 dist: Any = None) -> EvalResult: ...
+                 dist: Any = None) -> EvalResult:
+        """The metrics of a labelled file and its per-example prediction files (`EvalResult.files`)."""
+        ...
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:

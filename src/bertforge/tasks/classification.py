@@ -12,8 +12,10 @@ with its line numbers, and logged: nothing is dropped silently.
 
 Labels. The label set of a GLUE task is fixed (its list below, in the TF release's order); for
 other files it is the sorted set of the training file's labels (numerically sorted when all are
-integers). A label outside the set in an evaluation file is an error naming file and line. STS-B
-(and ``regression=True``) reads the label as a float score.
+integers). A label outside the set in a training file (GLUE) is an error naming file and line; in
+an evaluation file it is a label the model cannot predict: its examples are scored as wrong (their
+class id is `UNSEEN`, which no prediction equals), with a warning naming the file, the labels and
+how many examples carry them. STS-B (and ``regression=True``) reads the label as a float score.
 
 Long inputs: windows, never silent truncation. ``[CLS] A [SEP]`` (or ``[CLS] A [SEP] B [SEP]``)
 longer than ``max_seq_length`` is cut into overlapping windows: window k holds the tokens from
@@ -37,15 +39,19 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
-                                  file_format, jsonl_records, split_files)
+from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
+                                  TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files,
+                                  unseen_labels)
 from bertforge.tasks.encoding import Windows, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "Features", "encode_examples", "ClassificationTask", "predict_logits",
-           "compute_metrics", "main_metric", "ClassificationFamily"]
+           "compute_metrics", "main_metric", "prediction_records", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
+
+UNSEEN = -1
+"""The class id of an evaluation file's label the model was not trained on: a class no prediction is."""
 
 
 class Example(NamedTuple):
@@ -211,8 +217,11 @@ def label_list(examples: Sequence[Example], task: str | None = None) -> list[str
     return sorted(found)
 
 
-def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None) -> np.ndarray:
-    """Class ids (int64), or scores (float32) when ``label2id`` is None (regression)."""
+def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None,
+            unseen: int | None = None) -> np.ndarray:
+    """Class ids (int64), or scores (float32) when ``label2id`` is None (regression). A label outside
+    ``label2id`` is an error naming file and line, or, given ``unseen``, gets that id (an evaluation
+    file's label the model was not trained on)."""
     if label2id is None:
         out = np.zeros(len(examples), dtype=np.float32)
         for i, e in enumerate(examples):
@@ -223,11 +232,11 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
         return out
     ids = np.zeros(len(examples), dtype=np.int64)
     for i, e in enumerate(examples):
-        try:
-            ids[i] = label2id[e.label]  # type: ignore[index]
-        except KeyError:
+        got = label2id.get(e.label, unseen)  # type: ignore[arg-type]
+        if got is None:
             raise ValueError(f"{path}:{e.line}: unknown label {e.label!r} (the model's labels: "
-                             f"{', '.join(label2id)})") from None
+                             f"{', '.join(label2id)})")
+        ids[i] = got
     return ids
 
 
@@ -370,6 +379,23 @@ def main_metric(task: str | None, metrics: Mapping[str, float], regression: bool
     return next(iter(metrics))
 
 
+# ---------------------------------------------------------------------------- predictions
+def prediction_records(examples: Sequence[Example], logits: np.ndarray, id2label: Mapping[int, str],
+                       gold: bool = False) -> list[dict[str, Any]]:
+    """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
+    line, the label name (regression: the score) and the logits averaged over its windows; with
+    ``gold``, also the example's label as the file writes it."""
+    records = []
+    for i, (e, row) in enumerate(zip(examples, logits)):
+        best = int(row.argmax())
+        pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
+        record = {"index": i, "line": e.line, "prediction": pred, "scores": [round(float(x), 6) for x in row]}
+        if gold:
+            record["gold"] = e.label
+        records.append(record)
+    return records
+
+
 # ---------------------------------------------------------------------------- the family
 class ClassificationFamily(FamilyDefaults):
     """Sequence classification and regression (`bertforge.tasks.base.TaskFamily`): GLUE by task name,
@@ -419,41 +445,39 @@ class ClassificationFamily(FamilyDefaults):
         examples, report = self._read(cfg, path, True)
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
-        y = targets(examples, path, label2id)
+        if label2id is not None:
+            unseen_labels(path, (e.label for e in examples), label2id)
+        y = targets(examples, path, label2id, unseen=UNSEEN)
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
-        return EvalData(path, (features, y), report, features.summary())
+        return EvalData(path, (features, y, examples), report, features.summary())
 
     def train_task(self, config: Any) -> ClassificationTask:
         return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
-        features, y = data.data
+        """The task's metrics, and ``predictions.tsv``: `format_predictions` of the file's records with
+        the gold label."""
+        features, y, examples = data.data
         logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
         C = logits.shape[1]
         preds = logits[:, 0] if C == 1 else logits.argmax(-1)
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
-        return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1))
+        records = prediction_records(examples, logits, model.config.id2label or {}, gold=True)
+        return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1),
+                          {PREDICTION_TABLE: self.format_predictions(records, Path(PREDICTION_TABLE))})
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
-        line, the label name (regression: the score) and the logits averaged over its windows."""
+        """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride)
-        logits = predict_logits(model, features, cfg.eval_batch_size, device)
-        id2label = model.config.id2label or {}
-        records = []
-        for i, (e, row) in enumerate(zip(examples, logits)):
-            best = int(row.argmax())
-            pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
-            records.append({"index": i, "line": e.line, "prediction": pred,
-                            "scores": [round(float(x), 6) for x in row]})
-        return records
+        return prediction_records(examples, predict_logits(model, features, cfg.eval_batch_size, device),
+                                  model.config.id2label or {})
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
-        """GLUE's submission format: ``index <TAB> prediction``."""
-        return "index\tprediction\n" + "".join(f"{r['index']}\t{r['prediction']}\n" for r in records)
+        """GLUE's submission format: ``index <TAB> prediction``, and ``gold`` when the records have it."""
+        return prediction_table(records)
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:

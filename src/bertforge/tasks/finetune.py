@@ -16,7 +16,8 @@ model by the task's main metric is kept in ``OUT/best/`` with the evaluation's p
     bertforge predict runs/sst2/best glue/SST-2/test.tsv --out sst2.tsv
 
 The run folder: ``metrics.jsonl`` (train and eval lines), ``checkpoints/`` (resumable: ``--resume``),
-``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json``); both are
+``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json`` and that
+evaluation's per-example prediction files, `bertforge.tasks.base.EvalResult.files`); both are
 checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2label`` /
 ``label2id`` where the task has labels and the settings evaluation and prediction reuse
 (``bertforge_finetune`` in config.json). `load_finetuned` reads such a folder back with its task
@@ -316,9 +317,10 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        logger.info("finetune: %s%s; train %s; %s; %d steps of %d (%d per epoch, warmup %d) on %s", cfg.task, kind,
-                    train.summary, "; ".join(f"dev {d.path.name} {d.summary}" for d in dev), cfg.max_steps,
-                    cfg.batch_size, steps_per_epoch, cfg.warmup, dist.device)
+        parts = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev),
+                 f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
+                 f"on {dist.device}"]
+        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in parts if p))
         for r in reports:
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())
@@ -506,8 +508,9 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
 
     ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, stride, SQuAD's limits, ...);
-    unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the task's
-    prediction files (SQuAD: predictions.json, nbest_predictions.json, null_odds.json). ``precision``:
+    unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the per-example
+    prediction files (`bertforge.tasks.base.EvalResult.files`: predictions.tsv, predictions.conll,
+    SQuAD's predictions.json, nbest_predictions.json, null_odds.json). ``precision``:
     the model's autocast (`bertforge.train.precision.PRECISIONS`: auto, fp32, bf16, fp16)."""
     ft = load_finetuned(checkpoint, **settings)
     family, model, cfg, device = ft.family, ft.model, ft.settings, ft.device

@@ -45,12 +45,13 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData, csv_rows,
-                                  file_format, jsonl_records, split_files)
+from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
+                                  TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files)
 from bertforge.tasks.encoding import Windows, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
-           "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "MultipleChoiceFamily"]
+           "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "prediction_records",
+           "MultipleChoiceFamily"]
 
 logger = logging.getLogger("bertforge")
 
@@ -323,6 +324,16 @@ def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, d
     return np.array(rows, dtype=np.float64).reshape(len(rows), features.num_choices)
 
 
+# ---------------------------------------------------------------------------- predictions
+def prediction_records(examples: Sequence[ChoiceExample], scores: np.ndarray,
+                       gold: bool = False) -> list[dict[str, Any]]:
+    """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
+    its line, the index of the chosen choice and every choice's score (logit); with ``gold``, also
+    the index of the right choice."""
+    return [{"index": i, "line": e.line, "prediction": int(row.argmax()), "scores": [round(float(x), 6) for x in row],
+             **({"gold": e.label} if gold else {})} for i, (e, row) in enumerate(zip(examples, scores))]
+
+
 # ---------------------------------------------------------------------------- the family
 class MultipleChoiceFamily(FamilyDefaults):
     """Multiple choice (`bertforge.tasks.base.TaskFamily`): ``swag`` (SWAG's CSVs) and
@@ -383,33 +394,33 @@ class MultipleChoiceFamily(FamilyDefaults):
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
         features = self._encode(cfg, tokenizer, examples, str(path))
-        return EvalData(path, features, report, features.summary())
+        return EvalData(path, (features, examples), report, features.summary())
 
     def train_task(self, config: Any) -> MultipleChoiceTask:
         return MultipleChoiceTask()
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
+        """Accuracy, and ``predictions.tsv``: `format_predictions` of the file's records with the gold choice."""
         from bertforge import metrics
 
-        features: ChoiceFeatures = data.data
+        features, examples = data.data
         scores = choice_scores(model, features, cfg.eval_batch_size, device, dist)
-        return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy")
+        records = prediction_records(examples, scores, gold=True)
+        return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy",
+                          {PREDICTION_TABLE: self.format_predictions(records, Path(PREDICTION_TABLE))})
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
-        its line, the index of the chosen choice and every choice's score (logit)."""
+        """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
         features = self._encode(cfg, tokenizer, examples, str(path))
-        scores = choice_scores(model, features, cfg.eval_batch_size, device)
-        return [{"index": i, "line": e.line, "prediction": int(row.argmax()),
-                 "scores": [round(float(x), 6) for x in row]} for i, (e, row) in enumerate(zip(examples, scores))]
+        return prediction_records(examples, choice_scores(model, features, cfg.eval_batch_size, device))
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
-        """``index,prediction`` lines: comma-separated for a .csv file, else tab-separated."""
-        sep = "," if ".csv" in [s.lower() for s in out.suffixes] else "\t"
-        return f"index{sep}prediction\n" + "".join(f"{r['index']}{sep}{r['prediction']}\n" for r in records)
+        """``index,prediction`` lines (and ``gold`` when the records have it): comma-separated for a
+        .csv file, else tab-separated."""
+        return prediction_table(records, "," if ".csv" in [s.lower() for s in out.suffixes] else "\t")
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:

@@ -7,8 +7,14 @@ column and the tag in ``tag_column`` (-1: the last); a blank line ends a sentenc
 lines separate documents and are skipped. A line holding a tab is split at tabs (a token may then
 hold spaces), any other at runs of whitespace. A row with too few columns, an empty token or bytes
 that are not UTF-8 is an error naming the file and line (``skip_bad_rows`` skips such rows instead,
-counted with their lines in the `ReadReport`); a tag outside the model's set in an evaluation file
-is an error naming the file and line.
+counted with their lines in the `ReadReport`).
+
+Gold tags the model was not trained on. An evaluation file may hold a tag outside the model's set
+(a type its training files never had, "B-movie"): the model cannot predict it, so the file is
+scored as conlleval scores it, those words wrong and their entities missed (lowering recall; the
+type gets its own ``f1_TYPE``), with a warning naming the file, the tags and how many words carry
+them. Such a tag must still be valid in the scheme (an S- tag for a BIO model is an error naming
+the file and line). Training files define the tag set, so every tag of theirs is known.
 
 Labels. "O" has id 0, then come the other tags of the training files in sorted order (O, B-LOC,
 B-PER, I-LOC, I-PER, ...); they are saved in the checkpoint as id2label / label2id. "O" is in the
@@ -42,7 +48,7 @@ gets exactly one prediction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,7 +60,8 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
-from bertforge.tasks.base import EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData
+from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData,
+                                  unseen_labels)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
@@ -153,18 +160,20 @@ def tag_list(sentences: Iterable[Sentence]) -> list[str]:
     return [OUTSIDE, *sorted(found - {OUTSIDE})]
 
 
-def tag_ids(sentences: Sequence[Sentence], path: str | Path, label2id: Mapping[str, int]) -> np.ndarray:
-    """(words,) tag id of every word of ``sentences``, in order; a tag outside ``label2id`` is an error
-    naming file and line."""
+def tag_ids(sentences: Sequence[Sentence], path: str | Path, label2id: Mapping[str, int],
+            unseen: int | None = None) -> np.ndarray:
+    """(words,) tag id of every word of ``sentences``, in order. A tag outside ``label2id`` is an error
+    naming file and line, or, given ``unseen``, gets that id (an evaluation file's gold tag the
+    model was not trained on)."""
     out = np.zeros(sum(len(s.tokens) for s in sentences), dtype=np.int64)
     k = 0
     for s in sentences:
         for tag, line in zip(s.tags or (), s.lines):
-            try:
-                out[k] = label2id[tag]
-            except KeyError:
+            got = label2id.get(tag, unseen)
+            if got is None:
                 raise ValueError(f"{path}:{line}: unknown tag {tag!r} (the model's tags: "
-                                 f"{', '.join(label2id)})") from None
+                                 f"{', '.join(label2id)})")
+            out[k] = got
             k += 1
     return out
 
@@ -232,16 +241,23 @@ def _training_scheme(read: Sequence[tuple[Path, list[Sentence], ReadReport]], se
         scheme = detect_scheme(labels, (s.tags for _, got, _ in read for s in got if s.tags))
     else:
         scheme = resolve_scheme(setting, task, [OUTSIDE])  # a known name
-    checked: set[str] = set()
     for path, sentences, _ in read:
-        for s in sentences:
-            for tag, line in zip(s.tags or (), s.lines):
-                if tag not in checked:
-                    problem = _problem(tag, task, scheme)
-                    if problem:
-                        raise ValueError(f"{path}:{line}: {problem}")
-                    checked.add(tag)
+        _check_tags(path, sentences, task, scheme)
     return scheme
+
+
+def _check_tags(path: Path, sentences: Sequence[Sentence], task: str, scheme: str | None,
+                only: Container[str] | None = None) -> None:
+    """An error naming file and line for the first tag of ``sentences`` (of ``only``, when given)
+    that ``scheme`` cannot score."""
+    checked: set[str] = set()
+    for s in sentences:
+        for tag, line in zip(s.tags or (), s.lines):
+            if tag not in checked and (only is None or tag in only):
+                problem = _problem(tag, task, scheme)
+                if problem:
+                    raise ValueError(f"{path}:{line}: {problem}")
+                checked.add(tag)
 
 
 # ---------------------------------------------------------------------------- features
@@ -479,8 +495,13 @@ class TaggingFamily(FamilyDefaults):
         if not sentences:
             raise ValueError(f"{report.summary()}: no tagged sentences")
         label2id = label2id or {}
+        unseen = unseen_labels(path, (t for s in sentences for t in s.tags or ()), label2id, kind="tag",
+                               unit="word", effect="those words count as wrong and their entities as missed")
+        if unseen:  # scored as the model's own tags are, so they must be valid in its scheme
+            _check_tags(path, sentences, cfg.task,
+                        resolve_scheme(cfg.tag_scheme, cfg.task, list(label2id), (s.tags for s in sentences)), unseen)
         features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
-        features.with_tags(tag_ids(sentences, path, label2id))
+        features.with_tags(tag_ids(sentences, path, label2id, unseen=losses.IGNORE_INDEX))
         return EvalData(path, (features, sentences), report, features.summary())
 
     def train_task(self, config: Any) -> TaggingTask:
