@@ -6,8 +6,9 @@ Windows. `Windows` is the encoded record every family builds on: the token ids o
 example each window comes from. Classification uses it as is, tagging and multiple choice wrap it,
 SQuAD extends it. `window_starts` places overlapping windows over a long input and
 `max_context_window` gives each token the window where it has the most context (the TF release's
-SQuAD rule). `offsets_through_marks` extends token character ranges over combining marks the
-tokenizer drops, so an answer or a word keeps its accents.
+SQuAD rule); `longest_first` truncates a pair the TF release's way. `offsets_through_marks`
+extends token character ranges over combining marks the tokenizer drops, so an answer or a word
+keeps its accents.
 
 Features. A family's features are any object with ``len()``, ``lengths`` (tokens per item, to
 batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
@@ -29,8 +30,8 @@ from torch import nn
 
 from bertforge.data.loader import CursorLoader, EpochCursor, epoch_permutation
 
-__all__ = ["Windows", "window_starts", "max_context_window", "offsets_through_marks", "FeatureSet",
-           "FeatureBatches", "predict_items"]
+__all__ = ["Windows", "window_starts", "max_context_window", "longest_first", "offsets_through_marks",
+           "FeatureSet", "FeatureBatches", "predict_items"]
 
 
 # ---------------------------------------------------------------------------- windows
@@ -105,6 +106,19 @@ def max_context_window(starts: np.ndarray, lengths: np.ndarray, positions: np.nd
     left, right = p - starts, starts + lengths - 1 - p  # (windows, positions)
     score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths, -np.inf)
     return score.argmax(0)
+
+
+def longest_first(n_a: int, n_b: int, room: int) -> tuple[int, int]:
+    """Lengths of a pair cut to ``room`` tokens the TF release's way (``_truncate_seq_pair``): a token
+    at a time from the end of the longer segment, of the second on a tie (closed form of that loop)."""
+    excess = n_a + n_b - room
+    if excess <= 0:
+        return n_a, n_b
+    if n_a - n_b >= excess:
+        return n_a - excess, n_b
+    if n_b - n_a >= excess:
+        return n_a, n_b - excess
+    return (room + 1) // 2, room // 2  # both cut down to an even share; the first keeps the odd token
 
 
 def offsets_through_marks(text: str, offsets: np.ndarray) -> np.ndarray:
