@@ -1,5 +1,6 @@
 """What the task families share once their files are read: the encoded windows, the rules that cut
-long inputs into windows, training batches over features in memory and prediction over them.
+long inputs into windows or truncate them, training batches over features in memory and prediction
+over them.
 
 Windows. `Windows` is the encoded record every family builds on: the token ids of each window
 (``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``), how many of its tokens are of type 0, and the
@@ -47,9 +48,13 @@ class Windows:
     labels: np.ndarray | None = None
     """One per window (its example's): class ids or scores."""
     windowed: int = 0
-    """Examples longer than max_seq_length (cut into several windows)."""
+    """Examples longer than max_seq_length cut into several windows ..."""
+    truncated: int = 0
+    """... or truncated to one."""
     cut_pairs: int = 0
-    """Pairs whose shorter segment exceeded half the room and was cut."""
+    """Pairs whose shorter segment exceeded half the room and was cut (in windows)."""
+    max_seq_length: int = 0
+    """The length examples were measured against (0: not known; the summary then says "one window")."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -80,9 +85,16 @@ class Windows:
         return batch
 
     def summary(self) -> str:
-        text = f"{self.num_examples:,} examples -> {len(self):,} windows"
+        """E.g. "1,781 examples; 312 of 1,781 longer than 128 tokens were truncated" or "1,781 examples ->
+        12,671 windows; 1,650 of 1,781 longer than 128 tokens were cut into windows"."""
+        text = f"{self.num_examples:,} examples"
+        if len(self) != self.num_examples:
+            text += f" -> {len(self):,} windows"
+        longer = f"longer than {self.max_seq_length} tokens" if self.max_seq_length else "longer than one window"
+        if self.truncated:
+            text += f"; {self.truncated:,} of {self.num_examples:,} {longer} were truncated"
         if self.windowed:
-            text += f" ({self.windowed:,} examples longer than one window)"
+            text += f"; {self.windowed:,} of {self.num_examples:,} {longer} were cut into windows"
         if self.cut_pairs:
             text += f"; {self.cut_pairs:,} pairs had their shorter segment cut to half the room"
         return text

@@ -318,6 +318,8 @@ class MultipleChoiceFamily(FamilyDefaults):
     name = "multiple_choice"
     tasks = ("swag", "multiple_choice")
     settings = ("task", "max_seq_length", "text_column", "text_pair_column", "label_column")
+    long_inputs_supported = ("truncate",)
+    long_inputs_why = "the choices' scores are compared, so each (context, choice) pair is one sequence, truncated"
 
     @property
     def model_class(self) -> type:
