@@ -25,8 +25,8 @@ on dev at the end of every epoch (3 evaluations), in their training precision.
   ...))`` on the split written as TSV files. It runs with its defaults otherwise: a resumable
   checkpoint every 500 steps and at the end, the final model written to ``model/``. The exception
   is ``keep_best=False``, since choosing the best epoch on dev would select on the test data. A
-  sentence longer than 62 WordPieces becomes overlapping windows (bertforge never truncates).
-  There are very few such sentences; the script counts them.
+  sentence longer than 62 WordPieces is truncated, as transformers truncates it (bertforge's
+  default, ``long_inputs="truncate"``). There are very few such sentences; the script counts them.
 * **transformers**: ``BertForSequenceClassification.from_pretrained`` (its default attention,
   sdpa) and the fast tokenizer of the same folder, truncating at 64. A plain PyTorch loop runs
   ``torch.optim.AdamW(fused=True)`` with the two weight-decay groups,

@@ -239,7 +239,7 @@ def test_long_texts_become_overlapping_windows_covering_every_token(base):
     words = [f"{w}" for w in FILLER[:40]]
     ex = [Example(" ".join(words), None, None, 1), Example("a short one", None, None, 2),
           Example("the old house", " ".join(words), None, 3)]
-    f = encode_examples(ex, tok, max_seq_length=16, stride=8)
+    f = encode_examples(ex, tok, max_seq_length=16, stride=8, long_inputs="windows")
     ids = tok.encode_batch_ids([" ".join(words)])[0]
     windows = [w for w, e in zip(f.input_ids, f.example) if e == 0]
     assert len(ids) == 40 and len(windows) == 5  # windows of 14 tokens every 8, until one reaches the end
@@ -253,7 +253,7 @@ def test_long_texts_become_overlapping_windows_covering_every_token(base):
     assert batch["input_ids"].shape == (3, 16) and batch["attention_mask"][1].sum() == 5
     assert batch["token_type_ids"][2].tolist()[:n_a] == [0] * n_a and batch["token_type_ids"][2, n_a] == 1
     with pytest.raises(ValueError, match="stride 20 is longer than a window"):
-        encode_examples(ex, tok, max_seq_length=16, stride=20)
+        encode_examples(ex, tok, max_seq_length=16, stride=20, long_inputs="windows")
 
 
 def test_batches_are_seeded_per_epoch_split_by_rank_and_resume_exactly(base):
@@ -393,7 +393,7 @@ def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_pa
     texts = [polar(rng, n_words=(3, 30))[0] for _ in range(12)]  # some longer than a window of 16
     records = ft.family.predict_texts(ft.model, ft.tokenizer, ft.settings, [(t,) for t in texts], ft.device)
     assert [r["text"] for r in records] == texts and all(set(r["probabilities"]) == {"neg", "pos"} for r in records)
-    # The records of raw texts are those of the same texts read from a file (windows, averaged logits).
+    # The records of raw texts are those of the same texts read from a file (the same long-input handling).
     file = write(tmp_path / "texts.csv", "review\n" + "".join(f'"{t}"\n' for t in texts))
     from_file = predict(out / "best", file, max_seq_length=16)
     assert [r["label"] for r in records] == [r["prediction"] for r in from_file]
@@ -449,11 +449,11 @@ def test_the_label_word_beyond_the_first_window_is_found(root, base):
     train = write_csv(root / "long.csv", rows)
     out = root / "long"
     result = finetune(config(base, out, task="classification", train_file=str(train), dev_file=str(train),
-                             text_column="review", label_column="sentiment", max_seq_length=16, stride=8,
-                             epochs=8, keep_best=False, log_every=50))
+                             text_column="review", label_column="sentiment", max_seq_length=16, long_inputs="windows",
+                             stride=8, epochs=8, keep_best=False, log_every=50))
     assert result.eval_metrics["accuracy"] >= 0.95
     settings = json.loads((out / "model" / "config.json").read_text())["bertforge_finetune"]
-    assert settings["max_seq_length"] == 16 and settings["stride"] == 8  # evaluate / predict reuse them
+    assert (settings["max_seq_length"], settings["long_inputs"], settings["stride"]) == (16, "windows", 8)  # reused
     assert evaluate(out / "model", file=train)["accuracy"] == pytest.approx(result.eval_metrics["accuracy"], abs=1e-6)
 
 
@@ -563,7 +563,7 @@ def test_the_run_summary_without_a_dev_file_has_no_empty_parts(root, base, caplo
     finetune(config(base, root / "summary", task="classification", train_file=str(train), text_column="review",
                     label_column="sentiment", keep_best=False, max_steps=2, device="cpu"))
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("finetune: classification"))
-    assert line == ("finetune: classification, 2 labels (neg, pos); train 32 examples -> 32 windows; "
+    assert line == ("finetune: classification, 2 labels (neg, pos); train 32 examples; "
                     "2 steps of 16 (2 per epoch, warmup 0) on cpu")
 
 

@@ -232,8 +232,8 @@ def _finetune_once(cfg: DemoConfig, start: Path, files: Path, out: Path, precisi
         task="classification", model=str(start), train_file=str(files / "train.jsonl"),
         dev_file=str(files / "dev.jsonl"), text_column="text", label_column="label", out=str(out),
         epochs=cfg.finetune_epochs, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
-        max_seq_length=cfg.finetune_max_seq_length, dropout=cfg.finetune_dropout, precision=precision,
-        seed=seed, log_every=50, checkpoint_every=10**9))
+        max_seq_length=cfg.finetune_max_seq_length, long_inputs="windows", dropout=cfg.finetune_dropout,
+        precision=precision, seed=seed, log_every=50, checkpoint_every=10**9))
     if res.train.interrupted:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step}")
     accuracy = res.best["value"] if res.best else res.eval_metrics["accuracy"]

@@ -13,7 +13,8 @@ fill-mask, BertForSequenceClassification -> classification (regression, multi-la
 BertForTokenClassification -> tagging, BertForQuestionAnswering -> qa, BertForMultipleChoice ->
 multiple-choice, BertModel -> embeddings; ``head="embeddings"`` takes sentence embeddings of any
 checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with (lengths,
-windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which keyword arguments override.
+truncation or windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which keyword
+arguments override.
 
 Inputs. A string, ``"a ||| b"`` for a pair (QA: ``"question ||| context"``; multiple choice:
 ``"context ||| choice 1 ||| choice 2 ..."``), a list of strings, or a mapping: ``{"text",
@@ -37,7 +38,7 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
   included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]).
 
 The work is the fine-tuning families' own (`bertforge.tasks`: each family's ``predict_texts``):
-windows for long inputs and their averaging or max-context rules, first-WordPiece tags and
+truncation or windows for long inputs and their averaging or max-context rules, first-WordPiece tags and
 conlleval's entity spans, SQuAD's n-best post-processing; embeddings are the features module's
 (`bertforge.serving.features.embed`: windows and pooling). Inputs run in batches of similar length
 (sorted, then put back in order); the model skips padding in its dense layers.
@@ -188,7 +189,7 @@ class Predictor:
                         **settings: Any) -> Predictor:
         """Load a checkpoint folder for inference. ``precision`` (or ``dtype``): module docstring.
         ``head``: None (the checkpoint's) or "embeddings". ``settings``:
-        `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, stride, SQuAD's limits,
+        `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride, SQuAD's limits,
         tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose training
         stopped early loads with a warning and `stopped_early` set."""
         from bertforge.train.loop import read_stop_marker

@@ -16,9 +16,9 @@ through the shared loop the same way:
     text = family.format_predictions(records, out_path)            # the family's native prediction file
     records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
 
-Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths and windows,
-SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it with the
-training loop's settings, so the recipe hands its config to the family as is.
+Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths, windows or
+truncation, SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it
+with the training loop's settings, so the recipe hands its config to the family as is.
 
 Features and batches (`bertforge.tasks.encoding`): a family's features are a `FeatureSet`;
 `FeatureBatches` makes the training batches and `predict_items` runs a model over them.
@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -47,17 +47,21 @@ from torch import nn
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.tasks.encoding import FeatureSet
 
-__all__ = ["TaskSettings", "ReadReport", "text_lines", "csv_rows", "jsonl_records", "not_utf8", "file_format",
-           "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table", "TrainData", "EvalData",
-           "EvalResult", "TaskFamily", "FamilyDefaults"]
+__all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "jsonl_records",
+           "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
+           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
 
 logger = logging.getLogger("bertforge")
 
 
 # ---------------------------------------------------------------------------- settings
+LONG_INPUTS = ("auto", "truncate", "windows")
+"""The values of `TaskSettings.long_inputs`."""
+
+
 @dataclass
 class TaskSettings:
-    """What a task family reads: the task, its files and columns, how inputs become windows, and
+    """What a task family reads: the task, its files and columns, how long inputs are handled, and
     what evaluation and prediction need (SQuAD's limits, the tag scheme, the batch size)."""
 
     task: str = ""
@@ -76,8 +80,14 @@ class TaskSettings:
     label_column: str = ""
     """Column of the label (default: the GLUE task's, else "label")."""
     max_seq_length: int = 0
-    """Tokens per sequence, [CLS] and [SEP] included; longer texts are cut into overlapping windows (0: the
-    task's default: 384 for SQuAD, 128 otherwise)."""
+    """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
+    windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
+    long_inputs: Literal["auto", "truncate", "windows"] = "auto"
+    """Inputs longer than --max-seq-length: truncate (keep the start of a text; a pair loses tokens from the
+    end of its longer segment first, as the paper's code does), or windows (overlapping windows every
+    --stride tokens: training uses every window with the example's label, prediction averages their logits;
+    costs a pass per window). auto: truncate for classification / regression and multiple choice; tagging
+    and SQuAD always use windows (every word needs a tag; the answer may lie anywhere)."""
     stride: int = 0
     """Tokens between the starts of consecutive windows of a long text (0: the task's default: SQuAD's
     doc_stride 128, half a window otherwise)."""
@@ -104,6 +114,18 @@ class TaskSettings:
                              "eval_batch_size >= 1")
         if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
             raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
+        if self.long_inputs not in LONG_INPUTS:
+            raise ValueError(f"long_inputs must be one of {', '.join(LONG_INPUTS)}, got {self.long_inputs!r}")
+
+
+def long_inputs_for(cfg: TaskSettings, family: str, supported: tuple[str, ...], why: str = "") -> str:
+    """``cfg.long_inputs`` for a family that handles long inputs in the ways ``supported`` (its default
+    first): "auto" is the default; a way the family cannot take is an error saying ``why``."""
+    if cfg.long_inputs == "auto":
+        return supported[0]
+    if cfg.long_inputs not in supported:
+        raise ValueError(f"--long-inputs {cfg.long_inputs} does not apply to {family} ({cfg.task}): {why}")
+    return cfg.long_inputs
 
 
 # ---------------------------------------------------------------------------- reading
@@ -331,7 +353,8 @@ class TaskFamily(Protocol):
     """TaskSettings fields that evaluation and prediction must reuse (stored in the checkpoint's config.json)."""
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
-        """``cfg`` with the family's defaults filled in (e.g. max_seq_length 0 -> its default)."""
+        """``cfg`` with the family's defaults filled in (e.g. max_seq_length 0 -> its default, long_inputs
+        auto -> its way); a setting the family cannot take is an error."""
         ...
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
@@ -374,13 +397,19 @@ class TaskFamily(Protocol):
 
 
 class FamilyDefaults:
-    """What most families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; files named by a
-    comma-separated list."""
+    """What most families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; ``long_inputs``
+    auto -> the first of ``long_inputs_supported`` (another one is an error saying ``long_inputs_why``);
+    files named by a comma-separated list."""
 
+    name: str
     default_max_seq_length = 128
+    long_inputs_supported: tuple[str, ...] = ("truncate", "windows")
+    long_inputs_why = ""
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length)
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
+                                   long_inputs=long_inputs_for(cfg, self.name, self.long_inputs_supported,
+                                                               self.long_inputs_why))
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         return split_files(spec)

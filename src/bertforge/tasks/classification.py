@@ -17,13 +17,21 @@ an evaluation file it is a label the model cannot predict: its examples are scor
 class id is `UNSEEN`, which no prediction equals), with a warning naming the file, the labels and
 how many examples carry them. STS-B (and ``regression=True``) reads the label as a float score.
 
-Long inputs: windows, never silent truncation. ``[CLS] A [SEP]`` (or ``[CLS] A [SEP] B [SEP]``)
-longer than ``max_seq_length`` is cut into overlapping windows: window k holds the tokens from
-``k * stride`` on (``stride`` defaults to half a window), and windows follow each other until one
-reaches the end of the text. For a pair, the shorter segment is kept whole in every window (up to
-half the room; beyond that it is cut, and such pairs are counted and logged) and the longer one is
-windowed. Training uses every window, each with its example's label; prediction averages the
-windows' logits per example (regression: their scores), so one prediction comes out per example.
+Long inputs: truncated or windowed, never silently. ``[CLS] A [SEP]`` (or ``[CLS] A [SEP] B [SEP]``)
+longer than ``max_seq_length`` is handled as ``long_inputs`` says:
+
+- ``truncate`` (the default, as the paper's code and transformers' run_glue do): one sequence per
+  example, a text cut at its end, a pair cut the TF release's way (``_truncate_seq_pair``: a token
+  at a time from the end of the longer segment; `bertforge.tasks.encoding.longest_first`).
+- ``windows``: overlapping windows. Window k holds the tokens from ``k * stride`` on (``stride``
+  defaults to half a window), and windows follow each other until one reaches the end of the text.
+  For a pair, the shorter segment is kept whole in every window (up to half the room; beyond that it
+  is cut, and such pairs are counted) and the longer one is windowed. Training uses every window,
+  each with its example's label, so a long text weighs more and costs a pass per window; prediction
+  averages the windows' logits per example (regression: their scores).
+
+Either way one prediction comes out per example, and the examples truncated or windowed are
+counted in the features' summary and logged.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from bertforge.model import losses
 from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
                                   TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files,
                                   unseen_labels)
-from bertforge.tasks.encoding import Windows, predict_items, window_starts
+from bertforge.tasks.encoding import Windows, longest_first, predict_items, window_starts
 
 __all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "Features", "encode_examples", "ClassificationTask", "predict_logits",
@@ -242,16 +250,19 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
 
 # ---------------------------------------------------------------------------- features
 Features = Windows
-"""Classification's features: the windows of every example (`bertforge.tasks.encoding.Windows`),
-with one label per window (its example's) when training or evaluating."""
+"""Classification's features: the sequence (or windows) of every example (`bertforge.tasks.encoding.Windows`),
+with one label per sequence (its example's) when training or evaluating."""
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length: int,
-                    stride: int = 0) -> Features:
-    """Tokenize and cut into windows (module docstring). ``stride``: tokens between window starts
-    (0: half a window); larger than a window would skip text, which is an error."""
+                    stride: int = 0, long_inputs: str = "truncate") -> Features:
+    """Tokenize; truncate long examples, or cut them into windows (``long_inputs``: module docstring).
+    ``stride``: tokens between window starts (0: half a window); larger than a window would skip text,
+    which is an error."""
     if max_seq_length < 4:
         raise ValueError(f"max_seq_length must be >= 4, got {max_seq_length}")
+    if long_inputs not in ("truncate", "windows"):
+        raise ValueError(f"long_inputs must be truncate or windows, got {long_inputs!r}")
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     ids_a = tokenizer.encode_batch_ids([e.text_a for e in examples])
     pair_at = [i for i, e in enumerate(examples) if e.text_b is not None]
@@ -261,8 +272,21 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
     example: list[int] = []
-    windowed = cut_pairs = 0
+    windowed = truncated = cut_pairs = 0
     for i, (a, b) in enumerate(zip(ids_a, ids_b)):
+        if long_inputs == "truncate":
+            if b is None:
+                n_a = min(len(a), max_seq_length - 2)
+                seq = [cls, *a[:n_a], sep]
+                truncated += n_a < len(a)
+            else:
+                n_a, n_b = longest_first(len(a), len(b), max_seq_length - 3)
+                seq = [cls, *a[:n_a], sep, *b[:n_b], sep]
+                truncated += n_a + n_b < len(a) + len(b)
+            out_ids.append(np.array(seq, dtype=np.int64))
+            num_a.append(n_a + 2)
+            example.append(i)
+            continue
         if b is None:
             room, fixed, long, fixed_first = max_seq_length - 2, [], a, True
         else:
@@ -295,7 +319,7 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
             num_a.append(n_a)
             example.append(i)
     return Features(out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(examples),
-                    windowed=windowed, cut_pairs=cut_pairs)
+                    windowed=windowed, truncated=truncated, cut_pairs=cut_pairs, max_seq_length=max_seq_length)
 
 
 # ---------------------------------------------------------------------------- the task
@@ -403,7 +427,18 @@ class ClassificationFamily(FamilyDefaults):
 
     name = "classification"
     tasks = (*GLUE_TASKS, "classification", "regression")
-    settings = ("task", "max_seq_length", "stride", "text_column", "text_pair_column", "label_column")
+    settings = ("task", "max_seq_length", "long_inputs", "stride", "text_column", "text_pair_column",
+                "label_column")
+    long_inputs_supported = ("truncate", "windows")  # the paper's code truncates
+
+    def configure(self, cfg: TaskSettings) -> TaskSettings:
+        """The defaults (`FamilyDefaults`); a --stride is refused unless long inputs get windows (truncation
+        would ignore it)."""
+        cfg = super().configure(cfg)
+        if cfg.stride and cfg.long_inputs != "windows":
+            raise ValueError(f"--stride {cfg.stride} places windows, but long inputs are truncated "
+                             "(--long-inputs truncate); pass --long-inputs windows, or no --stride")
+        return cfg
 
     @property
     def model_class(self) -> type:
@@ -425,6 +460,15 @@ class ClassificationFamily(FamilyDefaults):
                              text_pair_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
                              require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
 
+    @staticmethod
+    def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Features:
+        """The examples' features by ``cfg``; what was truncated or windowed is logged, naming ``what``
+        (the file; nothing is logged without it)."""
+        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride, cfg.long_inputs)
+        if what and (features.truncated or features.windowed):
+            logger.info("%s: %s", what, features.summary())
+        return features
+
     def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
         examples = [e for _, got, _ in read for e in got]
@@ -435,7 +479,7 @@ class ClassificationFamily(FamilyDefaults):
             raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
         label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
         y = np.concatenate([targets(got, path, label2id) for path, got, _ in read])
-        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
+        features = self._encode(cfg, tokenizer, examples, cfg.train_file).with_labels(y)
         head: dict[str, Any] = ({"num_labels": 1, "id2label": None, "problem_type": "regression"} if labels is None
                                 else {"id2label": dict(enumerate(labels)),
                                       "problem_type": "single_label_classification"})
@@ -448,7 +492,7 @@ class ClassificationFamily(FamilyDefaults):
         if label2id is not None:
             unseen_labels(path, (e.label for e in examples), label2id)
         y = targets(examples, path, label2id, unseen=UNSEEN)
-        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride).with_labels(y)
+        features = self._encode(cfg, tokenizer, examples, str(path)).with_labels(y)
         return EvalData(path, (features, y, examples), report, features.summary())
 
     def train_task(self, config: Any) -> ClassificationTask:
@@ -471,7 +515,7 @@ class ClassificationFamily(FamilyDefaults):
                 device: torch.device) -> list[dict[str, Any]]:
         """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
-        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride)
+        features = self._encode(cfg, tokenizer, examples, str(path))
         return prediction_records(examples, predict_logits(model, features, cfg.eval_batch_size, device),
                                   model.config.id2label or {})
 
@@ -482,12 +526,11 @@ class ClassificationFamily(FamilyDefaults):
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
         """``{"index", "text", "text_pair" (pairs only), "label", "score", "probabilities"}`` per text or
-        pair: the best label, its probability and every label's (softmax over the logits averaged over
-        the input's windows). A multi-label head gives sigmoids and ``labels``, those above 0.5; a
-        regression head ``{"index", "text", ("text_pair"), "score"}``."""
+        pair: the best label, its probability and every label's (softmax over the logits; with windows,
+        averaged over the input's windows). A multi-label head gives sigmoids and ``labels``, those above
+        0.5; a regression head ``{"index", "text", ("text_pair"), "score"}``."""
         pairs = [(t[0], t[1] if len(t) > 1 else None) for t in texts]
-        features = encode_examples([Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)], tokenizer,
-                                   cfg.max_seq_length, cfg.stride)
+        features = self._encode(cfg, tokenizer, [Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)])
         logits = predict_logits(model, features, cfg.eval_batch_size, device)  # (N, C)
 
         def record(i: int, a: str, b: str | None, **fields: Any) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """What the task families share once their files are read: the encoded windows, the rules that cut
-long inputs into windows, training batches over features in memory and prediction over them.
+long inputs into windows or truncate them, training batches over features in memory and prediction
+over them.
 
 Windows. `Windows` is the encoded record every family builds on: the token ids of each window
 (``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``), how many of its tokens are of type 0, and the
 example each window comes from. Classification uses it as is, tagging and multiple choice wrap it,
 SQuAD extends it. `window_starts` places overlapping windows over a long input and
 `max_context_window` gives each token the window where it has the most context (the TF release's
-SQuAD rule). `offsets_through_marks` extends token character ranges over combining marks the
-tokenizer drops, so an answer or a word keeps its accents.
+SQuAD rule); `longest_first` truncates a pair the TF release's way. `offsets_through_marks`
+extends token character ranges over combining marks the tokenizer drops, so an answer or a word
+keeps its accents.
 
 Features. A family's features are any object with ``len()``, ``lengths`` (tokens per item, to
 batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
@@ -29,8 +31,8 @@ from torch import nn
 
 from bertforge.data.loader import CursorLoader, EpochCursor, epoch_permutation
 
-__all__ = ["Windows", "window_starts", "max_context_window", "offsets_through_marks", "FeatureSet",
-           "FeatureBatches", "predict_items"]
+__all__ = ["Windows", "window_starts", "max_context_window", "longest_first", "offsets_through_marks",
+           "FeatureSet", "FeatureBatches", "predict_items"]
 
 
 # ---------------------------------------------------------------------------- windows
@@ -46,9 +48,13 @@ class Windows:
     labels: np.ndarray | None = None
     """One per window (its example's): class ids or scores."""
     windowed: int = 0
-    """Examples longer than max_seq_length (cut into several windows)."""
+    """Examples longer than max_seq_length cut into several windows ..."""
+    truncated: int = 0
+    """... or truncated to one."""
     cut_pairs: int = 0
-    """Pairs whose shorter segment exceeded half the room and was cut."""
+    """Pairs whose shorter segment exceeded half the room and was cut (in windows)."""
+    max_seq_length: int = 0
+    """The length examples were measured against (0: not known; the summary then says "one window")."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -79,9 +85,16 @@ class Windows:
         return batch
 
     def summary(self) -> str:
-        text = f"{self.num_examples:,} examples -> {len(self):,} windows"
+        """E.g. "1,781 examples; 312 of 1,781 longer than 128 tokens were truncated" or "1,781 examples ->
+        12,671 windows; 1,650 of 1,781 longer than 128 tokens were cut into windows"."""
+        text = f"{self.num_examples:,} examples"
+        if len(self) != self.num_examples:
+            text += f" -> {len(self):,} windows"
+        longer = f"longer than {self.max_seq_length} tokens" if self.max_seq_length else "longer than one window"
+        if self.truncated:
+            text += f"; {self.truncated:,} of {self.num_examples:,} {longer} were truncated"
         if self.windowed:
-            text += f" ({self.windowed:,} examples longer than one window)"
+            text += f"; {self.windowed:,} of {self.num_examples:,} {longer} were cut into windows"
         if self.cut_pairs:
             text += f"; {self.cut_pairs:,} pairs had their shorter segment cut to half the room"
         return text
@@ -105,6 +118,19 @@ def max_context_window(starts: np.ndarray, lengths: np.ndarray, positions: np.nd
     left, right = p - starts, starts + lengths - 1 - p  # (windows, positions)
     score = np.where((left >= 0) & (right >= 0), np.minimum(left, right) + 0.01 * lengths, -np.inf)
     return score.argmax(0)
+
+
+def longest_first(n_a: int, n_b: int, room: int) -> tuple[int, int]:
+    """Lengths of a pair cut to ``room`` tokens the TF release's way (``_truncate_seq_pair``): a token
+    at a time from the end of the longer segment, of the second on a tie (closed form of that loop)."""
+    excess = n_a + n_b - room
+    if excess <= 0:
+        return n_a, n_b
+    if n_a - n_b >= excess:
+        return n_a - excess, n_b
+    if n_b - n_a >= excess:
+        return n_a, n_b - excess
+    return (room + 1) // 2, room // 2  # both cut down to an even share; the first keeps the odd token
 
 
 def offsets_through_marks(text: str, offsets: np.ndarray) -> np.ndarray:

@@ -312,20 +312,22 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
                                          "compile", "out", "device", "epochs", "warmup_steps_used"))
+    inputs = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev)]
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        parts = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev),
-                 f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
-                 f"on {dist.device}"]
-        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in parts if p))
+        schedule = (f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
+                    f"on {dist.device}")
+        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in [*inputs, schedule] if p))
         for r in reports:
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model", extra_files=stop_marker(result))
+    if dist.is_main:  # how long inputs were handled, beside the results they bear on
+        logger.info("finetune: inputs: %s", "; ".join(inputs))
     if dist.is_main and best is not None:
         logger.info("finetune: best %s %.4f at step %d -> %s", best["metric"], best["value"], best["step"], best_dir)
     dist.barrier()  # no process leaves (and tears down the process group) while another still works
@@ -433,9 +435,9 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model
-INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "stride",
-                  "max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold", "tag_column",
-                  "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
+INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "long_inputs",
+                  "stride", "max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold",
+                  "tag_column", "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
 """FinetuneConfig fields `evaluate`, `predict` and `load_finetuned` accept; unset ones are the checkpoint's
 fine-tuning settings."""
 
@@ -462,7 +464,9 @@ class FinetunedModel:
 def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
     """A fine-tuned checkpoint folder (a run's ``best/`` or ``model/``, or a checkpoint fine-tuned
     elsewhere) with its task family, tokenizer and settings. ``settings``: any of `INPUT_SETTINGS`
-    (None: unset); they override the checkpoint's."""
+    (None: unset); they override the checkpoint's. Long inputs are handled as in fine-tuning (a
+    classification checkpoint whose settings name no ``long_inputs`` was trained on windows; one
+    fine-tuned elsewhere, by truncation); a given ``long_inputs`` truncate drops the saved stride."""
     from bertforge.model.heads import infer_model_class
     from bertforge.train.distributed import setup
     from bertforge.text.tokenizer import BertTokenizer
@@ -488,6 +492,10 @@ def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
     if not isinstance(model, family.model_class):
         raise ValueError(f"{checkpoint}: holds a {model_class.__name__}; task {task!r} needs a "
                          f"{family.model_class.__name__}")
+    if saved and "long_inputs" in family.settings:
+        saved.setdefault("long_inputs", "windows")  # settings naming no long_inputs: a run that trained on windows
+    if given.get("long_inputs") == "truncate":
+        saved.pop("stride", None)  # the saved stride placed windows that truncation does not make
     cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
                                              **given, "task": task}))
     device = setup(cfg.device).device
@@ -507,7 +515,7 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
              **settings: Any) -> dict[str, float]:
     """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
 
-    ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, stride, SQuAD's limits, ...);
+    ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, long_inputs, stride, SQuAD's limits, ...);
     unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the per-example
     prediction files (`bertforge.tasks.base.EvalResult.files`: predictions.tsv, predictions.conll,
     SQuAD's predictions.json, nbest_predictions.json, null_odds.json). ``precision``:

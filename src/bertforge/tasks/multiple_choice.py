@@ -47,7 +47,7 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
                                   TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files)
-from bertforge.tasks.encoding import Windows, predict_items
+from bertforge.tasks.encoding import Windows, longest_first, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
            "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "prediction_records",
@@ -206,19 +206,6 @@ def read_choices(
 
 
 # ---------------------------------------------------------------------------- features
-def longest_first(n_a: int, n_b: int, room: int) -> tuple[int, int]:
-    """Lengths of a pair cut to ``room`` tokens the TF release's way (``_truncate_seq_pair``): a token
-    at a time from the end of the longer segment, of the second on a tie (closed form of that loop)."""
-    excess = n_a + n_b - room
-    if excess <= 0:
-        return n_a, n_b
-    if n_a - n_b >= excess:
-        return n_a - excess, n_b
-    if n_b - n_a >= excess:
-        return n_a, n_b - excess
-    return (room + 1) // 2, room // 2  # both cut down to an even share; the first keeps the odd token
-
-
 @dataclass
 class ChoiceFeatures:
     """The C sequences of every example; items (for batching, lengths) are examples."""
@@ -342,6 +329,8 @@ class MultipleChoiceFamily(FamilyDefaults):
     name = "multiple_choice"
     tasks = ("swag", "multiple_choice")
     settings = ("task", "max_seq_length", "text_column", "text_pair_column", "label_column")
+    long_inputs_supported = ("truncate",)
+    long_inputs_why = "the choices' scores are compared, so each (context, choice) pair is one sequence, truncated"
 
     @property
     def model_class(self) -> type:

@@ -64,7 +64,8 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskSettings, TrainData, split_files, text_lines
+from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TaskSettings, TrainData, long_inputs_for,
+                                  split_files, text_lines)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
@@ -617,7 +618,9 @@ class SquadFamily:
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
         cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
-                                  stride=cfg.stride or self.default_stride)
+                                  stride=cfg.stride or self.default_stride,
+                                  long_inputs=long_inputs_for(cfg, self.name, ("windows",), "a long context is cut "
+                                                              "into windows every --stride tokens (doc_stride)"))
         if cfg.max_seq_length <= cfg.max_query_length + 3:
             raise ValueError(f"max_seq_length ({cfg.max_seq_length}) must be greater than max_query_length "
                              f"({cfg.max_query_length}) + 3")

@@ -463,6 +463,8 @@ class TaggingFamily(FamilyDefaults):
     name = "tagging"
     tasks = ("ner", "tagging")
     settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme")
+    long_inputs_supported = ("windows",)
+    long_inputs_why = "every word gets a tag, so a long sentence is cut into windows"
 
     @property
     def model_class(self) -> type:
