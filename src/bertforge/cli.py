@@ -690,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(top.command, top.args)
         except (ValueError, OSError) as e:
-            # Bad input is the user's to fix: one clear line, no traceback (use -v to see one).
+            # Bad input (or a full disk: "no space left on PATH") is the user's to fix: one clear line, no
+            # traceback (use -v to see one).
             if top.verbose:
                 raise
             print(f"bertforge {top.command}: error: {e}", file=sys.stderr)

@@ -2,18 +2,24 @@
 the target, fsync, then rename over it.
 
 - a file: `atomic_path` (a temporary path for writers that want a file name), with
-  `atomic_write_text` / `atomic_write_bytes` on top of it;
+  `atomic_write_text` / `atomic_write_bytes` on top of it, and `atomic_write_texts` for files that
+  belong together (all replaced or none);
 - a folder: `atomic_dir` (a temporary sibling folder that takes the target's place whole; a checkpoint,
   a best model, an unpacked download).
 
 A reader (or a resumed run) sees either the old file or folder or the new one in full, never a torn
 write, whatever kills the writer (exception, SIGKILL, power loss after the fsync).
+
+A write that fails for want of space is a `NoSpaceError` ("no space left on PATH") naming the file
+or folder being written, however the writer reported it (`no_space`). `append_text` adds to a file
+of lines whole lines or nothing.
 """
 
 from __future__ import annotations
 
 import bz2
 import contextlib
+import errno
 import gzip
 import json
 import lzma
@@ -25,8 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "replace_dir", "clear_stale",
-           "open_binary", "read_json_object", "COMPRESSED_SUFFIXES"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_write_texts", "atomic_dir", "replace_dir",
+           "clear_stale", "append_text", "NoSpaceError", "no_space", "open_binary", "read_json_object",
+           "COMPRESSED_SUFFIXES"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -43,19 +50,101 @@ def open_binary(path: str | Path) -> IO[bytes]:
     return open(path, "rb")
 
 
+class NoSpaceError(OSError):
+    """A write that failed because its disk is full (ENOSPC) or its owner over quota (EDQUOT); the
+    message is ``no space left on PATH``, PATH the file or folder being written."""
+
+    def __str__(self) -> str:
+        return self.strerror or "no space left"
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NEARLY_FULL_BYTES = 1 << 20
+"""Free space below which a writer's failure that gives no reason is taken for a full disk."""
+
+
+def no_space(error: BaseException, target: str | Path, temporary: Path | None = None) -> OSError | None:
+    """The `NoSpaceError` naming ``target`` that ``error``, raised while writing ``target``, stands for;
+    None when a full disk did not cause it.
+
+    A full disk shows as ENOSPC / EDQUOT anywhere in the error's chain, or in the message of a writer
+    that wraps the OS error in its own (safetensors' SafetensorError). A writer that drops it (torch.save
+    to a file name raises a bare RuntimeError) leaves only the symptom: the target's folder has (almost)
+    no space left; so call this before removing the partial write, which holds the space it took.
+    OSErrors and ValueErrors give their own reason and are never taken for a full disk that way. A
+    `NoSpaceError` already is kept, unless it names a path inside ``temporary`` (the folder being
+    written under a temporary name), which would mean nothing to the user.
+    """
+    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+        return None
+    if isinstance(error, NoSpaceError) and not (temporary and error.filename
+                                                and Path(error.filename).is_relative_to(temporary)):
+        return error
+    code = _full_errno(error)
+    if code is None and not isinstance(error, (OSError, ValueError)) and _nearly_full(Path(target).parent):
+        code = errno.ENOSPC
+    if code is None:
+        return None
+    quota = " (disk quota exceeded)" if code == errno.EDQUOT else ""
+    return NoSpaceError(code, f"no space left on {target}{quota}", str(target))
+
+
+def _full_errno(error: BaseException) -> int | None:
+    """ENOSPC or EDQUOT if ``error``, or an error it was raised from or while handling, is or reports one."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNOS:
+            return current.errno
+        for code in _FULL_ERRNOS:
+            if os.strerror(code) in str(current):
+                return code
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _nearly_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < _NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path | None = None) -> Iterator[None]:
+    """On an exception, ``undo()`` the partial write of ``target`` and re-raise, a full disk as the
+    `NoSpaceError` naming ``target`` (`no_space`, asked first: the partial write still holds its space)."""
+    try:
+        yield
+    except BaseException as e:
+        full = no_space(e, target, temporary)
+        undo()
+        if full is None or full is e:
+            raise
+        raise full from e
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temporary path in ``target``'s folder; on success it replaces ``target`` atomically.
 
     Use it with writers that want a file name (e.g. ``safetensors.torch.save_file``). On an
-    exception the temporary file is removed and ``target`` is left untouched.
+    exception the temporary file is removed and ``target`` is left untouched; a full disk is a
+    `NoSpaceError` naming ``target``.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    tmp: Path | None = None
+
+    def remove() -> None:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+    with _undone_on_failure(target, remove):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
         yield tmp
         # mkstemp (and some writers) create the file 0600; give it the mode an ordinary open() would
         # (0666 minus umask), or a checkpoint written here would be unreadable to every other user.
@@ -64,10 +153,6 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, target)
         _fsync_dir(target.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def _umask() -> int:
@@ -86,21 +171,27 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _write(target: str | Path, mode: str, data: str | bytes, **kw: str) -> None:
-    with atomic_path(target) as tmp:
-        f: IO
-        with open(tmp, mode, **kw) as f:
-            f.write(data)
-
-
 def atomic_write_text(target: str | Path, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8) atomically."""
-    _write(target, "w", text, encoding="utf-8", newline="\n")
+    target = Path(target)
+    atomic_write_texts(target.parent, {target.name: text})
+
+
+def atomic_write_texts(folder: str | Path, files: dict[str, str]) -> None:
+    """Replace the files ``files`` names in ``folder`` with their texts (UTF-8): every file is written
+    under its temporary name before any takes its place, so a failed write (a full disk) leaves the
+    folder's files as they were, not a mix of old and new ones that do not belong together."""
+    with contextlib.ExitStack() as stack:
+        for name, text in files.items():
+            with open(stack.enter_context(atomic_path(Path(folder) / name)), "w", encoding="utf-8",
+                      newline="\n") as f:
+                f.write(text)
 
 
 def atomic_write_bytes(target: str | Path, data: bytes) -> None:
     """Replace ``target`` with ``data`` atomically."""
-    _write(target, "wb", data)
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
 
 
 @contextlib.contextmanager
@@ -108,19 +199,20 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``target``; when the block completes, every file in it
     is fsynced and the folder takes ``target``'s place whole (`replace_dir`).
 
-    On an exception the temporary folder is removed and ``target`` is left untouched. A writer killed
+    On an exception the temporary folder is removed and ``target`` is left untouched; a full disk is a
+    `NoSpaceError` naming ``target``, whichever file in it was being written. A writer killed
     outright leaves it behind as ``.NAME.tmp-PID`` (never mistaken for ``target``); the next write of
     ``target`` clears it (`clear_stale`). With ``replace=False`` a ``target`` that exists when the block
     completes wins and the new folder is discarded: for content that any of several processes may
     fetch at once, where the first complete copy is as good as the next.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    clear_stale(target.parent, lambda name: name == target.name)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with _undone_on_failure(target, lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale(target.parent, lambda name: name == target.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
         yield tmp
         _fsync_tree(tmp)
         if replace:
@@ -133,9 +225,24 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
         _fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path``, all of it or nothing: a write that fails part-way (a full
+    disk: a `NoSpaceError` naming ``path``) is cut off again, so a file of lines never ends in a torn
+    one that the next line would be glued to."""
+    path = Path(path)
+    data = memoryview(text.encode("utf-8"))
+    start: int | None = None
+
+    def cut() -> None:
+        if start is not None:
+            os.truncate(path, start)
+
+    with _undone_on_failure(path, cut), open(path, "ab", buffering=0) as f:
+        start = f.seek(0, os.SEEK_END)
+        while data:
+            data = data[f.write(data):]
 
 
 def _fsync_tree(folder: Path) -> None:

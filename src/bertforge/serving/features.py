@@ -57,15 +57,21 @@ Outputs, chosen by the file's suffix:
 
 Arrays are written through memory maps, so memory stays bounded by one chunk of inputs (about
 256 MB of vectors, or one input's vectors when it alone is more) whatever the size of the run.
-Inputs are batched with others of similar length and padded to the batch's longest. Every file is
-written to a temporary name and renamed when complete.
+Their files' blocks are allocated before the first vector is computed (``posix_fallocate``, where
+the system has it), so a disk too small for them is an error naming the file at once, not a crash
+(SIGBUS) when the map writes a page the disk has no room for. Inputs are batched with others of
+similar length and padded to the batch's longest. Every file is written to a temporary name and
+renamed when complete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import logging
+import os
 import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -539,14 +545,39 @@ def _fill_mapped(s: _Setup, open_map: Callable[[str, np.dtype, tuple[int, ...]],
         m.flush()
 
 
-def _npy(s: _Setup, out: Path, progress: bool) -> list[Path]:
-    from numpy.lib.format import open_memmap
+def _allocate_file(path: Path, header: bytes, size: int) -> None:
+    """Write ``header`` to ``path``, followed by ``size`` bytes whose blocks are allocated now.
 
+    A file extended by truncate() alone is sparse: a memory map of it takes a block from the disk
+    when it first writes a page, and a full disk there kills the process with SIGBUS. Allocated
+    up front, a disk too small is an ENOSPC error before anything is computed. Systems without
+    posix_fallocate, and file systems that refuse it, keep the sparse file."""
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + size)
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(f.fileno(), 0, len(header) + size)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                logger.debug("%s: blocks not allocated ahead (%s)", path, e)
+
+
+def _npy(s: _Setup, out: Path, progress: bool) -> list[Path]:
     paths = {"features": out, "offsets": out.with_suffix(".offsets.npy"),
              "token_ids": out.with_suffix(".token_ids.npy")}
+
+    def open_map(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.memmap:
+        tmp = stack.enter_context(atomic_path(paths[name]))
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                      "fortran_order": False, "shape": shape})
+        _allocate_file(tmp, header.getvalue(), dtype.itemsize * int(np.prod(shape)))
+        return np.memmap(tmp, dtype=dtype, mode="r+", offset=header.tell(), shape=shape)
+
     with contextlib.ExitStack() as stack:
-        _fill_mapped(s, lambda name, dtype, shape: open_memmap(stack.enter_context(atomic_path(paths[name])),
-                                                               mode="w+", dtype=dtype, shape=shape), progress)
+        _fill_mapped(s, open_map, progress)
     return [paths[name] for name in _layout(s)]
 
 
@@ -568,9 +599,7 @@ def _safetensors(s: _Setup, out: Path, progress: bool) -> list[Path]:
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     data_start = 8 + len(text)
     with atomic_path(out) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)) + text)
-            f.truncate(data_start + begin)
+        _allocate_file(tmp, struct.pack("<Q", len(text)) + text, begin)
         _fill_mapped(s, lambda name, dtype, shape: np.memmap(
             tmp, dtype=dtype.newbyteorder("<"), mode="r+", offset=data_start + header[name]["data_offsets"][0],
             shape=shape), progress)

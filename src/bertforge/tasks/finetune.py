@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from bertforge.fast import prepare
+from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
@@ -315,7 +316,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     inputs = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev)]
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "run_config.json").write_text(json.dumps(run_config, indent=1, default=str) + "\n", encoding="utf-8")
+        atomic_write_text(out / "run_config.json", json.dumps(run_config, indent=1, default=str) + "\n")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
         schedule = (f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
@@ -377,7 +378,6 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     import time
 
     from bertforge.train.distributed import setup
-    from bertforge.io import atomic_dir, atomic_write_text
     from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
@@ -526,8 +526,6 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     with torch.no_grad(), autocast(resolve_precision(precision, device), device):
         metrics, _, files = _evaluate_all(family, model, data, cfg, device)
     if out is not None:
-        from bertforge.io import atomic_write_text
-
         Path(out).mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             atomic_write_text(Path(out) / name, text)
@@ -550,8 +548,6 @@ def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = N
     with torch.no_grad(), autocast(resolve_precision(precision, device), device):
         records = family.predict(ft.model, ft.tokenizer, cfg, files[0], device)
     if out is not None:
-        from bertforge.io import atomic_write_text
-
         out = Path(out)
         if out.suffix == ".jsonl":
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_texts
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 __all__ = [
@@ -407,8 +407,8 @@ class BertTokenizer:
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
         """Write ``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json`` and
-        ``tokenizer.json`` (each atomically) so that this class and transformers'
-        ``AutoTokenizer`` load the same tokenizer. Returns the folder."""
+        ``tokenizer.json`` (together: all of them replaced or none) so that this class and
+        transformers' ``AutoTokenizer`` load the same tokenizer. Returns the folder."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = {
@@ -421,10 +421,10 @@ class BertTokenizer:
             "split_special_tokens": self.split_special_tokens,
             **self._special,
         }
-        atomic_write_text(folder / VOCAB_FILE, "".join(t + "\n" for t in self._tokens))
-        atomic_write_text(folder / TOKENIZER_FILE, self._tok.to_str(pretty=True))
-        atomic_write_text(folder / SPECIAL_TOKENS_FILE, json.dumps(self._special, indent=2) + "\n")
-        atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_texts(folder, {VOCAB_FILE: "".join(t + "\n" for t in self._tokens),
+                                    TOKENIZER_FILE: self._tok.to_str(pretty=True),
+                                    SPECIAL_TOKENS_FILE: json.dumps(self._special, indent=2) + "\n",
+                                    CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False) + "\n"})
         return folder
 
     # -- vocabulary -------------------------------------------------------------------------------

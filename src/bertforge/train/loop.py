@@ -56,7 +56,7 @@ from torch import nn
 
 from bertforge.fast import prepare
 from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
-from bertforge.io import atomic_dir, atomic_write_text, clear_stale
+from bertforge.io import append_text, atomic_dir, atomic_write_text, clear_stale
 from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
 from bertforge.train.optim import build_optimizer, build_schedule
 
@@ -622,8 +622,7 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_text(self.out / METRICS_FILE, json.dumps(record) + "\n")
         if self._tb is not None:
             split = record["split"]
             for k, v in record.items():
