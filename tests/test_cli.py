@@ -255,6 +255,11 @@ def test_version_and_unknown_command(capsys):
 _SIGINT_ON_TORCH_IMPORT = """
 import os, signal, sys
 
+# As a terminal starts a command: Ctrl-C deliverable. A child inherits an ignored or blocked SIGINT from
+# the process that starts it, and a test worker may have one (whatever ran in it before).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
 class Finder:  # Ctrl-C (a real SIGINT) arrives while torch is being imported
     def find_spec(self, name, path=None, target=None):
         if name == "torch":
