@@ -207,13 +207,14 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     from bertforge.model.config import BertConfig, dropout_overrides
     from bertforge.model.heads import BertForPreTraining
     from bertforge.train.pretrain import PretrainingTask
+    from bertforge.fast import prepare
     from bertforge.train.loop import keep_freed_memory
 
     if device.type == "cpu":
         keep_freed_memory()  # as the trainer will: without it, every step here pays page faults it will not
     g = torch.Generator().manual_seed(cfg.seed)
     config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout_overrides(cfg.pretrain_dropout))
-    model = BertForPreTraining(config).to(device).train()
+    model = prepare(BertForPreTraining(config).to(device)).train()  # the trainer's model: its speed
     B, T, P = cfg.pretrain_batch_size, cfg.max_seq_length, max(1, round(cfg.max_seq_length * 0.15))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
              "attention_mask": torch.ones(B, T, dtype=torch.long),
