@@ -505,8 +505,8 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
               f"{own.hidden_size}, {_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
               "vocab), drawn anew for each seed and fine-tuned.",
               f"- **{OWN}**: the same model after the demo's pre-training: {pt['steps']:,} steps of "
-              f"{cfg.pretrain_batch_size} sequences of {cfg.max_seq_length} tokens ({pt['tokens'] / 1e6:.1f} M "
-              f"tokens, {report['time_split_minutes']['pre-training']:.1f} minutes) of masked LM and next "
+              f"{cfg.pretrain_batch_size} sequences of up to {cfg.max_seq_length} tokens ({pt['tokens'] / 1e6:.1f} M "
+              f"token positions, {report['time_split_minutes']['pre-training']:.1f} minutes) of masked LM and next "
               "sentence prediction on 10,033 Wikipedia lead sections"
               + (" and the movie-review training sentences without their labels" if cfg.task_text_in_pretraining
                  else "") + f"; held-out MLM accuracy {pt['heldout_mlm_accuracy']:.3f}."]
