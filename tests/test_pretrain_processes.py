@@ -6,6 +6,7 @@ what is left; SIGINT saves a checkpoint, marks the partial model/ and exits 130 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,9 @@ def _step(folder: Path | None) -> int:
     return int(folder.name.split("-")[1]) if folder is not None else 0
 
 
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gloo_processes_equal_one_process(root, tok, nsp_data, strategy):
     """Global batch 8: 2 processes x 4 against 1 x 8; dropout 0. Losses, held-out evaluation and
@@ -57,6 +61,11 @@ def test_two_gloo_processes_equal_one_process(root, tok, nsp_data, strategy):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "bertforge", "pretrain", *cli_args(cfg)]
     done = run_cli(cmd, cwd=root, timeout=300)
+    if strategy == "fsdp" and done.returncode != 0 and _TEARDOWN_ABORT in done.stderr and "curves in" in done.stdout:
+        # A known fault outside the run: now and then, on a loaded machine, one FSDP process aborts in torch's
+        # gloo teardown after the run has finished and saved; the run is repeated once, and must then pass.
+        shutil.rmtree(two)
+        done = run_cli(cmd, cwd=root, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 process(es) on cpu; global batch 8" in done.stdout
     one = root / "one-process"
