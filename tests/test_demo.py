@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -17,13 +18,13 @@ pytestmark = pytest.mark.real_data
 
 
 def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
-    # A budget of 3 seconds leaves no time for pre-training: the demo says so and runs the fewest steps; the
+    # A budget of 3 seconds leaves too little time for pre-training: the demo says so and runs the fewest steps; the
     # curve runs its smallest size (always) and leaves the larger ones out. On a CPU without native bf16 (as
     # here, patched) the demo does not time bf16 at all, and trains in fp32.
     monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_min_steps=4,
-                     finetune_batch_size=16, minutes=0.05, curve_sizes="40,all", curve_seeds=2)
+                     finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, curve_sizes="40,all", curve_seeds=2)
     show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
@@ -53,7 +54,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "bf16 not timed" in printed.out and "Demo finished" in printed.out and "## Fill-mask" in printed.out
     assert "    40 examples (8 steps, 2 seeds): random initialisation" in printed.out
     assert "newly initialised" not in printed.err  # the curve's fine-tunings are quiet
-    assert f"time for 0 pre-training steps; running {MIN_PRETRAIN_STEPS}" in printed.err  # a warning
+    assert re.search(rf"0.05 minutes leave this machine time for \d+ pre-training steps; running {MIN_PRETRAIN_STEPS}",
+                     printed.err)  # a warning
 
 
 def test_a_pretraining_step_is_timed_in_each_precision():
