@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import inspect
 import json
 import logging
@@ -705,9 +706,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _close_process_group() -> None:
     """Leave the process group a torchrun-launched command joined: exiting with its communication
-    threads still running aborts the process ("terminate called without an active exception")."""
+    threads still running aborts the process ("terminate called without an active exception").
+    Objects held only in reference cycles (an FSDP model's hooks) are collected first, while the group
+    and the interpreter are alive: freed at interpreter shutdown instead, pending gloo work they hold
+    can abort the process the same way."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
