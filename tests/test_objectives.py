@@ -1,5 +1,5 @@
 """Pre-training objectives on the same prepared data (the paper's Table 5 ablations): mlm+nsp (BERT)
-and mlm (No NSP)."""
+and mlm (No NSP); and the causal (left-to-right) encoder."""
 
 from __future__ import annotations
 
@@ -7,12 +7,87 @@ import json
 
 import pytest
 import torch
+import transformers
 
+from data_fixtures import VOCAB_SIZE
 from pretrain_fixtures import config, lines, make_data
 from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
 
-from bertforge.model.heads import BertForMaskedLM
+from bertforge.fast import is_prepared, prepare
+from bertforge.model.bert import BertModel
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
 from bertforge.train.pretrain import PretrainingTask, pretrain
+
+
+def causal_config(**overrides) -> BertConfig:
+    return BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64, is_decoder=True, **overrides)
+
+
+def padded_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB_SIZE, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    mask[2, 5:] = 0
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------ the causal encoder
+@pytest.mark.parametrize("prepared", [False, True])
+def test_with_a_causal_mask_a_tokens_output_does_not_change_when_later_tokens_do(prepared):
+    torch.manual_seed(0)
+    model = BertModel(causal_config()).eval()
+    if prepared:
+        prepare(model)
+        assert not is_prepared(model)  # a causal encoder stays on the reference forward
+    ids, mask = padded_batch()
+    later = ids.clone()
+    later[:, 4:] = torch.randint(5, VOCAB_SIZE, (3, 8))
+    with torch.no_grad():
+        before, after = model(ids, mask).last_hidden_state, model(later, mask).last_hidden_state
+    torch.testing.assert_close(before[:, :4], after[:, :4], rtol=0, atol=0)
+    assert (before[:, 4] - after[:, 4]).abs().amax() > 1e-3  # position 4 itself changed
+    bidirectional = BertModel(causal_config().replace(is_decoder=False)).eval()
+    bidirectional.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (bidirectional(ids, mask).last_hidden_state[:, :4]
+                - bidirectional(later, mask).last_hidden_state[:, :4]).abs().amax() > 1e-3
+
+
+def test_a_causal_model_equals_transformers_bert_with_is_decoder(tmp_path):
+    torch.manual_seed(1)
+    ours = BertModel(causal_config()).eval()
+    ours.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["is_decoder"] is True
+    theirs = transformers.BertModel.from_pretrained(tmp_path).eval()
+    assert theirs.config.is_decoder and BertModel.from_pretrained(tmp_path).config.is_decoder
+    ids, mask = padded_batch(2)
+    with torch.no_grad():
+        a = ours(ids, mask, output_hidden_states=True).hidden_states
+        b = theirs(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y * mask[..., None], atol=1e-5, rtol=1e-5)
+        full = torch.ones_like(ids)  # no mask given: causal all the same
+        torch.testing.assert_close(ours(ids).last_hidden_state, theirs(ids, attention_mask=full).last_hidden_state,
+                                   atol=1e-5, rtol=1e-5)
+
+
+
+def test_a_causal_classifier_pools_the_last_real_token():
+    """[CLS] of a causal encoder sees only itself; the classifier reads the final token, which saw it all."""
+    torch.manual_seed(3)
+    model = BertForSequenceClassification(causal_config()).eval()
+    ids, mask = padded_batch(3)
+    other = ids.clone()
+    other[0, 11], other[1, 7], other[2, 4] = 1, 1, 1  # each sequence's last real token
+    with torch.no_grad():
+        a, b = model(ids, mask).logits, model(other, mask).logits
+        assert ((a - b).abs().amax(-1) > 1e-4).all()
+        padded_away = ids.clone()
+        padded_away[1, 8:] = 2  # padding's content changes nothing
+        torch.testing.assert_close(model(padded_away, mask).logits, a)
 
 
 # ------------------------------------------------------------------------------ objectives
@@ -35,11 +110,14 @@ def test_mlm_on_nsp_data_trains_without_nsp_on_the_same_batches(root, tok, nsp_d
     assert mlm[-1]["loss"] < 0.5 * mlm[0]["loss"]
     folder = root / "objective-mlm" / "model"
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert not BertForMaskedLM.from_pretrained(folder).config.is_decoder
 
 
 def test_the_objective_is_part_of_the_runs_identity(root, tok, nsp_data):
     out = root / "objective-resume"
     pretrain(config(nsp_data, tok, out, max_steps=1))  # auto: mlm+nsp on NSP data
+    recorded = json.loads((out / "run_config.json").read_text())
+    assert "objective" not in recorded and "is_decoder" not in recorded["model_config"]  # as runs without the options
     with pytest.raises(ValueError, match=r"settings differ \(.*objective: None -> 'mlm'"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, objective="mlm"))
     assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, objective="mlm+nsp")).step == 2

@@ -256,6 +256,8 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["data_vocab_hash"] = manifest["vocab_hash"]
     run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
+    if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same whichever
+        del run_config["model_config"]["is_decoder"]  # version of bertforge recorded them
     trainer = Trainer(model, task, loader, cfg, out, dist=dist, evaluate=evaluate, tokenizer=tok,
                       run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
