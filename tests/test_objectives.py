@@ -1,23 +1,28 @@
-"""Pre-training objectives on the same prepared data (the paper's Table 5 ablations): mlm+nsp (BERT)
-and mlm (No NSP); and the causal (left-to-right) encoder."""
+"""Pre-training objectives on the same prepared data (the paper's Table 5 ablations): mlm+nsp (BERT),
+mlm (No NSP) and ltr (LTR & No NSP), and the causal encoder ltr trains."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
 import transformers
 
 from data_fixtures import VOCAB_SIZE
-from pretrain_fixtures import config, lines, make_data
-from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa: F401 - fixtures
+from finetune_fixtures import FILLER
+from pretrain_fixtures import config, lines, make_data, nsp_data, one_thread, no_plots, root, tok  # noqa: F401
 
+from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+from bertforge.data.prepare import special_ids
 from bertforge.fast import is_prepared, prepare
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
-from bertforge.train.pretrain import PretrainingTask, pretrain
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune
+from bertforge.text.tokenizer import BertTokenizer
+from bertforge.train.pretrain import PretrainingTask, original_tokens, pretrain
 
 
 def causal_config(**overrides) -> BertConfig:
@@ -120,6 +125,8 @@ def test_the_objective_is_part_of_the_runs_identity(root, tok, nsp_data):
     assert "objective" not in recorded and "is_decoder" not in recorded["model_config"]  # as runs without the options
     with pytest.raises(ValueError, match=r"settings differ \(.*objective: None -> 'mlm'"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, objective="mlm"))
+    with pytest.raises(ValueError, match="objective: None -> 'ltr'"):
+        pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, objective="ltr"))
     assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, objective="mlm+nsp")).step == 2
 
 
@@ -129,3 +136,56 @@ def test_mlm_plus_nsp_needs_nsp_data_and_unknown_objectives_are_refused(root, to
         pretrain(config(data, tok, root / "refused", objective="mlm+nsp", max_steps=1))
     with pytest.raises(ValueError, match="objective must be one of"):
         config(data, tok, root / "refused", objective="nsp")
+
+
+def test_original_tokens_undo_the_masks(root, tok):
+    data = make_data(root, tok, "objective-dynamic", dynamic_masking=True)
+    dataset, special = PretrainingDataset(data), special_ids(BertTokenizer.from_pretrained(tok))
+    masked = next(iter(PretrainingLoader(dataset, 8, seed=0, special=special)))
+    unmasked = PretrainingLoader(dataset, 8, seed=0, special=special)
+    unmasked.masking = None  # the instances as stored
+    plain = next(iter(unmasked))
+    assert not torch.equal(masked["input_ids"], plain["input_ids"])
+    assert torch.equal(original_tokens(masked), plain["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def ltr_run(root, tok, nsp_data):
+    out = root / "objective-ltr"
+    result = pretrain(config(nsp_data, tok, out, objective="ltr", max_steps=40, lr=3e-3, warmup_steps=3,
+                             eval_shards=1, eval_every=40))
+    return out, result
+
+
+def test_the_ltr_loss_falls_on_a_tiny_corpus(ltr_run):
+    out, result = ltr_run
+    train = lines(out)
+    assert {"ltr_accuracy", "ltr_perplexity"} <= set(train[-1]) and "mlm_accuracy" not in train[-1]
+    assert "nsp_loss" not in train[-1]
+    assert sum(r["loss"] for r in train[-5:]) < 0.5 * sum(r["loss"] for r in train[:5])
+    assert train[-1]["ltr_accuracy"] > 0.5
+    assert {"ltr_loss", "ltr_accuracy"} <= set(result.eval_metrics) and "mlm_loss" not in result.eval_metrics
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["is_decoder"] is True and saved["architectures"] == ["BertForMaskedLM"]
+    assert json.loads((out / "run_config.json").read_text())["objective"] == "ltr"
+
+
+def test_an_ltr_checkpoint_fine_tunes_and_evaluates_as_a_left_to_right_model(ltr_run, root):
+    out, _ = ltr_run
+    rng = random.Random(0)
+
+    def rows(n):
+        label = [rng.choice(["pos", "neg"]) for _ in range(n)]
+        return [(" ".join(rng.choice(FILLER) for _ in range(4)) + (" good" if y == "pos" else " bad"), y)
+                for y in label]
+
+    train, dev = root / "ltr-train.csv", root / "ltr-dev.csv"
+    for path, n in ((train, 32), (dev, 16)):
+        path.write_text("review,sentiment\n" + "".join(f"{t},{y}\n" for t, y in rows(n)), encoding="utf-8")
+    tuned = root / "ltr-finetuned"
+    finetune(FinetuneConfig(model=str(out / "model"), out=str(tuned), task="classification", train_file=str(train),
+                            dev_file=str(dev), text_column="review", label_column="sentiment", epochs=2,
+                            batch_size=16, lr=1e-3, log_every=1, progress=False, seed=7))
+    assert json.loads((tuned / "best" / "config.json").read_text())["is_decoder"] is True
+    metrics = evaluate(tuned / "best", file=dev)
+    assert 0.0 <= metrics["accuracy"] <= 1.0

@@ -2,7 +2,8 @@
 
 The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
 prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-`PretrainingTask` below, and the shared loop of `bertforge.train.loop`.
+objective's task below (`PretrainingTask` for mlm+nsp and mlm, `LeftToRightTask` for ltr: the
+paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
 at length 512 that starts from the phase-1 weights with its own steps and schedule::
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,8 @@ from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
 from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
 
-__all__ = ["OBJECTIVES", "PretrainConfig", "PretrainingTask", "build_pretraining_model", "pretrain"]
+__all__ = ["OBJECTIVES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
+           "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
 
@@ -52,14 +55,14 @@ class PretrainConfig(TrainConfig):
     dropout: float = 0.1
     """Dropout on hidden states and attention probabilities."""
     eval_data: str = ""
-    """Prepared folder of held-out data for evaluation (MLM / NSP accuracy)."""
+    """Prepared folder of held-out data for evaluation (the objective's loss and accuracy)."""
     eval_shards: int = 0
     """Hold out the last this many shards of --data for evaluation (when no --eval-data)."""
     eval_batches: int = 20
     """Batches per evaluation at most."""
     objective: str = "auto"
     """mlm+nsp (the paper's BERT; NSP data), mlm (masked LM only: the ablation "No NSP", also on NSP data),
-    or auto (mlm+nsp on NSP data, else mlm)."""
+    ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint."""
     overwrite: bool = False
@@ -80,11 +83,11 @@ class PretrainConfig(TrainConfig):
             return data_objective(nsp_data)
         if self.objective == "mlm+nsp" and not nsp_data:
             raise ValueError(f"{self.data}: objective mlm+nsp needs data prepared with next sentence prediction "
-                             "(this data was prepared with --no-nsp); use --objective mlm")
+                             "(this data was prepared with --no-nsp); use --objective mlm or ltr")
         return self.objective
 
 
-OBJECTIVES = ("auto", "mlm+nsp", "mlm")
+OBJECTIVES = ("auto", "mlm+nsp", "mlm", "ltr")
 
 
 def data_objective(nsp_data: bool) -> str:
@@ -135,17 +138,51 @@ class PretrainingTask:
         return out
 
 
+def original_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) the tokens before masking: each label written back at its masked position."""
+    ids, positions, labels = batch["input_ids"], batch["masked_positions"].long(), batch["labels"]
+    filled = labels != losses.IGNORE_INDEX  # unused slots point at position 0 and rewrite what is there
+    return ids.scatter(1, positions, torch.where(filled, labels, ids.gather(1, positions)))
+
+
+class LeftToRightTask:
+    """A left-to-right language model on the same prepared instances: the masks undone
+    (`original_tokens`), the model causal, and at every real position t < L - 1 the token t + 1
+    predicted by the MLM head (tied to the word embeddings). No NSP; token type ids as prepared."""
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return {"ltr": float(batch["attention_mask"][:, 1:].sum())}
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        ids, mask = original_tokens(batch), batch["attention_mask"]
+        B, T = ids.shape
+        positions = torch.arange(T - 1, device=ids.device).expand(B, T - 1)  # (B, T - 1): each predicts its next
+        targets = mask[:, 1:].bool()  # (B, T - 1): the next token is real
+        out = model(ids, mask, batch["token_type_ids"], masked_positions=positions, prediction_mask=targets)
+        logits = out.logits.float()  # (M, V)
+        labels = ids[:, 1:][targets]  # (M,)
+        return ({"ltr": losses.masked_lm_loss(logits, labels, reduction="sum")},
+                {"ltr_correct": _correct(logits, labels)})
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+        n = max(counts.get("ltr", 0.0), 1.0)
+        return {"ltr_accuracy": stats.get("ltr_correct", 0.0) / n,
+                "ltr_perplexity": math.exp(min(loss_sums.get("ltr", 0.0) / n, 50.0))}
+
+
 def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int,
                             objective: str | None = None) -> nn.Module:
     """The model ``objective`` trains (default: the data's own, see `PretrainConfig.resolve_objective`),
     fresh or from --init-from: `BertForPreTraining` for mlm+nsp; `BertForMaskedLM` for mlm (no pooler,
-    no NSP head: nothing in the checkpoint that was not trained).
+    no NSP head: nothing in the checkpoint that was not trained); for ltr a `BertForMaskedLM` whose
+    config is causal (``is_decoder``), its MLM head predicting the next token at every position.
     ``nsp``: whether the data holds sentence pairs (segment B has token type 1)."""
     from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
 
     objective = objective or cfg.resolve_objective(nsp)
     cls = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
-    overrides: dict[str, Any] = dropout_overrides(cfg.dropout)
+    overrides: dict[str, Any] = dict(dropout_overrides(cfg.dropout), is_decoder=objective == "ltr")
     if cfg.init_from:
         model = cls.from_pretrained(cfg.init_from, **overrides)
         config = model.config
@@ -172,7 +209,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
 
 
 def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: Any, special: Any):
-    """Held-out MLM / NSP loss and accuracy over the same instances at every evaluation."""
+    """The objective's held-out loss and accuracy over the same instances at every evaluation."""
     from bertforge.data.loader import PretrainingLoader
 
     batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
@@ -235,7 +272,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
                                world_size=dist.world_size, special=special)
     nsp = bool(data_cfg["nsp"])
     objective = cfg.resolve_objective(nsp)
-    task = PretrainingTask(nsp=objective == "mlm+nsp")
+    task = LeftToRightTask() if objective == "ltr" else PretrainingTask(nsp=objective == "mlm+nsp")
     evaluate = None
     if cfg.eval_data or held_out:
         eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash, normalization=normalization,
