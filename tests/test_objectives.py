@@ -184,8 +184,8 @@ def test_an_ltr_checkpoint_fine_tunes_and_evaluates_as_a_left_to_right_model(ltr
         path.write_text("review,sentiment\n" + "".join(f"{t},{y}\n" for t, y in rows(n)), encoding="utf-8")
     tuned = root / "ltr-finetuned"
     finetune(FinetuneConfig(model=str(out / "model"), out=str(tuned), task="classification", train_file=str(train),
-                            dev_file=str(dev), text_column="review", label_column="sentiment", epochs=2,
+                            dev_file=str(dev), text_column="review", label_column="sentiment", epochs=15,
                             batch_size=16, lr=1e-3, log_every=1, progress=False, seed=7))
     assert json.loads((tuned / "best" / "config.json").read_text())["is_decoder"] is True
     metrics = evaluate(tuned / "best", file=dev)
-    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert metrics["accuracy"] >= 0.9, metrics  # the word deciding the label is read: pooled at the last token
