@@ -289,9 +289,9 @@ class BertModel(BertPreTrainedModel):
         check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if attention_mask is None and self.config.is_decoder:
-            attention_mask = torch.ones_like(input_ids)  # the causal mask is needed all the same
         causal = self.config.is_decoder
+        if attention_mask is None and causal:
+            attention_mask = torch.ones_like(input_ids)  # the causal mask is needed all the same
         mask = make_attention_mask(attention_mask, causal) if attention_mask is not None else None  # (B, 1, 1|T, T)
         states = self.encoder(self.embeddings(input_ids, token_type_ids), mask)  # L + 1 x (B, T, H)
         if attention_mask is not None:  # zeros at padding (module docstring)
