@@ -152,7 +152,8 @@ def test_unknown_hidden_act():
     ({"num_attention_heads": 5}, "divisible"),
     ({"num_hidden_layers": 0}, "num_hidden_layers must be >= 1"),
     ({"position_embedding_type": "relative_key"}, "absolute"),
-    ({"is_decoder": True}, "decoder"),
+    ({"is_decoder": True, "add_cross_attention": True}, "cross-attention"),
+    ({"is_decoder": 1}, "is_decoder must be true or false"),
     ({"num_labels": 3, "id2label": {"0": "a", "1": "b"}}, "num_labels 3"),
     ({"problem_type": "ranking"}, "ranking"),
 ])

@@ -23,8 +23,9 @@ On other devices a prepared model unpads and runs PyTorch's own fused attention 
 ``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
 ``fully_shard``, ``torch.compile``) go around a prepared model: prepare first, then wrap.
 
-The unpadded encoder masks padding keys, which is the reference's `make_attention_mask`; a model
-whose mask adds more (e.g. causal) must not be prepared.
+The unpadded encoder masks padding keys, which is the reference's `make_attention_mask` for a
+bidirectional model. A causal (left-to-right, config ``is_decoder``) encoder is left on the
+reference forward: `prepare` skips it (its dropout modules are still prepared).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def prepare(model: M, *, freeze: bool = False) -> M:
         if isinstance(module, BertModel):
             if type(module).forward is not BertModel.forward:
                 logger.debug("%s overrides forward: its encoder is left as it is", type(module).__name__)
+                continue
+            if module.config.is_decoder:
+                logger.debug("causal (is_decoder) encoder: left on the reference forward")
                 continue
             _replace_forward(module, model_forward)
             _replace_forward(module.embeddings, embeddings_forward)

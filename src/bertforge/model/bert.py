@@ -44,13 +44,17 @@ def activation(name: str):
     raise ValueError(f"unknown hidden_act {name!r}")
 
 
-def make_attention_mask(mask: torch.Tensor) -> torch.Tensor:
+def make_attention_mask(mask: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """(B, T) with 1 = real token, 0 = padding -> (B, 1, 1, T) bool, True = may be attended to.
 
     The one place where the mask attention obeys is made. BERT is bidirectional: every query sees
-    every real key. A left-to-right model would AND in ``torch.ones(T, T).tril().bool()`` here,
-    making it (B, 1, T, T)."""
-    return mask.bool()[:, None, None, :]
+    every real key. A left-to-right model (``causal``, config ``is_decoder``) ANDs in a
+    lower-triangular matrix: query t sees keys <= t only, and the mask is (B, 1, T, T)."""
+    keep = mask.bool()[:, None, None, :]
+    if causal:
+        T = mask.shape[1]
+        keep = keep & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return keep
 
 
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -285,7 +289,10 @@ class BertModel(BertPreTrainedModel):
         check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = make_attention_mask(attention_mask) if attention_mask is not None else None  # (B, 1, 1, T)
+        causal = self.config.is_decoder
+        if attention_mask is None and causal:
+            attention_mask = torch.ones_like(input_ids)  # the causal mask is needed all the same
+        mask = make_attention_mask(attention_mask, causal) if attention_mask is not None else None  # (B, 1, 1|T, T)
         states = self.encoder(self.embeddings(input_ids, token_type_ids), mask)  # L + 1 x (B, T, H)
         if attention_mask is not None:  # zeros at padding (module docstring)
             padding = ~attention_mask.bool().unsqueeze(-1)  # (B, T, 1)

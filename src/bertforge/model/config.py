@@ -53,6 +53,9 @@ class BertConfig:
     """Std of the normal initialiser for weights."""
     layer_norm_eps: float = 1e-12
     """LayerNorm epsilon, everywhere (BERT uses 1e-12, not PyTorch's 1e-5)."""
+    is_decoder: bool = False
+    """Causal (left-to-right) self-attention: position t attends to positions <= t only. The paper's
+    "LTR" ablation; transformers' BertModel reads the same key."""
     pad_token_id: int = 0
     """Id of [PAD] (used for the padding_idx of the word embeddings)."""
     classifier_dropout: float | None = None
@@ -90,6 +93,8 @@ class BertConfig:
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
             )
+        if not isinstance(self.is_decoder, bool):
+            raise ValueError(f"is_decoder must be true or false, got {self.is_decoder!r}")
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
@@ -162,8 +167,8 @@ class BertConfig:
         if data.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"{source}: only absolute position embeddings are supported "
                              f"(got {data['position_embedding_type']!r})")
-        if data.get("is_decoder") or data.get("add_cross_attention"):
-            raise ValueError(f"{source}: decoder / cross-attention BERT variants are not supported")
+        if data.get("add_cross_attention"):
+            raise ValueError(f"{source}: cross-attention BERT variants are not supported")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: data.pop(k) for k in list(data) if k in known}
         data.pop("label2id", None)

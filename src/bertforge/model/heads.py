@@ -231,8 +231,14 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
 def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
             token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
     """The encoder for a head that reads only the pooled [CLS] output: the last layer is asked for at
-    [CLS] alone (``last_hidden_state`` is then (B, 1, H))."""
-    cls = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
+    [CLS] alone (``last_hidden_state`` is then (B, 1, H)).
+
+    A causal (left-to-right) encoder's [CLS] has seen only itself; it is pooled at its last real
+    token instead (the final [SEP]), the one position that has seen the whole input."""
+    B, T = input_ids.shape
+    cls = torch.zeros(B, 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
+    if bert.config.is_decoder:
+        cls += attention_mask.sum(1, keepdim=True) - 1 if attention_mask is not None else T - 1
     return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls)
 
 

@@ -2,7 +2,8 @@
 
 The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
 prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-`PretrainingTask` below, and the shared loop of `bertforge.train.loop`.
+objective's task below (`PretrainingTask` for mlm+nsp and mlm, `LeftToRightTask` for ltr: the
+paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
 at length 512 that starts from the phase-1 weights with its own steps and schedule::
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,8 @@ from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
 from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
 
-__all__ = ["PretrainConfig", "PretrainingTask", "pretrain", "build_pretraining_model"]
+__all__ = ["OBJECTIVES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
+           "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
 
@@ -52,11 +55,14 @@ class PretrainConfig(TrainConfig):
     dropout: float = 0.1
     """Dropout on hidden states and attention probabilities."""
     eval_data: str = ""
-    """Prepared folder of held-out data for evaluation (MLM / NSP accuracy)."""
+    """Prepared folder of held-out data for evaluation (the objective's loss and accuracy)."""
     eval_shards: int = 0
     """Hold out the last this many shards of --data for evaluation (when no --eval-data)."""
     eval_batches: int = 20
     """Batches per evaluation at most."""
+    objective: str = "auto"
+    """mlm+nsp (the paper's BERT; NSP data), mlm (masked LM only: the ablation "No NSP", also on NSP data),
+    ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint."""
     overwrite: bool = False
@@ -68,6 +74,25 @@ class PretrainConfig(TrainConfig):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.eval_shards < 0 or self.eval_batches < 1:
             raise ValueError("eval_shards must be >= 0 and eval_batches >= 1")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+
+    def resolve_objective(self, nsp_data: bool) -> str:
+        """The objective trained on data prepared with (``nsp_data``) or without next sentence prediction."""
+        if self.objective == "auto":
+            return data_objective(nsp_data)
+        if self.objective == "mlm+nsp" and not nsp_data:
+            raise ValueError(f"{self.data}: objective mlm+nsp needs data prepared with next sentence prediction "
+                             "(this data was prepared with --no-nsp); use --objective mlm or ltr")
+        return self.objective
+
+
+OBJECTIVES = ("auto", "mlm+nsp", "mlm", "ltr")
+
+
+def data_objective(nsp_data: bool) -> str:
+    """The objective the data was prepared for: mlm+nsp on sentence pairs, mlm on --no-nsp data."""
+    return "mlm+nsp" if nsp_data else "mlm"
 
 
 def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -113,20 +138,59 @@ class PretrainingTask:
         return out
 
 
-def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int) -> nn.Module:
-    """`BertForPreTraining` (NSP data) or `BertForMaskedLM` (no-NSP data): fresh, or from --init-from."""
+def original_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) the tokens before masking: each label written back at its masked position."""
+    ids, positions, labels = batch["input_ids"], batch["masked_positions"].long(), batch["labels"]
+    filled = labels != losses.IGNORE_INDEX  # unused slots point at position 0 and rewrite what is there
+    return ids.scatter(1, positions, torch.where(filled, labels, ids.gather(1, positions)))
+
+
+class LeftToRightTask:
+    """A left-to-right language model on the same prepared instances: the masks undone
+    (`original_tokens`), the model causal, and at every real position t < L - 1 the token t + 1
+    predicted by the MLM head (tied to the word embeddings). No NSP; token type ids as prepared."""
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return {"ltr": float(batch["attention_mask"][:, 1:].sum())}
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        ids, mask = original_tokens(batch), batch["attention_mask"]
+        B, T = ids.shape
+        positions = torch.arange(T - 1, device=ids.device).expand(B, T - 1)  # (B, T - 1): each predicts its next
+        targets = mask[:, 1:].bool()  # (B, T - 1): the next token is real
+        out = model(ids, mask, batch["token_type_ids"], masked_positions=positions, prediction_mask=targets)
+        logits = out.logits.float()  # (M, V)
+        labels = ids[:, 1:][targets]  # (M,)
+        return ({"ltr": losses.masked_lm_loss(logits, labels, reduction="sum")},
+                {"ltr_correct": _correct(logits, labels)})
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+        n = max(counts.get("ltr", 0.0), 1.0)
+        return {"ltr_accuracy": stats.get("ltr_correct", 0.0) / n,
+                "ltr_perplexity": math.exp(min(loss_sums.get("ltr", 0.0) / n, 50.0))}
+
+
+def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int,
+                            objective: str | None = None) -> nn.Module:
+    """The model ``objective`` trains (default: the data's own, see `PretrainConfig.resolve_objective`),
+    fresh or from --init-from: `BertForPreTraining` for mlm+nsp; `BertForMaskedLM` for mlm (no pooler,
+    no NSP head: nothing in the checkpoint that was not trained); for ltr a `BertForMaskedLM` whose
+    config is causal (``is_decoder``), its MLM head predicting the next token at every position.
+    ``nsp``: whether the data holds sentence pairs (segment B has token type 1)."""
     from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
 
-    cls = BertForPreTraining if nsp else BertForMaskedLM
-    dropout = dropout_overrides(cfg.dropout)
+    objective = objective or cfg.resolve_objective(nsp)
+    cls = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
+    overrides: dict[str, Any] = dict(dropout_overrides(cfg.dropout), is_decoder=objective == "ltr")
     if cfg.init_from:
-        model = cls.from_pretrained(cfg.init_from, **dropout)
+        model = cls.from_pretrained(cfg.init_from, **overrides)
         config = model.config
     else:
         if cfg.model.endswith(".json") or Path(cfg.model).is_dir():
-            config = BertConfig.load(cfg.model).replace(vocab_size=vocab_size, **dropout)
+            config = BertConfig.load(cfg.model).replace(vocab_size=vocab_size, **overrides)
         else:
-            config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout)
+            config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **overrides)
         model = cls(config)
     if nsp and config.type_vocab_size < 2:
         # NSP instances give segment B token type 1: an IndexError in the embedding otherwise
@@ -145,7 +209,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
 
 
 def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: Any, special: Any):
-    """Held-out MLM / NSP loss and accuracy over the same instances at every evaluation."""
+    """The objective's held-out loss and accuracy over the same instances at every evaluation."""
     from bertforge.data.loader import PretrainingLoader
 
     batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
@@ -207,23 +271,30 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                world_size=dist.world_size, special=special)
     nsp = bool(data_cfg["nsp"])
-    task = PretrainingTask(nsp=nsp)
+    objective = cfg.resolve_objective(nsp)
+    task = LeftToRightTask() if objective == "ltr" else PretrainingTask(nsp=objective == "mlm+nsp")
     evaluate = None
     if cfg.eval_data or held_out:
         eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash, normalization=normalization,
                                       shards=None if cfg.eval_data else list(held_out))
-        if bool(eval_set.config["nsp"]) != nsp:
-            raise ValueError(f"{cfg.eval_data}: NSP mode differs from the training data's")
+        if objective == "mlm+nsp" and not eval_set.config["nsp"]:
+            raise ValueError(f"{cfg.eval_data}: prepared without next sentence prediction, which objective "
+                             "mlm+nsp evaluates")
         eval_set.check_files()
         evaluate = _evaluator(eval_set, task, cfg, dist, special)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
-    model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]))
+    model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]), objective)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
-    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite")}
+    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite", "objective")}
+    if objective != data_objective(nsp):
+        # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
+        run_config["objective"] = objective
     run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
     run_config["data_vocab_hash"] = manifest["vocab_hash"]
     run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
+    if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same whichever
+        del run_config["model_config"]["is_decoder"]  # version of bertforge recorded them
     trainer = Trainer(model, task, loader, cfg, out, dist=dist, evaluate=evaluate, tokenizer=tok,
                       run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
@@ -235,7 +306,7 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         precision = trainer.precision + (" (auto)" if cfg.precision == "auto" else "")
         logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
-                    f"(length {data_cfg['max_seq_length']}, {'MLM + NSP' if nsp else 'MLM only'}); "
+                    f"(length {data_cfg['max_seq_length']}{', sentence pairs' if nsp else ''}); objective {objective}; "
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
                     f"warmup {cfg.warmup:,} steps; precision {precision}")
     result = trainer.fit(resume_from=resume_from)
