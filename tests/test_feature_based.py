@@ -16,7 +16,8 @@ from test_tagging import config, ner_sentence, write_conll
 from bertforge import cli
 from bertforge.model.bert import BertModel
 from bertforge.model.checkpoint import read_state_dict
-from bertforge.model.heads import BertFeatureBiLSTMForTokenClassification, feature_layers
+from bertforge.model.heads import (BertFeatureBiLSTMForSequenceClassification, BertFeatureBiLSTMForTokenClassification,
+                                   feature_layers)
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, load_finetuned
 from bertforge.tasks.tagging import encode_sentences, read_sentences
 
@@ -110,3 +111,36 @@ def test_cli_finetune_with_features_then_evaluate(root, base, files, capsys):
     assert cli.main(["finetune", "--task", "ner", "--model", str(base), "--train-file", str(train),
                      "--out", str(root / "cli-bad"), "--features", "top", "--no-keep-best"]) == 2
     assert "--features 'top': choose one of" in capsys.readouterr().err
+
+
+def test_classification_on_cached_features(root, base, monkeypatch):
+    from test_finetune import polar, write_csv
+
+    rng = random.Random(1)
+    train = write_csv(root / "polar-train.csv", [polar(rng) for _ in range(64)])
+    dev = write_csv(root / "polar-dev.csv", [polar(rng) for _ in range(32)])
+    out = root / "polar-features"
+    calls = EncoderCalls(monkeypatch)
+    finetune(FinetuneConfig(task="classification", model=str(base), out=str(out), train_file=str(train),
+                            text_column="review", label_column="sentiment", features="weighted-sum-all",
+                            bilstm_size=32, lr=1e-2, epochs=30, batch_size=8, weight_decay=0.0, progress=False,
+                            seed=7, keep_best=False, checkpoint_every=1000))
+    assert calls.sequences == 64  # the training texts, once (one window each)
+    ft = load_finetuned(out / "model")
+    assert isinstance(ft.model, BertFeatureBiLSTMForSequenceClassification)
+    assert evaluate(out / "model", file=train)["accuracy"] >= 0.95
+    assert evaluate(out / "model", file=dev)["accuracy"] >= 0.75
+
+
+def test_bilstm_on_a_fine_tuned_encoder(root, base, files):
+    train, dev = files
+    out = root / "bilstm"
+    finetune(config(base, out, train_file=str(train), bilstm=True, bilstm_size=16, lr=3e-3, epochs=2,
+                    batch_size=8, max_seq_length=16, checkpoint_every=1000, keep_best=False))
+    before, after = read_state_dict(base), read_state_dict(out / "model")
+    shared = [k for k in after if k.startswith("bert.encoder.") and k in before]
+    assert shared and not all(torch.equal(before[k], after[k]) for k in shared)  # the encoder trained
+    assert json.loads((out / "model" / "config.json").read_text())["bertforge_features"] == {
+        "features": "last", "freeze": False, "bilstm_size": 16}
+    assert "lstm.weight_ih_l1" in after
+    assert {"f1", "accuracy"} <= set(evaluate(out / "model", file=dev))
