@@ -108,6 +108,9 @@ def test_cli_finetune_with_features_then_evaluate(root, base, files, capsys):
     capsys.readouterr()
     assert cli.main(["evaluate", str(out / "best"), "--file", str(dev)]) == 0
     assert {"f1", "accuracy"} <= set(json.loads(capsys.readouterr().out))
+    assert cli.main(["predict", str(out / "best"), str(dev), "--out", str(root / "cli-features.conll")]) == 0
+    blocks = [b for b in (root / "cli-features.conll").read_text().split("\n\n") if b]
+    assert len(blocks) == 24  # one block of predicted tags per dev sentence
     assert cli.main(["finetune", "--task", "ner", "--model", str(base), "--train-file", str(train),
                      "--out", str(root / "cli-bad"), "--features", "top", "--no-keep-best"]) == 2
     assert "--features 'top': choose one of" in capsys.readouterr().err

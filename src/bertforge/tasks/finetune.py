@@ -26,6 +26,11 @@ An --out holding an earlier run's files is refused unless the run resumes it (``
 replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
 (`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`).
 
+The feature-based approach (``--features``, the paper's Table 7): tagging and classification train a
+BiLSTM head (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification` and its sequence twin)
+over chosen layers of a frozen encoder, whose features are computed once before training
+(`bertforge.tasks.feature_based`); ``--bilstm`` puts the same head on an encoder that fine-tunes.
+
 Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
 training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
 The task families never import this module; it drives them.
