@@ -1,5 +1,6 @@
 """Task heads on top of `BertModel`: pre-training (MLM + NSP), masked LM, sequence classification /
-regression, token classification, span QA and multiple choice.
+regression, token classification, span QA and multiple choice; and the BiLSTM heads of the paper's
+feature-based approach (a BiLSTM over chosen encoder layers, frozen or fine-tuned, before the output layer).
 
 Each class keeps transformers' attribute names (``bert``, ``cls.predictions``, ``cls.seq_relationship``,
 ``classifier``, ``qa_outputs``) so its state dict is transformers' checkpoint format. Heads compute
@@ -31,6 +32,14 @@ __all__ = [
     "BertForQuestionAnswering",
     "BertForMultipleChoice",
     "gather_positions",
+    "FEATURE_KEY",
+    "FEATURE_CHOICES",
+    "feature_layers",
+    "check_features",
+    "ScalarMix",
+    "BertFeatureBiLSTMForTokenClassification",
+    "BertFeatureBiLSTMForSequenceClassification",
+    "FEATURE_MODEL_CLASSES",
 ]
 
 
@@ -364,11 +373,198 @@ class BertForMultipleChoice(_DropoutLinear):
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
 
 
+# ---------------------------------------------------------------------------- the feature-based approach
+FEATURE_KEY = "bertforge_features"
+"""The config.json entry of a BiLSTM head's settings: ``features`` (a `FEATURE_CHOICES` name or layer
+indexes), ``freeze`` (the encoder's weights fixed: the feature-based approach) and ``bilstm_size``."""
+
+FEATURE_CHOICES: dict[str, tuple[tuple[int, ...] | None, str]] = {
+    "embeddings": ((0,), "concat"),
+    "second-to-last": ((-2,), "concat"),
+    "last": ((-1,), "concat"),
+    "sum-last-4": ((-1, -2, -3, -4), "sum"),
+    "concat-last-4": ((-1, -2, -3, -4), "concat"),
+    "weighted-sum-last-4": ((-1, -2, -3, -4), "weighted"),
+    "weighted-sum-all": (None, "weighted"),
+}
+"""The paper's Table 7 features: name -> (indexes into ``hidden_states``, how they combine). Indexes
+are `bertforge.serving.features`': 0 the embedding output, -1 the last layer; None: every Transformer
+layer (1..L, the paper's "all 12 layers"). ``weighted`` is a learned softmax-weighted sum scaled by a
+learned gamma (`ScalarMix`)."""
+
+
+def check_features(spec: str) -> None:
+    """An error for a ``--features`` value that is neither a `FEATURE_CHOICES` name nor layer indexes."""
+    if spec in FEATURE_CHOICES:
+        return
+    try:
+        [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--features {spec!r}: choose one of {', '.join(FEATURE_CHOICES)}, or layer indexes "
+                         "such as -1,-2 (concatenated; 0 is the embedding output, -1 the last layer)") from None
+
+
+def feature_layers(spec: str, num_layers: int) -> tuple[list[int], str]:
+    """``--features`` -> (positions in ``hidden_states``, combine: concat, sum or weighted). Layer
+    indexes (``"-1,-2"``) are concatenated in the order given."""
+    from bertforge.serving.features import resolve_layers
+
+    check_features(spec)
+    if spec in FEATURE_CHOICES:
+        layers, combine = FEATURE_CHOICES[spec]
+    else:
+        layers, combine = tuple(int(x) for x in spec.split(",")), "concat"
+    if layers is None:
+        layers = tuple(range(1, num_layers + 1))
+    try:
+        return resolve_layers(layers, num_layers), combine
+    except ValueError as e:
+        raise ValueError(f"--features {spec!r}: {e}") from None
+
+
+class ScalarMix(nn.Module):
+    """gamma * sum_k softmax(w)_k h_k over the chosen layers (ELMo's scalar mix; the paper's weighted
+    sums): the weights start equal and are learned with the head."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.scalar_weights = nn.Parameter(torch.zeros(n))
+        self.gamma = nn.Parameter(torch.ones(1))
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, n, T, H) -> (B, T, H)."""
+        weights = torch.softmax(self.scalar_weights, 0).to(states.dtype)
+        return self.gamma.to(states.dtype) * torch.einsum("n,bnth->bth", weights, states)
+
+
+class _FeatureBiLSTM:
+    """The chosen layers' hidden states, combined, through a randomly initialised two-layer BiLSTM
+    (``bilstm_size`` per direction) before the task's output layer. With ``freeze`` the encoder's
+    weights are fixed and it always runs in eval mode (no dropout): its features are then the same in
+    every epoch, so training can run on features computed once (``features=`` of ``forward``)."""
+
+    bert: BertModel
+    config: BertConfig
+    dropout: nn.Dropout
+    classifier: nn.Linear
+    _fresh_head_prefixes = ("classifier.", "mix.", "lstm.")
+
+    def _add_bilstm(self, config: BertConfig) -> None:
+        settings = config.extra.get(FEATURE_KEY)
+        if not isinstance(settings, dict) or "features" not in settings:
+            raise ValueError(f"{type(self).__name__} needs config.extra[{FEATURE_KEY!r}] with its features")
+        self.feature_layers, self.combine = feature_layers(str(settings["features"]), config.num_hidden_layers)
+        self.frozen = bool(settings.get("freeze", True))
+        size = int(settings.get("bilstm_size", 768))
+        if size < 1:
+            raise ValueError(f"bilstm_size must be >= 1, got {size}")
+        n, H = len(self.feature_layers), config.hidden_size
+        self.mix = ScalarMix(n) if self.combine == "weighted" else None
+        self.lstm = nn.LSTM(H * n if self.combine == "concat" else H, size, num_layers=2, bidirectional=True,
+                            batch_first=True, dropout=self.dropout.p)
+        self.classifier = nn.Linear(2 * size, self.classifier.out_features)
+        self._init_module(self.classifier)
+        if self.frozen:
+            self.bert.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        nn.Module.train(self, mode)
+        if self.frozen:
+            self.bert.eval()
+        return self
+
+    def encode_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, n, T, H): the hidden states of the chosen layers (no gradient when frozen)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
+            out = self.bert(input_ids, attention_mask, token_type_ids, True)
+        return torch.stack([out.hidden_states[i] for i in self.feature_layers], 1)
+
+    def _bilstm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                token_type_ids: torch.Tensor | None, features: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(BiLSTM outputs (B, T, 2S), last layer's final states of both directions (B, 2S))."""
+        if features is None:
+            features = self.encode_features(input_ids, attention_mask, token_type_ids)
+        if self.combine == "weighted":
+            x = self.mix(features)
+        elif self.combine == "sum":
+            x = features.sum(1)
+        else:
+            x = features.permute(0, 2, 1, 3).flatten(2)  # (B, T, n * H), the layers side by side
+        B, T = x.shape[:2]
+        lengths = (attention_mask.sum(1) if attention_mask is not None
+                   else torch.full((B,), T, dtype=torch.long, device=x.device))
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu().clamp(min=1), batch_first=True,
+                                                   enforce_sorted=False)
+        out, (h, _) = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)
+        return out, torch.cat([h[-2], h[-1]], -1)
+
+
+class BertFeatureBiLSTMForTokenClassification(_FeatureBiLSTM, BertForTokenClassification):
+    """Tagging from a BiLSTM over the encoder's chosen layers (the paper's Table 7 setup)."""
+
+    def __init__(self, config: BertConfig):
+        BertForTokenClassification.__init__(self, config)
+        self._add_bilstm(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        features: torch.Tensor | None = None,
+    ) -> TokenClassifierOutput:
+        """As `BertForTokenClassification.forward`; ``features`` (B, n, T, H): the chosen layers computed
+        beforehand (`encode_features`), so the encoder does not run."""
+        out, _ = self._bilstm(input_ids, attention_mask, token_type_ids, features)
+        logits = self.classifier(self.dropout(out))  # (B, T, C)
+        loss = losses.token_classification_loss(logits, labels) if labels is not None else None
+        return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+class BertFeatureBiLSTMForSequenceClassification(_FeatureBiLSTM, BertForSequenceClassification):
+    """Classification / regression from a BiLSTM over the encoder's chosen layers: the output layer
+    reads the final states of both directions."""
+
+    def __init__(self, config: BertConfig):
+        BertForSequenceClassification.__init__(self, config)
+        self._add_bilstm(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        features: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        """As `BertForSequenceClassification.forward`; ``features`` as the token classifier's."""
+        _, final = self._bilstm(input_ids, attention_mask, token_type_ids, features)
+        logits = self.classifier(self.dropout(final))  # (B, C)
+        loss = None
+        if labels is not None:
+            loss = losses.sequence_classification_loss(logits, labels, self.config.problem_type)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+FEATURE_MODEL_CLASSES: dict[type, type] = {
+    BertForTokenClassification: BertFeatureBiLSTMForTokenClassification,
+    BertForSequenceClassification: BertFeatureBiLSTMForSequenceClassification,
+}
+"""A task head -> its BiLSTM variant (the task families that take ``--features`` / ``--bilstm``)."""
+
+
 # ---------------------------------------------------------------------------- the registry of head classes
 MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
     c.__name__: c
     for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-              BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
+              BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice,
+              BertFeatureBiLSTMForTokenClassification, BertFeatureBiLSTMForSequenceClassification)
 }
 
 

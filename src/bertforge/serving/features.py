@@ -89,7 +89,7 @@ from bertforge.tasks.encoding import max_context_window, window_starts
 from bertforge.train.precision import autocast, check_precision, resolve_precision
 
 __all__ = ["Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs", "split_pair",
-           "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
+           "parse_layers", "resolve_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -135,7 +135,7 @@ def parse_layers(spec: str) -> tuple[int, ...]:
         raise ValueError(f"layers must be comma-separated integers such as -1,-2,-3,-4, got {spec!r}") from None
 
 
-def _resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
+def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
     """Layer indexes as given -> positions in ``hidden_states`` (0..L)."""
     if not layers:
         raise ValueError("no layers chosen")
@@ -360,7 +360,7 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
         raise ValueError(f"max_seq_length {max_seq_length} exceeds the model's {config.max_position_embeddings} "
                          "positions")
     given = tuple(layers) if layers is not None else ((-1,) if pooling else DEFAULT_LAYERS)
-    resolved = _resolve_layers(given, config.num_hidden_layers)
+    resolved = resolve_layers(given, config.num_hidden_layers)
     dev = setup(device).device
     precision = resolve_precision(precision, dev)
     model.to(dev).eval()
@@ -491,7 +491,7 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
     device = next(model.parameters()).device
     if check_precision(precision) == "auto":
         precision = resolve_precision(precision, device)
-    resolved = _resolve_layers(layers, config.num_hidden_layers)
+    resolved = resolve_layers(layers, config.num_hidden_layers)
     dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
     spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, device, dim)
     out = np.zeros((len(texts), dim), dtype=np.float32)

@@ -80,7 +80,8 @@ SEPARATOR = " ||| "
 _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fill-mask",
                        "BertForSequenceClassification": "classification", "BertForTokenClassification": "tagging",
                        "BertForQuestionAnswering": "qa", "BertForMultipleChoice": "multiple-choice",
-                       "BertModel": "embeddings"}
+                       "BertModel": "embeddings", "BertFeatureBiLSTMForSequenceClassification": "classification",
+                       "BertFeatureBiLSTMForTokenClassification": "tagging"}
 FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
 """Heads read through their fine-tuning family (and able to predict on the family's files)."""
 _DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",

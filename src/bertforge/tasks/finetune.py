@@ -26,6 +26,11 @@ An --out holding an earlier run's files is refused unless the run resumes it (``
 replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
 (`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`).
 
+The feature-based approach (``--features``, the paper's Table 7): tagging and classification train a
+BiLSTM head (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification` and its sequence twin)
+over chosen layers of a frozen encoder, whose features are computed once before training
+(`bertforge.tasks.feature_based`); ``--bilstm`` puts the same head on an encoder that fine-tunes.
+
 Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
 training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
 The task families never import this module; it drives them.
@@ -47,9 +52,11 @@ from torch import nn
 from bertforge.fast import prepare
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
+from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import FeatureBatches
+from bertforge.tasks.feature_based import CachedTask, cache_features
 from bertforge.train.loop import TrainConfig, TrainResult, Trainer, open_run_dir, stop_marker
 from bertforge.train.precision import autocast, resolve_precision
 
@@ -108,6 +115,17 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """Continue the run in --out from its latest checkpoint (a grid: from its unfinished runs)."""
     overwrite: bool = False
     """Delete an earlier run's files in --out (metrics, checkpoints, model, best; a grid's runs) and start afresh."""
+    features: str = ""
+    """The feature-based approach (the paper's Table 7), for tagging and classification: the encoder is
+    frozen, its features are computed once before training, and a randomly initialised two-layer BiLSTM
+    (--bilstm-size) with the task's output layer trains on them. Features: embeddings, second-to-last,
+    last, sum-last-4, concat-last-4, weighted-sum-last-4, weighted-sum-all (learned softmax weights over
+    the Transformer layers), or layer indexes such as -1,-2 (concatenated; 0: the embedding output)."""
+    bilstm: bool = False
+    """Fine-tune the encoder with a randomly initialised two-layer BiLSTM (--bilstm-size) between its last
+    layer and the task's output layer (the paper's "+ BiLSTM" row); tagging and classification."""
+    bilstm_size: int = 768
+    """Hidden units per direction of the BiLSTM of --features and --bilstm (the paper's 768)."""
 
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
     """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
@@ -128,6 +146,18 @@ class FinetuneConfig(TaskSettings, TrainConfig):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.grid:
             parse_grid(self.grid)  # a malformed grid fails before any work
+        if self.features:
+            check_features(self.features)
+        if self.features and self.bilstm:
+            raise ValueError("--features trains a BiLSTM on a frozen encoder, --bilstm one on a fine-tuned "
+                             "encoder: give one of them")
+        if (self.features or self.bilstm) and self.task:
+            family = family_for(self.task)
+            if family.model_class not in FEATURE_MODEL_CLASSES:
+                raise ValueError(f"{'--features' if self.features else '--bilstm'} applies to tagging and "
+                                 f"classification, not to {family.name} ({self.task})")
+        if self.bilstm_size < 1:
+            raise ValueError(f"bilstm_size must be >= 1, got {self.bilstm_size}")
 
 
 # ---------------------------------------------------------------------------- the paper's grid
@@ -216,6 +246,19 @@ def _fresh_head(model: nn.Module, source: str, task: str) -> None:
                    old.extra.get("finetuning_task") or "unknown", task)
 
 
+def _model_class(cfg: FinetuneConfig, family: TaskFamily) -> tuple[type, Any]:
+    """The head class of a run and the config to build it with (None: the checkpoint's): the family's
+    head, or with --features / --bilstm its BiLSTM variant, whose settings the config records."""
+    from bertforge.model.checkpoint import load_config
+
+    if not (cfg.features or cfg.bilstm):
+        return family.model_class, None
+    config = load_config(cfg.model)
+    config.extra[FEATURE_KEY] = {"features": cfg.features or "last", "freeze": bool(cfg.features),
+                                 "bilstm_size": cfg.bilstm_size}
+    return FEATURE_MODEL_CLASSES[family.model_class], config
+
+
 def _better(value: float, best: float | None) -> bool:
     return math.isfinite(value) and (best is None or value > best)
 
@@ -278,7 +321,9 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     settings = {name: getattr(cfg, name) for name in family.settings}
     torch.manual_seed(cfg.seed)  # the same fresh head on every process
     dropout = {} if cfg.dropout is None else dropout_overrides(cfg.dropout)
-    model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head, **dropout)
+    model_class, config = _model_class(cfg, family)
+    model = model_class.from_pretrained(cfg.model, config=config, ignore_mismatched_sizes=True, **train.head,
+                                        **dropout)
     _fresh_head(model, cfg.model, cfg.task)
     model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
     if cfg.max_seq_length > model.config.max_position_embeddings:
@@ -286,7 +331,12 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
                          f"{model.config.max_position_embeddings} positions")
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
 
-    batches = FeatureBatches(train.features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+    task = family.train_task(model.config)
+    features = train.features
+    if cfg.features:  # the frozen encoder's features do not change: computed once, not in every epoch
+        features = cache_features(model.to(dist.device), features, cfg.eval_batch_size, dist.device, dist)
+        task = CachedTask(task)
+    batches = FeatureBatches(features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size, name=cfg.train_file)
     run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite")}
     run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
@@ -308,7 +358,7 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
             trainer.save_model(best_dir, extra_files={BEST_METRICS: json.dumps(best, indent=1) + "\n", **files})
         return metrics
 
-    trainer = Trainer(model, family.train_task(model.config), batches, cfg, out, dist=dist,
+    trainer = Trainer(model, task, batches, cfg, out, dist=dist,
                       evaluate=evaluate if dev else None, tokenizer=tok, run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
