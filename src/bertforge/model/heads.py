@@ -9,6 +9,7 @@ logits; the loss, when labels are given, comes from the plain functions in `bert
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "gather_positions",
     "FEATURE_KEY",
     "FEATURE_CHOICES",
+    "resolve_layers",
     "feature_layers",
     "check_features",
     "ScalarMix",
@@ -404,11 +406,25 @@ def check_features(spec: str) -> None:
                          "such as -1,-2 (concatenated; 0 is the embedding output, -1 the last layer)") from None
 
 
+def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
+    """Layer indexes as given -> positions in ``hidden_states`` (0..L)."""
+    if not layers:
+        raise ValueError("no layers chosen")
+    out: list[int] = []
+    for given in layers:
+        if not -(num_layers + 1) <= given <= num_layers:
+            raise ValueError(f"layer {given} does not exist: the model has {num_layers} layers (1..{num_layers}, "
+                             f"0 = the embedding output; or -1..-{num_layers + 1} counted from the last)")
+        index = given % (num_layers + 1)
+        if index in out:
+            raise ValueError(f"layers {list(layers)}: hidden state {index} is chosen twice")
+        out.append(index)
+    return out
+
+
 def feature_layers(spec: str, num_layers: int) -> tuple[list[int], str]:
     """``--features`` -> (positions in ``hidden_states``, combine: concat, sum or weighted). Layer
     indexes (``"-1,-2"``) are concatenated in the order given."""
-    from bertforge.serving.features import resolve_layers
-
     check_features(spec)
     if spec in FEATURE_CHOICES:
         layers, combine = FEATURE_CHOICES[spec]

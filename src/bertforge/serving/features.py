@@ -85,11 +85,12 @@ import torch
 from bertforge.io import atomic_path, open_binary
 from bertforge.fast import frozen_weights, prepare
 from bertforge.model.bert import BertModel
+from bertforge.model.heads import resolve_layers
 from bertforge.tasks.encoding import max_context_window, window_starts
 from bertforge.train.precision import autocast, check_precision, resolve_precision
 
 __all__ = ["Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs", "split_pair",
-           "parse_layers", "resolve_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
+           "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -133,22 +134,6 @@ def parse_layers(spec: str) -> tuple[int, ...]:
         return tuple(int(x) for x in spec.split(","))
     except ValueError:
         raise ValueError(f"layers must be comma-separated integers such as -1,-2,-3,-4, got {spec!r}") from None
-
-
-def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
-    """Layer indexes as given -> positions in ``hidden_states`` (0..L)."""
-    if not layers:
-        raise ValueError("no layers chosen")
-    out: list[int] = []
-    for given in layers:
-        if not -(num_layers + 1) <= given <= num_layers:
-            raise ValueError(f"layer {given} does not exist: the model has {num_layers} layers (1..{num_layers}, "
-                             f"0 = the embedding output; or -1..-{num_layers + 1} counted from the last)")
-        index = given % (num_layers + 1)
-        if index in out:
-            raise ValueError(f"layers {list(layers)}: hidden state {index} is chosen twice")
-        out.append(index)
-    return out
 
 
 # ---------------------------------------------------------------------------- windows
