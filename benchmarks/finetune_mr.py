@@ -2,14 +2,14 @@
 transformers. Reports dev accuracy, wall time, and a bag-of-words baseline.
 
 Data. These are the Rotten Tomatoes snippets of Pang & Lee (2005) with human valence scores (see
-``../shared/DATA.md``), split by `bertforge.demo.resources.movie_review_split` (the demo's split too).
+``../shared/DATA.md``), split by `bertforge.resources.movie_review_split` (the demo's split too).
 The label is the sign of the score, and the 37 sentences that score exactly 0 are dropped, which
 leaves 10,568 sentences. A permutation seeded with ``--split-seed`` (default 2005) splits them
 90/10 into 9,511 training and 1,057 dev sentences. Every run uses the same split. The dev split is
 the only held-out set, so no choice is made on it: each stack's *final* model (after the last
 epoch) is the one scored.
 
-Weights: the real all-MiniLM-L6-v2 checkpoint folder (`bertforge.demo.resources.minilm_folder`). It
+Weights: the real all-MiniLM-L6-v2 checkpoint folder (`bertforge.resources.minilm_folder`). It
 has 6 layers, hidden size 384 and the uncased vocab. Both libraries load it with a fresh 2-way
 classifier.
 
@@ -96,7 +96,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT / "src"))
     import bertforge  # noqa: F401
 
-from bertforge.demo import resources  # noqa: E402
+from bertforge import resources  # noqa: E402
 from bertforge.demo.baselines import bow_logistic_regression  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

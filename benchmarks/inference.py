@@ -79,7 +79,7 @@ MAX_LENGTH = 128
 def leads_sentences() -> list[str]:
     """The leads' sentences, in corpus order, split as ``prepare`` splits them."""
     from bertforge.data.corpus import iter_documents
-    from bertforge.demo.resources import wikipedia_leads_file
+    from bertforge.resources import wikipedia_leads_file
 
     return [s for d in iter_documents([wikipedia_leads_file()], fmt="wiki-json") for s in d.sentences()]
 
@@ -87,7 +87,7 @@ def leads_sentences() -> list[str]:
 def make_batches(sentences: list[str], batch_size: int, count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
     """``count`` consecutive batches from sentence ``start``, each padded to its longest sentence."""
     from bertforge import BertTokenizer
-    from bertforge.demo.resources import minilm_folder
+    from bertforge.resources import minilm_folder
 
     tok = BertTokenizer.from_pretrained(minilm_folder())
     out = []

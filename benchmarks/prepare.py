@@ -1,8 +1,8 @@
 """Throughput and memory of ``bertforge prepare`` against the bare ``tokenizers`` encode rate.
 
 What it measures, on the real corpus (the 10,033 English Wikipedia leads of
-``bertforge.demo.resources.wikipedia_leads_file()``) with the real uncased vocab of
-``bertforge.demo.resources.minilm_folder()`` (30,522 WordPieces):
+``bertforge.resources.wikipedia_leads_file()``) with the real uncased vocab of
+``bertforge.resources.minilm_folder()`` (30,522 WordPieces):
 
 1. **Bare tokenizer rate.** The leads are read once through
    ``bertforge.data.corpus.iter_documents(...)`` and split with ``RawDocument.sentences()``
@@ -97,7 +97,7 @@ from bertforge.data import prepare as P
 from bertforge.data.corpus import iter_documents
 from bertforge.data.instances import DocumentPool, create_instances, mask_batch
 from bertforge.data.shards import write_shard
-from bertforge.demo.resources import minilm_folder, wikipedia_leads_file
+from bertforge.resources import minilm_folder, wikipedia_leads_file
 
 _CLK = os.sysconf("SC_CLK_TCK")
 _MB = 1024 * 1024

@@ -5,7 +5,7 @@ initial weights on the same batches, in the same process, for the same training 
 minutes`` per stack, default 5), with the same hyper-parameters; then both are evaluated on the
 same held-out instances. What differs is how many steps each stack gets through in its budget.
 
-* Data: the Wikipedia leads of `bertforge.demo.resources`, prepared with Google's algorithm by
+* Data: the Wikipedia leads of `bertforge.resources`, prepared with Google's algorithm by
   `pretrain_throughput.prepared_leads` (MiniLM uncased vocab, length 128, ``dupe_factor`` 1,
   10 shards of 500,000 characters). The last shard (1,288 instances from documents no training
   shard holds) is held out; training batches come from

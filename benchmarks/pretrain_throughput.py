@@ -107,7 +107,7 @@ def bench_cache() -> Path:
 def prepared_leads(folder: str | Path | None = None, *, dupe_factor: int = 1, shard_chars: int = 500_000) -> Path:
     """The Wikipedia leads prepared for pre-training (MiniLM uncased vocab, length 128); built once."""
     from bertforge.data.prepare import PrepareConfig, load_manifest, prepare
-    from bertforge.demo.resources import minilm_folder, wikipedia_leads_file
+    from bertforge.resources import minilm_folder, wikipedia_leads_file
 
     out = Path(folder) if folder else bench_cache() / f"leads-minilm-dupe{dupe_factor}-s{shard_chars}"
     try:

