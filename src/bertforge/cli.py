@@ -20,6 +20,7 @@ and the docstring's Args are the other flags' help. ``--config FILE.json|.yaml``
     bertforge features     token vectors / sentence embeddings of texts    (bertforge.serving.features)
     bertforge plot         redraw a run's training curves                  (bertforge.train.plot.plot_run)
     bertforge demo         the end-to-end demo on real data                (bertforge.demo.run.run_demo)
+    bertforge ablate       the paper's ablation studies from a study file  (bertforge.experiments.runner.run_study)
 
 Every command that runs a model takes ``--precision {auto,fp32,bf16,fp16}`` (`bertforge.train.precision`).
 """
@@ -71,6 +72,7 @@ from bertforge.console import show_logs
 from bertforge.convert.onnx import ATOL, ONNX_OPSET
 from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
+from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
@@ -588,6 +590,35 @@ def demo(config: Annotated[str | None, arg(metavar="FILE")] = None,
     return 0
 
 
+# ---------------------------------------------------------------------------- ablate
+def ablate(study: Positional[str | None] = None, list_studies: Annotated[bool, arg(aliases=("--list",))] = False,
+           cfg: Annotated[AblateConfig, arg(name="")] = AblateConfig()) -> int:
+    """Run one of the paper's ablation studies (Tables 5 to 8, Figure 5) from a study file, and report it.
+
+    STUDY is a study file (YAML or JSON: variants, the pre-training they share, tasks, seeds; see
+    docs/experiments.md) or the name of a bundled one (--list shows them). Each cell is a run folder under
+    --out: a rerun skips finished cells and resumes interrupted ones. The report (report.md, report.json,
+    scores.png, figure.png) is rewritten as cells finish.
+
+    Args:
+        study: a study file, or a bundled study's name
+        list_studies: list the bundled studies and exit
+    """
+    from bertforge.experiments.runner import run_study
+    from bertforge.experiments.study import bundled_studies, load_study
+
+    if list_studies:
+        for name, path in bundled_studies().items():
+            s = load_study(path)
+            print(f"{name:<14} {s.title}")
+        return 0
+    if not study:
+        raise ValueError("give a study file or a bundled study's name (bertforge ablate --list shows them)")
+    report = run_study(study, cfg)
+    print(f"report: {report}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[..., int]] = {
     "vocab": vocab,
     "prepare": prepare,
@@ -603,6 +634,7 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "features": features,
     "plot": plot,
     "demo": demo,
+    "ablate": ablate,
 }
 """Command name -> the function it runs: its signature gives the command's flags, its docstring the help."""
 

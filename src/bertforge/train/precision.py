@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from pathlib import Path
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast", "check_precision", "dtype_of", "native_bf16", "needs_grad_scaler",
+__all__ = ["PRECISIONS", "autocast", "check_precision", "cpu_name", "dtype_of", "native_bf16", "needs_grad_scaler",
            "resolve_precision"]
 
 logger = logging.getLogger("bertforge")
@@ -37,6 +38,22 @@ def native_bf16(device: torch.device) -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a build without oneDNN's check: assume it, as autocast does
         return True
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its widest matrix / bf16 unit: what a measured time depends on, and
+    whether bf16 is native or emulated on it."""
+    name, flags = "unknown CPU", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    units = ("AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else
+             "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
+    return f"{name}, {units}" if units else name
 
 
 def check_precision(precision: str) -> str:

@@ -1,0 +1,232 @@
+"""A study's report in the paper's layout: one row per variant, one column per task, the mean and
+spread over seeds; the pre-training each row had; the plots (``scores.png``, and ``figure.png``:
+score against pre-training steps, the paper's Figure 5).
+
+Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), as the mean over seeds ±
+their sample standard deviation; a cell with fewer finished seeds than the study's says how many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bertforge.io import atomic_path, atomic_write_text
+
+__all__ = ["write_report", "summarise"]
+
+REPORT = "report.md"
+
+
+def summarise(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), min, max and count of a cell's scores."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return {"n": 0}
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _fmt(s: dict[str, float], seeds: int) -> str:
+    if not s.get("n"):
+        return "—"
+    text = f"{100 * s['mean']:.1f} ± {100 * s['sd']:.1f}" if s["n"] > 1 else f"{100 * s['mean']:.1f}"
+    return text + (f" (n={s['n']})" if s["n"] < seeds else "")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    from bertforge.train.precision import cpu_name
+    from bertforge.version import __version__
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "bertforge": __version__,
+            "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequence[Any],
+                 pretraining: dict[str, dict[str, Any]]) -> Path:
+    """``report.md``, ``report.json`` and the plots of a study folder, from its finished cells and
+    pre-trainings (variant name -> its ``done.json``); return the report's path."""
+    seeds = len(study.seeds)
+    wanted = set(study.seeds)
+    grid: dict[tuple[str, str], list[Any]] = {}
+    for c in cells:
+        if c.seed in wanted:
+            grid.setdefault((c.variant, c.task), []).append(c)
+    table = {v.name: {t.name: summarise([c.value for c in grid.get((v.name, t.name), [])]) for t in study.tasks}
+             for v in study.variants}
+    metric = {t.name: t.metric or next((c.metric for c in cells if c.task == t.name and c.metric), "score")
+              for t in study.tasks}
+    machine = _machine()
+    pre_minutes = sum(r.get("minutes", 0.0) for r in {id(r): r for r in pretraining.values()}.values())
+    ft_minutes = sum(c.seconds for c in [*cells, *figure_cells]) / 60
+
+    lines = [f"# {study.title or study.name}", ""]
+    if study.description:
+        lines += [study.description, ""]
+    lines += [f"Measured with `bertforge ablate {study.path.name}` on {machine['cpu']} ({machine['cores']} cores"
+              f"{', ' + machine['gpu'] if machine['gpu'] else ''}), torch {machine['torch']}, bertforge "
+              f"{machine['bertforge']}. Fine-tuning seeds {', '.join(map(str, study.seeds))}; compute "
+              f"{pre_minutes + ft_minutes:.0f} minutes (pre-training {pre_minutes:.0f}, fine-tuning {ft_minutes:.0f}).",
+              "", f"Dev-set scores x 100, mean ± standard deviation over the seeds:", ""]
+    header = ["", *(f"{t.name} ({metric[t.name]})" for t in study.tasks)]
+    lines += _table(header, [[v.name, *(_fmt(table[v.name][t.name], seeds) for t in study.tasks)]
+                             for v in study.variants])
+    if study.paper:
+        lines += ["", "The paper's figures for the same rows and columns:", ""]
+        lines += _table(header, [[v.name, *(f"{study.paper.get(v.name, {}).get(t.name, '—')}" for t in study.tasks)]
+                                 for v in study.variants])
+    lines += ["", "![scores](scores.png)", ""]
+    if study.figure and figure_cells:
+        lines += [f"Fine-tuning score on {study.figure.task} against pre-training steps (the paper's Figure 5):", "",
+                  "![figure](figure.png)", ""]
+    lines += ["## Pre-training", ""]
+    rows = []
+    for v in study.variants:
+        r = pretraining.get(v.name)
+        if v.checkpoint:
+            rows.append([v.name, f"checkpoint `{v.checkpoint}`", "", "", "", ""])
+        elif r is None:
+            rows.append([v.name, "not run yet", "", "", "", ""])
+        else:
+            held = _held_out(r.get("eval_metrics", {}))
+            rows.append([v.name, r["objective"], r.get("model_description", ""), f"{r['steps']:,} × {r['batch_size']}",
+                         held, f"{r['minutes']:.1f}"])
+    lines += _table(["", "objective", "model", "steps × batch", "held-out accuracy x 100 (perplexity)", "minutes"],
+                    rows)
+    lines += ["", "## Tasks", ""]
+    lines += _table(["", "data", "recipe"], [[t.name, _task_data(t), _recipe(t, study)] for t in study.tasks])
+    changed = [v for v in study.variants if v.finetune or v.tasks]
+    if changed:
+        lines += ["", "Rows that change the fine-tuning or leave out tasks: " + "; ".join(
+            f"{v.name}: {_settings(v.finetune)}{' (only ' + ', '.join(v.tasks) + ')' if v.tasks else ''}"
+            for v in changed) + "."]
+    lines.append("")
+
+    figure = _figure_points(figure_cells, wanted)
+    _plot_scores(study, grid, metric, out / "scores.png")
+    if figure:
+        _plot_figure(study, figure, metric[study.figure.task], out / "figure.png")
+    data = {"study": study.name, "file": str(study.path), "machine": machine, "seeds": list(study.seeds),
+            "minutes": {"pretraining": pre_minutes, "finetuning": ft_minutes}, "metric": metric, "table": table,
+            "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
+            "figure": [dataclasses.asdict(c) for c in figure_cells], "paper": study.paper}
+    atomic_write_text(out / "report.json", json.dumps(data, indent=1, default=str) + "\n")
+    atomic_write_text(out / REPORT, "\n".join(lines))
+    return out / REPORT
+
+
+def _held_out(ev: dict[str, float]) -> str:
+    """"mlm 61.2 (ppl 7.3), nsp 88.0": each objective's held-out accuracy, and the LM's perplexity
+    (Table 6's column) where its loss is known."""
+    parts = []
+    for name in ("mlm", "ltr", "nsp"):
+        if f"{name}_accuracy" not in ev:
+            continue
+        text = f"{name} {100 * ev[f'{name}_accuracy']:.1f}"
+        ppl = ev.get(f"{name}_perplexity") or (math.exp(min(ev[f"{name}_loss"], 50.0))
+                                               if name != "nsp" and f"{name}_loss" in ev else None)
+        parts.append(text + (f" (ppl {ppl:.1f})" if ppl else ""))
+    return ", ".join(parts) or "—"
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in settings.items()) or "the study's recipe"
+
+
+def _task_data(t: Any) -> str:
+    if t.source:
+        limits = [f"{n:,} {what}" for n, what in ((t.max_train, "training"), (t.max_dev, "dev")) if n]
+        return f"{t.source}{' (' + ', '.join(limits) + ' examples)' if limits else ''}"
+    return f"{t.settings.get('task')}: {Path(str(t.settings.get('train_file'))).name} / " \
+           f"{Path(str(t.settings.get('dev_file'))).name}"
+
+
+def _recipe(t: Any, study: Any) -> str:
+    from bertforge.tasks.finetune import FinetuneConfig
+
+    keys = ["epochs", "lr", "batch_size", "max_seq_length", "features", "bilstm"]
+    if t.settings.get("features") or t.settings.get("bilstm"):
+        keys.append("bilstm_size")
+    shown = {k: t.settings.get(k, getattr(FinetuneConfig, k)) for k in keys}
+    return ", ".join(f"{k} {v}" for k, v in shown.items() if v not in ("", False, 0) or k in keys[:4])
+
+
+def _figure_points(cells: Sequence[Any], seeds: set[int]) -> dict[str, dict[int, list[float]]]:
+    points: dict[str, dict[int, list[float]]] = {}
+    for c in cells:
+        if c.seed in seeds and c.pretrain_step is not None:
+            points.setdefault(c.variant, {}).setdefault(c.pretrain_step, []).append(c.value)
+    return points
+
+
+def _save(fig: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
+
+def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dict[str, str], path: Path) -> None:
+    """One panel per task: each variant's seeds as dots, their mean as a bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(study.tasks)
+    fig = Figure(figsize=(max(4.0, 3.2 * n), 3.2 + 0.15 * len(study.variants)))
+    FigureCanvasAgg(fig)
+    names = [v.name for v in study.variants]
+    for k, t in enumerate(study.tasks):
+        ax = fig.add_subplot(1, n, k + 1)
+        for i, name in enumerate(names):
+            values = [100 * c.value for c in grid.get((name, t.name), []) if not math.isnan(c.value)]
+            if values:
+                ax.barh(i, statistics.fmean(values), color="tab:blue", alpha=0.35)
+                ax.scatter(values, [i] * len(values), color="tab:blue", s=12, zorder=3)
+        ax.set_yticks(range(len(names)), names if k == 0 else [""] * len(names))
+        ax.invert_yaxis()
+        lows = [100 * c.value for cs in grid.values() for c in cs if c.task == t.name and not math.isnan(c.value)]
+        if lows:
+            lo, hi = min(lows), max(lows)
+            pad = max(1.0, 0.15 * (hi - lo))
+            ax.set_xlim(lo - pad, hi + pad)
+        ax.set_title(f"{t.name} ({metric[t.name]} x 100)", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(study.title or study.name, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _plot_figure(study: Any, points: dict[str, dict[int, list[float]]], metric: str, path: Path) -> None:
+    """Score against pre-training steps: a line through the seeds' means per variant, a band over their range."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, by_step in points.items():
+        steps = sorted(by_step)
+        means = [100 * statistics.fmean(by_step[s]) for s in steps]
+        (line,) = ax.plot(steps, means, marker="o", label=name)
+        ax.fill_between(steps, [100 * min(by_step[s]) for s in steps], [100 * max(by_step[s]) for s in steps],
+                        color=line.get_color(), alpha=0.15, linewidth=0)
+    ax.set_xlabel("pre-training steps")
+    ax.set_ylabel(f"{study.figure.task} dev {metric} x 100")
+    ax.set_title(f"{study.title or study.name}: fine-tuning score against pre-training steps", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)

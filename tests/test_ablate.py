@@ -1,0 +1,240 @@
+"""`bertforge ablate`: study files (checked, each error naming the file and field), the runner (shared
+pre-trainings, one folder per cell, skip / resume / refuse on rerun, Figure 5 from checkpoints) and
+the report in the paper's layout. The end-to-end study is a toy: generated text, a 1-layer model and
+a few steps, so that it checks the plumbing, not the science."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from data_fixtures import documents, sentence, write_text, write_tokenizer
+from finetune_fixtures import root  # noqa: F401 - a fixture
+
+from bertforge.cli import main
+from bertforge.experiments import runner
+from bertforge.experiments.runner import AblateConfig, read_cells, run_study
+from bertforge.experiments.study import StudyError, bundled_studies, load_study
+from bertforge.tasks import finetune as finetune_module
+from bertforge.train import pretrain as pretrain_module
+
+TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """The pre-training runs skip drawing their curves (the study's own plots are drawn)."""
+    monkeypatch.setattr(pretrain_module, "_plot", lambda out: None)
+
+
+def _files(root: Path) -> dict[str, Path]:
+    """A corpus, a vocab, a classification task (JSONL) and a tagging task (CoNLL) of generated text."""
+    rng = random.Random(0)
+    files = {"vocab": write_tokenizer(root / "vocab"),
+             "corpus": write_text(root / "corpus.txt", documents(1, 30, 3, 8))}
+    for split, n in (("train", 48), ("dev", 16)):
+        rows = []
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            rows.append(json.dumps({"text": f"{['bad', 'good'][label]} {sentence(rng, 3, 6)}", "label": label}))
+        files[f"cls_{split}"] = root / f"cls.{split}.jsonl"
+        files[f"cls_{split}"].write_text("\n".join(rows) + "\n", encoding="utf-8")
+        sents = []
+        for _ in range(n):
+            words = sentence(rng, 3, 6).rstrip(".!?").split()
+            sents.append("\n".join(f"{w} {'N' if i % 2 else 'V'}" for i, w in enumerate(words)))
+        files[f"tag_{split}"] = root / f"tag.{split}.txt"
+        files[f"tag_{split}"].write_text("\n\n".join(sents) + "\n", encoding="utf-8")
+    return files
+
+
+def _study(root: Path, files: dict[str, Path], **changes) -> Path:
+    study = {
+        "name": "toy", "title": "A toy ablation", "seeds": [0, 1],
+        "pretraining": {"corpus": str(files["corpus"]), "vocab": str(files["vocab"]),
+                        "prepare": {"max_seq_length": 32, "max_predictions_per_seq": 5, "dupe_factor": 2,
+                                    "shard_chars": 100_000},
+                        "pretrain": {"model": TINY, "max_steps": 4, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1}},
+        "finetune": {"epochs": 1, "lr": 1e-3, "batch_size": 16, "max_seq_length": 32},
+        "tasks": [{"name": "CLS", "task": "classification", "train_file": str(files["cls_train"]),
+                   "dev_file": str(files["cls_dev"]), "text_column": "text", "label_column": "label"},
+                  {"name": "TAG", "task": "tagging", "train_file": str(files["tag_train"]),
+                   "dev_file": str(files["tag_dev"])},
+                  {"name": "TAG features", "task": "tagging", "train_file": str(files["tag_train"]),
+                   "dev_file": str(files["tag_dev"]), "features": "weighted-sum-all", "bilstm_size": 8}],
+        "variants": [{"name": "BERT", "pretrain": {"objective": "mlm+nsp"}},
+                     {"name": "No NSP", "pretrain": {"objective": "mlm"}},
+                     {"name": "LTR & No NSP", "pretrain": {"objective": "ltr"}, "tasks": ["CLS"]},
+                     {"name": "+ BiLSTM", "pretrain": {"objective": "ltr"}, "finetune": {"bilstm": True},
+                      "tasks": ["CLS"]},
+                     {"name": "100/0/0", "prepare": {"mask_token_prob": 1.0, "random_token_prob": 0.0},
+                      "tasks": ["TAG features"]}],
+        "figure": {"task": "CLS", "variants": ["BERT", "LTR & No NSP"], "every": 2},
+    }
+    study.update(changes)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "toy.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy(root):  # noqa: F811 - the fixture imported above
+    files = _files(root)
+    path = _study(root, files)
+    out = root / "out"
+    report = run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu", workers=1))
+    return path, out, report, files
+
+
+def test_toy_study_fills_every_cell_and_shares_pretraining(toy):
+    path, out, report, _ = toy
+    study = load_study(path)
+    cells, figure = read_cells(out)
+    assert sorted((c.variant, c.task, c.seed) for c in cells) == sorted(
+        (v.name, t.name, s) for v, t in study.cells() for s in study.seeds)
+    # "+ BiLSTM" trains exactly what "LTR & No NSP" does: one pre-training for the two
+    assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["100-0-0", "bert", "ltr-no-nsp", "no-nsp"]
+    # BERT, No NSP and LTR read the same shards; 100/0/0 its own
+    assert len(list((out / "prepared").iterdir())) == 2
+    done = {p.name: json.loads((out / "pretrain" / p.name / "done.json").read_text())
+            for p in (out / "pretrain").iterdir()}
+    assert {k: v["objective"] for k, v in done.items()} == {
+        "bert": "mlm+nsp", "no-nsp": "mlm", "ltr-no-nsp": "ltr", "100-0-0": "mlm+nsp"}
+    assert all(v["steps"] == 4 for v in done.values())
+    for c in cells:
+        assert 0.0 <= c.value <= 1.0 and c.metric == "accuracy"
+        cell_dir = out / "cells" / runner.slug(c.variant) / runner.slug(c.task) / f"seed-{c.seed}"
+        assert (cell_dir / "metrics.jsonl").is_file()
+        assert not (cell_dir / "model").exists()  # weights removed, scores kept (keep_models: false)
+    # the BiLSTM row's model is a BiLSTM tagger / classifier, the feature-based column's too
+    bilstm = json.loads((out / "cells/bilstm/cls/seed-0/run_config.json").read_text())
+    assert bilstm["bilstm"] is True
+    features = json.loads((out / "cells/bert/tag-features/seed-0/run_config.json").read_text())
+    assert features["features"] == "weighted-sum-all"
+    # Figure 5: the figure's variants fine-tuned from each kept checkpoint (steps 2 and 4), every seed
+    assert sorted((c.variant, c.pretrain_step, c.seed) for c in figure) == sorted(
+        (v, step, s) for v in ("BERT", "LTR & No NSP") for step in (2, 4) for s in (0, 1))
+
+
+def test_report_is_the_papers_layout_with_the_measured_cells(toy):
+    path, out, report, _ = toy
+    text = report.read_text()
+    cells, _ = read_cells(out)
+    data = json.loads((out / "report.json").read_text())
+    assert "|  | CLS (accuracy) | TAG (accuracy) | TAG features (accuracy) |" in text
+    scores = text.split("![scores]")[0]  # the first table: the scores
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in scores.splitlines() if line.startswith("| ")}
+    for variant in ("BERT", "No NSP", "LTR & No NSP", "+ BiLSTM", "100/0/0"):
+        assert variant in rows
+    values = sorted(c.value for c in cells if c.variant == "BERT" and c.task == "CLS")
+    mean = sum(values) / len(values)
+    assert data["table"]["BERT"]["CLS"]["mean"] == pytest.approx(mean)
+    assert f"{100 * mean:.1f} ± " in rows["BERT"]
+    assert rows["+ BiLSTM"].count("—") == 2  # its two left-out columns
+    assert data["machine"]["cpu"] and "cores" in text
+    assert (out / "scores.png").stat().st_size > 0 and (out / "figure.png").stat().st_size > 0
+
+
+def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(toy, monkeypatch):
+    path, out, _, _ = toy
+    cell = out / "cells/no-nsp/tag/seed-1"
+    before = json.loads((cell / "cell.json").read_text())
+    (cell / "cell.json").unlink()  # as if the run had been stopped after its last checkpoint
+    calls = []
+    real = finetune_module.finetune
+
+    def spy(cfg, data=None):
+        calls.append((cfg.out, cfg.resume))
+        return real(cfg, data)
+
+    monkeypatch.setattr(finetune_module, "finetune", spy)
+    monkeypatch.setattr(pretrain_module, "pretrain", lambda cfg: pytest.fail("a finished pre-training ran again"))
+    run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    assert [Path(c[0]) for c in calls] == [cell]
+    again = json.loads((cell / "cell.json").read_text())
+    assert again["value"] == pytest.approx(before["value"], abs=1e-6)
+
+
+def test_a_folder_made_with_other_settings_is_refused(toy, root):  # noqa: F811
+    path, out, _, files = toy
+    changed = _study(root / "changed", files, seeds=[0])
+    data = yaml.safe_load(changed.read_text())
+    data["finetune"]["lr"] = 5e-4
+    changed.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(StudyError, match=r"cells/bert/cls/seed-0 holds a fine-tuning made with other settings"):
+        run_study(changed, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+
+
+def test_report_only_reads_the_finished_cells(toy, tmp_path):
+    path, out, _, _ = toy
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "report.md").unlink()
+    run_study(path, AblateConfig(out=str(copy), report_only=True))
+    assert (copy / "report.md").read_text().splitlines()[:1] == ["# A toy ablation"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seeds": []}, r"toy.yaml: seeds: expected a non-empty list"),
+    ({"colour": 1}, r"toy.yaml: top level: unknown key 'colour'"),
+    ({"finetune": {"lrr": 1}}, r"toy.yaml: finetune: unknown key 'lrr'"),
+    ({"variants": [{"name": "A", "pretrain": {"objectiv": "mlm"}}]}, r"variants\[0\] \(A\)\.pretrain: unknown key"),
+    ({"variants": [{"name": "A", "tasks": ["NOPE"]}]}, r"variants\[0\] \(A\)\.tasks: expected a list of the study"),
+    ({"variants": [{"name": "A"}, {"name": "A"}]}, r"variants: 'A' appears twice"),
+    ({"tasks": [{"name": "T", "source": "movie-reviews", "train_file": "x"}]}, r"tasks\[0\] \(T\): give either"),
+    ({"tasks": [{"name": "T", "task": "classification"}]}, r"tasks\[0\] \(T\): needs train_file"),
+    ({"tasks": [{"name": "T", "source": "imdb"}]}, r"tasks\[0\] \(T\)\.source: unknown built-in data 'imdb'"),
+    ({"figure": {"task": "CLS", "variants": ["C"], "every": 2},
+      "variants": [{"name": "C", "checkpoint": "x"}]}, r"figure.variants: 'C' is not a pre-trained variant"),
+    ({"pretraining": {"pretrain": {"model": {"hidden_size": 30, "num_attention_heads": 4}}}},
+     r"pretraining.pretrain.model: .*hidden_size"),
+    ({"pretraining": {"pretrain": {"out": "x"}}}, r"pretraining.pretrain: unknown key 'out'"),
+])
+def test_bad_study_files_name_the_file_and_field(tmp_path, change, message):
+    files = {k: tmp_path / k for k in ("vocab", "corpus", "cls_train", "cls_dev", "tag_train", "tag_dev")}
+    path = _study(tmp_path, files, **change)
+    with pytest.raises(StudyError, match=message):
+        load_study(path)
+
+
+def test_cli_lists_the_bundled_studies_and_reports_bad_files(tmp_path, capsys):
+    assert main(["ablate", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("table5", "table6", "table7", "table8", "table5-mini", "table6-mini", "table7-mini", "table8-mini"):
+        assert name in listed
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: [\n", encoding="utf-8")
+    assert main(["ablate", str(bad)]) == 2
+    assert f"{bad}: not valid YAML" in capsys.readouterr().err
+    assert main(["ablate", "no-such-study"]) == 2
+    assert "not a bundled study" in capsys.readouterr().err
+
+
+def test_bundled_studies_load_and_the_miniatures_need_no_user_files():
+    studies = {name: load_study(path) for name, path in bundled_studies().items()}
+    assert set(studies) >= {"table5", "table6", "table7", "table8", "table5-mini", "table6-mini", "table7-mini",
+                            "table8-mini"}
+    for name, s in studies.items():
+        assert s.paper or name.endswith("-mini"), name
+        if name.endswith("-mini"):
+            assert all(t.source for t in s.tasks) and s.pretraining.corpus == "wikipedia-leads", name
+    masks = {v.name: (v.prepare["mask_token_prob"], v.prepare["random_token_prob"])
+             for v in studies["table8"].variants}
+    assert masks == {"80/10/10": (0.8, 0.1), "100/0/0": (1.0, 0.0), "80/0/20": (0.8, 0.2), "80/20/0": (0.8, 0.0),
+                     "0/20/80": (0.0, 0.8), "0/0/100": (0.0, 1.0)}
+    assert [v.pretrain.get("objective") for v in studies["table5"].variants] == ["mlm+nsp", "mlm", "ltr", "ltr"]
