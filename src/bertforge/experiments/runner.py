@@ -404,16 +404,24 @@ def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Pat
 
 
 def _figure(study: Study, runs: dict[str, Any], inputs: _Inputs, out: Path, cfg: AblateConfig) -> None:
-    """Figure 5: the figure's task fine-tuned from every saved checkpoint of the figure's variants."""
+    """Figure 5: the figure's task fine-tuned from every saved checkpoint of the figure's variants. The
+    last checkpoint holds the finished model's weights: its point is the table's cell, not a rerun."""
     fig = study.figure
     task = study.task(fig.task)
     for name in fig.variants:
         variant = study.variant(name)
         run_dir = out / "pretrain" / runs[name].name / "run"
+        last = json.loads((out / "pretrain" / runs[name].name / DONE_FILE).read_text(encoding="utf-8"))["steps"]
         for step, checkpoint in _checkpoints(run_dir):
             for seed in study.seeds:
                 folder = out / "figure" / slug(name) / slug(task.name) / f"step-{step:08d}" / f"seed-{seed}"
+                table_cell = out / "cells" / slug(name) / slug(task.name) / f"seed-{seed}" / CELL_FILE
+                if step == last and table_cell.is_file() and not (folder / CELL_FILE).is_file():
+                    cell = dataclasses.replace(Cell(**json.loads(table_cell.read_text(encoding="utf-8"))),
+                                               pretrain_step=step, seconds=0.0)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    atomic_write_text(folder / CELL_FILE, json.dumps(dataclasses.asdict(cell), indent=1) + "\n")
+                    continue
                 cell = _finetune_cell(folder, checkpoint, variant, task, seed, inputs, cfg, False, pretrain_step=step)
                 logger.info(f"ablate: figure: {name} at pre-training step {step:,} | {task.name} | seed {seed}: "
-                            f"{cell.metric} {cell.value:.4f}")
-
+                            f"{cell.metric} {cell.value:.4f} ({cell.seconds:.0f} s)")
