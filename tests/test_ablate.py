@@ -170,6 +170,35 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(toy, monkeypa
     assert again["value"] == pytest.approx(before["value"], abs=1e-6)
 
 
+def test_an_interrupted_cell_resumes_from_its_checkpoint(toy, monkeypatch):
+    import dataclasses
+
+    path, out, _, _ = toy
+    cell = out / "cells/bert/cls/seed-0"
+    shutil.rmtree(cell)
+    real = finetune_module.finetune
+    seen = []
+
+    def interrupted(cfg, data=None):  # 2 steps, a checkpoint, then Ctrl-C
+        real(dataclasses.replace(cfg, max_steps=2, checkpoint_every=1), data)
+        raise KeyboardInterrupt("stopped")
+
+    monkeypatch.setattr(finetune_module, "finetune", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    assert not (cell / "cell.json").exists() and (cell / "checkpoints/step-00000002").is_dir()
+
+    def spy(cfg, data=None):
+        seen.append(cfg.resume)
+        return real(cfg, data)
+
+    monkeypatch.setattr(finetune_module, "finetune", spy)
+    run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    assert seen == [True]
+    steps = [json.loads(line)["step"] for line in (cell / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] <= 2 and steps[-1] == json.loads((cell / "cell.json").read_text())["steps"] == 3
+
+
 def test_a_folder_made_with_other_settings_is_refused(toy, root):  # noqa: F811
     path, out, _, files = toy
     changed = _study(root / "changed", files, seeds=[0])
@@ -238,3 +267,27 @@ def test_bundled_studies_load_and_the_miniatures_need_no_user_files():
     assert masks == {"80/10/10": (0.8, 0.1), "100/0/0": (1.0, 0.0), "80/0/20": (0.8, 0.2), "80/20/0": (0.8, 0.0),
                      "0/20/80": (0.0, 0.8), "0/0/100": (0.0, 1.0)}
     assert [v.pretrain.get("objective") for v in studies["table5"].variants] == ["mlm+nsp", "mlm", "ltr", "ltr"]
+
+
+@pytest.mark.real_data
+def test_a_miniature_runs_on_the_built_in_data(tmp_path):
+    """table8-mini's rows and columns, cut to a few steps and examples: the built-in text, vocab and
+    task files through the runner, every row with its own masks."""
+    import dataclasses
+
+    study = load_study("table8-mini")
+    pre = dataclasses.replace(study.pretraining, max_documents=300, vocab_size=2000,
+                              pretrain={**study.pretraining.pretrain, "max_steps": 3, "batch_size": 8},
+                              prepare={**study.pretraining.prepare, "dupe_factor": 1})
+    tasks = tuple(dataclasses.replace(t, max_train=48, max_dev=24, settings={**t.settings, "epochs": 1,
+                                                                            "bilstm_size": 8})
+                  for t in study.tasks)
+    small = dataclasses.replace(study, pretraining=pre, tasks=tasks, variants=study.variants[:2], seeds=(0,))
+    report = run_study(small, AblateConfig(out=str(tmp_path), precision="fp32", device="cpu"))
+    cells, _ = read_cells(tmp_path)
+    assert sorted((c.variant, c.task) for c in cells) == sorted(
+        (v.name, t.name) for v in small.variants for t in small.tasks)
+    assert len(list((tmp_path / "prepared").iterdir())) == 2  # 80/10/10 and 100/0/0: their own shards
+    done = json.loads((tmp_path / "pretrain/80-10-10/done.json").read_text())
+    assert "mlm_accuracy" in done["eval_metrics"]  # held out: every 20th Wikipedia lead
+    assert "| 100/0/0 |" in report.read_text()

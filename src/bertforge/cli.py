@@ -608,9 +608,10 @@ def ablate(study: Positional[str | None] = None, list_studies: Annotated[bool, a
     from bertforge.experiments.study import bundled_studies, load_study
 
     if list_studies:
-        for name, path in bundled_studies().items():
-            s = load_study(path)
-            print(f"{name:<14} {s.title}")
+        studies = bundled_studies()
+        for name, path in studies.items():
+            print(f"{name:<12} {load_study(path).title}")
+        print(f"\nthe files: {next(iter(studies.values())).parent} (copy one and point its paths at your data)")
         return 0
     if not study:
         raise ValueError("give a study file or a bundled study's name (bertforge ablate --list shows them)")

@@ -42,7 +42,7 @@ import torch
 from bertforge import resources
 from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, parse_sizes, plot_curve, run_curve
 from bertforge.io import atomic_path, atomic_write_text
-from bertforge.train.precision import PRECISIONS, autocast
+from bertforge.train.precision import PRECISIONS, autocast, cpu_name
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -466,21 +466,6 @@ def _parameters(config: Any) -> int:
         return sum(p.numel() for p in BertModel(config).parameters())
 
 
-def _cpu_name() -> str:
-    """The CPU's model name and its widest matrix / bf16 instructions (what the figures depend on)."""
-    name, flags = "unknown CPU", set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    units = ("AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else
-             "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
-    return f"{name}, {units}" if units else name
-
-
 def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, published: Path | None) -> list[str]:
     """report.md: the curve first (plot, one sentence, table), then what each line is, the time split,
     the pre-training and the fill-mask probes."""
@@ -489,7 +474,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
     pt = report["pretraining"]
     own = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size)
     lines = ["# bertforge demo report", "", "![label-efficiency curve](curve.png)", "", report["headline"], "",
-             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({_cpu_name()}); every setting in "
+             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting in "
              "`report.json`.", "",
              "## Held-out accuracy by labelled training examples", "", *_curve_table(curve), "",
              f"Movie-review polarity, scored on the same {report['curve_heldout']:,} held-out sentences after the last "

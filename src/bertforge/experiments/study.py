@@ -142,8 +142,8 @@ def slug(name: str) -> str:
 def bundled_studies() -> dict[str, Path]:
     """The study files that ship with bertforge: name -> path."""
     root = importlib.resources.files("bertforge.experiments") / "studies"
-    return {Path(str(p)).stem: Path(str(p)) for p in sorted(root.iterdir(), key=lambda p: p.name)
-            if p.name.endswith(".yaml")}
+    found = {Path(str(p)).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+    return dict(sorted(found.items()))
 
 
 def _fields(cls: type) -> set[str]:
