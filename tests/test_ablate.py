@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from data_fixtures import documents, sentence, write_text, write_tokenizer
 from finetune_fixtures import root  # noqa: F401 - a fixture
+from pretrain_fixtures import no_plots, one_thread  # noqa: F401 - autouse fixtures: tiny models, no curves.png
 
 from bertforge.cli import main
 from bertforge.experiments import runner
@@ -25,20 +25,6 @@ from bertforge.train import pretrain as pretrain_module
 
 TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def no_plots(monkeypatch):
-    """The pre-training runs skip drawing their curves (the study's own plots are drawn)."""
-    monkeypatch.setattr(pretrain_module, "_plot", lambda out: None)
 
 
 def _files(root: Path) -> dict[str, Path]:

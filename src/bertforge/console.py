@@ -8,11 +8,13 @@ the standard ``LEVEL:logger:message`` form.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
-__all__ = ["show_logs"]
+__all__ = ["errors_only", "show_logs"]
 
 LOGGER = "bertforge"
 
@@ -54,3 +56,19 @@ def show_logs(verbose: bool = False, stream: str = "stdout") -> None:
     logger.addHandler(_ConsoleHandler(stream, "%(message)s", below_warning=True))
     logger.addHandler(_ConsoleHandler("stderr", logging.BASIC_FORMAT, below_warning=False))
     logger.propagate = False
+
+
+@contextlib.contextmanager
+def errors_only() -> Iterator[None]:
+    """Only the library's errors while one run of many goes (a curve's, a study's): each would log its
+    settings, its fresh head and its result; the caller logs a line a run instead, and each run's
+    metrics are in its folder."""
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    logger = logging.getLogger(LOGGER)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)

@@ -146,21 +146,10 @@ def movie_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
     path = path or movie_reviews_file()
     texts: list[str] = []
     labels: list[int] = []
-    with open(path, encoding="utf-8", newline="") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3:
-                raise ValueError(f"{path}:{n}: {len(parts)} fields, expected 3 (id, score, sentence)")
-            try:
-                score = float(parts[1])
-            except ValueError:
-                raise ValueError(f"{path}:{n}: the score {parts[1]!r} is not a number") from None
-            if score != 0:
-                texts.append(parts[2].strip())
-                labels.append(1 if score > 0 else 0)
+    for score, text in _valence_rows(path):
+        if score != 0:
+            texts.append(text.strip())
+            labels.append(1 if score > 0 else 0)
     return texts, labels
 
 
@@ -202,6 +191,15 @@ def sentiment_intensity(name: str, path: Path | None = None) -> tuple[list[str],
     path = path or _vader_folder() / SENTIMENT_SETS[name]
     texts: list[str] = []
     scores: list[float] = []
+    for score, text in _valence_rows(path):
+        texts.append(_unescape(text).strip())
+        scores.append(score)
+    return texts, scores
+
+
+def _valence_rows(path: Path) -> Iterator[tuple[float, str]]:
+    """(mean valence, text) of each non-blank line of a ``hutto_ICWSM_2014`` file (TSV: id, mean
+    valence, text); errors name the file and line."""
     for n, line in _utf8_lines(path):
         if not line.strip():
             continue
@@ -212,9 +210,7 @@ def sentiment_intensity(name: str, path: Path | None = None) -> tuple[list[str],
             score = float(parts[1])
         except ValueError:
             raise ValueError(f"{path}:{n}: the valence {parts[1]!r} is not a number") from None
-        texts.append(_unescape(parts[2]).strip())
-        scores.append(score)
-    return texts, scores
+        yield score, parts[2]
 
 
 def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -18,20 +18,20 @@ same subsets.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bertforge.console import errors_only
 from bertforge.io import atomic_path, atomic_write_text
 
 __all__ = ["Recipe", "Start", "Curve", "parse_sizes", "subset", "finetune_steps", "run_curve", "plot_curve",
@@ -124,27 +124,13 @@ def _write_jsonl(path: Path, texts: Sequence[str], labels: Sequence[int]) -> Non
     atomic_write_text(path, "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(texts, labels)))
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Only the library's errors while one of the curve's dozens of fine-tunings runs: each would log its
-    settings, its fresh classifier and its result; the curve logs a line a size instead."""
-    def keep(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
-
-
 def _finetune(start: Path, train_file: Path, dev_file: Path, out: Path, steps: int, seed: int,
               recipe: Recipe) -> float:
     """One fine-tuning; the held-out accuracy of its last model. Only that figure is kept: the run's
     folder is removed (a curve is dozens of runs)."""
     from bertforge.tasks.finetune import FinetuneConfig, finetune
 
-    with _quiet():
+    with errors_only():
         res = finetune(FinetuneConfig(
             task="classification", model=str(start), train_file=str(train_file), dev_file=str(dev_file),
             text_column="text", label_column="label", out=str(out), overwrite=True, max_steps=steps, lr=recipe.lr,

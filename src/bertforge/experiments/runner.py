@@ -25,11 +25,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.console import errors_only
 from bertforge.experiments.study import Study, StudyError, TaskSpec, Variant, load_study, settings_key, slug
 from bertforge.io import atomic_write_text
 
@@ -97,20 +97,6 @@ def _claim(folder: Path, settings: dict[str, Any], what: str) -> None:
 
 def _has_checkpoint(run: Path) -> bool:
     return any((run / "checkpoints").glob("step-*"))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The runs' own log lines (summaries, evaluations, saves, the fresh head's warning) held back: a
-    study logs a line a cell, and each run's metrics are in its folder."""
-    def keep(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
 
 
 # ---------------------------------------------------------------------------- the study's inputs
@@ -258,7 +244,7 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
     logger.info(f"ablate: {what} {' / '.join(run.variants)}: {pcfg.model if isinstance(run.pretrain.get('model'), str) else 'custom'} "
                 f"model, objective {pcfg.objective}, {steps:,} steps of {pcfg.batch_size}")
     t0 = time.perf_counter()
-    with _quiet():
+    with errors_only():
         result = pretrain(pcfg)
     if result.stopped_early:
         raise KeyboardInterrupt(f"pre-training stopped at step {result.step}; rerun the study to resume it")
@@ -326,7 +312,7 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
                           metric_for_best=task.metric, eval_every=10**9, progress=False, resume=resume,
                           overwrite=not resume)
     t0 = time.perf_counter()
-    with _quiet():
+    with errors_only():
         result = finetune(fcfg)
     if result.train.stopped_early:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {result.train.step} ({folder}); rerun to resume it")
