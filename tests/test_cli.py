@@ -133,6 +133,7 @@ HELP_TEXTS = {
     "features": "--layers {None}|STR comma-separated hidden-state indexes",
     "plot": "RUN-DIR a run folder holding metrics.jsonl",
     "demo": "--vocab-size INT WordPiece vocab size learned from the pre-training text.",
+    "ablate": "[STUDY] a study file, or a bundled study's name",
 }
 
 
@@ -148,11 +149,12 @@ def test_help_shows_each_flag_with_its_docstring(command, capsys):
         assert "--config FILE JSON or YAML file" in text
 
 
-@pytest.mark.parametrize("command", ["pretrain", "finetune", "evaluate", "predict", "serve", "features", "demo"])
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "evaluate", "predict", "serve", "features", "demo",
+                                     "ablate"])
 def test_every_command_that_runs_a_model_takes_precision(command, capsys):
     text = _help(command, capsys)
     assert "--precision" in text and "--bf16" not in text
-    if command not in ("pretrain", "finetune", "demo"):  # a training config's field is checked by its dataclass
+    if command not in ("pretrain", "finetune", "demo", "ablate"):  # a config's field is checked by its dataclass
         assert "--precision {auto,fp32,bf16,fp16}" in text
 
 

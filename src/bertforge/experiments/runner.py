@@ -59,6 +59,13 @@ class AblateConfig:
     report_only: bool = False
     """Write the report from the cells finished so far; run nothing."""
 
+    def __post_init__(self) -> None:
+        from bertforge.train.precision import check_precision
+
+        check_precision(self.precision)
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+
 
 @dataclass
 class Cell:
