@@ -112,13 +112,15 @@ class _Inputs:
     vocab: Path
     corpus: Path
     held_out: Path | None
+    corpus_format: str
+    """"text" for the built-in text (a document a paragraph); else the study's own, or prepare's auto-detection."""
     tasks: dict[str, dict[str, Any]]
     """Task name -> its FinetuneConfig settings with the files."""
 
 
 def _inputs(study: Study, out: Path) -> _Inputs:
     """The task files, the pre-training text and the vocab (made once, reused by a rerun)."""
-    from bertforge.experiments.datasets import pretraining_text, task_files
+    from bertforge.experiments.datasets import PRETRAINING_SOURCES, pretraining_text, task_files
     from bertforge.text.vocab import learn_vocab
 
     data = out / "data"
@@ -138,7 +140,8 @@ def _inputs(study: Study, out: Path) -> _Inputs:
         if not (vocab / "vocab.txt").is_file():
             logger.info(f"ablate: learning a {pre.vocab_size:,}-piece WordPiece vocab from {corpus}")
             learn_vocab([corpus], vocab, vocab_size=pre.vocab_size, show_progress=False)
-    return _Inputs(vocab=vocab, corpus=corpus, held_out=held_out, tasks=tasks)
+    return _Inputs(vocab=vocab, corpus=corpus, held_out=held_out, tasks=tasks,
+                   corpus_format="text" if pre.corpus in PRETRAINING_SOURCES else "auto")
 
 
 # ---------------------------------------------------------------------------- pre-training
@@ -185,7 +188,7 @@ def _prepared(run: _Pretraining, inputs: _Inputs, out: Path, workers: int) -> tu
     _claim(folder, {"prepare": run.prepare, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)},
            "prepared data")
     train, held = folder / "train", folder / "held-out"
-    settings = {"format": "text", **run.prepare}
+    settings = {"format": inputs.corpus_format, **run.prepare}
     if not (train / "manifest.json").is_file():
         logger.info(f"ablate: preparing pre-training data ({_describe(run.prepare) or 'the defaults'})")
         prepare([inputs.corpus], train, inputs.vocab, PrepareConfig(**settings), workers=workers, progress=False)
@@ -220,6 +223,7 @@ def _model_file(model: Any, folder: Path, vocab_size: int) -> str:
 
 def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes, held-out metrics."""
+    from bertforge.data.prepare import load_manifest
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.pretrain import PretrainConfig, pretrain
 
@@ -248,15 +252,18 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
                           out=str(run_dir), progress=False, resume=_has_checkpoint(run_dir),
                           overwrite=not _has_checkpoint(run_dir))
     what = "resuming" if pcfg.resume else "pre-training"
-    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {pcfg.model if isinstance(run.pretrain.get('model'), str) else 'custom'} "
-                f"model, objective {pcfg.objective}, {steps:,} steps of {pcfg.batch_size}")
+    model = run.pretrain.get("model", "base")
+    if isinstance(model, dict):
+        model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
+    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {pcfg.objective}, "
+                f"{steps:,} steps of {pcfg.batch_size}")
     t0 = time.perf_counter()
     with errors_only():
         result = pretrain(pcfg)
     if result.stopped_early:
         raise KeyboardInterrupt(f"pre-training stopped at step {result.step}; rerun the study to resume it")
     record = {"variants": run.variants, "steps": result.step, "batch_size": pcfg.batch_size,
-              "objective": pcfg.resolve_objective(json.loads((data / "manifest.json").read_text())["config"]["nsp"]),
+              "objective": pcfg.resolve_objective(load_manifest(data)["config"]["nsp"]),
               "minutes": (time.perf_counter() - t0) / 60, "eval_metrics": result.eval_metrics,
               "final_metrics": result.final_metrics, "model": str(run_dir / "model"),
               "model_description": _model_description(run_dir / "model")}
