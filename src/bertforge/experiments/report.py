@@ -78,7 +78,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     lines = [f"# {study.title or study.name}", ""]
     if study.description:
         lines += [study.description, ""]
-    lines += [f"Measured with `bertforge ablate {study.path.name}` on {machine['cpu']} ({machine['cores']} cores"
+    lines += [f"Measured with `bertforge ablate {_command_name(study)}` on {machine['cpu']} ({machine['cores']} cores"
               f"{', ' + machine['gpu'] if machine['gpu'] else ''}), torch {machine['torch']}, bertforge "
               f"{machine['bertforge']}. Fine-tuning seeds {', '.join(map(str, study.seeds))}; compute "
               f"{pre_minutes + ft_minutes:.0f} minutes (pre-training {pre_minutes:.0f}, fine-tuning {ft_minutes:.0f}).",
@@ -144,8 +144,19 @@ def _held_out(ev: dict[str, float]) -> str:
     return ", ".join(parts) or "—"
 
 
+def _command_name(study: Any) -> str:
+    """How the study is named on the command line: a bundled study by its name, else its file."""
+    from bertforge.experiments.study import bundled_studies
+
+    return study.path.stem if bundled_studies().get(study.path.stem) == study.path else str(study.path)
+
+
+def _value(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def _settings(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in settings.items()) or "the study's recipe"
+    return ", ".join(f"{k} {_value(v)}" for k, v in settings.items()) or "the study's recipe"
 
 
 def _task_data(t: Any) -> str:
@@ -163,7 +174,7 @@ def _recipe(t: Any, study: Any) -> str:
     if t.settings.get("features") or t.settings.get("bilstm"):
         keys.append("bilstm_size")
     shown = {k: t.settings.get(k, getattr(FinetuneConfig, k)) for k in keys}
-    return ", ".join(f"{k} {v}" for k, v in shown.items() if v not in ("", False, 0) or k in keys[:4])
+    return ", ".join(f"{k} {_value(v)}" for k, v in shown.items() if v not in ("", False, 0) or k in keys[:4])
 
 
 def _figure_points(cells: Sequence[Any], seeds: set[int]) -> dict[str, dict[int, list[float]]]:
