@@ -72,7 +72,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     metric = {t.name: t.metric or next((c.metric for c in cells if c.task == t.name and c.metric), "score")
               for t in study.tasks}
     machine = _machine()
-    pre_minutes = sum(r.get("minutes", 0.0) for r in {id(r): r for r in pretraining.values()}.values())
+    pre_minutes = sum(r.get("minutes", 0.0) for r in {r.get("model"): r for r in pretraining.values()}.values())
     ft_minutes = sum(c.seconds for c in [*cells, *figure_cells]) / 60
 
     lines = [f"# {study.title or study.name}", ""]
@@ -191,7 +191,7 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dict[str, str], path: Path) -> None:
-    """One panel per task: each variant's seeds as dots, their mean as a bar."""
+    """One panel per task: each variant's seeds as dots, their mean as a tick."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -204,8 +204,9 @@ def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dic
         for i, name in enumerate(names):
             values = [100 * c.value for c in grid.get((name, t.name), []) if not math.isnan(c.value)]
             if values:
-                ax.barh(i, statistics.fmean(values), color="tab:blue", alpha=0.35)
-                ax.scatter(values, [i] * len(values), color="tab:blue", s=12, zorder=3)
+                mean = statistics.fmean(values)
+                ax.plot([mean, mean], [i - 0.3, i + 0.3], color="tab:blue", linewidth=2.5)
+                ax.scatter(values, [i] * len(values), color="tab:blue", s=14, alpha=0.6, zorder=3)
         ax.set_yticks(range(len(names)), names if k == 0 else [""] * len(names))
         ax.invert_yaxis()
         lows = [100 * c.value for cs in grid.values() for c in cs if c.task == t.name and not math.isnan(c.value)]
@@ -235,8 +236,8 @@ def _plot_figure(study: Any, points: dict[str, dict[int, list[float]]], metric: 
         ax.fill_between(steps, [100 * min(by_step[s]) for s in steps], [100 * max(by_step[s]) for s in steps],
                         color=line.get_color(), alpha=0.15, linewidth=0)
     ax.set_xlabel("pre-training steps")
-    ax.set_ylabel(f"{study.figure.task} dev {metric} x 100")
-    ax.set_title(f"{study.title or study.name}: fine-tuning score against pre-training steps", fontsize=9)
+    ax.set_ylabel(f"dev {metric} x 100 (seeds' mean and range)")
+    ax.set_title(f"{study.name}: {study.figure.task} after fine-tuning, against pre-training steps", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     fig.tight_layout()
