@@ -255,7 +255,8 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
     model = run.pretrain.get("model", "base")
     if isinstance(model, dict):
         model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
-    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {pcfg.objective}, "
+    objective = pcfg.resolve_objective(load_manifest(data)["config"]["nsp"])
+    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {objective}, "
                 f"{steps:,} steps of {pcfg.batch_size}")
     t0 = time.perf_counter()
     with errors_only():
@@ -263,7 +264,7 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
     if result.stopped_early:
         raise KeyboardInterrupt(f"pre-training stopped at step {result.step}; rerun the study to resume it")
     record = {"variants": run.variants, "steps": result.step, "batch_size": pcfg.batch_size,
-              "objective": pcfg.resolve_objective(load_manifest(data)["config"]["nsp"]),
+              "objective": objective,
               "minutes": (time.perf_counter() - t0) / 60, "eval_metrics": result.eval_metrics,
               "final_metrics": result.final_metrics, "model": str(run_dir / "model"),
               "model_description": _model_description(run_dir / "model")}
