@@ -308,7 +308,7 @@ def load_study(spec: str | Path) -> Study:
         if raw.get("task") not in task_names:
             raise r.fail("figure.task", f"expected one of the study's tasks ({', '.join(task_names)}), "
                                         f"got {raw.get('task')!r}")
-        names = raw.get("variants") or [v.name for v in variants]
+        names = raw.get("variants") or [v.name for v in variants if not v.checkpoint]
         known = {v.name: v for v in variants}
         bad = [n for n in names if n not in known or known[n].checkpoint]
         if bad:
