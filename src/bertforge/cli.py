@@ -73,6 +73,7 @@ from bertforge.convert.onnx import ATOL, ONNX_OPSET
 from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
 from bertforge.experiments.runner import AblateConfig
+from bertforge.io import read_settings_file
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
@@ -100,18 +101,7 @@ PrecisionFlag = Annotated[Precision, arg(help=_PRECISION_HELP)]
 # ---------------------------------------------------------------------------- config files
 def read_config_file(file: str | Path) -> dict[str, Any]:
     """Settings from a JSON or (``.yaml`` / ``.yml``) YAML file holding one mapping."""
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-        if str(file).endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file}: cannot read the config file ({e})") from e
-    except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError) without importing yaml up front
-        raise ValueError(f"{file}: not valid YAML ({e})") from e
+    data = read_settings_file(file)
     if not isinstance(data, dict):
         raise ValueError(f"{file}: expected a mapping of setting names to values")
     return data

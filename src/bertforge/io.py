@@ -33,7 +33,7 @@ from typing import IO
 
 __all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_write_texts", "atomic_dir", "replace_dir",
            "clear_stale", "append_text", "NoSpaceError", "no_space", "open_binary", "read_json_object",
-           "COMPRESSED_SUFFIXES"]
+           "COMPRESSED_SUFFIXES", "read_settings_file"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -331,3 +331,19 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return data
+
+
+def read_settings_file(path: str | Path, what: str = "config file") -> object:
+    """The content of a JSON or (``.yaml`` / ``.yml``) YAML file, or a ValueError naming the file:
+    unreadable, or not valid JSON / YAML. ``what`` names the file's role in the message."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e})") from e
+    except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError) without importing yaml up front
+        raise ValueError(f"{path}: not valid YAML ({e})") from e

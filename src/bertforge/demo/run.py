@@ -42,6 +42,7 @@ import torch
 from bertforge import resources
 from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, parse_sizes, plot_curve, run_curve
 from bertforge.io import atomic_path, atomic_write_text
+from bertforge.model.bert import encoder_parameters
 from bertforge.train.precision import PRECISIONS, autocast, cpu_name
 
 __all__ = ["DemoConfig", "run_demo"]
@@ -458,14 +459,6 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     return report
 
 
-def _parameters(config: Any) -> int:
-    """Parameters of the encoder ``config`` describes (counted without allocating it)."""
-    from bertforge.model.bert import BertModel
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in BertModel(config).parameters())
-
-
 def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, published: Path | None) -> list[str]:
     """report.md: the curve first (plot, one sentence, table), then what each line is, the time split,
     the pre-training and the fill-mask probes."""
@@ -487,7 +480,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
                       "examples (`--minutes` makes room)."]
     lines += ["", "## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
-              f"{own.hidden_size}, {_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
+              f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
               "vocab), drawn anew for each seed and fine-tuned.",
               f"- **{OWN}**: the same model after the demo's pre-training: {pt['steps']:,} steps of "
               f"{cfg.pretrain_batch_size} sequences of up to {cfg.max_seq_length} tokens ({pt['tokens'] / 1e6:.1f} M "
@@ -498,7 +491,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
     if published:
         lines.append(
             f"- **{PUBLISHED}**: a published BERT-architecture checkpoint, 6 layers, hidden 384, "
-            f"{_parameters(BertConfig.load(published)) / 1e6:.1f} M parameters, the 30,522-piece uncased BERT vocab. Its model card: "
+            f"{encoder_parameters(BertConfig.load(published)) / 1e6:.1f} M parameters, the 30,522-piece uncased BERT vocab. Its model card: "
             "it starts from the pre-trained nreimers/MiniLM-L6-H384-uncased and was then trained with a "
             "contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over 1 billion "
             "sentence pairs (Reddit comments, S2ORC citations, WikiAnswers, PAQ, Stack Exchange, MS MARCO and "

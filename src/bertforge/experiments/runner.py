@@ -17,7 +17,6 @@ settings rather than mixing results. Ctrl-C stops at the next step boundary with
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,6 +31,7 @@ from typing import Any
 from bertforge.console import errors_only
 from bertforge.experiments.study import Study, StudyError, TaskSpec, Variant, load_study, settings_key, slug
 from bertforge.io import atomic_write_text
+from bertforge.train.loop import checkpoints, latest_checkpoint
 
 __all__ = ["AblateConfig", "run_study", "Cell", "read_cells", "read_pretraining"]
 
@@ -100,10 +100,6 @@ def _claim(folder: Path, settings: dict[str, Any], what: str) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(key, indent=1, sort_keys=True) + "\n")
-
-
-def _has_checkpoint(run: Path) -> bool:
-    return any((run / "checkpoints").glob("step-*"))
 
 
 # ---------------------------------------------------------------------------- the study's inputs
@@ -209,14 +205,17 @@ def _describe(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in settings.items())
 
 
-def _model_file(model: Any, folder: Path, vocab_size: int) -> str:
-    """``model`` as PretrainConfig takes it: a mapping of BertConfig fields becomes a config.json."""
+def _model_file(model: Any, folder: Path, vocab: Path) -> str:
+    """``model`` as PretrainConfig takes it: a mapping of BertConfig fields becomes a config.json
+    (with the size of ``vocab``)."""
     if not isinstance(model, dict):
         return model
     from bertforge.model.config import BertConfig
+    from bertforge.text.tokenizer import BertTokenizer
 
     path = folder / "model_config.json"
     if not path.is_file():
+        vocab_size = BertTokenizer.from_pretrained(str(vocab)).vocab_size
         BertConfig.from_dict({"vocab_size": vocab_size, **model}, source=str(path)).save(path)
     return str(path)
 
@@ -224,7 +223,6 @@ def _model_file(model: Any, folder: Path, vocab_size: int) -> str:
 def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes, held-out metrics."""
     from bertforge.data.prepare import load_manifest
-    from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.pretrain import PretrainConfig, pretrain
 
     folder = out / "pretrain" / run.name
@@ -234,8 +232,7 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
         return json.loads(done.read_text(encoding="utf-8"))
     data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
     settings = dict(run.pretrain)
-    vocab_size = BertTokenizer.from_pretrained(str(inputs.vocab)).vocab_size
-    settings["model"] = _model_file(settings.get("model", "base"), folder, vocab_size)
+    settings["model"] = _model_file(settings.get("model", "base"), folder, inputs.vocab)
     steps = int(settings.get("max_steps", PretrainConfig.max_steps))
     if run.figure:  # the checkpoints Figure 5 fine-tunes from, all kept
         settings.update(checkpoint_every=study.figure.every, keep_checkpoints=0)
@@ -248,9 +245,9 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
     if held is not None:
         settings.setdefault("eval_every", max(1, steps // 5))
     run_dir = folder / "run"
+    resume = latest_checkpoint(run_dir) is not None
     pcfg = PretrainConfig(**settings, data=str(data), eval_data=str(held or ""), tokenizer=str(inputs.vocab),
-                          out=str(run_dir), progress=False, resume=_has_checkpoint(run_dir),
-                          overwrite=not _has_checkpoint(run_dir))
+                          out=str(run_dir), progress=False, resume=resume, overwrite=not resume)
     what = "resuming" if pcfg.resume else "pre-training"
     model = run.pretrain.get("model", "base")
     if isinstance(model, dict):
@@ -277,14 +274,11 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
 
 def _model_description(folder: Path) -> str:
     """"L4 H256 A4, 4.4M" for the encoder in ``folder``: layers, hidden size, heads, parameters."""
-    import torch
-
-    from bertforge.model.bert import BertModel
+    from bertforge.model.bert import encoder_parameters
     from bertforge.model.config import BertConfig
 
     config = BertConfig.load(folder / "config.json")
-    with torch.device("meta"):
-        params = sum(p.numel() for p in BertModel(config).parameters())
+    params = encoder_parameters(config)
     size = f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params / 1e3:.0f}K"
     return (f"L{config.num_hidden_layers} H{config.hidden_size} A{config.num_attention_heads}, {size} parameters"
             + (", causal" if config.is_decoder else ""))
@@ -300,15 +294,6 @@ def read_pretraining(study: Study, out: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """The run's saved checkpoints, (step, folder), by step."""
-    found = []
-    for p in (run_dir / "checkpoints").glob("step-*"):
-        with contextlib.suppress(ValueError):
-            found.append((int(p.name.split("-")[1]), p))
-    return sorted(found)
-
-
 # ---------------------------------------------------------------------------- fine-tuning cells
 def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, seed: int,
                    inputs: _Inputs, cfg: AblateConfig, keep_model: bool, pretrain_step: int | None = None) -> Cell:
@@ -322,7 +307,7 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
         return Cell(**json.loads(done.read_text(encoding="utf-8")))
     settings.setdefault("precision", cfg.precision)
     settings.setdefault("device", cfg.device)
-    resume = _has_checkpoint(folder)
+    resume = latest_checkpoint(folder) is not None
     fcfg = FinetuneConfig(**settings, model=str(start), out=str(folder), seed=seed, keep_best=True,
                           metric_for_best=task.metric, eval_every=10**9, progress=False, resume=resume,
                           overwrite=not resume)
@@ -413,7 +398,7 @@ def _figure(study: Study, runs: dict[str, Any], inputs: _Inputs, out: Path, cfg:
         variant = study.variant(name)
         run_dir = out / "pretrain" / runs[name].name / "run"
         last = json.loads((out / "pretrain" / runs[name].name / DONE_FILE).read_text(encoding="utf-8"))["steps"]
-        for step, checkpoint in _checkpoints(run_dir):
+        for step, checkpoint in checkpoints(run_dir):
             for seed in study.seeds:
                 folder = out / "figure" / slug(name) / slug(task.name) / f"step-{step:08d}" / f"seed-{seed}"
                 table_cell = out / "cells" / slug(name) / slug(task.name) / f"seed-{seed}" / CELL_FILE

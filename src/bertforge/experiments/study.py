@@ -333,17 +333,12 @@ def load_study(spec: str | Path) -> Study:
 
 def _read(path: Path) -> Any:
     """A study file's content: YAML (``.yaml`` / ``.yml``) or JSON."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    from bertforge.io import read_settings_file
 
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StudyError(f"{path}: cannot read the study file ({e})") from e
-    except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError), yaml being imported here only
-        raise StudyError(f"{path}: not valid YAML ({e})") from e
+    try:
+        return read_settings_file(path, "study file")
+    except ValueError as e:
+        raise StudyError(str(e)) from None
 
 
 def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:

@@ -27,8 +27,8 @@ from torch import nn
 
 from bertforge.model.config import BertConfig
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "check_inputs", "gather_positions",
-           "make_attention_mask"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "check_inputs", "encoder_parameters",
+           "gather_positions", "make_attention_mask"]
 
 
 def activation(name: str):
@@ -308,6 +308,12 @@ class BertModel(BertPreTrainedModel):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
+
+
+def encoder_parameters(config: BertConfig) -> int:
+    """Parameters of the encoder ``config`` describes, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in BertModel(config).parameters())
 
 
 def check_inputs(input_ids: torch.Tensor, mask: torch.Tensor | None, max_positions: int) -> None:

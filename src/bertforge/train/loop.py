@@ -60,7 +60,7 @@ from bertforge.io import append_text, atomic_dir, atomic_write_text, clear_stale
 from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
 from bertforge.train.optim import build_optimizer, build_schedule
 
-__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "latest_checkpoint", "resume_point", "open_run_dir",
+__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "checkpoints", "latest_checkpoint", "resume_point", "open_run_dir",
            "run_files", "stop_marker", "read_stop_marker", "keep_freed_memory", "task_metrics", "PRECISIONS",
            "CHECKPOINTS_DIR", "STOP_MARKER"]
 
@@ -248,13 +248,19 @@ def read_stop_marker(folder: str | Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else {"note": f"{path} is unreadable"}
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder of a run (temporary, half-written ones are ignored)."""
+def checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of a run's complete checkpoints, oldest first (temporary, half-written ones are ignored)."""
     folder = Path(run_dir) / CHECKPOINTS_DIR
     if not folder.is_dir():
-        return None
-    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file()]
-    return max(steps)[1] if steps else None
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir()
+                  if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder of a run (temporary, half-written ones are ignored)."""
+    found = checkpoints(run_dir)
+    return found[-1][1] if found else None
 
 
 def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[str, ...] = RUN_FILES) -> list[str]:
