@@ -1,297 +1,480 @@
-"""Pre-training quality in a fixed wall-clock budget: held-out MLM accuracy, bertforge vs transformers.
+"""Time to quality: held-out MLM accuracy and perplexity against minutes of pre-training.
 
-Both stacks pre-train the same model (default: the ``mini`` preset, uncased vocab) from the same
-initial weights on the same batches, in the same process, for the same training time (``--budget-
-minutes`` per stack, default 5), with the same hyper-parameters; then both are evaluated on the
-same held-out instances. What differs is how many steps each stack gets through in its budget.
+The figure a user pre-training on a budget needs: how many minutes to reach a given masked-LM
+accuracy, for
 
-* Data: the Wikipedia leads of `bertforge.resources`, prepared with Google's algorithm by
-  `pretrain_throughput.prepared_leads` (MiniLM uncased vocab, length 128, ``dupe_factor`` 1,
-  10 shards of 500,000 characters). The last shard (1,288 instances from documents no training
-  shard holds) is held out; training batches come from
-  `bertforge.data.loader.PretrainingLoader` over the other shards, seeded the same for both.
-* bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingTask` --
-  the step ``bertforge pretrain`` takes -- in its faster precision (``--ours-precision auto``).
-* transformers: ``BertForPreTraining`` (sdpa) in a plain loop (`pretrain_throughput.HFLoop`):
-  ``torch.optim.AdamW`` (foreach), labels (B, T), ``clip_grad_norm_(1.0)``, in its faster
-  precision (``--hf-precision auto``).
-* Hyper-parameters, both: batch 32, peak lr 5e-4, AdamW (0.9, 0.999, eps 1e-6), weight decay 0.01
-  except biases and LayerNorm, clipping 1.0, dropout 0.1. The schedule decays *by time*: the
-  learning-rate factor is a function of the stack's own training time t (budget b): linear warmup
-  over the first 10 % of b, then linear decay to 0 at t = b, where the stack stops. So each stack's
-  schedule is planned over exactly the steps it reaches, whatever the load does meanwhile. (Each
-  library's step-based scheduler is replaced by this one; the optimizer step is unchanged.)
-* Precision: a calibration phase first times each stack in each precision for a few steps
-  (interleaved, on throw-away copies of the initial weights); "auto" takes the faster one.
-* Training interleaves the two stacks step by step, always stepping the one that has used less of
-  its budget, so load from other jobs on a shared machine hits both alike. A step's time includes
-  fetching its batch.
-* Evaluation: eval mode, float32, no gradient, on the first ``--eval-instances`` held-out
-  instances (default 1,536; at most the held-out shards' whole batches of 64: 1,280 here) in a
-  fixed order, with each library's own forward; MLM accuracy =
-  argmax correct at the masked positions / masked positions; also MLM loss and NSP accuracy. The
-  initial weights are evaluated by both stacks first, and must agree (checks the two evaluations
-  are the same measurement).
+* ``paper``: bertforge at the paper's settings (MLM + NSP, static 15 % masks, batch 256, lr 1e-4,
+  AdamW (0.9, 0.999), dropout 0.1), its schedule (1 % warmup, linear decay to 0: the paper's 10,000
+  of 1,000,000 steps) laid over the time budget;
+* ``budget``: bertforge with ``--recipe budget`` (`bertforge.train.pretrain.RECIPES`), the same
+  budget; also at shorter budgets (``--short-budgets``), each a run of its own, since a schedule
+  fitted to 10 minutes is not at its best after 3;
+* ``transformers``: transformers' ``BertForPreTraining`` (sdpa) in a plain loop at the paper's
+  settings, from the same initial weights as ``paper`` on the same batches: ``torch.optim.AdamW``
+  (foreach) with transformers' decay exclusions, labels (B, T), ``clip_grad_norm_(1.0)``, the same
+  time-laid schedule;
+* ``--run NAME:key=value,...``: more bertforge runs, the budget recipe with settings changed (the
+  recipe's search): e.g. ``--run mask15:masked_lm_prob=0.15`` or ``--run nsp:objective=mlm+nsp``.
+
+Same corpus, vocab and held-out text as ``bertforge demo``: 95 % of the 10,033 Wikipedia leads plus
+the movie-review training sentences (no labels), an 8,192-piece WordPiece vocab learned from them,
+instances of 128 tokens prepared with Google's algorithm (NSP pairs, static 15 % masks, dupe_factor
+5); the other 5 % of the leads prepared the same way (dupe_factor 1) are the held-out set. A run with
+``masked_lm_prob`` re-masks the same instances afresh at every pass (dynamic masking); ``objective
+mlm`` ignores the NSP labels. Everything is cached under ``$TMPDIR/bertforge-bench``.
+
+Measurement. Every run trains in one process, interleaved step by step: the run that has used the
+smallest share of its budget steps next, so load from other jobs hits all alike. A run's clock counts
+its training steps only (batch loading included, evaluation excluded), and its learning rate
+follows that clock (`bertforge.train.loop.TrainConfig.budget_minutes`; transformers' run gets the
+same function). Every ``--eval-every`` seconds of its clock, and at its end, a run is evaluated on
+the same held-out instances (eval mode, float32, no gradient, each library's own forward): MLM
+accuracy (argmax at the masked positions) and perplexity (exp of the mean MLM cross-entropy there).
+Both libraries evaluate the shared initial weights first and must agree. bertforge trains in the
+precision ``--precision auto`` gives (bf16 where the CPU has it natively); transformers in the faster
+of fp32 and bf16 at a short calibration (``--hf-precision``).
 
 Run (from the repository root)::
 
-    .venv/bin/python benchmarks/pretrain_quality.py                        # 5 minutes per stack
-    .venv/bin/python benchmarks/pretrain_quality.py --budget-minutes 1 --json /tmp/q.json
+    .venv/bin/python benchmarks/pretrain_quality.py --json docs/results/pretrain_quality.json \\
+        --plot docs/images/pretrain_quality.png                     # about 40 minutes on 2 cores
 
-Total wall time is about 2 x budget + 3 minutes (calibration, evaluation) on 2 cores.
+Writes the curves (``--plot``), every figure (``--json``), and a table: each run's final accuracy and
+perplexity, and the minutes each run needs to reach the paper run's and transformers' final accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_throughput import HFLoop, hf_labels, ours_batch, ours_trainer, prepared_leads, run_meta  # noqa: E402
-from step_time import _loadavg, build_models  # noqa: E402
+from pretrain_throughput import bench_cache, hf_labels, run_meta  # noqa: E402
+from step_time import _loadavg  # noqa: E402
 
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
-from bertforge.data.prepare import load_manifest  # noqa: E402
+from bertforge.data.prepare import PrepareConfig, load_manifest, prepare, special_ids  # noqa: E402
+from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
+from bertforge.train.loop import Trainer  # noqa: E402
+from bertforge.train.precision import autocast, native_bf16, resolve_precision  # noqa: E402
+from bertforge.train.pretrain import PretrainConfig, PretrainingTask, build_pretraining_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
+DEVICE = torch.device("cpu")
 
 
-# ---------------------------------------------------------------------------- stacks
-class Stack:
-    """One library's training run: its model, its step function, its own loader and clock."""
+# ---------------------------------------------------------------------------- data
+def corpus(cache: Path, vocab_size: int, dupe_factor: int) -> tuple[Path, Path, Path]:
+    """(vocab folder, prepared training folder, prepared held-out folder): the demo's corpus, built once."""
+    from bertforge import resources
+    from bertforge.text.vocab import learn_vocab
 
-    def __init__(self, name: str, model, precision: str, loader: PretrainingLoader, budget: float, args,
-                 out_dir: str):
-        self.name, self.model, self.precision = name, model, precision
-        self.loader, self.it = loader, iter(loader)
-        self.budget, self.warmup = budget, args.warmup_ratio * budget
-        self.step, self.elapsed, self.tokens, self._t0 = 0, 0.0, 0.0, None
-        self.losses: list[tuple[int, float, float]] = []  # (step, elapsed s, training loss)
-        if name == "ours":
-            self.trainer = ours_trainer(model, args.batch_size, precision, out_dir, lr=args.lr)
-            optimizer = self.trainer.optimizer
-        else:
-            self.loop = HFLoop(model, precision, lr=args.lr)
-            optimizer = self.loop.optimizer
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: self.lr_factor())
-        if name == "ours":
-            self.trainer.scheduler = scheduler
-        else:
-            self.loop.scheduler = scheduler
+    root = cache / f"quality-v{vocab_size}-d{dupe_factor}"
+    vocab, train, held = root / "vocab", root / "train", root / "heldout"
+    done = all(_complete(p) for p in (train, held))
+    if done:
+        return vocab, train, held
+    print(f"# building the corpus, vocab and instances in {root} ...", flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    articles = list(resources.iter_wikipedia_leads())
+    (mr_train, _), _ = resources.movie_review_split(2005)
+    documents = [a for i, a in enumerate(articles) if i % 20]
+    documents += [" ".join(mr_train[i:i + 8]) for i in range(0, len(mr_train), 8)]
+    for name, docs in (("train.txt", documents), ("heldout.txt", articles[::20])):
+        (root / name).write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
+    learn_vocab([root / "train.txt"], vocab, vocab_size=vocab_size, show_progress=False)
+    settings = dict(format="text", max_seq_length=128, max_predictions_per_seq=20, seed=0, shard_chars=1_000_000)
+    prepare([root / "train.txt"], train, vocab, PrepareConfig(dupe_factor=dupe_factor, **settings), workers=2,
+            progress=False)
+    prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=1, **settings), workers=2, progress=False)
+    return vocab, train, held
+
+
+def _complete(folder: Path) -> bool:
+    try:
+        return bool(load_manifest(folder).get("complete"))
+    except Exception:  # noqa: BLE001 - absent or half-written
+        return False
+
+
+# ---------------------------------------------------------------------------- runs
+@dataclass
+class Point:
+    seconds: float
+    step: int
+    mlm_accuracy: float
+    perplexity: float
+    train_loss: float | None = None
+    """Mean training loss (MLM, + NSP where trained) of the steps since the previous point."""
+
+
+@dataclass
+class Run:
+    """One training run: a stack, its settings, its model and step function, its clock and curve."""
+
+    name: str
+    stack: str  # bertforge or transformers
+    budget: float  # seconds
+    settings: dict[str, Any]
+    precision: str = ""
+    step: int = 0
+    elapsed: float = 0.0
+    tokens: float = 0.0
+    curve: list[Point] = field(default_factory=list)
+    next_eval: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    def share(self) -> float:
+        return self.elapsed / self.budget
+
+
+class OursRun(Run):
+    def __init__(self, name: str, cfg: PretrainConfig, tok: BertTokenizer, data: Path, out: str):
+        super().__init__(name, "bertforge", cfg.budget_minutes * 60, settings=_settings(cfg))
+        manifest = load_manifest(data)["config"]
+        nsp, T = bool(manifest["nsp"]), int(manifest["max_seq_length"])
+        self.objective = cfg.resolve_objective(nsp)
+        torch.manual_seed(cfg.seed)
+        self.model = build_pretraining_model(cfg, tok.vocab_size, nsp, T, self.objective)
+        self.task = PretrainingTask(nsp=self.objective == "mlm+nsp")
+        masking = cfg.masking(manifest)
+        self.loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed,
+                                        special=special_ids(tok) if masking else None, masking=masking)
+        self.trainer = Trainer(self.model, self.task, self.loader, cfg, out, tokenizer=tok)
+        self.model = self.trainer.model
+        self.precision = self.trainer.precision
+        self.it = iter(self.loader)
+
+    def train_step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            b = next(self.it)
+        except StopIteration:  # the next epoch
+            self.it = iter(self.loader)
+            b = next(self.it)
+        loss_sums, _, counts, _ = self.trainer.train_step([b])
+        dt = time.perf_counter() - t0
+        self.losses.append(sum(v / max(counts[k], 1.0) for k, v in loss_sums.items()))
+        self.trainer.advance_clock(dt)  # the schedule follows it
+        self.trainer.step += 1
+        self.elapsed, self.step = self.trainer.elapsed, self.trainer.step
+        self.tokens += float(b["attention_mask"].sum())
+
+    def forward(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.model(b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                         masked_positions=b["masked_positions"])
+        if hasattr(out, "prediction_logits"):
+            return out.prediction_logits, out.seq_relationship_logits
+        return out.logits, None
+
+
+class HFRun(Run):
+    """transformers' BertForPreTraining in a plain loop, the same settings and clock-laid schedule."""
+
+    def __init__(self, name: str, cfg: PretrainConfig, model: Any, data: Path, precision: str):
+        super().__init__(name, "transformers", cfg.budget_minutes * 60, settings=_settings(cfg), precision=precision)
+        self.model, self.cfg = model, cfg
+        decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+        no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
+        from bertforge.train.loop import BUDGET_WARMUP_SHARE
+        from bertforge.train.optim import lr_factor
+
+        warm = cfg.warmup_ratio if cfg.warmup_ratio is not None else BUDGET_WARMUP_SHARE
+        units = 1_000_000  # bertforge's clock resolution
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: lr_factor(
+            min(units, int(self.elapsed / self.budget * units)), total_steps=units, warmup_steps=int(warm * units)))
+        self.loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed)
+        self.it = iter(self.loader)
         model.train()
 
-    def lr_factor(self) -> float:
-        """Warmup then linear decay by training time (including the step in progress)."""
-        t = self.elapsed + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
-        if t < self.warmup:
-            return max(t, 0.01 * self.warmup) / self.warmup
-        return max(0.0, (self.budget - t) / max(self.budget - self.warmup, 1e-9))
-
-    def _next(self) -> dict[str, torch.Tensor]:
+    def train_step(self) -> None:
+        t0 = time.perf_counter()
         try:
-            return next(self.it)
-        except StopIteration:  # next epoch
+            b = next(self.it)
+        except StopIteration:
             self.it = iter(self.loader)
-            return next(self.it)
-
-    def train_step(self) -> float:
-        t0 = self._t0 = time.perf_counter()
-        b = self._next()
-        if self.name == "ours":
-            loss_sums, _, counts, _ = self.trainer.train_step([ours_batch(b)])
-            loss = sum(v / max(counts[k], 1.0) for k, v in loss_sums.items())
-        else:
-            b["hf_labels"] = hf_labels(b)
-            loss = self.loop.train_step(b)
-        dt = time.perf_counter() - t0
-        self._t0 = None
+            b = next(self.it)
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.precision, DEVICE):
+            loss = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                              token_type_ids=b["token_type_ids"], labels=hf_labels(b),
+                              next_sentence_label=b["next_sentence_label"]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.elapsed += time.perf_counter() - t0
+        self.losses.append(float(loss.detach()))
         self.step += 1
-        self.elapsed += dt
         self.tokens += float(b["attention_mask"].sum())
-        self.losses.append((self.step, round(self.elapsed, 2), round(loss, 4)))
-        return dt
+
+    def forward(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                         token_type_ids=b["token_type_ids"])
+        full, positions = out.prediction_logits, b["masked_positions"]
+        return full.gather(1, positions.unsqueeze(-1).expand(-1, -1, full.shape[-1])), out.seq_relationship_logits
 
 
-def calibrate(args, data: Path, train_shards: list[int]) -> dict[str, float]:
-    """Median step time (s) of each stack in each precision, interleaved, on throw-away models."""
-    _, ours, theirs = build_models(args.preset, 128, args.seed)
-    tmp = tempfile.mkdtemp(prefix="pq-calib-")
-    stacks = []
-    for name, model in (("ours", ours), ("hf", theirs)):
-        for p in PRECISIONS:
-            loader = PretrainingLoader(PretrainingDataset(data, shards=train_shards), args.batch_size, seed=args.seed)
-            stacks.append(Stack(name, model, p, loader, 3600.0, args, tmp))
-    times: dict[str, list[float]] = {f"{s.name}-{s.precision}": [] for s in stacks}
-    for i in range(1 + args.calib_steps):
-        for s in stacks[i % len(stacks):] + stacks[:i % len(stacks)]:
-            dt = s.train_step()
-            if i >= 1:
-                times[f"{s.name}-{s.precision}"].append(dt)
-    return {k: statistics.median(v) for k, v in times.items()}
+def _settings(cfg: PretrainConfig) -> dict[str, Any]:
+    keys = ("recipe", "model", "objective", "masked_lm_prob", "batch_size", "lr", "adam_beta2", "warmup_ratio",
+            "dropout", "budget_minutes", "seed")
+    return {k: getattr(cfg, k) for k in keys}
 
 
-# ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def evaluate(stack: str, model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Held-out MLM accuracy / loss and NSP accuracy, eval mode, float32."""
-    was_training = model.training
+def evaluate(run: Run, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Held-out MLM accuracy and perplexity at the prepared masks; eval mode, float32."""
+    model = run.model
+    was = model.training
     model.eval()
-    correct = total = nsp_correct = nsp_total = 0
-    loss_sum = 0.0
+    correct = total = 0
+    loss = 0.0
     for b in batches:
-        labels, positions = b["labels"], b["masked_positions"]
-        if stack == "ours":
-            out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], masked_positions=positions)
-            logits = out.prediction_logits  # (B, P, V)
-        else:
-            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                        token_type_ids=b["token_type_ids"])
-            full = out.prediction_logits  # (B, T, V)
-            logits = full.gather(1, positions.unsqueeze(-1).expand(-1, -1, full.shape[-1]))
-        valid = labels != -100
-        correct += int(((logits.argmax(-1) == labels) & valid).sum())
+        logits, _ = run.forward(b)
+        valid = b["labels"] != -100
+        logits, labels = logits[valid].float(), b["labels"][valid]
+        correct += int((logits.argmax(-1) == labels).sum())
         total += int(valid.sum())
-        loss_sum += float(torch.nn.functional.cross_entropy(logits[valid].float(), labels[valid], reduction="sum"))
-        nsp = b["next_sentence_label"]
-        nsp_correct += int((out.seq_relationship_logits.argmax(-1) == nsp).sum())
-        nsp_total += nsp.numel()
-    model.train(was_training)
-    return {"mlm_accuracy": correct / total, "mlm_loss": loss_sum / total, "nsp_accuracy": nsp_correct / nsp_total,
-            "masked_positions": total, "instances": nsp_total}
+        loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+    model.train(was)
+    return {"mlm_accuracy": correct / total, "perplexity": math.exp(loss / total), "masked_positions": total}
 
 
-# ---------------------------------------------------------------------------- main
-@dataclass
-class Result:
-    stack: str
-    precision: str
-    steps: int
-    train_seconds: float
-    tokens_per_s: float
-    calib_step_s: float
-    final_train_loss: float
-    eval: dict[str, float]
-    losses: list = field(default_factory=list)
+def record(run: Run, batches: list) -> None:
+    ev = evaluate(run, batches)
+    loss = round(statistics.mean(run.losses), 4) if run.losses else None
+    run.losses.clear()
+    run.curve.append(Point(round(run.elapsed, 1), run.step, round(ev["mlm_accuracy"], 5), round(ev["perplexity"], 3),
+                           loss))
+
+
+def minutes_to_reach(run: Run, accuracy: float) -> float | None:
+    """Training minutes at which the run's curve first reaches ``accuracy`` (linear between evaluations)."""
+    prev = None
+    for p in run.curve:
+        if p.mlm_accuracy >= accuracy:
+            if prev is None or p.mlm_accuracy == prev.mlm_accuracy:
+                return p.seconds / 60
+            f = (accuracy - prev.mlm_accuracy) / (p.mlm_accuracy - prev.mlm_accuracy)
+            return (prev.seconds + f * (p.seconds - prev.seconds)) / 60
+        prev = p
+    return None
+
+
+def hf_model_from(ours: torch.nn.Module) -> Any:
+    """transformers' BertForPreTraining with ``ours``' config and weights."""
+    from transformers import BertConfig as HFBertConfig, BertForPreTraining as HFBertForPreTraining
+
+    config = {k: v for k, v in ours.config.to_dict().items() if k != "bertforge_version"}
+    theirs = HFBertForPreTraining(HFBertConfig(**config))
+    result = theirs.load_state_dict(ours.state_dict(), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - {"cls.predictions.decoder.weight",
+                                                             "cls.predictions.decoder.bias"}:
+        raise SystemExit(f"state dict mismatch copying bertforge -> transformers: {result}")
+    return theirs
+
+
+def calibrate_hf(cfg: PretrainConfig, ours: torch.nn.Module, data: Path, steps: int = 2) -> dict[str, float]:
+    """Median step seconds of transformers' run in fp32 and (where native) bf16, on a throw-away copy."""
+    times = {}
+    for p in PRECISIONS if native_bf16(DEVICE) else ("fp32",):
+        run = HFRun("calibration", cfg, hf_model_from(ours), data, p)
+        took = []
+        for _ in range(1 + steps):
+            t0 = time.perf_counter()
+            run.train_step()
+            took.append(time.perf_counter() - t0)
+        times[p] = statistics.median(took[1:])
+    return times
+
+
+def parse_overrides(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME:key=value,key=value`` -> (NAME, settings); values read as JSON where they parse."""
+    name, _, rest = spec.partition(":")
+    out: dict[str, Any] = {}
+    for part in filter(None, rest.split(",")):
+        key, _, value = part.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return name, out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Held-out MLM accuracy after the same pre-training time: bertforge's "
-                                            "Trainer vs a plain transformers loop. See the module docstring.")
-    p.add_argument("--budget-minutes", type=float, default=5.0, help="training time per stack; default %(default)s")
-    p.add_argument("--preset", default="mini", help="model size; default %(default)s")
-    p.add_argument("--batch-size", type=int, default=32, help="default %(default)s")
-    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate; default %(default)s")
-    p.add_argument("--warmup-ratio", type=float, default=0.1, help="warmup share of the time budget; default %(default)s")
-    p.add_argument("--ours-precision", choices=("auto", *PRECISIONS), default="auto",
-                   help="bertforge's precision (auto: the faster at calibration); default %(default)s")
+    p = argparse.ArgumentParser(description="Held-out MLM accuracy against pre-training minutes: bertforge at the "
+                                            "paper's settings and with --recipe budget, and transformers. See the "
+                                            "module docstring.")
+    p.add_argument("--budget-minutes", type=float, default=10.0, help="each main run's time; default %(default)s")
+    p.add_argument("--short-budgets", default="3.33,2",
+                   help="budget-recipe runs with these shorter budgets (minutes, comma-separated; '' for none)")
+    p.add_argument("--paper-model", default="mini", help="model of the paper-setting runs; default %(default)s")
+    p.add_argument("--run", action="append", default=[], metavar="NAME:key=value,...",
+                   help="a further bertforge run: the budget recipe with these settings (repeatable)")
+    p.add_argument("--no-paper", action="store_true", help="leave out bertforge at the paper's settings")
+    p.add_argument("--no-transformers", action="store_true", help="leave out transformers")
+    p.add_argument("--no-budget", action="store_true", help="leave out the budget recipe's main run")
     p.add_argument("--hf-precision", choices=("auto", *PRECISIONS), default="auto",
-                   help="transformers' precision (auto: the faster at calibration); default %(default)s")
-    p.add_argument("--calib-steps", type=int, default=3, help="timed calibration steps per run (after 1 warm-up)")
-    p.add_argument("--held-out-shards", type=int, default=1, help="last shards held out; default %(default)s")
-    p.add_argument("--eval-instances", type=int, default=1536, help="held-out instances evaluated; default %(default)s")
-    p.add_argument("--data", default=None, help="a prepared folder (default: the leads, prepared and cached)")
+                   help="transformers' precision (auto: the faster at a short calibration)")
+    p.add_argument("--precision", default="auto", help="bertforge's precision; default %(default)s")
+    p.add_argument("--eval-every", type=float, default=30.0, help="seconds of a run's clock between evaluations")
+    p.add_argument("--eval-instances", type=int, default=1024, help="held-out instances evaluated")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--dupe-factor", type=int, default=5, help="static-mask passes prepared (the paper: 10)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument("--seed", type=int, default=0, help="weights and data order; default %(default)s")
-    p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    p.add_argument("--plot", metavar="PATH", help="draw the curves into this PNG")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    meta = {**run_meta(), "settings": vars(args).copy()}
-    data = Path(args.data) if args.data else prepared_leads()
-    n_shards = len(load_manifest(data)["shards"])
-    held_out = list(range(n_shards - args.held_out_shards, n_shards))
-    train_shards = [i for i in range(n_shards) if i not in held_out]
-    train_set = PretrainingDataset(data, shards=train_shards)
-    eval_loader = PretrainingLoader(PretrainingDataset(data, shards=held_out), 64, seed=args.seed)
+    meta = {**run_meta(), "settings": vars(args).copy(), "native_bf16": native_bf16(DEVICE)}
+    vocab, data, held = corpus(bench_cache(), args.vocab_size, args.dupe_factor)
+    tok = BertTokenizer.from_pretrained(vocab)
     eval_batches = []
-    for b in eval_loader:
+    for b in PretrainingLoader(PretrainingDataset(held), 64, seed=args.seed):
         eval_batches.append(b)
         if len(eval_batches) * 64 >= args.eval_instances:
             break
-    print(f"# torch {meta['torch']}, transformers {meta['transformers']}, bertforge {meta['bertforge']}; "
-          f"{meta['threads']} threads; {meta['nproc']} CPUs: {meta['cpu']}; load average {meta['loadavg_before']}",
+    print(f"# torch {meta['torch']}, transformers {meta['transformers']}; {meta['threads']} threads; "
+          f"{meta['nproc']} CPUs: {meta['cpu']} (native bf16: {meta['native_bf16']}); load {meta['loadavg_before']}",
           flush=True)
-    print(f"# data {data}: {len(train_set):,} training instances (shards {train_shards[0]}-{train_shards[-1]}), "
-          f"{sum(len(b['input_ids']) for b in eval_batches):,} held-out instances evaluated (shards {held_out})",
-          flush=True)
+    print(f"# data {data}: {len(PretrainingDataset(data)):,} instances; {sum(len(b['input_ids']) for b in eval_batches)} "
+          f"held-out instances evaluated", flush=True)
 
-    calib = calibrate(args, data, train_shards)
-    print("# calibration, median s/step: " + ", ".join(f"{k} {v:.2f}" for k, v in calib.items())
-          + f"; load average {_loadavg()}", flush=True)
-    budget = args.budget_minutes * 60
-    config, ours, theirs = build_models(args.preset, 128, args.seed)
-    initial = {"ours": evaluate("ours", ours, eval_batches), "hf": evaluate("hf", theirs, eval_batches)}
-    if abs(initial["ours"]["mlm_loss"] - initial["hf"]["mlm_loss"]) > 1e-4 or \
-            abs(initial["ours"]["mlm_accuracy"] - initial["hf"]["mlm_accuracy"]) > 1e-3:
-        raise SystemExit(f"the two evaluations disagree on the initial weights: {initial}")
-    print(f"# initial weights: held-out MLM accuracy {initial['ours']['mlm_accuracy']:.4f} (ours) / "
-          f"{initial['hf']['mlm_accuracy']:.4f} (HF), MLM loss {initial['ours']['mlm_loss']:.4f} / "
-          f"{initial['hf']['mlm_loss']:.4f}", flush=True)
-
-    tmp = tempfile.mkdtemp(prefix="pq-run-")
-    stacks = []
-    for name, model, choice in (("ours", ours, args.ours_precision), ("hf", theirs, args.hf_precision)):
-        precision = min(PRECISIONS, key=lambda p: calib[f"{name}-{p}"]) if choice == "auto" else choice
-        loader = PretrainingLoader(train_set, args.batch_size, seed=args.seed)
-        stacks.append(Stack(name, model, precision, loader, budget, args, tmp))
-        print(f"# {name}: precision {precision} ({calib[f'{name}-{precision}']:.2f} s/step at calibration)",
-              flush=True)
-    next_report = 60.0
-    while True:
-        active = [s for s in stacks if s.elapsed < budget]
-        if not active:
-            break
-        s = min(active, key=lambda s: s.elapsed)
-        s.train_step()
-        if min(x.elapsed for x in stacks) >= next_report:
-            print("#   " + "; ".join(f"{x.name} step {x.step} at {x.elapsed:.0f} s, loss "
-                                      f"{x.losses[-1][2]:.3f}" for x in stacks) + f"; load average {_loadavg()}",
+    tmp = tempfile.mkdtemp(prefix="pq-")
+    common = dict(data=str(data), tokenizer=str(vocab), seed=args.seed, progress=False, device="cpu",
+                  precision=args.precision)
+    runs: list[Run] = []
+    paper = PretrainConfig(model=args.paper_model, budget_minutes=args.budget_minutes, **common)
+    paper_run = hf_run = None
+    if not args.no_paper or not args.no_transformers:
+        paper_run = OursRun("bertforge, paper's settings", paper, tok, data, f"{tmp}/paper")
+        if not args.no_paper:
+            runs.append(paper_run)
+    if not args.no_transformers:
+        assert paper_run is not None
+        theirs = hf_model_from(paper_run.model)  # the same initial weights
+        hf_precision = args.hf_precision
+        if hf_precision == "auto":
+            calib = calibrate_hf(paper, paper_run.model, data)
+            meta["hf_calibration_s_per_step"] = calib
+            hf_precision = min(calib, key=calib.get)
+            print("# transformers calibration, s/step: " + ", ".join(f"{k} {v:.2f}" for k, v in calib.items()),
                   flush=True)
+        hf_run = HFRun("transformers, paper's settings", paper, theirs, data, hf_precision)
+        runs.append(hf_run)
+    budgets = [] if args.no_budget else [args.budget_minutes]
+    budgets += [float(x) for x in args.short_budgets.split(",") if x.strip()]
+    for minutes in budgets:
+        cfg = PretrainConfig.from_recipe("budget", budget_minutes=minutes, **common)
+        runs.append(OursRun(f"bertforge, budget recipe, {minutes:g} min", cfg, tok, data, f"{tmp}/budget-{minutes:g}"))
+    for spec in args.run:
+        name, overrides = parse_overrides(spec)
+        overrides.setdefault("budget_minutes", args.budget_minutes)
+        cfg = PretrainConfig.from_recipe("budget", **{**common, **overrides})
+        runs.append(OursRun(f"bertforge, budget recipe, {name}", cfg, tok, data, f"{tmp}/{name}"))
+    if not runs:
+        raise SystemExit("no runs left")
+
+    if paper_run is not None and hf_run is not None:
+        a, b = evaluate(paper_run, eval_batches), evaluate(hf_run, eval_batches)
+        if abs(a["perplexity"] - b["perplexity"]) > 1e-3 * a["perplexity"]:
+            raise SystemExit(f"the two libraries' evaluations disagree on the same initial weights: {a} vs {b}")
+        meta["initial_eval"] = a
+    for r in runs:
+        print(f"# {r.name}: precision {r.precision}; {json.dumps(r.settings)}", flush=True)
+        record(r, eval_batches)
+
+    next_report = 60.0
+    while active := [r for r in runs if r.elapsed < r.budget]:
+        r = min(active, key=Run.share)
+        r.train_step()
+        r.next_eval = r.next_eval or args.eval_every
+        if r.elapsed >= r.budget or r.elapsed >= r.next_eval:
+            record(r, eval_batches)
+            r.next_eval += args.eval_every
+        longest = max(runs, key=lambda x: x.budget)
+        if longest.elapsed >= next_report:
+            print(f"#   {longest.elapsed / 60:.0f} min: " + "; ".join(
+                f"{x.name.split(', ', 1)[-1]} step {x.step} acc {x.curve[-1].mlm_accuracy:.3f}" for x in runs)
+                  + f"; load {_loadavg()}", flush=True)
             next_report += 60.0
 
-    results = []
-    for s in stacks:
-        ev = evaluate(s.name, s.model, eval_batches)
-        tail = [x[2] for x in s.losses[-20:]]
-        results.append(Result(
-            stack=s.name, precision=s.precision, steps=s.step,
-            train_seconds=round(s.elapsed, 1), tokens_per_s=round(s.tokens / s.elapsed, 1), calib_step_s=calib[f"{s.name}-{s.precision}"],
-            final_train_loss=round(statistics.mean(tail), 4), eval=ev, losses=s.losses))
-    by = {r.stack: r for r in results}
-    meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg(), calibration=calib,
-                initial_eval=initial)
-    print()
-    head = ["stack", "precision", "steps", "train s", "s/step", "tok/s", "train loss (last 20)",
-            "held-out MLM acc", "held-out MLM loss", "held-out NSP acc"]
-    print("| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
-    print(f"| initial weights | - | 0 | 0 | - | - | - | {initial['ours']['mlm_accuracy']:.4f} | "
-          f"{initial['ours']['mlm_loss']:.3f} | {initial['ours']['nsp_accuracy']:.4f} |")
-    for r in results:
-        print(f"| {'bertforge' if r.stack == 'ours' else 'transformers'} | {r.precision} | {r.steps} | "
-              f" {r.train_seconds:.0f} | {r.train_seconds / r.steps:.2f} | {r.tokens_per_s:,.0f} | {r.final_train_loss:.3f} | "
-              f"{r.eval['mlm_accuracy']:.4f} | {r.eval['mlm_loss']:.3f} | {r.eval['nsp_accuracy']:.4f} |")
-    higher = by["ours"].eval["mlm_accuracy"] > by["hf"].eval["mlm_accuracy"]
-    print(f"\nheld-out MLM accuracy: bertforge {by['ours'].eval['mlm_accuracy']:.4f} vs transformers "
-          f"{by['hf'].eval['mlm_accuracy']:.4f} on {by['ours'].eval['masked_positions']:,} masked positions of "
-          f"{by['ours'].eval['instances']:,} held-out instances: {'ours is higher' if higher else 'ours is NOT higher'}; "
-          f"budget {args.budget_minutes:g} min per stack; load average before {meta['loadavg_before']}, after "
-          f"{meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
+    meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg())
+    targets = {}
+    for r in runs:
+        if r.stack == "transformers" or r.name.startswith("bertforge, paper"):
+            targets[r.name] = r.curve[-1].mlm_accuracy
+    rows = []
+    for r in runs:
+        final = r.curve[-1]
+        rows.append({"name": r.name, "stack": r.stack, "precision": r.precision, "budget_minutes": r.budget / 60,
+                     "steps": r.step, "train_seconds": round(r.elapsed, 1),
+                     "tokens_per_s": round(r.tokens / max(r.elapsed, 1e-9), 1), "settings": r.settings,
+                     "final": final.__dict__, "curve": [p.__dict__ for p in r.curve],
+                     "minutes_to_reach": {t: minutes_to_reach(r, acc) for t, acc in targets.items()}})
+    head = ["run", "precision", "steps", "tok/s", "held-out MLM acc", "perplexity"] + [f"min to {t.split(',')[0]}'s "
+                                                                                        f"{a:.3f}" for t, a in targets.items()]
+    print("\n| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
+    for row in rows:
+        reach = [f"{m:.2f}" if m is not None else "not reached" for m in row["minutes_to_reach"].values()]
+        print(f"| {row['name']} | {row['precision']} | {row['steps']} | {row['tokens_per_s']:,.0f} | "
+              f"{row['final']['mlm_accuracy']:.4f} | {row['final']['perplexity']:.1f} | " + " | ".join(reach) + " |")
+    print(f"\nwall {meta['wall_s'] / 60:.1f} min; load average before {meta['loadavg_before']}, after "
+          f"{meta['loadavg_after']}; CPU {meta['cpu']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1) + "\n")
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"meta": meta, "targets": targets, "runs": rows}, indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, Path(args.plot), meta)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot(rows: list[dict], path: Path, meta: dict) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.5))
+    FigureCanvasAgg(fig)
+    acc_ax, ppl_ax = fig.subplots(1, 2)
+    for row in rows:
+        xs = [p["seconds"] / 60 for p in row["curve"]]
+        style = "--" if row["stack"] == "transformers" else "-"
+        acc_ax.plot(xs, [p["mlm_accuracy"] for p in row["curve"]], style, marker=".", label=row["name"])
+        ppl_ax.plot(xs, [p["perplexity"] for p in row["curve"]], style, marker=".", label=row["name"])
+    acc_ax.set_xlabel("training minutes")
+    acc_ax.set_ylabel("held-out MLM accuracy")
+    ppl_ax.set_xlabel("training minutes")
+    ppl_ax.set_ylabel("held-out MLM perplexity (log)")
+    ppl_ax.set_yscale("log")
+    for ax in (acc_ax, ppl_ax):
+        ax.grid(alpha=0.3)
+    acc_ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Pre-training time to quality, {meta['nproc']} cores of {meta['cpu']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -441,3 +441,40 @@ def test_a_manifest_missing_keys_is_one_error_naming_file_and_key(damage, messag
     assert main(["prepare", "--stats", str(copy)]) == 2  # not a KeyError traceback
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "manifest.json" in err and "Traceback" not in err
+
+
+def test_a_masking_setting_remasks_static_data_afresh_each_epoch_at_its_rate(static_dir):
+    """Statically masked instances get their original tokens back, then fresh masks at the given rate
+    every epoch; the same seed gives the same masks."""
+    from bertforge.data.instances import MaskingConfig
+
+    ds = PretrainingDataset(static_dir)
+    originals = {}
+    for k in range(len(ds.sizes)):
+        for inst in ds.shard(k).instances():
+            ids = inst.input_ids.copy()
+            ids[inst.masked_positions] = inst.masked_labels
+            originals[(tuple(ids.tolist()), inst.num_a, int(inst.is_random_next))] = 0
+    masking = MaskingConfig(0.4, 60)
+    with pytest.raises(ValueError, match="special"):
+        PretrainingLoader(ds, 8, masking=masking)
+    a = loader(static_dir, 1, seed=3, special=SPECIAL, masking=masking)
+    masks = []
+    for _ in range(2):
+        per_instance = {}
+        for b in a:
+            assert b["masked_positions"].shape[1] == 60  # the setting's slots, not the data's 20
+            (ids, num_a, pos, labels, nsl), = rows(b)
+            orig = np.array(ids)
+            orig[list(pos)] = labels
+            key = (tuple(orig.tolist()), num_a, nsl)
+            assert key in originals  # the static masks were undone before masking again
+            assert len(pos) == expected_mask_count(len(ids), 60, prob=0.4)
+            per_instance.setdefault(key, []).append(pos)
+        masks.append(per_instance)
+    assert masks[0].keys() == masks[1].keys() == originals.keys()
+    unique = [k for k, v in masks[0].items() if len(v) == 1 and len(masks[1][k]) == 1]
+    assert sum(masks[0][k] != masks[1][k] for k in unique) > 0.8 * len(unique)  # fresh masks every epoch
+    b = loader(static_dir, 8, seed=3, special=SPECIAL, masking=masking)
+    c = loader(static_dir, 8, seed=3, special=SPECIAL, masking=masking)
+    assert epoch_rows(b) == epoch_rows(c)

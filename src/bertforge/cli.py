@@ -124,14 +124,16 @@ def _file_value(value: Any, annotation: Any, name: str, file: str | Path) -> Any
     raise ValueError(f"{file}: {name} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
 
 
-def config_from_file(cls: type, file: str | Path) -> Any:
-    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: defaults)."""
+def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
+    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values,
+    or the defaults)."""
     values = read_config_file(file)
     types = typing.get_type_hints(cls)
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls) if f.init})
     if unknown:
         raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
-    return cls(**{k: _file_value(v, types[k], k, file) for k, v in values.items()})
+    checked = {k: _file_value(v, types[k], k, file) for k, v in values.items()}
+    return dataclasses.replace(base, **checked) if base is not None else cls(**checked)
 
 
 # ---------------------------------------------------------------------------- vocab / prepare / tokenize
@@ -681,10 +683,13 @@ def _run(command: str, args: list[str]) -> int:
         if a in _BARE_FLAGS and (i + 1 == len(args) or args[i + 1].startswith("-")):
             given.append(_BARE_FLAGS[a])
     fn = COMMANDS[command]
-    file = _flag_value(given, "--config")
+    file, recipe = _flag_value(given, "--config"), _flag_value(given, "--recipe")
     cfg = inspect.signature(fn).parameters.get("cfg")
-    if file is not None and cfg is not None:
-        fn = functools.partial(fn, cfg=config_from_file(type(cfg.default), file))
+    if cfg is not None and (file is not None or recipe is not None):
+        cls = type(cfg.default)
+        # a recipe's settings first, a config file's over them, the flags over both
+        base = cls.from_recipe(recipe) if recipe is not None and hasattr(cls, "from_recipe") else None
+        fn = functools.partial(fn, cfg=config_from_file(cls, file, base) if file is not None else base or cfg.default)
     return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,))
 
 

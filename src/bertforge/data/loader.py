@@ -20,6 +20,12 @@ loader over features in memory (`bertforge.tasks.encoding.FeatureBatches`) is bu
 Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
 generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same
 whatever the number of ranks.
+
+Re-masking (``masking=``): a loader given its own `MaskingConfig` masks every instance afresh each
+epoch, as above, at that rate, whatever the data was prepared with: statically masked instances get
+their original tokens back first (each label written back at its position). A small corpus repeated
+for many epochs then never shows the same masks twice, and the masking rate becomes a training
+setting rather than a property of the prepared data.
 """
 
 from __future__ import annotations
@@ -259,6 +265,7 @@ class PretrainingLoader(CursorLoader):
         world_size: int = 1,
         special: SpecialIds | None = None,
         pad_to_multiple_of: int = 8,
+        masking: MaskingConfig | None = None,
     ):
         self.cursor = EpochCursor(len(dataset), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.dataset = dataset
@@ -270,13 +277,16 @@ class PretrainingLoader(CursorLoader):
         cfg = dataset.config
         self.max_predictions = cfg["max_predictions_per_seq"]
         self.nsp = cfg["nsp"]
-        self.masking: MaskingConfig | None = None
-        if cfg["dynamic_masking"]:
+        self.masking: MaskingConfig | None = masking
+        self.unmask = masking is not None and not cfg["dynamic_masking"]  # static masks to undo first
+        if masking is None and cfg["dynamic_masking"]:
+            self.masking = MaskingConfig(cfg["masked_lm_prob"], cfg["max_predictions_per_seq"],
+                                         cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
+        if self.masking is not None:
             if special is None:
                 raise ValueError("dynamic masking needs the tokenizer's special ids (special=...)")
             _check_special(special, dataset)
-            self.masking = MaskingConfig(cfg["masked_lm_prob"], cfg["max_predictions_per_seq"],
-                                         cfg["mask_token_prob"], cfg["random_token_prob"], cfg["whole_word_mask"])
+            self.max_predictions = self.masking.max_predictions_per_seq
         self.special = special
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
 
@@ -322,7 +332,11 @@ class PretrainingLoader(CursorLoader):
         assert self.special is not None and self.masking is not None
         for k, inst in enumerate(instances):
             rng = np.random.default_rng([self.seed, epoch, first + k, 0x6D61736B])
-            (ids, positions, labels), = mask_instances([inst.input_ids], self.special, self.masking, rng)
+            ids = inst.input_ids
+            if self.unmask:
+                ids = ids.copy()
+                ids[inst.masked_positions] = inst.masked_labels
+            (ids, positions, labels), = mask_instances([ids], self.special, self.masking, rng)
             inst.input_ids, inst.masked_positions, inst.masked_labels = ids, positions, labels
 
     def collate(self, instances: list) -> dict[str, torch.Tensor]:

@@ -77,6 +77,13 @@ RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
 RUN_SETUP = ("run_config.json", "tensorboard")
 """What a run writes before its first result: a folder holding only these is a run that failed at its start."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+SETTINGS_ABSENT_MEAN: dict[str, Any] = {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None}
+"""What a setting missing from a checkpoint's recorded settings means (it predates the setting), so that such a
+checkpoint still resumes."""
+BUDGET_WARMUP_SHARE = 0.01
+"""Warmup share of a time budget when none is given: the paper's 10,000 of 1,000,000 steps."""
+_CLOCK_UNITS = 1_000_000
+"""A time-budget schedule's resolution: the budget in this many equal units of training time."""
 
 
 @dataclass
@@ -145,6 +152,11 @@ class TrainConfig:
     """Evaluate on held-out data every this many steps (0: only at the end)."""
     max_time_minutes: float = 0.0
     """Stop (with a checkpoint) after this much training time (0: no limit)."""
+    budget_minutes: float = 0.0
+    """Train for this much training time, with the schedule laid over time instead of steps: warmup over
+    --warmup-ratio of it, then the decay, ending when the time does (0: the schedule spans max_steps).
+    max_steps still caps the steps. The learning rate then follows the clock, so a resumed run is not
+    bit-identical to an uninterrupted one."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -160,6 +172,18 @@ class TrainConfig:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if (self.warmup_steps or 0) < 0 or self.keep_checkpoints < 0 or self.eval_every < 0:
             raise ValueError("warmup_steps, keep_checkpoints and eval_every must be >= 0")
+        if not self.budget_minutes >= 0 or not math.isfinite(self.budget_minutes):
+            raise ValueError(f"budget_minutes must be a finite number >= 0, got {self.budget_minutes}")
+        if self.budget_minutes and self.warmup_steps is not None:
+            raise ValueError(f"budget_minutes lays the schedule over time: give its warmup as warmup_ratio (a share "
+                             f"of the budget), not warmup_steps ({self.warmup_steps})")
+
+    @property
+    def budget_warmup_share(self) -> float:
+        """With ``budget_minutes``: the share of the budget spent on warmup."""
+        if self.warmup_ratio is not None:
+            return self.warmup_ratio
+        return self.DEFAULT_WARMUP_RATIO if self.DEFAULT_WARMUP_RATIO is not None else BUDGET_WARMUP_SHARE
 
     @property
     def warmup(self) -> int:
@@ -463,8 +487,16 @@ class Trainer:
             wrapped, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
             bias_correction=config.bias_correction)
-        self.scheduler = build_schedule(self.optimizer, total_steps=config.max_steps, warmup_steps=config.warmup,
-                                        schedule=config.schedule, power=config.power, end_factor=config.end_lr_ratio)
+        self.elapsed = 0.0  # training seconds, carried across resumes
+        if config.budget_minutes:  # the schedule follows the training clock: the decay ends when the time does
+            self.scheduler = build_schedule(
+                self.optimizer, clock=self._clock, total_steps=_CLOCK_UNITS,
+                warmup_steps=int(config.budget_warmup_share * _CLOCK_UNITS), schedule=config.schedule,
+                power=config.power, end_factor=config.end_lr_ratio)
+        else:
+            self.scheduler = build_schedule(self.optimizer, total_steps=config.max_steps, warmup_steps=config.warmup,
+                                            schedule=config.schedule, power=config.power,
+                                            end_factor=config.end_lr_ratio)
         self.wrapped = wrapped
         self.train_model = torch.compile(wrapped) if config.compile else wrapped
         self.ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
@@ -472,9 +504,26 @@ class Trainer:
         self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
-        self.elapsed = 0.0  # training seconds, carried across resumes
         self._window = _empty_window()
         self._logged_eval: dict[str, Any] | None = None  # the eval line already logged at the step resumed from
+
+    def _clock(self, step: int) -> int:
+        """The time-budget schedule's position: the training time spent, in `_CLOCK_UNITS` of the budget."""
+        return min(_CLOCK_UNITS, int(self.elapsed / (self.cfg.budget_minutes * 60) * _CLOCK_UNITS))
+
+    def advance_clock(self, seconds: float) -> None:
+        """Count ``seconds`` more training time; a time-budget schedule sets the next step's rate from it."""
+        self.elapsed += seconds
+        if self.cfg.budget_minutes:
+            self.scheduler._last_lr = []  # type: ignore[attr-defined]
+            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                           self.scheduler.lr_lambdas):
+                group["lr"] = base * factor(self.scheduler.last_epoch)
+                self.scheduler._last_lr.append(group["lr"])  # type: ignore[attr-defined]
+
+    def budget_spent(self) -> bool:
+        """Whether a time-budget run has used its budget."""
+        return bool(self.cfg.budget_minutes) and self.elapsed >= self.cfg.budget_minutes * 60
 
     # ------------------------------------------------------------------ checkpoints
     def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -575,6 +624,7 @@ class Trainer:
             self.model.load_state_dict({k: weights[k] for k in expected})
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.elapsed = float(state.get("elapsed", 0.0))  # a time-budget schedule reads it
         # The saved optimizer holds the lr of the saved run's schedule; max_steps may have changed
         # since (a run extended), so the next step's lr comes from this run's schedule.
         for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
@@ -586,7 +636,6 @@ class Trainer:
         rngs = state["rng"]
         _set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
-        self.elapsed = float(state.get("elapsed", 0.0))
         self._load_window(state.get("log_window"))
         if self.dist.is_main:
             logger.info("resumed from %s at step %d", folder, self.step)
@@ -617,10 +666,13 @@ class Trainer:
             "seconds": float(saved["seconds"]), "steps": int(saved["steps"])})
 
     def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
+        def get(config: dict[str, Any], k: str) -> Any:
+            return config.get(k, SETTINGS_ABSENT_MEAN.get(k))
+
         changed = sorted(k for k in set(saved) | set(self.run_config)
-                         if k not in self.resumable_changes and saved.get(k) != self.run_config.get(k))
+                         if k not in self.resumable_changes and get(saved, k) != get(self.run_config, k))
         if changed:
-            details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.run_config.get(k)!r}" for k in changed[:8])
+            details = "; ".join(f"{k}: {get(saved, k)!r} -> {get(self.run_config, k)!r}" for k in changed[:8])
             raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); "
                              "use the original settings or a new output folder")
 
@@ -651,7 +703,7 @@ class Trainer:
         path = self.out / METRICS_FILE
         if not path.is_file():
             return
-        reopened = self._window["steps"] > 0 and self.step < self.cfg.max_steps
+        reopened = self._window["steps"] > 0 and self.step < self.cfg.max_steps and not self.budget_spent()
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -778,7 +830,10 @@ class Trainer:
         if cfg.progress and self.dist.is_main:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            bar = (tqdm(total=round(cfg.budget_minutes * 60), initial=round(self.elapsed), desc="train", unit="s",
+                        bar_format="{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}{postfix}]",
+                        dynamic_ncols=True) if cfg.budget_minutes else
+                   tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True))
         window = self._window
         last_ckpt: Path | None = None
         eval_metrics: dict[str, float] = {}
@@ -786,7 +841,7 @@ class Trainer:
         stopped_early = False
         it = iter(self.batches)
         with _Stop() as stop:
-            while self.step < cfg.max_steps:
+            while self.step < cfg.max_steps and not self.budget_spent():
                 t0 = time.perf_counter()
                 micro, it = self._micro_batches(it)
                 tokens = sum(float(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
@@ -794,7 +849,7 @@ class Trainer:
                 loss_sums, stats, counts, grad_norm = self.train_step(micro)
                 self.step += 1
                 dt = time.perf_counter() - t0
-                self.elapsed += dt
+                self.advance_clock(dt)
                 window["seconds"] += dt
                 window["tokens"] += tokens
                 window["steps"] += 1
@@ -805,22 +860,24 @@ class Trainer:
                 for k, v in stats.items():
                     window["stat"][k] = window["stat"].get(k, 0.0) + v
                 stop_now = stop.requested or (cfg.max_time_minutes > 0 and self.elapsed >= cfg.max_time_minutes * 60)
-                if self.dist.enabled:  # every process stops at the same step
-                    flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now)], device=self.device))
-                    stop_now = bool(flag.item() > 0)
-                done = self.step >= cfg.max_steps or stop_now
+                if self.dist.enabled:  # every process stops at the same step, on the same clock
+                    flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now), self.elapsed], device=self.device,
+                                                                 dtype=torch.float64))
+                    stop_now, self.elapsed = bool(flag[0].item() > 0), flag[1].item() / self.dist.world_size
+                finished = self.step >= cfg.max_steps or self.budget_spent()
+                done = finished or stop_now
                 if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too
                     final = self._log_train(window, grad_norm, bar)
                 if self.step % cfg.log_every == 0:  # a partial window stays open: a resumed run continues it
                     window = self._window = _empty_window()
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(dt if cfg.budget_minutes else 1)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                     eval_metrics = self.run_evaluation()
                 if self.step % cfg.checkpoint_every == 0 or done:
                     last_ckpt = self.save_checkpoint()
                 if stop_now:
-                    stopped_early = self.step < cfg.max_steps
+                    stopped_early = not finished
                     break
         if bar is not None:
             bar.close()

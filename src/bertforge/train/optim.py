@@ -142,7 +142,11 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str =
     return end_factor + (1.0 - end_factor) * decay
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, **kwargs) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` applying `lr_factor` (keyword arguments as there)."""
+def build_schedule(optimizer: torch.optim.Optimizer, clock: Callable[[int], int] | None = None,
+                   **kwargs) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` applying `lr_factor` (keyword arguments as there) at the step, or at ``clock(step)``
+    where the schedule's position is not the step count (a schedule laid over training time)."""
     lr_factor(0, **kwargs)  # validate now, not at the first step
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kwargs))
+    if clock is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kwargs))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(clock(step), **kwargs))

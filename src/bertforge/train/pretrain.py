@@ -32,7 +32,7 @@ from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
 from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
 
-__all__ = ["OBJECTIVES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
+__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
            "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
@@ -63,6 +63,12 @@ class PretrainConfig(TrainConfig):
     objective: str = "auto"
     """mlm+nsp (the paper's BERT; NSP data), mlm (masked LM only: the ablation "No NSP", also on NSP data),
     ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
+    masked_lm_prob: float | None = None
+    """Mask this share of each sequence's tokens afresh at every pass over the data (dynamic masking, also on
+    statically masked data; 80/10/10 as the paper); none: the data's masks as prepared. The held-out
+    evaluation keeps its prepared masks."""
+    recipe: str = "paper"
+    """The named settings these started from (`RECIPES`; `PretrainConfig.from_recipe`, ``--recipe``)."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint."""
     overwrite: bool = False
@@ -76,6 +82,29 @@ class PretrainConfig(TrainConfig):
             raise ValueError("eval_shards must be >= 0 and eval_batches >= 1")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+
+    @classmethod
+    def from_recipe(cls, name: str, **settings: Any) -> "PretrainConfig":
+        """The recipe ``name``'s settings (`RECIPES`), with ``settings`` given on top of them."""
+        if name not in RECIPES:
+            raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+        return cls(**{**RECIPES[name], **settings, "recipe": name})
+
+    def masking(self, data: Mapping[str, Any]) -> Any:
+        """The `MaskingConfig` of ``masked_lm_prob`` for data prepared with settings ``data`` (a manifest's
+        config): its length sets the slots, and what replaces a chosen token (the [MASK] / random shares,
+        whole words) stays as prepared. None: the data's masks as prepared."""
+        from bertforge.data.instances import MaskingConfig
+
+        if self.masked_lm_prob is None:
+            return None
+        slots = max(1, math.ceil(self.masked_lm_prob * int(data["max_seq_length"])))
+        return MaskingConfig(self.masked_lm_prob, slots, float(data.get("mask_token_prob", 0.8)),
+                             float(data.get("random_token_prob", 0.1)), bool(data.get("whole_word_mask", False)))
 
     def resolve_objective(self, nsp_data: bool) -> str:
         """The objective trained on data prepared with (``nsp_data``) or without next sentence prediction."""
@@ -88,6 +117,22 @@ class PretrainConfig(TrainConfig):
 
 
 OBJECTIVES = ("auto", "mlm+nsp", "mlm", "ltr")
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "budget": {
+        "objective": "mlm",
+        "masked_lm_prob": 0.3,
+        "dropout": 0.0,
+        "lr": 1e-3,
+        "adam_beta2": 0.98,
+        "warmup_ratio": 0.06,
+        "batch_size": 128,
+        "model": "mini",
+    },
+}
+"""Named pre-training settings. ``paper``: the paper's (the defaults). ``budget``: what learns most in a
+fixed time budget (with ``budget_minutes``; measured in docs/pretraining.md)."""
 
 
 def data_objective(nsp_data: bool) -> str:
@@ -268,8 +313,10 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization, shards=train_shards)
     dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
     special = special_ids(tok) if data_cfg.get("dynamic_masking") else None
+    masking = cfg.masking(data_cfg)
     loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                               world_size=dist.world_size, special=special)
+                               world_size=dist.world_size, special=special if masking is None else special_ids(tok),
+                               masking=masking)
     nsp = bool(data_cfg["nsp"])
     objective = cfg.resolve_objective(nsp)
     task = LeftToRightTask() if objective == "ltr" else PretrainingTask(nsp=objective == "mlm+nsp")
