@@ -94,7 +94,7 @@ def test_the_plan_gives_pre_training_what_the_curve_leaves_within_its_bounds():
 
     def plan(seconds: float, published: float):
         step_seconds = {"random initialisation": seconds, "own pre-training": seconds, "all-MiniLM-L6-v2": published}
-        return plan_time(cfg, step_seconds, starts, [100, 300, 1000, 3000, 9011], recipe, 1557, elapsed=15)
+        return plan_time(cfg, step_seconds, starts, [100, 300, 1000, 3000, 9011], recipe, 1557)
 
     fast, here, slow = plan(0.02, 0.05), plan(0.08, 0.2), plan(0.1, 0.25)
     assert here.required_sizes == [100, 300, 1000]  # 3,000 and all are optional: not planned for
@@ -107,7 +107,7 @@ def test_the_plan_gives_pre_training_what_the_curve_leaves_within_its_bounds():
     # the estimate counts the protocol's runs: 3 rates + 2 more seeds for each own-model start, 3 for the published
     # (one seed), at each of the three sizes; with steps and evaluation free, each run costs its overhead
     nothing = plan_time(cfg, {name: 0.0 for name in ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")},
-                        starts, [100, 300, 1000], recipe, 0, elapsed=0)
+                        starts, [100, 300, 1000], recipe, 0)
     assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * RUN_SECONDS * 3 * (5 + 5 + 3))
 
 

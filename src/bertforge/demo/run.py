@@ -334,15 +334,13 @@ class TimePlan:
     """The estimated time of the curve at those sizes."""
     pretrain_seconds: float
     """Pre-training's time."""
-    elapsed_seconds: float
-    """The time already gone (setup) when the plan was made."""
     budget_seconds: float
     """``minutes`` in seconds."""
 
     @property
     def total_seconds(self) -> float:
-        """The demo's expected time without the curve's optional sizes."""
-        return self.elapsed_seconds + self.pretrain_seconds + self.curve_seconds + REPORT_SECONDS
+        """The demo's expected time after setup, without the curve's optional sizes."""
+        return self.pretrain_seconds + self.curve_seconds + REPORT_SECONDS
 
     def to_json(self) -> dict[str, Any]:
         return {"finetune_step_seconds": {k: round(v, 4) for k, v in self.finetune_step_seconds.items()},
@@ -352,18 +350,18 @@ class TimePlan:
 
 
 def plan_time(cfg: DemoConfig, finetune_step_seconds: dict[str, float], starts: Sequence[Start], sizes: Sequence[int],
-              recipe: Recipe, eval_examples: int, elapsed: float) -> TimePlan:
-    """The time plan: the curve's sizes up to ``curve_required_up_to`` (the smallest at least) estimated from
-    each start's timed step (`bertforge.demo.curve.estimate_seconds`, each run scoring ``eval_examples``
-    sentences); pre-training gets what ``minutes`` leaves after the ``elapsed`` seconds, that estimate and
-    the report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+              recipe: Recipe, eval_examples: int) -> TimePlan:
+    """The time plan after setup: the curve's sizes up to ``curve_required_up_to`` (the smallest at least)
+    estimated from each start's timed step (`bertforge.demo.curve.estimate_seconds`, each run scoring
+    ``eval_examples`` sentences); pre-training gets what ``minutes`` leaves after that estimate and the
+    report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
     required = [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
     curve = estimate_seconds(finetune_step_seconds, starts, required, cfg.seeds, recipe, eval_examples)
     budget = cfg.minutes * 60
-    rest = budget - elapsed - curve - REPORT_SECONDS
+    rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
     return TimePlan(finetune_step_seconds=dict(finetune_step_seconds), required_sizes=required, curve_seconds=curve,
-                    pretrain_seconds=pretrain, elapsed_seconds=elapsed, budget_seconds=budget)
+                    pretrain_seconds=pretrain, budget_seconds=budget)
 
 
 def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str) -> None:
@@ -377,14 +375,13 @@ def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: 
     logger.info(f"    the curve at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples (always run): "
                 f"{runs} fine-tunings (learning rates {', '.join(format_lr(lr) for lr in recipe.lrs)} on the first "
                 f"seed, the chosen one on the others), about {plan.curve_seconds / 60:.1f} minutes")
-    logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} less "
-                f"{plan.elapsed_seconds / 60:.1f} of setup, the curve's {plan.curve_seconds / 60:.1f} and "
-                f"{REPORT_SECONDS} s for the report, kept between {cfg.pretrain_min_share * cfg.minutes:.1f} and "
-                f"{cfg.pretrain_share * cfg.minutes:.1f})")
+    logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
+                f"setup, less the curve's {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
+                f"between {cfg.pretrain_min_share * cfg.minutes:.1f} and {cfg.pretrain_share * cfg.minutes:.1f})")
     if plan.total_seconds > plan.budget_seconds + 1:
         logger.warning(f"the curve's sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
-                       f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes, "
-                       f"over its {cfg.minutes:g}")
+                       f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes after "
+                       f"setup, over its {cfg.minutes:g}")
 
 
 def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
@@ -556,11 +553,11 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
         if published:
             timed[PUBLISHED] = time_finetuning_step(published, mr_train, recipe, device)
-        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(mr_dev),
-                         elapsed=time.perf_counter() - step.start)
+        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(mr_dev))
         _log_plan(cfg, plan, starts, recipe, precision)
         report["time_plan"] = plan.to_json()
     minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - step.start) / 60
+    budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
     # Pre-training gets the time the plan leaves it; its schedule (warmup, decay to 0) is fitted to it.
     left = plan.pretrain_seconds
@@ -611,7 +608,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
             logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
         report["fill_mask"] = examples
 
-    deadline = step.start + cfg.minutes * 60 - REPORT_SECONDS
+    deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
     with step("The label-efficiency curve: " + ", ".join(s.name for s in starts) + f" and {BAG_OF_WORDS}, "
               f"on {', '.join(f'{n:,}' for n in sizes)} labelled sentences"):
         curve = run_curve(starts, (mr_train, mr_train_y), (mr_dev, mr_dev_y), sizes, cfg.seeds, recipe, out / "curve",
