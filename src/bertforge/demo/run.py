@@ -7,14 +7,18 @@ data from nothing in about 20 minutes on a CPU.
   3. prepare NSP + MLM pre-training shards (Google's create_pretraining_data algorithm);
   4. time a pre-training step in fp32 and in bf16 and train in the faster (bf16 wins only where the
      CPU has fast bf16 matrix units; it is not timed where the CPU only emulates it);
-  5. pre-train a mini BERT (L4 / H256) for ``pretrain_share`` of the budget, with held-out MLM / NSP
-     accuracy and the curves in ``pretrain/curves.png``, and show a few fill-mask predictions;
-  6. the label-efficiency curve (`bertforge.demo.curve`): fine-tune the same model from random
+  5. plan the time: time a fine-tuning step of each starting point's model, estimate the curve at its
+     required sizes (up to ``curve_required_up_to``), and give pre-training what the budget leaves
+     (between ``pretrain_min_share`` and ``pretrain_share`` of it);
+  6. pre-train a mini BERT (L4 / H256) for that time, with held-out MLM / NSP accuracy and the curves
+     in ``pretrain/curves.png``, and show a few fill-mask predictions;
+  7. the label-efficiency curve (`bertforge.demo.curve`): fine-tune the same model from random
      initialisation, the demo's own pre-training and all-MiniLM-L6-v2 with one recipe on nested
-     subsets of the movie-review training set, score each on the held-out split, and fit a
-     bag-of-words logistic regression on the same subsets; the sizes that do not fit the rest of the
-     budget are left out, largest first;
-  7. write ``report.md`` / ``report.json`` and the plot ``curve.png``.
+     subsets of the movie-review training set, each at the learning rate chosen for it on a
+     development split set aside from the training set, score each on the held-out split, and fit a
+     bag-of-words logistic regression on the same subsets; the required sizes always run, a larger
+     one only if it fits the rest of the budget;
+  8. write ``report.md`` / ``report.json`` and the plot ``curve.png``.
 
 The pre-training text is the Wikipedia leads plus, by default, the movie-review *training*
 sentences without their labels (``task_text_in_pretraining``; the held-out sentences are never seen
@@ -33,6 +37,7 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +45,13 @@ from typing import Any
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, parse_sizes, plot_curve, run_curve
+from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, estimate_seconds, format_lr, parse_lrs, \
+    parse_sizes, planned_runs, plot_curve, run_curve
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
 from bertforge.train.precision import PRECISIONS, autocast, cpu_name
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "plan_time"]
 
 logger = logging.getLogger("bertforge")
 
@@ -65,16 +71,21 @@ COLOURS = {RANDOM_INIT: "tab:red", OWN: "tab:blue", PUBLISHED: "tab:green"}
 
 @dataclass
 class DemoConfig:
-    """The demo's settings (defaults: about 19 minutes on any machine; the pre-training gets a fixed
-    share of them, the label-efficiency curve the rest)."""
+    """The demo's settings (defaults: about 19 minutes; the label-efficiency curve's required sizes are
+    planned first, from fine-tuning steps timed on the machine, and pre-training gets the rest)."""
 
     out: str = "runs/demo"
     """Folder of everything the demo writes."""
     minutes: float = 19.0
-    """The whole demo's time budget on this machine (setup not included). Scale the demo up here."""
+    """The whole demo's time budget on this machine (setup not included). Scale the demo up here. A machine
+    too slow for the curve's required sizes in it takes longer (``pretrain_min_share``)."""
     pretrain_share: float = 0.5
-    """Share of ``minutes`` given to pre-training (its schedule is fitted to it); the curve gets the rest,
-    and leaves out its largest sizes when they do not fit."""
+    """Most of ``minutes`` pre-training gets (its schedule is fitted to its time). It gets what the budget
+    leaves after the curve's required sizes, estimated before it starts from fine-tuning steps timed here,
+    up to this share."""
+    pretrain_min_share: float = 0.2
+    """Least of ``minutes`` pre-training gets, even where the curve's required sizes are estimated to need
+    more than the rest (the demo then takes longer than ``minutes``, and says so before it pre-trains)."""
     seed: int = 0
     """Seed of the vocab sample, the data and the pre-training; the curve's seeds are seed, seed + 1, ..."""
     mr_split_seed: int = 2005
@@ -109,19 +120,32 @@ class DemoConfig:
     """Dropout during pre-training: none, as a short run learns faster without it (fine-tuning uses
     ``finetune_dropout`` whatever this is)."""
     curve_sizes: str = "100,300,1000,3000,all"
-    """Labelled training examples of the curve's points, comma-separated ("all": the whole training set)."""
+    """Labelled training examples of the curve's points, comma-separated ("all": the whole training set
+    outside the development split)."""
+    curve_required_up_to: int = 1000
+    """The sizes up to this always run, whatever the machine's speed (pre-training's time is planned around
+    them); a larger size runs only if it fits in what is left of ``minutes``."""
     curve_seeds: int = 3
     """Seeds (subsets and fine-tunings) at each size up to ``curve_seeds_up_to``; larger sizes get one."""
     curve_seeds_up_to: int = 1000
     """The largest size that gets ``curve_seeds`` seeds (the small sizes, where the spread is large)."""
+    dev_examples: int = 500
+    """Movie-review training sentences set aside once (a seed of their own) as the development split, on which
+    each starting point's learning rate is chosen; the curve's subsets are drawn from the rest, and nothing
+    is chosen on the held-out sentences."""
     published_checkpoint: bool = True
     """Put the published all-MiniLM-L6-v2 checkpoint on the curve (about 84 MB, fetched once)."""
+    published_seeds: int = 1
+    """Seeds of the published checkpoint at each size (at most ``curve_seeds``): its line is the costliest
+    (6 layers, hidden 384)."""
     finetune_epochs: float = 3.0
     """Fine-tuning passes over each subset (every starting point alike) ..."""
     finetune_min_steps: int = 100
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
-    finetune_lr: float = 3e-4
-    """Fine-tuning peak learning rate (every starting point; 10% warmup, then linear decay)."""
+    finetune_lrs: str = "5e-5,1e-4,3e-4"
+    """Fine-tuning peak learning rates, comma-separated (10% warmup, then linear decay): each starting point
+    gets the one that scores best on the development split, chosen at each size on the first seed's
+    subset. Pre-trained models take a lower rate than a random initialisation."""
     finetune_batch_size: int = 32
     """Fine-tuning sentences per step."""
     finetune_max_seq_length: int = 64
@@ -142,9 +166,14 @@ class DemoConfig:
                              f"CPU), got {self.precision!r}")
         if not 0.0 <= self.pretrain_warmup_ratio < 1.0:
             raise ValueError(f"pretrain_warmup_ratio must be in [0, 1), got {self.pretrain_warmup_ratio}")
-        if self.articles < 0 or self.task_examples < 0 or self.finetune_min_steps < 0:
-            raise ValueError("articles, task_examples and finetune_min_steps must be >= 0")
+        if not 0.0 < self.pretrain_min_share <= self.pretrain_share:
+            raise ValueError(f"pretrain_min_share must be in (0, pretrain_share], got {self.pretrain_min_share}")
+        if self.articles < 0 or self.task_examples < 0 or self.finetune_min_steps < 0 or self.curve_required_up_to < 0:
+            raise ValueError("articles, task_examples, finetune_min_steps and curve_required_up_to must be >= 0")
+        if self.dev_examples < 1 or self.published_seeds < 1:
+            raise ValueError("dev_examples and published_seeds must be >= 1")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
+        parse_lrs(self.finetune_lrs)
 
     def seeds(self, size: int) -> list[int]:
         """The curve's seeds at ``size`` labelled examples."""
@@ -197,6 +226,8 @@ MIN_PRETRAIN_STEPS = 50
 """Fewest pre-training steps the demo runs, whatever the budget leaves (with a warning)."""
 STEP_TIMER_WARMUP, STEP_TIMER_REPEATS = 2, 4
 """Untimed and timed steps of `time_pretraining_step`."""
+FINETUNE_TIMER_BATCHES = 4
+"""Batches of `time_finetuning_step` (each run twice: untimed, then timed)."""
 
 
 def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, device: torch.device,
@@ -240,6 +271,119 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     return statistics.median(times[warmup:])
 
 
+def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, device: torch.device,
+                         batches: int = FINETUNE_TIMER_BATCHES) -> float:
+    """Seconds of a fine-tuning step (forward, loss, backward, gradient clipping, AdamW update) of a sentence
+    classifier of the shape of the checkpoint in ``folder``, on ``batches`` batches of ``texts`` cut by its
+    tokenizer to the recipe's length, in the recipe's precision on ``device``: the median over a pass through
+    them after an untimed pass. The untimed pass matters: each padded length is a new shape, slow the first
+    time, and a run of a hundred steps meets its shapes again and again. The weights are drawn afresh (the
+    shape, not the weights, sets the time)."""
+    from bertforge.fast import prepare
+    from bertforge.model.config import BertConfig, dropout_overrides
+    from bertforge.model.heads import BertForSequenceClassification
+    from bertforge.tasks.classification import ClassificationTask
+    from bertforge.text.tokenizer import BertTokenizer
+    from bertforge.train.loop import keep_freed_memory
+    from bertforge.train.optim import build_optimizer
+
+    if device.type == "cpu":
+        keep_freed_memory()  # as the trainer does
+    tok = BertTokenizer.from_pretrained(folder)
+    config = BertConfig.load(folder).replace(num_labels=2, **dropout_overrides(recipe.dropout))
+    model = prepare(BertForSequenceClassification(config).to(device)).train()  # the trainer's model: its speed
+    optimizer = build_optimizer(model, lr=recipe.lrs[0], weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
+    task = ClassificationTask()
+    B = recipe.batch_size
+    data = []
+    for k in range(batches):  # each batch its own sentences: the padded length varies as in a run
+        enc = tok([texts[(k * B + i) % len(texts)] for i in range(B)], max_length=recipe.max_seq_length,
+                  truncation=True, padding=True, return_tensors="pt")
+        batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                 "token_type_ids": enc["token_type_ids"], "labels": torch.arange(B) % 2}
+        data.append({name: t.to(device) for name, t in batch.items()})
+    times = []
+    for batch in data + data:
+        t0 = time.perf_counter()
+        with autocast(recipe.precision, device):
+            terms, _ = task.forward(model, batch)
+        (sum(terms.values()) / B).backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True if device.type == "cpu" else None)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[batches:])
+
+
+REPORT_SECONDS = 20
+"""Time the budget keeps for the report at its end."""
+
+
+@dataclass
+class TimePlan:
+    """How the demo splits its budget, decided before pre-training: the curve's required sizes are planned
+    from fine-tuning steps timed on this machine, and pre-training gets what is left."""
+
+    finetune_step_seconds: dict[str, float]
+    """A timed fine-tuning step of each starting point."""
+    required_sizes: list[int]
+    """The curve's sizes that run whatever the time."""
+    curve_seconds: float
+    """The estimated time of the curve at those sizes."""
+    pretrain_seconds: float
+    """Pre-training's time."""
+    budget_seconds: float
+    """``minutes`` in seconds."""
+
+    @property
+    def total_seconds(self) -> float:
+        """The demo's expected time after setup, without the curve's optional sizes."""
+        return self.pretrain_seconds + self.curve_seconds + REPORT_SECONDS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"finetune_step_seconds": {k: round(v, 4) for k, v in self.finetune_step_seconds.items()},
+                "required_sizes": self.required_sizes, "curve_minutes": round(self.curve_seconds / 60, 2),
+                "pretrain_minutes": round(self.pretrain_seconds / 60, 2),
+                "expected_minutes": round(self.total_seconds / 60, 2)}
+
+
+def plan_time(cfg: DemoConfig, finetune_step_seconds: dict[str, float], starts: Sequence[Start], sizes: Sequence[int],
+              recipe: Recipe, eval_examples: int) -> TimePlan:
+    """The time plan after setup: the curve's sizes up to ``curve_required_up_to`` (the smallest at least)
+    estimated from each start's timed step (`bertforge.demo.curve.estimate_seconds`, each run scoring
+    ``eval_examples`` sentences); pre-training gets what ``minutes`` leaves after that estimate and the
+    report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+    required = [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
+    curve = estimate_seconds(finetune_step_seconds, starts, required, cfg.seeds, recipe, eval_examples)
+    budget = cfg.minutes * 60
+    rest = budget - curve - REPORT_SECONDS
+    pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
+    return TimePlan(finetune_step_seconds=dict(finetune_step_seconds), required_sizes=required, curve_seconds=curve,
+                    pretrain_seconds=pretrain, budget_seconds=budget)
+
+
+def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str) -> None:
+    """The plan in a few lines: the timed steps, the curve's estimate, pre-training's time; a warning when the
+    required sizes will take the demo past its budget."""
+    step_s = plan.finetune_step_seconds
+    logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences in {precision}: "
+                + ", ".join(f"{s.name} {step_s[s.name]:.3f} s" for s in starts))
+    runs = ", ".join(f"{s.name} {sum(planned_runs(recipe, s.seeds(cfg.seeds(n))) for n in plan.required_sizes)}"
+                     for s in starts)
+    logger.info(f"    the curve at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples (always run): "
+                f"{runs} fine-tunings (learning rates {', '.join(format_lr(lr) for lr in recipe.lrs)} on the first "
+                f"seed, the chosen one on the others), about {plan.curve_seconds / 60:.1f} minutes")
+    logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
+                f"setup, less the curve's {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
+                f"between {cfg.pretrain_min_share * cfg.minutes:.1f} and {cfg.pretrain_share * cfg.minutes:.1f})")
+    if plan.total_seconds > plan.budget_seconds + 1:
+        logger.warning(f"the curve's sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
+                       f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes after "
+                       f"setup, over its {cfg.minutes:g}")
+
+
 def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
     """The demo's model from random initialisation, drawn anew for each seed (``folder/seedN``)."""
     from bertforge.model.config import BertConfig
@@ -257,7 +401,7 @@ def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
 
 
 def _recipe(cfg: DemoConfig, precision: str) -> Recipe:
-    return Recipe(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps, lr=cfg.finetune_lr,
+    return Recipe(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps, lrs=parse_lrs(cfg.finetune_lrs),
                   batch_size=cfg.finetune_batch_size, max_seq_length=cfg.finetune_max_seq_length,
                   dropout=cfg.finetune_dropout, precision=precision)
 
@@ -302,6 +446,18 @@ def _curve_table(curve: Curve) -> list[str]:
     return rows
 
 
+def _lr_table(curve: Curve) -> list[str]:
+    """The learning rates chosen on the development split as a Markdown table: a row per start, a column per
+    size, the rate and its development accuracy."""
+    rows = ["| starting point | " + " | ".join(f"{n:,}" for n in curve.sizes) + " |",
+            "|---" * (len(curve.sizes) + 1) + "|"]
+    for line, by_size in curve.lr.items():
+        cells = [f"{format_lr(by_size[n])} ({curve.dev_accuracy[line][n][by_size[n]]:.3f})" if n in by_size else ""
+                 for n in curve.sizes]
+        rows.append(f"| {line} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     """Run the demo; write its outputs under ``cfg.out``; return the report's figures.
 
@@ -331,6 +487,9 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         if cfg.task_examples:
             n = cfg.task_examples
             mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
+        if cfg.dev_examples >= len(mr_train):
+            raise ValueError(f"dev_examples ({cfg.dev_examples:,}) leaves none of the {len(mr_train):,} movie-review "
+                             "training sentences for the curve")
         published = resources.minilm_folder() if cfg.published_checkpoint else None
         logger.info(f"    Wikipedia leads: {len(articles):,} articles, {sum(map(len, articles)) / 1e6:.2f} M "
                     "characters")
@@ -382,10 +541,26 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         logger.info("    " + ", ".join(f"{p} {t:.2f} s" if t < math.inf else f"{p} over twice as slow (stopped)"
                                        for p, t in step_seconds.items()) + f": training in {precision}")
         report["precision"] = precision
+    recipe = _recipe(cfg, precision)
+    sizes = parse_sizes(cfg.curve_sizes, len(mr_train) - cfg.dev_examples)
+    random_init = _random_init(out / "random-init", cfg, tok)
+    starts = [random_init, Start(OWN, lambda seed: out / "pretrain" / "model")]
+    if published:
+        starts.append(Start(PUBLISHED, lambda seed: published, max_seeds=cfg.published_seeds))
+    with step("Plan the time: fine-tuning steps timed, the curve's required sizes estimated, pre-training gets the "
+              "rest"):
+        timed = {RANDOM_INIT: time_finetuning_step(random_init.folder(cfg.seed), mr_train, recipe, device)}
+        timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
+        if published:
+            timed[PUBLISHED] = time_finetuning_step(published, mr_train, recipe, device)
+        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(mr_dev))
+        _log_plan(cfg, plan, starts, recipe, precision)
+        report["time_plan"] = plan.to_json()
     minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - step.start) / 60
+    budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
-    # Pre-training gets its share of the whole budget; its schedule (warmup, decay to 0) is fitted to it.
-    left = cfg.minutes * 60 * cfg.pretrain_share
+    # Pre-training gets the time the plan leaves it; its schedule (warmup, decay to 0) is fitted to it.
+    left = plan.pretrain_seconds
     evals, eval_batches = 6, 10
     # 0.85: the loop's data, evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the bare step
     fit = int(left * 0.85 / step_seconds[precision] - evals * eval_batches / 3)
@@ -433,15 +608,11 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
             logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
         report["fill_mask"] = examples
 
-    starts = [_random_init(out / "random-init", cfg, tok), Start(OWN, lambda seed: run / "model")]
-    if published:
-        starts.append(Start(PUBLISHED, lambda seed: published))
-    sizes = parse_sizes(cfg.curve_sizes, len(mr_train))
-    deadline = step.start + cfg.minutes * 60 - 20  # 20 s for the report
+    deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
     with step("The label-efficiency curve: " + ", ".join(s.name for s in starts) + f" and {BAG_OF_WORDS}, "
               f"on {', '.join(f'{n:,}' for n in sizes)} labelled sentences"):
-        curve = run_curve(starts, (mr_train, mr_train_y), (mr_dev, mr_dev_y), sizes, cfg.seeds, _recipe(cfg, precision),
-                          out / "curve", deadline)
+        curve = run_curve(starts, (mr_train, mr_train_y), (mr_dev, mr_dev_y), sizes, cfg.seeds, recipe, out / "curve",
+                          deadline, dev_examples=cfg.dev_examples, required_up_to=cfg.curve_required_up_to)
     for name, seconds in curve.seconds.items():
         minutes[f"curve: {name}"] = seconds / 60
     report["curve"] = curve.to_json()
@@ -474,10 +645,20 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
              "fine-tuning step; with several seeds, their mean and range (each seed draws its own subsets, the "
              "same for every starting point). Every model is fine-tuned alike: "
              f"{cfg.finetune_epochs:g} passes over the subset but at least {cfg.finetune_min_steps} steps of "
-             f"{cfg.finetune_batch_size}, peak learning rate {cfg.finetune_lr:g}, dropout {cfg.finetune_dropout:g}."]
+             f"{cfg.finetune_batch_size}, dropout {cfg.finetune_dropout:g}, at the peak learning rate that suits it "
+             "(below)."]
     if curve.cut:
         lines += ["", f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
                       "examples (`--minutes` makes room)."]
+    lines += ["", "## Learning rates chosen on the development split", "", *_lr_table(curve), "",
+              f"{curve.dev_examples:,} training sentences are set aside as a development split (the subsets come from "
+              f"the other {curve.pool:,}). At each size, each starting point is fine-tuned on the first seed's subset "
+              f"at each of {', '.join(format_lr(lr) for lr in parse_lrs(cfg.finetune_lrs))}; the rate that scores "
+              "best on the development split (in brackets; ties: the smaller rate) gives that seed's held-out score, "
+              "and the other seeds run at it alone"
+              + (f" ({PUBLISHED}: {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)})" if published else "")
+              + ". Nothing is chosen on the held-out sentences; every rate's development accuracy is in "
+              "`report.json`."]
     lines += ["", "## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
@@ -500,6 +681,14 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
               "chosen on a tenth of the subset.", "",
               "## Where the time went", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {name} | {m:.1f} |" for name, m in report["time_split_minutes"].items()]
+    plan = report["time_plan"]
+    took = sum(curve.size_seconds.get(n, 0.0) for n in plan["required_sizes"]) / 60
+    lines += ["", f"Before pre-training, the curve at {', '.join(f'{n:,}' for n in plan['required_sizes'])} examples "
+                  f"(sizes that always run) was estimated at {plan['curve_minutes']:.1f} minutes from a fine-tuning "
+                  "step timed on this machine ("
+                  + ", ".join(f"{name} {sec:.3f} s" for name, sec in plan["finetune_step_seconds"].items())
+                  + f"; it took {took:.1f}), and pre-training was given {plan['pretrain_minutes']:.1f} minutes: what "
+                  f"the budget left, between {cfg.pretrain_min_share:g} and {cfg.pretrain_share:g} of it."]
     lines += ["", "## Pre-training", "",
               f"- {pt['steps']:,} steps ({report['precision']}); held-out MLM accuracy "
               f"{pt['heldout_mlm_accuracy']:.3f}, NSP accuracy {pt['heldout_nsp_accuracy']:.3f}; curves: "
