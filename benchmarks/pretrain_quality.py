@@ -261,15 +261,15 @@ def record(run: Run, batches: list) -> None:
                            loss))
 
 
-def minutes_to_reach(run: Run, accuracy: float) -> float | None:
-    """Training minutes at which the run's curve first reaches ``accuracy`` (linear between evaluations)."""
+def minutes_to_reach(curve: list[dict[str, Any]], accuracy: float) -> float | None:
+    """Training minutes at which a curve first reaches ``accuracy`` (linear between evaluations)."""
     prev = None
-    for p in run.curve:
-        if p.mlm_accuracy >= accuracy:
-            if prev is None or p.mlm_accuracy == prev.mlm_accuracy:
-                return p.seconds / 60
-            f = (accuracy - prev.mlm_accuracy) / (p.mlm_accuracy - prev.mlm_accuracy)
-            return (prev.seconds + f * (p.seconds - prev.seconds)) / 60
+    for p in curve:
+        if p["mlm_accuracy"] >= accuracy:
+            if prev is None or p["mlm_accuracy"] == prev["mlm_accuracy"]:
+                return round(p["seconds"] / 60, 3)
+            f = (accuracy - prev["mlm_accuracy"]) / (p["mlm_accuracy"] - prev["mlm_accuracy"])
+            return round((prev["seconds"] + f * (p["seconds"] - prev["seconds"])) / 60, 3)
         prev = p
     return None
 
@@ -338,11 +338,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the curves into this PNG")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="instead of running: one table, JSON and plot of runs measured by earlier invocations")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -420,34 +424,48 @@ def main(argv=None) -> int:
             next_report += 60.0
 
     meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg())
-    targets = {}
-    for r in runs:
-        if r.stack == "transformers" or r.name.startswith("bertforge, paper"):
-            targets[r.name] = r.curve[-1].mlm_accuracy
-    rows = []
-    for r in runs:
-        final = r.curve[-1]
-        rows.append({"name": r.name, "stack": r.stack, "precision": r.precision, "budget_minutes": r.budget / 60,
-                     "steps": r.step, "train_seconds": round(r.elapsed, 1),
-                     "tokens_per_s": round(r.tokens / max(r.elapsed, 1e-9), 1), "settings": r.settings,
-                     "final": final.__dict__, "curve": [p.__dict__ for p in r.curve],
-                     "minutes_to_reach": {t: minutes_to_reach(r, acc) for t, acc in targets.items()}})
-    head = ["run", "precision", "steps", "tok/s", "held-out MLM acc", "perplexity"] + [f"min to {t.split(',')[0]}'s "
-                                                                                        f"{a:.3f}" for t, a in targets.items()]
+    rows = [{"name": r.name, "stack": r.stack, "precision": r.precision, "budget_minutes": r.budget / 60,
+             "steps": r.step, "train_seconds": round(r.elapsed, 1),
+             "tokens_per_s": round(r.tokens / max(r.elapsed, 1e-9), 1), "settings": r.settings,
+             "final": r.curve[-1].__dict__, "curve": [p.__dict__ for p in r.curve]} for r in runs]
+    report({"meta": meta, "runs": rows}, args)
+    return 0
+
+
+def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Add each run's minutes to reach the paper-setting runs' final accuracies; print the table; write
+    the JSON and the plot."""
+    rows = result["runs"]
+    targets = {r["name"]: r["final"]["mlm_accuracy"] for r in rows if "paper's settings" in r["name"]}
+    for row in rows:
+        row["minutes_to_reach"] = {t: minutes_to_reach(row["curve"], acc) for t, acc in targets.items()}
+    result["targets"] = targets
+    head = (["run", "precision", "steps", "tok/s", "held-out MLM acc", "perplexity"]
+            + [f"min to {t.split(',')[0]}'s {a:.3f}" for t, a in targets.items()])
     print("\n| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
     for row in rows:
         reach = [f"{m:.2f}" if m is not None else "not reached" for m in row["minutes_to_reach"].values()]
         print(f"| {row['name']} | {row['precision']} | {row['steps']} | {row['tokens_per_s']:,.0f} | "
               f"{row['final']['mlm_accuracy']:.4f} | {row['final']['perplexity']:.1f} | " + " | ".join(reach) + " |")
-    print(f"\nwall {meta['wall_s'] / 60:.1f} min; load average before {meta['loadavg_before']}, after "
-          f"{meta['loadavg_after']}; CPU {meta['cpu']}")
+    metas = result.get("sources", [result.get("meta", {})])
+    for meta in metas:
+        print(f"\n{meta.get('command')}: wall {meta.get('wall_s', 0) / 60:.1f} min; load average before "
+              f"{meta.get('loadavg_before')}, after {meta.get('loadavg_after')}; {meta.get('threads')} thread(s); CPU "
+              f"{meta.get('cpu')}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"meta": meta, "targets": targets, "runs": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
-        plot(rows, Path(args.plot), meta)
+        plot(rows, Path(args.plot), metas[0])
         print(f"wrote {args.plot}")
+
+
+def merge(files: list[str], args: argparse.Namespace) -> int:
+    """Runs measured side by side in separate processes (e.g. one pinned to each core): one table,
+    JSON and plot."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    report({"sources": [p["meta"] for p in parts], "runs": [r for p in parts for r in p["runs"]]}, args)
     return 0
 
 
@@ -471,7 +489,7 @@ def plot(rows: list[dict], path: Path, meta: dict) -> None:
     for ax in (acc_ax, ppl_ax):
         ax.grid(alpha=0.3)
     acc_ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Pre-training time to quality, {meta['nproc']} cores of {meta['cpu']}", fontsize=10)
+    fig.suptitle(f"Pre-training time to quality: {meta['cpu']}, {meta['threads']} thread(s) per run", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

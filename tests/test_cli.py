@@ -168,23 +168,24 @@ def demo_runs(monkeypatch):
 
 def test_dashed_and_underscored_flags_and_negated_bools(demo_runs):
     assert main(["demo", "--vocab-size", "4000", "--pretrain_steps", "7", "--no-task-text-in-pretraining",
-                 "--finetune-lr=1e-4"]) == 0
+                 "--finetune-lrs=1e-4"]) == 0
     cfg = demo_runs[-1]
-    assert (cfg.vocab_size, cfg.pretrain_steps, cfg.task_text_in_pretraining, cfg.finetune_lr) == (4000, 7, False, 1e-4)
+    assert (cfg.vocab_size, cfg.pretrain_steps, cfg.task_text_in_pretraining, cfg.finetune_lrs) == (4000, 7, False,
+                                                                                                    "1e-4")
     assert main(["demo", "--task_text_in_pretraining"]) == 0
     assert demo_runs[-1].task_text_in_pretraining and demo_runs[-1].vocab_size == 8192
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_a_config_file_sets_fields_and_flags_override_it(suffix, tmp_path, demo_runs):
-    settings = {"minutes": 3, "model": "tiny", "pretrain_lr": "2e-3", "task_text_in_pretraining": False}
+    settings = {"minutes": 3, "model": "tiny", "pretrain_recipe": "paper", "task_text_in_pretraining": False}
     file = tmp_path / f"demo{suffix}"
     file.write_text(json.dumps(settings) if suffix == ".json" else
-                    "minutes: 3\nmodel: tiny\npretrain_lr: 2e-3\ntask_text_in_pretraining: false\n")
+                    "minutes: 3\nmodel: tiny\npretrain_recipe: paper\ntask_text_in_pretraining: false\n")
     assert main(["demo", "--config", str(file), "--model", "mini", "--seed", "5"]) == 0
     cfg = demo_runs[-1]
-    assert (cfg.minutes, cfg.model, cfg.seed, cfg.pretrain_lr, cfg.task_text_in_pretraining) == (3.0, "mini", 5, 2e-3,
-                                                                                                  False)
+    assert (cfg.minutes, cfg.model, cfg.seed, cfg.pretrain_recipe, cfg.task_text_in_pretraining) == (3.0, "mini", 5,
+                                                                                                      "paper", False)
     assert main(["demo", "--model", "small", f"--config={file}"]) == 0  # wherever it stands, flags win
     assert (demo_runs[-1].model, demo_runs[-1].minutes) == ("small", 3.0)
 

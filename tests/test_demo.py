@@ -26,7 +26,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     # a CPU without native bf16 (as here, patched) the demo does not time bf16 at all, and trains in fp32.
     monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
-                     max_seq_length=32, dupe_factor=1, pretrain_batch_size=16, finetune_min_steps=4,
+                     max_seq_length=32, dupe_factor=1, finetune_min_steps=4,
                      finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, pretrain_min_share=0.01,
                      curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, dev_examples=60,
                      finetune_lrs="1e-4,1e-3")
@@ -34,7 +34,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     report = run_demo(cfg)
     out = tmp_path / "demo"
     assert report["precision"] == "fp32"
-    assert report["pretraining"]["scheduled_steps"] == MIN_PRETRAIN_STEPS
+    assert report["pretraining"]["expected_steps"] == MIN_PRETRAIN_STEPS and report["pretraining"]["recipe"] == "budget"
     assert report["pretraining"]["steps"] == MIN_PRETRAIN_STEPS
     assert 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
     plan = report["time_plan"]
@@ -123,7 +123,7 @@ def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
 
 
 def test_a_pretraining_step_is_timed_in_each_precision():
-    cfg = DemoConfig(model="tiny", max_seq_length=16, pretrain_batch_size=4)
+    cfg = DemoConfig(model="tiny", max_seq_length=16)
     times = [time_pretraining_step(cfg, 100, p, torch.device("cpu"), repeats=2, warmup=1) for p in ("bf16", "fp32")]
     assert all(0 < t < 10 for t in times)
     # a precision slower than one already timed is given up (bf16 emulated on an AVX2-only CPU: 49 s a step)
@@ -137,7 +137,7 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     assert cli.main(["demo", "--config", str(tmp_path / "demo.yaml"), "--vocab-size", "4000"]) == 0
     cfg = seen["cfg"]
     assert (cfg.minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 0)
-    for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_warmup_ratio": 1.0},
+    for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_recipe": "fast"},
                 {"curve_seeds": 0}, {"pretrain_share": 1.0}, {"curve_sizes": "100,lots"}, {"finetune_lrs": "fast"},
                 {"dev_examples": 0}, {"published_seeds": 0}, {"pretrain_min_share": 0.6},
                 {"curve_required_up_to": -1}):

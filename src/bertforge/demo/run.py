@@ -50,6 +50,7 @@ from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, estimate_se
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
 from bertforge.train.precision import PRECISIONS, autocast, cpu_name
+from bertforge.train.pretrain import RECIPES, PretrainConfig
 
 __all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "plan_time"]
 
@@ -99,26 +100,19 @@ class DemoConfig:
     task_text_in_pretraining: bool = True
     """Add the movie-review training sentences (no labels) to the pre-training text, 8 to a document
     (the split's order, so a document mixes polarities)."""
-    model: str = "mini"
-    """Model size preset of the demo's own model, pre-trained and from random initialisation (tiny, mini,
-    small, ...)."""
+    model: str = "tiny"
+    """Model size preset (tiny, mini, small, ...) or config.json of the demo's own model, pre-trained and from
+    random initialisation (the budget recipe's size: it learns most in a few minutes)."""
     max_seq_length: int = 64
     """Pre-training instance length (the movie-review sentences are about 27 tokens)."""
     dupe_factor: int = 5
     """Passes over the pre-training text with fresh masks (Google's dupe_factor)."""
-    pretrain_batch_size: int = 128
-    """Pre-training sequences per step."""
-    pretrain_lr: float = 1e-3
-    """Pre-training peak learning rate (small models take a larger one than BERT-base's 1e-4)."""
-    pretrain_warmup_ratio: float = 0.1
-    """Share of the pre-training schedule spent on linear warmup (then linear decay to 0)."""
+    pretrain_recipe: str = "budget"
+    """Pre-training settings (`bertforge.train.pretrain.RECIPES`): budget (masked LM only, fresh masks of 15 %
+    each pass, batch 32, lr 2e-3, no dropout, the schedule laid over pre-training's time) or paper. Fine-tuning
+    uses ``finetune_dropout`` whatever the recipe's dropout."""
     pretrain_steps: int = 0
-    """Length of the pre-training schedule; 0: as many steps as fit in its share of the budget (at the speed
-    of a step timed on this machine before pre-training starts). A count that would not fit is cut to what
-    fits."""
-    pretrain_dropout: float = 0.0
-    """Dropout during pre-training: none, as a short run learns faster without it (fine-tuning uses
-    ``finetune_dropout`` whatever this is)."""
+    """At most this many pre-training steps (0: as many as its time allows)."""
     curve_sizes: str = "100,300,1000,3000,all"
     """Labelled training examples of the curve's points, comma-separated ("all": the whole training set
     outside the development split)."""
@@ -142,7 +136,7 @@ class DemoConfig:
     """Fine-tuning passes over each subset (every starting point alike) ..."""
     finetune_min_steps: int = 100
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
-    finetune_lrs: str = "5e-5,1e-4,3e-4"
+    finetune_lrs: str = "1e-4,3e-4,1e-3"
     """Fine-tuning peak learning rates, comma-separated (10% warmup, then linear decay): each starting point
     gets the one that scores best on the development split, chosen at each size on the first seed's
     subset. Pre-trained models take a lower rate than a random initialisation."""
@@ -164,8 +158,8 @@ class DemoConfig:
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision must be {', '.join(_PRECISIONS)} (fp16 needs a GPU; the demo is made for a "
                              f"CPU), got {self.precision!r}")
-        if not 0.0 <= self.pretrain_warmup_ratio < 1.0:
-            raise ValueError(f"pretrain_warmup_ratio must be in [0, 1), got {self.pretrain_warmup_ratio}")
+        if self.pretrain_recipe not in RECIPES:
+            raise ValueError(f"pretrain_recipe must be one of {', '.join(RECIPES)}, got {self.pretrain_recipe!r}")
         if not 0.0 < self.pretrain_min_share <= self.pretrain_share:
             raise ValueError(f"pretrain_min_share must be in (0, pretrain_share], got {self.pretrain_min_share}")
         if self.articles < 0 or self.task_examples < 0 or self.finetune_min_steps < 0 or self.curve_required_up_to < 0:
@@ -174,6 +168,10 @@ class DemoConfig:
             raise ValueError("dev_examples and published_seeds must be >= 1")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         parse_lrs(self.finetune_lrs)
+
+    def pretraining(self, **settings: Any) -> PretrainConfig:
+        """The demo's pre-training settings: the recipe's, at the demo's model size and seed, with ``settings``."""
+        return PretrainConfig.from_recipe(self.pretrain_recipe, model=self.model, seed=self.seed, **settings)
 
     def seeds(self, size: int) -> list[int]:
         """The curve's seeds at ``size`` labelled examples."""
@@ -216,7 +214,8 @@ def fill_mask(model: Any, tokenizer: Any, text: str, k: int = 5) -> list[tuple[s
     if len(at) != 1:
         raise ValueError(f"{text!r}: expected one [MASK]")
     with torch.no_grad():
-        logits = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).prediction_logits
+        out = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
     probs = logits[0, int(at[0, 0])].float().softmax(-1)
     top = probs.topk(k)
     return [(tokenizer.convert_ids_to_tokens([int(i)])[0], float(p)) for p, i in zip(top.values, top.indices)]
@@ -233,21 +232,21 @@ FINETUNE_TIMER_BATCHES = 4
 def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, device: torch.device,
                           repeats: int = STEP_TIMER_REPEATS, warmup: int = STEP_TIMER_WARMUP,
                           give_up_after: float = math.inf) -> float:
-    """Seconds of a pre-training step (forward, MLM + NSP losses, backward) of the demo's model and batch
+    """Seconds of a pre-training step (forward, the recipe's losses, backward) of the demo's model and batch
     shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps; inf
     once the steps so far took over ``give_up_after`` seconds (a precision slower than one already timed)."""
-    from bertforge.model.config import BertConfig, dropout_overrides
-    from bertforge.model.heads import BertForPreTraining
-    from bertforge.train.pretrain import PretrainingTask
+    from bertforge.train.pretrain import PretrainingTask, build_pretraining_model
     from bertforge.fast import prepare
     from bertforge.train.loop import keep_freed_memory
 
     if device.type == "cpu":
         keep_freed_memory()  # as the trainer will: without it, every step here pays page faults it will not
     g = torch.Generator().manual_seed(cfg.seed)
-    config = BertConfig.preset(cfg.model, vocab_size=vocab_size, **dropout_overrides(cfg.pretrain_dropout))
-    model = prepare(BertForPreTraining(config).to(device)).train()  # the trainer's model: its speed
-    B, T, P = cfg.pretrain_batch_size, cfg.max_seq_length, max(1, round(cfg.max_seq_length * 0.15))
+    pcfg = cfg.pretraining()
+    objective = pcfg.resolve_objective(nsp_data=True)
+    model = prepare(build_pretraining_model(pcfg, vocab_size, True, cfg.max_seq_length, objective).to(device)).train()
+    B, T = pcfg.batch_size, cfg.max_seq_length
+    P = max(1, math.ceil(T * (pcfg.masked_lm_prob or 0.15)))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
              "attention_mask": torch.ones(B, T, dtype=torch.long),
              "token_type_ids": torch.zeros(B, T, dtype=torch.long),
@@ -255,7 +254,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
              "labels": torch.randint(5, vocab_size, (B, P), generator=g),
              "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
     batch = {k: v.to(device) for k, v in batch.items()}
-    task = PretrainingTask(nsp=True)
+    task = PretrainingTask(nsp=objective == "mlm+nsp")
     times = []
     for _ in range(warmup + repeats):
         t0 = time.perf_counter()
@@ -387,13 +386,13 @@ def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: 
 def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
     """The demo's model from random initialisation, drawn anew for each seed (``folder/seedN``)."""
     from bertforge.model.config import BertConfig
-    from bertforge.model.heads import BertForPreTraining
+    from bertforge.train.pretrain import build_pretraining_model
 
     def at(seed: int) -> Path:
         path = folder / f"seed{seed}"
         if not (path / "config.json").is_file():
             torch.manual_seed(seed)
-            BertForPreTraining(BertConfig.preset(cfg.model, vocab_size=tok.vocab_size)).save_pretrained(
+            build_pretraining_model(cfg.pretraining(), tok.vocab_size, True, cfg.max_seq_length).save_pretrained(
                 path, tokenizer=tok)
         return path
 
@@ -464,7 +463,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
     output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.model.heads import BertForPreTraining
+    from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
     from bertforge.text.vocab import learn_vocab
     from bertforge.train.distributed import resolve_device
     from bertforge.train.precision import native_bf16
@@ -559,48 +558,54 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - step.start) / 60
     budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
-    # Pre-training gets the time the plan leaves it; its schedule (warmup, decay to 0) is fitted to it.
+    # Pre-training gets the time the plan leaves it; its schedule (warmup, decay to 0) is laid over that time.
     left = plan.pretrain_seconds
     evals, eval_batches = 6, 10
-    # 0.85: the loop's data, evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the bare step
-    fit = int(left * 0.85 / step_seconds[precision] - evals * eval_batches / 3)
+    # 0.85: the loop's evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the training clock
+    train_seconds = left * 0.85 - evals * eval_batches / 3 * step_seconds[precision]
+    fit = int(train_seconds / step_seconds[precision])  # the steps expected: they space evaluations and checkpoints
+    budget_minutes = train_seconds / 60
     if fit < MIN_PRETRAIN_STEPS:
         logger.warning(f"{cfg.minutes:g} minutes leave this machine time for {max(fit, 0)} pre-training steps; "
                        f"running {MIN_PRETRAIN_STEPS} (raise `minutes` for a meaningful pre-training)")
-        fit = MIN_PRETRAIN_STEPS
-    steps = min(cfg.pretrain_steps, fit) if cfg.pretrain_steps else fit
+        fit, budget_minutes = MIN_PRETRAIN_STEPS, 0.0  # a schedule over the steps instead
+    expected = min(cfg.pretrain_steps, fit) if cfg.pretrain_steps else fit
     t0 = time.perf_counter()
-    with step(f"Pre-train a {cfg.model} BERT: {steps:,} steps of {cfg.pretrain_batch_size} (what fits in "
-              f"{left / 60:.1f} minutes at {step_seconds[precision]:.2f} s a step)"):
-        run = out / "pretrain"
+    run = out / "pretrain"
+    pcfg = cfg.pretraining(
+        data=str(data_dir), eval_data=str(eval_dir), tokenizer=str(out / "vocab"), out=str(run),
+        budget_minutes=budget_minutes, max_steps=cfg.pretrain_steps or (fit if not budget_minutes else 10**9),
+        max_time_minutes=max(left, 60) / 60, precision=precision, eval_every=max(1, expected // evals),
+        eval_batches=eval_batches, log_every=20, checkpoint_every=max(1, expected // 3), keep_checkpoints=1)
+    what = (f"{budget_minutes:.1f} minutes of training (about {fit:,} steps at {step_seconds[precision]:.2f} s)"
+            if budget_minutes else f"{fit:,} steps")
+    with step(f"Pre-train a {cfg.model} BERT ({cfg.pretrain_recipe} recipe, batch {pcfg.batch_size}): {what}"):
         shutil.rmtree(run, ignore_errors=True)  # a fresh run each time the demo runs
-        pcfg = PretrainConfig(data=str(data_dir), eval_data=str(eval_dir), tokenizer=str(out / "vocab"),
-                              model=cfg.model, out=str(run), batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
-                              warmup_ratio=cfg.pretrain_warmup_ratio, max_steps=steps, dropout=cfg.pretrain_dropout,
-                              max_time_minutes=max(left, 60) / 60, precision=precision, seed=cfg.seed,
-                              eval_every=max(1, steps // evals), eval_batches=eval_batches, log_every=20,
-                              checkpoint_every=max(1, steps // 3), keep_checkpoints=1)
         result = pretrain(pcfg)
         if result.interrupted:
             raise KeyboardInterrupt(f"pre-training stopped at step {result.step} (saved in {run})")
         first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
         ev = result.eval_metrics
+        nsp = ev.get("nsp_accuracy")
         logger.info(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
                     f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
-                    f"{ev.get('mlm_accuracy', float('nan')):.3f}, NSP accuracy "
-                    f"{ev.get('nsp_accuracy', float('nan')):.3f}")
-        logger.info(f"    (loss at initialisation is about ln V + ln 2 = "
-                    f"{math.log(tok.vocab_size) + math.log(2):.2f}); curves in {run / 'curves.png'}")
-        tokens = result.step * cfg.pretrain_batch_size * cfg.max_seq_length
-        report["pretraining"] = {"steps": result.step, "scheduled_steps": steps, "tokens": tokens,
-                                 "heldout_mlm_accuracy": ev.get("mlm_accuracy"),
-                                 "heldout_nsp_accuracy": ev.get("nsp_accuracy"),
+                    f"{ev.get('mlm_accuracy', float('nan')):.3f}" + (f", NSP accuracy {nsp:.3f}" if nsp is not None
+                                                                      else ""))
+        logger.info(f"    (the MLM loss at initialisation is about ln V = {math.log(tok.vocab_size):.2f}); curves in "
+                    f"{run / 'curves.png'}")
+        tokens = result.step * pcfg.batch_size * cfg.max_seq_length
+        report["pretraining"] = {"recipe": cfg.pretrain_recipe, "objective": pcfg.resolve_objective(True),
+                                 "batch_size": pcfg.batch_size, "lr": pcfg.lr, "masked_lm_prob": pcfg.masked_lm_prob,
+                                 "dropout": pcfg.dropout, "budget_minutes": round(budget_minutes, 2),
+                                 "steps": result.step, "expected_steps": expected, "tokens": tokens,
+                                 "heldout_mlm_accuracy": ev.get("mlm_accuracy"), "heldout_nsp_accuracy": nsp,
                                  "final_train_loss": result.final_metrics.get("loss"),
                                  "curves": str(run / "curves.png")}
     minutes["pre-training"] = (time.perf_counter() - t0) / 60
 
     with step("Fill-mask with the pre-trained model"):
-        model = BertForPreTraining.from_pretrained(run / "model").eval()
+        model = (BertForPreTraining if pcfg.resolve_objective(True) == "mlm+nsp" else BertForMaskedLM
+                 ).from_pretrained(run / "model").eval()
         examples = []
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)
@@ -636,7 +641,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
     from bertforge.model.config import BertConfig
 
     pt = report["pretraining"]
-    own = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size)
+    own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
     lines = ["# bertforge demo report", "", "![label-efficiency curve](curve.png)", "", report["headline"], "",
              f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting in "
              "`report.json`.", "",
@@ -664,9 +669,12 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
               "vocab), drawn anew for each seed and fine-tuned.",
               f"- **{OWN}**: the same model after the demo's pre-training: {pt['steps']:,} steps of "
-              f"{cfg.pretrain_batch_size} sequences of up to {cfg.max_seq_length} tokens ({pt['tokens'] / 1e6:.1f} M "
-              f"token positions, {report['time_split_minutes']['pre-training']:.1f} minutes) of masked LM and next "
-              "sentence prediction on 10,033 Wikipedia lead sections"
+              f"{pt['batch_size']} sequences of up to {cfg.max_seq_length} tokens ({pt['tokens'] / 1e6:.1f} M "
+              f"token positions, {report['time_split_minutes']['pre-training']:.1f} minutes) of "
+              + (f"masked LM (fresh masks on {pt['masked_lm_prob']:.0%} of the tokens at every pass)"
+                 if pt["masked_lm_prob"] else "masked LM") + (" and next sentence prediction"
+                                                              if pt["objective"] == "mlm+nsp" else "")
+              + f", the {pt['recipe']} recipe, on 10,033 Wikipedia lead sections"
               + (" and the movie-review training sentences without their labels" if cfg.task_text_in_pretraining
                  else "") + f"; held-out MLM accuracy {pt['heldout_mlm_accuracy']:.3f}."]
     if published:
@@ -690,8 +698,10 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
                   + f"; it took {took:.1f}), and pre-training was given {plan['pretrain_minutes']:.1f} minutes: what "
                   f"the budget left, between {cfg.pretrain_min_share:g} and {cfg.pretrain_share:g} of it."]
     lines += ["", "## Pre-training", "",
-              f"- {pt['steps']:,} steps ({report['precision']}); held-out MLM accuracy "
-              f"{pt['heldout_mlm_accuracy']:.3f}, NSP accuracy {pt['heldout_nsp_accuracy']:.3f}; curves: "
-              "`pretrain/curves.png`", "", "## Fill-mask (own pre-training)", ""]
+              f"- {pt['steps']:,} steps ({report['precision']}, the {pt['recipe']} recipe: batch {pt['batch_size']}, "
+              f"peak learning rate {pt['lr']:g}, dropout {pt['dropout']:g}); held-out MLM accuracy "
+              f"{pt['heldout_mlm_accuracy']:.3f}"
+              + (f", NSP accuracy {pt['heldout_nsp_accuracy']:.3f}" if pt["heldout_nsp_accuracy"] is not None else "")
+              + "; curves: `pretrain/curves.png`", "", "## Fill-mask (own pre-training)", ""]
     lines += [f"- `{e['text']}`: " + ", ".join(f"{t} ({p:.2f})" for t, p in e["top"]) for e in report["fill_mask"]]
     return lines + [""]

@@ -223,7 +223,7 @@ def _model_file(model: Any, folder: Path, vocab: Path) -> str:
 def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes, held-out metrics."""
     from bertforge.data.prepare import load_manifest
-    from bertforge.train.pretrain import PretrainConfig, pretrain
+    from bertforge.train.pretrain import RECIPES, PretrainConfig, pretrain
 
     folder = out / "pretrain" / run.name
     done = folder / DONE_FILE
@@ -232,7 +232,11 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
         return json.loads(done.read_text(encoding="utf-8"))
     data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
     settings = dict(run.pretrain)
-    settings["model"] = _model_file(settings.get("model", "base"), folder, inputs.vocab)
+    recipe = settings.pop("recipe", "paper")  # the named settings the study's own start from
+    if recipe not in RECIPES:
+        raise ValueError(f"pretraining.pretrain.recipe: expected one of {', '.join(RECIPES)}, got {recipe!r}")
+    model = settings.get("model", RECIPES[recipe].get("model", "base"))
+    settings["model"] = _model_file(model, folder, inputs.vocab)
     steps = int(settings.get("max_steps", PretrainConfig.max_steps))
     if run.figure:  # the checkpoints Figure 5 fine-tunes from, all kept
         settings.update(checkpoint_every=study.figure.every, keep_checkpoints=0)
@@ -246,10 +250,10 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
         settings.setdefault("eval_every", max(1, steps // 5))
     run_dir = folder / "run"
     resume = latest_checkpoint(run_dir) is not None
-    pcfg = PretrainConfig(**settings, data=str(data), eval_data=str(held or ""), tokenizer=str(inputs.vocab),
-                          out=str(run_dir), progress=False, resume=resume, overwrite=not resume)
+    pcfg = PretrainConfig.from_recipe(recipe, **settings, data=str(data), eval_data=str(held or ""),
+                                      tokenizer=str(inputs.vocab), out=str(run_dir), progress=False, resume=resume,
+                                      overwrite=not resume)
     what = "resuming" if pcfg.resume else "pre-training"
-    model = run.pretrain.get("model", "base")
     if isinstance(model, dict):
         model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
     objective = pcfg.resolve_objective(load_manifest(data)["config"]["nsp"])

@@ -65,10 +65,12 @@ class PretrainConfig(TrainConfig):
     ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
     masked_lm_prob: float | None = None
     """Mask this share of each sequence's tokens afresh at every pass over the data (dynamic masking, also on
-    statically masked data; 80/10/10 as the paper); none: the data's masks as prepared. The held-out
-    evaluation keeps its prepared masks."""
+    statically masked data, whose masks are undone first; [MASK] / random / unchanged in the shares the data
+    was prepared with, 80/10/10 by default); none: the data's masks as prepared. The held-out evaluation keeps
+    its prepared masks."""
     recipe: str = "paper"
-    """The named settings these started from (`RECIPES`; `PretrainConfig.from_recipe`, ``--recipe``)."""
+    """Named settings to start from: paper (the defaults) or budget (what learns most in a fixed time: give
+    --budget-minutes, or --max-steps); a --config file and flags override the recipe's settings."""
     resume: bool = False
     """Continue the run in --out from its latest checkpoint."""
     overwrite: bool = False
@@ -122,13 +124,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
     "budget": {
         "objective": "mlm",
-        "masked_lm_prob": 0.3,
+        "masked_lm_prob": 0.15,
         "dropout": 0.0,
-        "lr": 1e-3,
+        "lr": 2e-3,
         "adam_beta2": 0.98,
         "warmup_ratio": 0.06,
-        "batch_size": 128,
-        "model": "mini",
+        "batch_size": 32,
+        "model": "tiny",
     },
 }
 """Named pre-training settings. ``paper``: the paper's (the defaults). ``budget``: what learns most in a
