@@ -339,7 +339,8 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     if objective != data_objective(nsp):
         # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
         run_config["objective"] = objective
-    run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
+    # the settings as given (None: not given) and what they resolve to (a time budget's warmup is a share of it)
+    run_config["warmup_steps_used"] = None if cfg.budget_minutes else cfg.warmup
     run_config["data_vocab_hash"] = manifest["vocab_hash"]
     run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
     if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same whichever
@@ -357,7 +358,10 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
         logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
                     f"(length {data_cfg['max_seq_length']}{', sentence pairs' if nsp else ''}); objective {objective}; "
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
-                    f"warmup {cfg.warmup:,} steps; precision {precision}")
+                    + (f"{cfg.budget_minutes:.1f} minutes of training, warmup {cfg.budget_warmup_share:.0%} of them"
+                       if cfg.budget_minutes else f"warmup {cfg.warmup:,} steps")
+                    + (f"; fresh masks on {cfg.masked_lm_prob:.0%} of the tokens" if masking else "")
+                    + f"; precision {precision}")
     result = trainer.fit(resume_from=resume_from)
     trainer.save_model(out / "model", extra_files=stop_marker(result))
     if dist.is_main:
