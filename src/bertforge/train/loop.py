@@ -514,6 +514,10 @@ class Trainer:
     def advance_clock(self, seconds: float) -> None:
         """Count ``seconds`` more training time; a time-budget schedule sets the next step's rate from it."""
         self.elapsed += seconds
+        self._follow_clock()
+
+    def _follow_clock(self) -> None:
+        """A time-budget schedule: the next step's learning rate from the training time spent."""
         if self.cfg.budget_minutes:
             self.scheduler._last_lr = []  # type: ignore[attr-defined]
             for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
@@ -849,7 +853,7 @@ class Trainer:
                 loss_sums, stats, counts, grad_norm = self.train_step(micro)
                 self.step += 1
                 dt = time.perf_counter() - t0
-                self.advance_clock(dt)
+                self.elapsed += dt
                 window["seconds"] += dt
                 window["tokens"] += tokens
                 window["steps"] += 1
@@ -864,6 +868,7 @@ class Trainer:
                     flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now), self.elapsed], device=self.device,
                                                                  dtype=torch.float64))
                     stop_now, self.elapsed = bool(flag[0].item() > 0), flag[1].item() / self.dist.world_size
+                self._follow_clock()  # after the processes agree on the clock: the same rate on every one
                 finished = self.step >= cfg.max_steps or self.budget_spent()
                 done = finished or stop_now
                 if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too

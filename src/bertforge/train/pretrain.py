@@ -314,11 +314,10 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     vocab_hash, normalization = tok.vocab_hash, tok.normalization  # the data must have been made with these
     dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization, shards=train_shards)
     dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
-    special = special_ids(tok) if data_cfg.get("dynamic_masking") else None
     masking = cfg.masking(data_cfg)
+    special = special_ids(tok) if data_cfg.get("dynamic_masking") or masking else None
     loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                               world_size=dist.world_size, special=special if masking is None else special_ids(tok),
-                               masking=masking)
+                               world_size=dist.world_size, special=special, masking=masking)
     nsp = bool(data_cfg["nsp"])
     objective = cfg.resolve_objective(nsp)
     task = LeftToRightTask() if objective == "ltr" else PretrainingTask(nsp=objective == "mlm+nsp")
