@@ -237,7 +237,7 @@ def load_study(spec: str | Path) -> Study:
         vocab_size=r.integer(pre.get("vocab_size", Pretraining.vocab_size), "pretraining.vocab_size", 100),
         vocab=r.file(pre["vocab"]) if pre.get("vocab") else "",
         prepare=r.settings(pre.get("prepare"), PrepareConfig, "pretraining.prepare"),
-        pretrain=_model_setting(r, r.settings(pre.get("pretrain"), PretrainConfig, "pretraining.pretrain",
+        pretrain=_pretrain_setting(r, r.settings(pre.get("pretrain"), PretrainConfig, "pretraining.pretrain",
                                               _PRETRAIN_OWNED), "pretraining.pretrain"),
     )
     if pretraining.corpus not in PRETRAINING_SOURCES:
@@ -294,7 +294,7 @@ def load_study(spec: str | Path) -> Study:
         variants.append(Variant(
             name=name, checkpoint=checkpoint, tasks=tuple(only),
             prepare=r.settings(raw.get("prepare"), PrepareConfig, f"{where}.prepare"),
-            pretrain=_model_setting(r, r.settings(raw.get("pretrain"), PretrainConfig, f"{where}.pretrain",
+            pretrain=_pretrain_setting(r, r.settings(raw.get("pretrain"), PretrainConfig, f"{where}.pretrain",
                                                   _PRETRAIN_OWNED), f"{where}.pretrain"),
             finetune=r.settings(raw.get("finetune"), FinetuneConfig, f"{where}.finetune", _FINETUNE_OWNED)))
     _unique(r, [v.name for v in variants], "variants")
@@ -339,6 +339,17 @@ def _read(path: Path) -> Any:
         return read_settings_file(path, "study file")
     except ValueError as e:
         raise StudyError(str(e)) from None
+
+
+def _pretrain_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``pretrain`` mapping: its ``recipe`` one of `bertforge.train.pretrain.RECIPES`, its model as
+    `_model_setting` checks it."""
+    from bertforge.train.pretrain import RECIPES
+
+    recipe = settings.get("recipe")
+    if recipe is not None and recipe not in RECIPES:
+        raise r.fail(f"{where}.recipe", f"expected one of {', '.join(RECIPES)}, got {recipe!r}")
+    return _model_setting(r, settings, where)
 
 
 def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:
