@@ -34,10 +34,19 @@ Both libraries evaluate the shared initial weights first and must agree. bertfor
 precision ``--precision auto`` gives (bf16 where the CPU has it natively); transformers in the faster
 of fp32 and bf16 at a short calibration (``--hf-precision``).
 
-Run (from the repository root)::
+Run (from the repository root). One process on 2 threads::
 
-    .venv/bin/python benchmarks/pretrain_quality.py --json docs/results/pretrain_quality.json \\
-        --plot docs/images/pretrain_quality.png                     # about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/pretrain_quality.py --json /tmp/q.json --plot /tmp/q.png   # about 40 minutes
+
+or, as the committed figures were made, one single-threaded process per core (a job on one core then
+does not slow the other), merged into one table, JSON and plot::
+
+    taskset -c 0 .venv/bin/python benchmarks/pretrain_quality.py --threads 1 --no-budget --short-budgets '' \
+        --json /tmp/paper.json
+    taskset -c 1 .venv/bin/python benchmarks/pretrain_quality.py --threads 1 --no-paper --no-transformers \
+        --no-budget --short-budgets 3.33,2 --json /tmp/recipe.json
+    .venv/bin/python benchmarks/pretrain_quality.py --merge /tmp/paper.json /tmp/recipe.json \
+        --json docs/results/pretrain_quality.json --plot docs/images/pretrain_quality.png
 
 Writes the curves (``--plot``), every figure (``--json``), and a table: each run's final accuracy and
 perplexity, and the minutes each run needs to reach the paper run's and transformers' final accuracy.
