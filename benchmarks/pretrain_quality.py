@@ -68,14 +68,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_throughput import bench_cache, hf_labels, run_meta  # noqa: E402
+from pretrain_throughput import WEIGHT_DECAY, HFLoop, bench_cache, hf_labels, run_meta  # noqa: E402
 from step_time import _loadavg  # noqa: E402
 
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
 from bertforge.data.prepare import PrepareConfig, load_manifest, prepare, special_ids  # noqa: E402
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
 from bertforge.train.loop import Trainer  # noqa: E402
-from bertforge.train.precision import autocast, native_bf16, resolve_precision  # noqa: E402
+from bertforge.train.precision import native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingTask, build_pretraining_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
@@ -146,6 +146,14 @@ class Run:
     def share(self) -> float:
         return self.elapsed / self.budget
 
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """The loader's next batch, into the next epoch when one ends."""
+        try:
+            return next(self.it)
+        except StopIteration:
+            self.it = iter(self.loader)
+            return next(self.it)
+
 
 class OursRun(Run):
     def __init__(self, name: str, cfg: PretrainConfig, tok: BertTokenizer, data: Path, out: str):
@@ -166,11 +174,7 @@ class OursRun(Run):
 
     def train_step(self) -> None:
         t0 = time.perf_counter()
-        try:
-            b = next(self.it)
-        except StopIteration:  # the next epoch
-            self.it = iter(self.loader)
-            b = next(self.it)
+        b = self.next_batch()
         loss_sums, _, counts, _ = self.trainer.train_step([b])
         dt = time.perf_counter() - t0
         self.losses.append(sum(v / max(counts[k], 1.0) for k, v in loss_sums.items()))
@@ -188,22 +192,22 @@ class OursRun(Run):
 
 
 class HFRun(Run):
-    """transformers' BertForPreTraining in a plain loop, the same settings and clock-laid schedule."""
+    """transformers' BertForPreTraining in `pretrain_throughput.HFLoop` (a plain loop), the same settings,
+    its schedule replaced by the clock-laid one."""
 
     def __init__(self, name: str, cfg: PretrainConfig, model: Any, data: Path, precision: str):
         super().__init__(name, "transformers", cfg.budget_minutes * 60, settings=_settings(cfg), precision=precision)
-        self.model, self.cfg = model, cfg
-        decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-        no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
-                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
         from bertforge.train.loop import BUDGET_WARMUP_SHARE
         from bertforge.train.optim import lr_factor
 
+        if cfg.weight_decay != WEIGHT_DECAY:
+            raise SystemExit(f"transformers' loop decays weights by {WEIGHT_DECAY}, the run asks {cfg.weight_decay}")
+        self.model = model
+        self.loop = HFLoop(model, precision, lr=cfg.lr, eps=cfg.adam_eps, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                           max_grad_norm=cfg.max_grad_norm)
         warm = cfg.warmup_ratio if cfg.warmup_ratio is not None else BUDGET_WARMUP_SHARE
         units = 1_000_000  # bertforge's clock resolution
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: lr_factor(
+        self.loop.scheduler = torch.optim.lr_scheduler.LambdaLR(self.loop.optimizer, lambda _: lr_factor(
             min(units, int(self.elapsed / self.budget * units)), total_steps=units, warmup_steps=int(warm * units)))
         self.loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed)
         self.it = iter(self.loader)
@@ -211,22 +215,10 @@ class HFRun(Run):
 
     def train_step(self) -> None:
         t0 = time.perf_counter()
-        try:
-            b = next(self.it)
-        except StopIteration:
-            self.it = iter(self.loader)
-            b = next(self.it)
-        self.optimizer.zero_grad(set_to_none=True)
-        with autocast(self.precision, DEVICE):
-            loss = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                              token_type_ids=b["token_type_ids"], labels=hf_labels(b),
-                              next_sentence_label=b["next_sentence_label"]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        b = self.next_batch()
+        b["hf_labels"] = hf_labels(b)
+        self.losses.append(self.loop.train_step(b))
         self.elapsed += time.perf_counter() - t0
-        self.losses.append(float(loss.detach()))
         self.step += 1
         self.tokens += float(b["attention_mask"].sum())
 

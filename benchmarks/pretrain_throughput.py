@@ -171,14 +171,16 @@ class HFLoop:
     """transformers' model with a plain PyTorch loop: AdamW (foreach), clip 1.0, linear schedule."""
 
     def __init__(self, model, precision: str, *, lr: float = LR, max_steps: int = SCHEDULE_STEPS,
-                 warmup_steps: int = WARMUP, eps: float = 1e-6):
+                 warmup_steps: int = WARMUP, eps: float = 1e-6, betas: tuple[float, float] = (0.9, 0.999),
+                 max_grad_norm: float = 1.0):
         self.model = model
         self.precision = precision
         no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
         decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, eps=eps,
-                                           foreach=True)
+                                           betas=betas, foreach=True)
+        self.max_grad_norm = max_grad_norm
 
         def factor(step: int) -> float:  # the paper's schedule, as bertforge's (warmup from 1/warmup)
             if step < warmup_steps:
@@ -197,7 +199,7 @@ class HFLoop:
         with autocast(self.precision):
             loss = self.forward(b).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         return float(loss.detach())

@@ -10,8 +10,9 @@ data from nothing in about 20 minutes on a CPU.
   5. plan the time: time a fine-tuning step of each starting point's model, estimate the curve at its
      required sizes (up to ``curve_required_up_to``), and give pre-training what the budget leaves
      (between ``pretrain_min_share`` and ``pretrain_share`` of it);
-  6. pre-train a mini BERT (L4 / H256) for that time, with held-out MLM / NSP accuracy and the curves
-     in ``pretrain/curves.png``, and show a few fill-mask predictions;
+  6. pre-train the demo's model (tiny, L2 / H128) for that time with ``bertforge pretrain``'s budget
+     recipe, with held-out MLM accuracy and the curves in ``pretrain/curves.png``, and show a few
+     fill-mask predictions;
   7. the label-efficiency curve (`bertforge.demo.curve`): fine-tune the same model from random
      initialisation, the demo's own pre-training and all-MiniLM-L6-v2 with one recipe on nested
      subsets of the movie-review training set, each at the learning rate chosen for it on a
@@ -28,7 +29,6 @@ scales it up (``configs/demo.yaml`` lists them with the defaults).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -385,7 +385,6 @@ def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: 
 
 def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
     """The demo's model from random initialisation, drawn anew for each seed (``folder/seedN``)."""
-    from bertforge.model.config import BertConfig
     from bertforge.train.pretrain import build_pretraining_model
 
     def at(seed: int) -> Path:
@@ -463,11 +462,11 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
     output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
     from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
+    from bertforge.model.heads import infer_model_class
     from bertforge.text.vocab import learn_vocab
     from bertforge.train.distributed import resolve_device
     from bertforge.train.precision import native_bf16
-    from bertforge.train.pretrain import PretrainConfig, pretrain
+    from bertforge.train.pretrain import pretrain
 
     cfg = cfg or DemoConfig()
     out = Path(cfg.out)
@@ -587,6 +586,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
         ev = result.eval_metrics
         nsp = ev.get("nsp_accuracy")
+        objective = pcfg.resolve_objective(nsp_data=True)
         logger.info(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
                     f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
                     f"{ev.get('mlm_accuracy', float('nan')):.3f}" + (f", NSP accuracy {nsp:.3f}" if nsp is not None
@@ -594,7 +594,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         logger.info(f"    (the MLM loss at initialisation is about ln V = {math.log(tok.vocab_size):.2f}); curves in "
                     f"{run / 'curves.png'}")
         tokens = result.step * pcfg.batch_size * cfg.max_seq_length
-        report["pretraining"] = {"recipe": cfg.pretrain_recipe, "objective": pcfg.resolve_objective(True),
+        report["pretraining"] = {"recipe": cfg.pretrain_recipe, "objective": objective,
                                  "batch_size": pcfg.batch_size, "lr": pcfg.lr, "masked_lm_prob": pcfg.masked_lm_prob,
                                  "dropout": pcfg.dropout, "budget_minutes": round(budget_minutes, 2),
                                  "steps": result.step, "expected_steps": expected, "tokens": tokens,
@@ -604,8 +604,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     minutes["pre-training"] = (time.perf_counter() - t0) / 60
 
     with step("Fill-mask with the pre-trained model"):
-        model = (BertForPreTraining if pcfg.resolve_objective(True) == "mlm+nsp" else BertForMaskedLM
-                 ).from_pretrained(run / "model").eval()
+        model = infer_model_class(run / "model").from_pretrained(run / "model").eval()
         examples = []
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)

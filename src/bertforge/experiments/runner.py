@@ -232,9 +232,7 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
         return json.loads(done.read_text(encoding="utf-8"))
     data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
     settings = dict(run.pretrain)
-    recipe = settings.pop("recipe", "paper")  # the named settings the study's own start from
-    if recipe not in RECIPES:
-        raise ValueError(f"pretraining.pretrain.recipe: expected one of {', '.join(RECIPES)}, got {recipe!r}")
+    recipe = settings.pop("recipe", "paper")  # the named settings the study's own start from (checked at load)
     model = settings.get("model", RECIPES[recipe].get("model", "base"))
     settings["model"] = _model_file(model, folder, inputs.vocab)
     steps = int(settings.get("max_steps", PretrainConfig.max_steps))

@@ -519,11 +519,16 @@ class Trainer:
     def _follow_clock(self) -> None:
         """A time-budget schedule: the next step's learning rate from the training time spent."""
         if self.cfg.budget_minutes:
-            self.scheduler._last_lr = []  # type: ignore[attr-defined]
-            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                           self.scheduler.lr_lambdas):
-                group["lr"] = base * factor(self.scheduler.last_epoch)
-                self.scheduler._last_lr.append(group["lr"])  # type: ignore[attr-defined]
+            self._apply_schedule()
+
+    def _apply_schedule(self) -> None:
+        """Set the optimizer's learning rates to what the schedule gives now (its position and, under a
+        time budget, the clock), and the rate the loop logs with them."""
+        self.scheduler._last_lr = []  # type: ignore[attr-defined]
+        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                       self.scheduler.lr_lambdas):
+            group["lr"] = base * factor(self.scheduler.last_epoch)
+            self.scheduler._last_lr.append(group["lr"])  # type: ignore[attr-defined]
 
     def budget_spent(self) -> bool:
         """Whether a time-budget run has used its budget."""
@@ -631,9 +636,7 @@ class Trainer:
         self.elapsed = float(state.get("elapsed", 0.0))  # a time-budget schedule reads it
         # The saved optimizer holds the lr of the saved run's schedule; max_steps may have changed
         # since (a run extended), so the next step's lr comes from this run's schedule.
-        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                       self.scheduler.lr_lambdas):
-            group["lr"] = base * factor(self.scheduler.last_epoch)
+        self._apply_schedule()
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["batches"])
