@@ -22,7 +22,8 @@ and the docstring's Args are the other flags' help. ``--config FILE.json|.yaml``
     bertforge demo         the end-to-end demo on real data                (bertforge.demo.run.run_demo)
     bertforge ablate       the paper's ablation studies from a study file  (bertforge.experiments.runner.run_study)
 
-Every command that runs a model takes ``--precision {auto,fp32,bf16,fp16}`` (`bertforge.train.precision`).
+Every command that runs a model for inference takes ``--precision {auto,fp32,bf16,fp16,int8}``
+(`bertforge.train.precision`; int8: `bertforge.fast.int8`).
 """
 
 from __future__ import annotations
@@ -80,21 +81,21 @@ from bertforge.serving import predictor as _predictor
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.loop import STOP_MARKER, read_stop_marker
-from bertforge.train.precision import PRECISIONS
+from bertforge.train.precision import INFERENCE_PRECISIONS
 from bertforge.train.pretrain import PretrainConfig
 
 __all__ = ["main", "COMMANDS", "read_config_file", "config_from_file"]
 
 # Choices as types: tyro shows them as {a,b,c} and refuses anything else.
-Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+Precision = Literal[INFERENCE_PRECISIONS]  # type: ignore[valid-type]
 ModelClass = Literal[tuple(sorted(MODEL_CLASSES))]  # type: ignore[valid-type]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Pooling = Literal[_predictor.POOLINGS]  # type: ignore[valid-type]
 FeaturePooling = Literal[_features.POOLINGS]  # type: ignore[valid-type]
 Combine = Literal[_features.COMBINES]  # type: ignore[valid-type]
 
-_PRECISION_HELP = ("autocast's dtype for the model: auto (bf16 where the CPU or GPU runs it natively, else fp32), "
-                   "fp32, bf16, or fp16 (CUDA)")
+_PRECISION_HELP = ("the model's number format: auto (bf16 where the CPU or GPU runs it natively, else fp32), fp32, "
+                   "bf16, fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")
 PrecisionFlag = Annotated[Precision, arg(help=_PRECISION_HELP)]
 
 

@@ -17,7 +17,9 @@ What a prepared model does, without changing the maths (tests/test_fast.py pins 
 * on CPU, in inference (eval mode, no gradient): attention per group of similar lengths, written
   out in bf16 (`bertforge.fast.attention`);
 * with ``freeze=True``, projection weights stacked and cast once (`bertforge.fast.frozen`):
-  for inference only (`Predictor`, ``bertforge features``).
+  for inference only (`Predictor`, ``bertforge features``);
+* with ``int8=True``, the encoders' dense layers quantized to int8 (`bertforge.fast.int8`: weights
+  per output channel, activations per token, int32 accumulation): inference on CPU only.
 
 On other devices a prepared model unpads and runs PyTorch's own fused attention and dropout. While
 ``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
@@ -39,20 +41,21 @@ from torch import nn
 from bertforge.fast.dropout import dropout_forward, dropout_mask
 from bertforge.fast.embedding import embeddings_forward
 from bertforge.fast.frozen import freeze_weights, frozen_weights
+from bertforge.fast.int8 import quantize_int8
 from bertforge.fast.unpad import layer_forward, model_forward, pooler_forward
 from bertforge.model.bert import BertModel
 
-__all__ = ["prepare", "is_prepared", "freeze_weights", "frozen_weights", "dropout_mask"]
+__all__ = ["prepare", "is_prepared", "freeze_weights", "frozen_weights", "dropout_mask", "quantize_int8"]
 
 logger = logging.getLogger("bertforge")
 
 M = TypeVar("M", bound=nn.Module)
 
 
-def prepare(model: M, *, freeze: bool = False) -> M:
+def prepare(model: M, *, freeze: bool = False, int8: bool = False) -> M:
     """``model`` (any bertforge model: `BertModel` or a head class) prepared for fast execution, in
     place, and returned. Idempotent. ``freeze``: also `freeze_weights` (inference only: the weights
-    must not change afterwards, see there). Which path a call takes is decided per call, from the
+    must not change afterwards, see there). ``int8``: also `quantize_int8` (inference only). Which path a call takes is decided per call, from the
     device, train / eval mode and whether gradients are on, so a prepared model can move and switch
     modes freely."""
     for module in model.modules():
@@ -73,6 +76,8 @@ def prepare(model: M, *, freeze: bool = False) -> M:
             _replace_forward(module, dropout_forward)
     if freeze:
         freeze_weights(model)
+    if int8:
+        quantize_int8(model)
     return model
 
 

@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["exporting", "freeze_weights", "frozen_weights", "linear"]
+from bertforge.fast.int8 import int8_linear, is_quantized
+from bertforge.fast.tracing import tracing
+
+__all__ = ["freeze_weights", "frozen_weights", "linear"]
 
 # An nn.Linear's cache lives in its own __dict__ under this name: {(layer count, dtype): entry}.
 # A plain attribute, not a buffer, so state dicts do not see it.
@@ -58,14 +61,16 @@ def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     with their weights stacked (one layer: ``layers[0](x)``). The stacked (and cast) weights of frozen
     layers are cached in inference (see `freeze_weights`), never while exporting or compiling, where
     the weights stay graph inputs. A layer that is not a plain `nn.Linear` (replaced by an adapter or
-    a quantized module) or carries hooks is called as a module instead."""
+    a quantized module) or carries hooks is called as a module instead. Int8-quantized layers
+    (`bertforge.fast.int8`) run their int8 product, stacked likewise."""
+    if all(is_quantized(m) for m in layers) and not any(m._forward_hooks or m._forward_pre_hooks for m in layers):
+        return int8_linear(x, *layers)
     if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in layers):
         return layers[0](x) if len(layers) == 1 else torch.cat([m(x) for m in layers], -1)
     n = len(layers)
     params = [m.weight for m in layers] + [m.bias for m in layers]
     entries = layers[0].__dict__.get(_CACHE)
-    if entries is not None and (layers[0].training or torch.is_grad_enabled() or exporting()
-                                or torch.compiler.is_compiling()):
+    if entries is not None and (layers[0].training or torch.is_grad_enabled() or tracing()):
         if layers[0].training:
             entries.clear()  # training: the weights are about to change, or have
         entries = None
@@ -83,9 +88,3 @@ def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
                   torch.cat(sources[n:]).to(dtype))
         entries[(n, dtype)] = cached
     return F.linear(x, cached[2], cached[3])
-
-
-def exporting() -> bool:
-    """True while ``torch.export`` traces the model (``torch.compiler.is_exporting``, torch >= 2.7)."""
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return is_exporting is not None and is_exporting()

@@ -14,7 +14,8 @@ import torch
 
 from bertforge.fast.attention import self_attention
 from bertforge.fast.layout import LengthGroups, Padding
-from bertforge.fast.frozen import exporting, linear
+from bertforge.fast.frozen import linear
+from bertforge.fast.tracing import exporting
 from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
                                   gather_positions)
 

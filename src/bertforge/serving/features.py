@@ -84,6 +84,7 @@ import torch
 
 from bertforge.io import atomic_path, open_binary
 from bertforge.fast import frozen_weights, prepare
+from bertforge.fast.int8 import int8_weights
 from bertforge.model.bert import BertModel
 from bertforge.model.heads import resolve_layers
 from bertforge.tasks.encoding import max_context_window, window_starts
@@ -272,7 +273,7 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
             add(i, seq, vectors)
 
-    with frozen_weights(prepare(model)):
+    with frozen_weights(prepare(model)), int8_weights(model, spec.precision == "int8"):
         try:
             chunk: list[int] = []
             tokens = 0
@@ -331,7 +332,7 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
         raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
     if pooling is not None and pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got {pooling!r}")
-    check_precision(precision)
+    check_precision(precision, inference=True)
     if (max_seq_length is not None and max_seq_length < 4) or stride < 0 or batch_size < 1:
         raise ValueError(f"max_seq_length must be >= 4 (got {max_seq_length}), stride >= 0 (got {stride}) and "
                          f"batch_size >= 1 (got {batch_size})")
@@ -347,7 +348,7 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
     given = tuple(layers) if layers is not None else ((-1,) if pooling else DEFAULT_LAYERS)
     resolved = resolve_layers(given, config.num_hidden_layers)
     dev = setup(device).device
-    precision = resolve_precision(precision, dev)
+    precision = resolve_precision(precision, dev, inference=True)
     model.to(dev).eval()
     tok = BertTokenizer.from_pretrained(checkpoint)
     inputs = _encode(tok, texts)
@@ -474,8 +475,7 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
         raise ValueError(f"max_seq_length must be in 4..{config.max_position_embeddings} (got {max_seq_length}), "
                          f"stride >= 0 (got {stride}) and batch_size >= 1 (got {batch_size})")
     device = next(model.parameters()).device
-    if check_precision(precision) == "auto":
-        precision = resolve_precision(precision, device)
+    precision = resolve_precision(precision, device, inference=True)
     resolved = resolve_layers(layers, config.num_hidden_layers)
     dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
     spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, device, dim)

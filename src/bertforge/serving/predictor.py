@@ -44,7 +44,8 @@ conlleval's entity spans, SQuAD's n-best post-processing; embeddings are the fea
 (sorted, then put back in order); the model skips padding in its dense layers.
 
 Precision: ``precision`` is `bertforge.train.precision`'s: "fp32" (the default), "bf16" (autocast,
-CPU or CUDA), "fp16" (CUDA) or "auto" (bf16 where the device computes it natively, else fp32).
+CPU or CUDA), "fp16" (CUDA), "int8" (CPU: the encoder's dense layers in int8, `bertforge.fast.int8`)
+or "auto" (bf16 where the device computes it natively, else fp32).
 ``dtype`` names the same as a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
 """
 
@@ -65,7 +66,7 @@ from torch import nn
 
 from bertforge.fast import prepare
 from bertforge.train.distributed import resolve_device
-from bertforge.train.precision import PRECISIONS, autocast, dtype_of, resolve_precision
+from bertforge.train.precision import INFERENCE_PRECISIONS, autocast, dtype_of, resolve_precision
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records", "TurnLock", "take_turns"]
@@ -85,7 +86,7 @@ _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fi
 FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
 """Heads read through their fine-tuning family (and able to predict on the family's files)."""
 _DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",
-                     torch.float16: "fp16", "float16": "fp16", **{p: p for p in PRECISIONS}}
+                     torch.float16: "fp16", "float16": "fp16", **{p: p for p in INFERENCE_PRECISIONS}}
 _INPUT_KEYS = (("text", "text_pair"), ("question", "context"), ("context", "choices"))
 
 
@@ -133,7 +134,7 @@ def _precision(precision: str, dtype: torch.dtype | str | None) -> str:
         return precision
     if dtype not in _DTYPE_PRECISIONS:
         raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16 (or a precision: "
-                         f"{', '.join(PRECISIONS)})")
+                         f"{', '.join(INFERENCE_PRECISIONS)})")
     named = _DTYPE_PRECISIONS[dtype]
     if precision not in ("fp32", named):
         raise ValueError(f"precision {precision!r} and dtype {dtype!r} disagree; give one")
@@ -158,12 +159,12 @@ class Predictor:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = prepare(model.eval(), freeze=True)
+        self.device = device = resolve_device(device)
+        self.precision = resolve_precision(_precision(precision, dtype), device, inference=True)
+        """fp32, bf16, fp16 or int8 ("auto" resolved for the device; fp16 off CUDA and int8 off CPU fail)."""
+        self.model = prepare(model.eval(), freeze=True, int8=self.precision == "int8")
         self.tokenizer = tokenizer
         self.head = head
-        self.device = device = resolve_device(device)
-        self.precision = resolve_precision(_precision(precision, dtype), device)  # fp16 on CPU fails here
-        """fp32, bf16 or fp16 ("auto" resolved for the device)."""
         if settings is not None and settings.eval_batch_size != batch_size:
             settings = dataclasses.replace(settings, eval_batch_size=batch_size)
         self.settings = settings

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bertforge.fast import prepare
+from bertforge.fast import prepare, quantize_int8
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
@@ -569,11 +569,13 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the per-example
     prediction files (`bertforge.tasks.base.EvalResult.files`: predictions.tsv, predictions.conll,
     SQuAD's predictions.json, nbest_predictions.json, null_odds.json). ``precision``:
-    the model's autocast (`bertforge.train.precision.PRECISIONS`: auto, fp32, bf16, fp16)."""
+    `bertforge.train.precision.INFERENCE_PRECISIONS`: auto, fp32, bf16, fp16, int8."""
     ft = load_finetuned(checkpoint, **settings)
     family, model, cfg, device = ft.family, ft.model, ft.settings, ft.device
     data = [family.eval_data(cfg, ft.tokenizer, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
-    with torch.no_grad(), autocast(resolve_precision(precision, device), device):
+    precision = resolve_precision(precision, device, inference=True)
+    quantize_int8(model, precision == "int8")
+    with torch.no_grad(), autocast(precision, device):
         metrics, _, files = _evaluate_all(family, model, data, cfg, device)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -595,7 +597,9 @@ def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = N
     files = family.files(cfg, str(file), "test")
     if len(files) != 1:
         raise ValueError(f"{file}: holds {len(files)} test files; name one")
-    with torch.no_grad(), autocast(resolve_precision(precision, device), device):
+    precision = resolve_precision(precision, device, inference=True)
+    quantize_int8(ft.model, precision == "int8")
+    with torch.no_grad(), autocast(precision, device):
         records = family.predict(ft.model, ft.tokenizer, cfg, files[0], device)
     if out is not None:
         out = Path(out)

@@ -1,0 +1,183 @@
+"""Int8 inference for the encoder's dense layers, applied to a built model from outside:
+`quantize_int8(model)`.
+
+A quantized `nn.Linear` computes ``y = (q(x) @ q(W)^T) * s_x * s_w + b`` with
+
+* ``q(W) = round(W / s_w)``, int8, one scale ``s_w = max|W_j| / w_max`` per output channel (row of
+  W), made once when the model is quantized;
+* ``q(x) = round(x / s_x)``, int8, one scale ``s_x = max|x_i| / 127`` per token (row of x), made at
+  run time, so a token with large activations does not cost the others their precision;
+* the product accumulated in int32 (`torch._int_mm`, oneDNN's int8 matrix product on CPU).
+
+Embeddings, LayerNorm, softmax, attention's own products, the residual path and the task heads stay
+in floating point: the heads' matrices are small (classes, tags, two span ends) or, for the masked-LM
+decoder, read at a few positions only.
+
+``w_max`` is 127 where the CPU multiplies int8 without saturating (VNNI: AVX-512 VNNI, AVX-VNNI, AMX)
+and 63 elsewhere. AVX2's int8 multiply-add (``vpmaddubsw``) adds two unsigned x signed byte products
+into a saturating 16-bit sum; oneDNN shifts signed activations to unsigned, so two products of full
+7-bit weights (2 * 255 * 127) overflow it and the result is silently wrong, while 6-bit weights
+(2 * 255 * 63 < 32767) stay exact. Which case holds is not read off the CPU's name but probed once
+per process: an int8 product of worst-case operands compared with the exact one (`full_range_int8`),
+so a oneDNN limited by ``ONEDNN_MAX_CPU_ISA`` is caught too.
+
+Int8 is an inference path: a quantized layer in train mode, with gradients on, while exporting or
+compiling runs its float weights (which quantization leaves as they are: the state dict, hence every
+checkpoint, is unchanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.fast.tracing import tracing
+
+__all__ = ["full_range_int8", "int8_linear", "int8_weights", "is_quantized", "quantize_int8", "quantized_layers"]
+
+logger = logging.getLogger("bertforge")
+
+# A quantized nn.Linear keeps its int8 weight in its own __dict__ under this name (a plain attribute,
+# not a buffer: state dicts do not see it): {layer count: _Int8Weight} for the layer alone (1, made
+# when it is quantized) and for the stacked projections it leads (q, k, v: 3; k, v: 2; made at first use).
+_INT8 = "_int8_weights"
+
+
+@functools.cache
+def full_range_int8() -> bool:
+    """Whether this process's int8 matrix product on CPU is exact for full-range (7-bit) weights, that
+    is, does not saturate on worst-case operands (see the module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.where(torch.rand(32, 256, generator=g) < 0.5, 127, -127).to(torch.int8)
+    b = torch.where(torch.rand(256, 32, generator=g) < 0.5, 127, -127).to(torch.int8)
+    exact = a.long() @ b.long()
+    got = torch._int_mm(a, b).long()
+    full = bool(torch.equal(got, exact))
+    logger.debug("int8 matrix product %s full-range weights", "exact with" if full else "saturates with")
+    return full
+
+
+class _Int8Weight:
+    """A weight quantized per output channel: ``wt`` (in_features, out_features) int8, laid out for
+    `torch._int_mm`; ``scale`` (out_features,) float32; ``bias`` float32 or None; and what it was made
+    from (storages and version counters), to notice a weight replaced or changed in place."""
+
+    __slots__ = ("wt", "scale", "bias", "sources", "versions")
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], w_max: int):
+        w = torch.cat([t.detach().float() for t in weights])  # (out, in)
+        self.scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / w_max
+        self.wt = torch.round(w / self.scale[:, None]).clamp_(-w_max, w_max).to(torch.int8).t().contiguous()
+        self.bias = (None if any(b is None for b in biases) else torch.cat([b.detach().float() for b in biases]))
+        self.sources = [t.detach() for t in weights + [b for b in biases if b is not None]]
+        self.versions = [t._version for t in self.sources]
+
+    def current(self, params: list[torch.Tensor]) -> bool:
+        return len(params) == len(self.sources) and all(
+            s.data_ptr() == t.data_ptr() and v == t._version for s, v, t in zip(self.sources, self.versions, params))
+
+
+def quantize_int8(model: nn.Module, quantized: bool = True) -> nn.Module:
+    """Quantize the dense layers of every encoder in ``model`` to int8 for inference, in place, and
+    return it (``quantized=False``: back to float). The layers are those of `quantized_layers`; their
+    weights are quantized now (per output channel), activations per token at each call. The model's
+    float weights stay as they are, so its state dict, its training and its export are unchanged;
+    `int8_linear` runs only in inference (eval mode, no gradient). Idempotent."""
+    layers = quantized_layers(model)
+    for layer in layers:
+        _set_quantized(layer, quantized)
+    if quantized:
+        logger.debug("int8: %d dense layers quantized (weights to +-%d)", len(layers), _w_max())
+    return model
+
+
+@contextlib.contextmanager
+def int8_weights(model: nn.Module, quantized: bool = True) -> Iterator[nn.Module]:
+    """``model`` quantized (``quantized=False``: in float) for the length of a ``with`` block, and as
+    it was afterwards."""
+    before = {layer: is_quantized(layer) for layer in quantized_layers(model)}
+    quantize_int8(model, quantized)
+    try:
+        yield model
+    finally:
+        for layer, was in before.items():
+            _set_quantized(layer, was)
+
+
+def _w_max() -> int:
+    return 127 if full_range_int8() else 63
+
+
+def _set_quantized(layer: nn.Linear, quantized: bool) -> None:
+    if not quantized:
+        layer.__dict__.pop(_INT8, None)
+        if getattr(layer.__dict__.get("forward"), "__func__", None) is _forward:
+            del layer.forward
+    elif _INT8 not in layer.__dict__:
+        layer.__dict__[_INT8] = {1: _Int8Weight([layer.weight], [layer.bias], _w_max())}
+        layer.forward = MethodType(_forward, layer)  # calls outside the unpadded encoder (pooler, causal)
+
+
+def quantized_layers(model: nn.Module) -> list[nn.Linear]:
+    """The layers `quantize_int8` quantizes: every `nn.Linear` of each `BertModel` in ``model`` (query,
+    key, value, attention output, intermediate, output, pooler), and none of the heads'."""
+    from bertforge.model.bert import BertModel
+
+    found: dict[int, nn.Linear] = {}
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            for m in module.modules():
+                if type(m) is nn.Linear:
+                    found[id(m)] = m
+    return list(found.values())
+
+
+def is_quantized(layer: nn.Module) -> bool:
+    return _INT8 in layer.__dict__
+
+
+def _runs_int8(layer: nn.Linear) -> bool:
+    return not (layer.training or torch.is_grad_enabled() or tracing())
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A quantized layer called as a module."""
+    if not _runs_int8(self):
+        return F.linear(x, self.weight, self.bias)
+    return int8_linear(x, self)
+
+
+def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
+    """The outputs of quantized ``layers`` side by side, (..., sum of their out_features), from one int8
+    matrix product with their weights stacked. Float outputs in the dtype `F.linear` would give (x's,
+    or autocast's), computed in float32. Falls back to the float weights outside
+    inference (see `quantize_int8`)."""
+    first = layers[0]
+    if not _runs_int8(first):
+        if len(layers) == 1:
+            return F.linear(x, first.weight, first.bias)
+        return F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
+    entries = first.__dict__[_INT8]
+    params = [m.weight for m in layers] + [m.bias for m in layers if m.bias is not None]
+    q = entries.get(len(layers))
+    if q is None or not q.current(params):
+        q = entries[len(layers)] = _Int8Weight([m.weight for m in layers], [m.bias for m in layers], _w_max())
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()
+    if x2.shape[0] == 0:
+        return F.linear(x, torch.cat([m.weight for m in layers]), q.bias)  # no rows: the float shape and dtype
+    s = x2.abs().amax(1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127.0)  # (M, 1)
+    xq = torch.round(x2 / s).to(torch.int8)  # |x / s| <= 127 by construction
+    y = torch._int_mm(xq, q.wt).float().mul_(s).mul_(q.scale)  # (M, N)
+    if q.bias is not None:
+        y.add_(q.bias)
+    dtype = (torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type)
+             else x.dtype)  # what F.linear would return here
+    return y.to(dtype).reshape(*shape[:-1], -1)

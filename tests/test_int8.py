@@ -1,0 +1,214 @@
+"""Int8 inference (`bertforge.fast.int8`): the quantized product against the float one and against
+exact integer arithmetic; the saturation guard; which layers are quantized and when they run in int8
+(inference only: training, gradients and export run the float weights); the state dict untouched; caches
+that follow changed weights; and ``precision="int8"`` through the Predictor, features, evaluate and the
+command line, refused in training and off CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge import BertForSequenceClassification, BertModel
+from bertforge.fast import int8 as int8_module
+from bertforge.fast import prepare, quantize_int8
+from bertforge.fast.int8 import full_range_int8, int8_linear, int8_weights, is_quantized, quantized_layers
+from bertforge.train import precision as prec
+from bertforge.train.loop import TrainConfig
+
+
+def _layers(*shapes: tuple[int, int]) -> list[nn.Linear]:
+    layers = [nn.Linear(i, o) for i, o in shapes]
+    for layer in layers:
+        int8_module._set_quantized(layer, True)
+        layer.eval()
+    return layers
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@torch.no_grad()
+def test_int8_product_is_close_to_the_float_one_stacked_or_alone():
+    q, k, v = _layers((48, 32), (48, 32), (48, 32))
+    x = torch.randn(2, 7, 48)
+    x[0, 3] *= 50  # one token with large activations costs only itself its precision (per-token scales)
+    alone = int8_linear(x, q)
+    assert alone.shape == (2, 7, 32) and alone.dtype == torch.float32
+    assert _relative_error(alone, F.linear(x, q.weight, q.bias)) < 0.02
+    stacked = int8_linear(x, q, k, v)
+    want = F.linear(x, torch.cat([q.weight, k.weight, v.weight]), torch.cat([q.bias, k.bias, v.bias]))
+    assert _relative_error(stacked, want) < 0.02
+    assert torch.equal(stacked[..., :32], alone)  # the same per-channel weights, stacked or not
+    other = x.clone()
+    other[0, 3] = 0
+    assert torch.equal(int8_linear(other, q)[1], alone[1])  # a row's result depends on that row only
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert int8_linear(x, q).dtype == torch.bfloat16  # what F.linear gives under autocast
+    assert int8_linear(torch.randn(0, 48), q).shape == (0, 32)
+
+
+@torch.no_grad()
+def test_the_integer_product_is_exact_with_the_weights_range_this_cpu_gets():
+    """The weights are quantized to +-127 only where the probe found the int8 product exact for them (VNNI),
+    else to +-63 (AVX2's 16-bit saturation); either way the product of worst-case operands is exact."""
+    w_max = 127 if full_range_int8() else 63
+    g = torch.Generator().manual_seed(1)
+    a = torch.where(torch.rand(64, 512, generator=g) < 0.5, 127, -127).to(torch.int8)
+    b = torch.where(torch.rand(512, 48, generator=g) < 0.5, w_max, -w_max).to(torch.int8)
+    assert torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
+    (layer,) = _layers((512, 48))
+    int8_linear(torch.randn(3, 512), layer)
+    assert int(layer.__dict__[int8_module._INT8][1].wt.abs().max()) == w_max
+
+
+@torch.no_grad()
+def test_without_full_range_the_weights_keep_to_six_bits(monkeypatch):
+    monkeypatch.setattr(int8_module, "full_range_int8", lambda: False)
+    (layer,) = _layers((64, 16))
+    assert int(layer.__dict__[int8_module._INT8][1].wt.abs().max()) == 63
+    x = torch.randn(5, 64)
+    assert _relative_error(int8_linear(x, layer), F.linear(x, layer.weight, layer.bias)) < 0.04
+
+
+def test_the_encoders_dense_layers_are_quantized_and_the_heads_are_not(tiny_config):
+    model = BertForSequenceClassification(tiny_config(num_labels=3))
+    quantize_int8(model)
+    encoder = [m for m in model.bert.modules() if isinstance(m, nn.Linear)]
+    assert len(encoder) == 6 * model.config.num_hidden_layers + 1  # q, k, v, attention out, in, out; pooler
+    assert quantized_layers(model) == encoder and all(is_quantized(m) for m in encoder)
+    assert not is_quantized(model.classifier)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["unpadded", "causal-reference"])
+def test_a_quantized_model_is_close_to_float_in_inference_and_float_elsewhere(causal, tiny_config, randomize,
+                                                                              make_batch):
+    config = tiny_config(is_decoder=True) if causal else tiny_config()
+    reference = randomize(BertModel(config), std=0.05).eval()
+    model = prepare(copy.deepcopy(reference), freeze=True, int8=True)
+    state = {k: v.clone() for k, v in reference.state_dict().items()}
+    batch = make_batch(config, lengths=(11, 7, 4))
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        want = reference(**batch).last_hidden_state
+        got = model(**batch).last_hidden_state
+    assert 0 < _relative_error(got[real], want[real]) < 0.05
+    assert torch.all(got[~real] == 0) or causal  # unpadded: zeros at padding, as the reference
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # the checkpoint is unchanged
+    with torch.enable_grad():  # gradients on: the float weights, exactly the reference's path
+        assert torch.allclose(model(**batch).last_hidden_state[real], want[real], atol=1e-5)
+    model.train()
+    assert torch.allclose(model(**batch).last_hidden_state[real], reference.train()(**batch).last_hidden_state[real],
+                          atol=1e-5)
+    model.eval()
+    with torch.no_grad(), int8_weights(model, False):
+        assert torch.allclose(model(**batch).last_hidden_state[real], want[real], atol=1e-5)
+    assert all(is_quantized(m) for m in quantized_layers(model))  # as it was after the block
+    quantize_int8(model, False)
+    assert not any(is_quantized(m) for m in model.modules())
+    assert all("forward" not in m.__dict__ for m in quantized_layers(model))
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).last_hidden_state[real], want[real], atol=1e-5)
+
+
+@torch.no_grad()
+def test_int8_weights_follow_weights_changed_in_place_or_replaced(tiny_config, make_batch):
+    model = prepare(BertModel(tiny_config()).eval(), freeze=True, int8=True)
+    batch = make_batch(model.config)
+    before = model(**batch).last_hidden_state
+    other = BertModel(tiny_config()).state_dict()
+    model.load_state_dict(other)  # copy_ in place: the version counters move
+    after = model(**batch).last_hidden_state
+    fresh = prepare(BertModel(tiny_config()).eval(), freeze=True, int8=True)
+    fresh.load_state_dict(other)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, fresh(**batch).last_hidden_state)
+
+
+def test_export_runs_the_float_weights(tiny_config, monkeypatch):
+    (layer,) = _layers((16, 8))
+    x = torch.randn(3, 16)
+    monkeypatch.setattr(int8_module, "tracing", lambda: True)
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_int8_is_an_inference_precision_on_cpu_only():
+    assert prec.resolve_precision("int8", "cpu", inference=True) == "int8"
+    assert prec.dtype_of("int8") == prec.dtype_of(prec.resolve_precision("auto", "cpu"))  # the float rest: auto's
+    with pytest.raises(ValueError, match="int8 is for inference"):
+        TrainConfig(precision="int8")
+    with pytest.raises(ValueError, match="int8 is for inference"):
+        prec.resolve_precision("int8", "cpu")
+    with pytest.raises(ValueError, match="int8 runs on CPU; on cuda use bf16 or fp16"):
+        prec.resolve_precision("int8", "cuda", inference=True)
+    with pytest.raises(ValueError, match="must be one of auto, fp32, bf16, fp16, int8"):
+        prec.check_precision("int4", inference=True)
+
+
+# ------------------------------------------------------------------ through the commands and APIs
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    from data_fixtures import VOCAB_SIZE, write_tokenizer
+
+    from bertforge.model.config import BertConfig
+
+    folder = tmp_path_factory.mktemp("int8") / "classifier"
+    torch.manual_seed(2)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=2, id2label={0: "neg", 1: "pos"}))
+    model.save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder
+
+
+TEXTS = ["the old house by the river .", "a good book", "the river was long , and the road was short !"]
+
+
+def test_predictor_and_features_run_int8_and_leave_other_precisions_alone(classifier):
+    from bertforge.serving.features import embed, extract_features
+    from bertforge.serving.predictor import Predictor
+
+    fp32 = Predictor.from_pretrained(classifier, device="cpu")
+    int8 = Predictor.from_pretrained(classifier, device="cpu", precision="int8")
+    assert int8.precision == "int8" and all(is_quantized(m) for m in quantized_layers(int8.model))
+    assert not any(is_quantized(m) for m in quantized_layers(fp32.model))
+    a, b = fp32.classify(TEXTS), int8.classify(TEXTS)
+    diff = max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p["probabilities"].values(),
+                                                               q["probabilities"].values()))
+    assert 0 < diff < 0.05
+    vectors = {p: extract_features(classifier, TEXTS, pooling="mean", precision=p, device="cpu").values for p in
+               ("fp32", "int8")}
+    cos = [float(np.dot(u, v) / np.linalg.norm(u) / np.linalg.norm(v)) for u, v in zip(*vectors.values())]
+    assert min(cos) > 0.99 and vectors["fp32"].tolist() != vectors["int8"].tolist()
+    encoder = fp32.model.bert
+    assert np.array_equal(embed(encoder, fp32.tokenizer, TEXTS, precision="fp32"), vectors["fp32"])
+    embed(encoder, fp32.tokenizer, TEXTS, precision="int8")
+    assert not any(is_quantized(m) for m in quantized_layers(encoder))  # int8 for that call only
+    with pytest.raises(ValueError, match="int8 runs on CPU"):
+        Predictor(fp32.model, fp32.tokenizer, "classification", device="meta", precision="int8")
+
+
+def test_evaluate_and_the_command_line_take_int8(classifier, tmp_path, capsys):
+    from bertforge import cli
+    from bertforge.tasks.finetune import evaluate
+
+    data = tmp_path / "dev.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": ("neg", "pos")[i % 2]}) + "\n"
+                            for i, t in enumerate(TEXTS * 4)))
+    settings = dict(task="classification", text_column="text", label_column="label")
+    int8 = evaluate(classifier, data, precision="int8", **settings)
+    assert 0 <= int8["accuracy"] <= 1
+    assert cli.main(["predict", str(classifier), TEXTS[0], "--precision", "int8", "--format", "jsonl"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["label"] in ("neg", "pos")
+    assert cli.main(["finetune", "--precision", "int8"]) != 0
+    assert "precision int8 is for inference" in capsys.readouterr().err
