@@ -29,7 +29,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
                      max_seq_length=32, dupe_factor=1, finetune_min_steps=4,
                      finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, pretrain_min_share=0.01,
                      curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, dev_examples=60,
-                     finetune_lrs="1e-4,1e-3")
+                     finetune_lrs="1e-4,1e-3", inference_sentences=40)
     show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
@@ -72,6 +72,12 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert re.search(r"\| all-MiniLM-L6-v2 \| 1e-[34] \(0\.\d{3}\) \|", text)
     assert "60 training sentences are set aside as a development split" in text
     assert "## Where the time went" in text and "100k steps of 1,024 pairs" in text
+    inference = report["inference"]  # no native bf16 here (patched): fp32 and int8
+    assert inference["model"] == "all-MiniLM-L6-v2" and inference["sentences"] == 40
+    assert set(inference["precisions"]) == {"fp32", "int8"}
+    assert inference["precisions"]["fp32"]["cosine_min"] == pytest.approx(1.0, abs=1e-5)
+    assert 0.98 < inference["precisions"]["int8"]["cosine_min"] < 1.0
+    assert "## Inference on this CPU" in text and re.search(r"\| int8 \| [\d,]+ \| [\d.]+x \| 0\.9\d{3} / ", text)
     assert "was estimated at" in text
     printed = capsys.readouterr()
     assert "bf16 not timed" in printed.out and "Demo finished" in printed.out and "## Fill-mask" in printed.out

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertforge import resources
@@ -149,6 +150,9 @@ class DemoConfig:
     precision: str = "auto"
     """auto (bf16 or fp32, whichever trains faster here: timed before pre-training), bf16 or fp32 (fp16 needs a
     GPU; the demo is made for a CPU)."""
+    inference_sentences: int = 500
+    """Held-out movie-review sentences the inference table embeds in each precision (fp32; bf16 where native;
+    int8 on a CPU) with the published checkpoint (else the demo's own model); 0: no table."""
 
     def __post_init__(self) -> None:
         if self.pretrain_steps < 0 or self.minutes <= 0 or self.finetune_epochs <= 0 or self.curve_seeds < 1:
@@ -164,8 +168,8 @@ class DemoConfig:
             raise ValueError(f"pretrain_min_share must be in (0, pretrain_share], got {self.pretrain_min_share}")
         if self.articles < 0 or self.task_examples < 0 or self.finetune_min_steps < 0 or self.curve_required_up_to < 0:
             raise ValueError("articles, task_examples, finetune_min_steps and curve_required_up_to must be >= 0")
-        if self.dev_examples < 1 or self.published_seeds < 1:
-            raise ValueError("dev_examples and published_seeds must be >= 1")
+        if self.dev_examples < 1 or self.published_seeds < 1 or self.inference_sentences < 0:
+            raise ValueError("dev_examples and published_seeds must be >= 1, inference_sentences >= 0")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         parse_lrs(self.finetune_lrs)
 
@@ -316,8 +320,8 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, dev
     return statistics.median(times[batches:])
 
 
-REPORT_SECONDS = 20
-"""Time the budget keeps for the report at its end."""
+REPORT_SECONDS = 45
+"""Time the budget keeps at its end for the inference table and the report."""
 
 
 @dataclass
@@ -620,6 +624,17 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     for name, seconds in curve.seconds.items():
         minutes[f"curve: {name}"] = seconds / 60
     report["curve"] = curve.to_json()
+    if cfg.inference_sentences:
+        folder = published or run / "model"
+        name = PUBLISHED if published else f"the demo's own {cfg.model} BERT"
+        texts = mr_dev[:cfg.inference_sentences]
+        with step(f"Inference on this CPU: sentence vectors of {len(texts):,} held-out sentences from {name}, in "
+                  "each precision"):
+            report["inference"] = {"model": name, "sentences": len(texts),
+                                   "precisions": time_inference(folder, texts, device)}
+            for p, got in report["inference"]["precisions"].items():
+                logger.info(f"    {p}: {got['sentences_per_s']:,.0f} sentences/s, cosine with fp32 min "
+                            f"{got['cosine_min']:.4f}, mean {got['cosine_mean']:.4f}")
     report["curve_heldout"] = len(mr_dev)
     plot_curve(curve, out / "curve.png", f"Movie-review polarity: {cfg.model} BERT ({len(mr_dev):,} held-out "
                f"sentences)", COLOURS)
@@ -632,6 +647,46 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     logger.info("\n" + "\n".join(lines))
     logger.info(f"Demo finished in {report['minutes']} minutes; outputs in {out}/ (report.md, curve.png)")
     return report
+
+
+def time_inference(folder: Path, texts: Sequence[str], device: torch.device) -> dict[str, dict[str, float]]:
+    """Sentence vectors (the mean over the last layer's tokens, `bertforge.serving.features.embed`: batches
+    of 32 of similar length) of ``texts`` from the encoder in ``folder``, in each inference precision that
+    runs well on ``device`` (fp32; bf16 where native; int8 on a CPU): sentences/s of one pass after a
+    short warm-up, and each vector's cosine with its fp32 vector (min, mean)."""
+    from bertforge.serving.features import BertModelWithoutPooler, embed
+    from bertforge.text.tokenizer import BertTokenizer
+    from bertforge.train.precision import native_bf16
+
+    model = BertModelWithoutPooler.from_pretrained(folder).to(device).eval()
+    tok = BertTokenizer.from_pretrained(folder)
+    precisions = ["fp32"] + ["bf16"] * native_bf16(device) + ["int8"] * (device.type == "cpu")
+    vectors, seconds = {}, {}
+    for p in precisions:
+        embed(model, tok, texts[:32], precision=p)
+        t0 = time.perf_counter()
+        vectors[p] = embed(model, tok, texts, precision=p)
+        seconds[p] = time.perf_counter() - t0
+    unit = {p: v / np.linalg.norm(v, axis=1, keepdims=True) for p, v in vectors.items()}
+    out = {}
+    for p in precisions:
+        cos = np.sum(unit[p] * unit["fp32"], axis=1)
+        out[p] = {"sentences_per_s": round(len(texts) / seconds[p], 1),
+                  "vs_fp32": round(seconds["fp32"] / seconds[p], 2),
+                  "cosine_min": round(float(cos.min()), 5), "cosine_mean": round(float(cos.mean()), 5)}
+    return out
+
+
+def _inference_table(report: dict[str, Any]) -> list[str]:
+    inf = report["inference"]
+    lines = ["## Inference on this CPU", "", "| precision | sentences/s | vs fp32 | cosine with fp32: min / mean |",
+             "|---|---|---|---|"]
+    lines += [f"| {p} | {r['sentences_per_s']:,.0f} | {r['vs_fp32']:.2f}x | {r['cosine_min']:.4f} / "
+              f"{r['cosine_mean']:.4f} |" for p, r in inf["precisions"].items()]
+    return lines + ["", f"Sentence vectors (the mean over the last layer) of {inf['sentences']:,} held-out movie-review "
+                        f"sentences from {inf['model']}, in batches of 32 of similar length, as `bertforge features "
+                        "--pooling mean --precision P` and `bertforge predict --embeddings` compute them. int8: the "
+                        "encoder's dense layers as int8 products (docs/performance.md), the rest as auto.", ""]
 
 
 def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, published: Path | None) -> list[str]:
@@ -703,4 +758,6 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
               + (f", NSP accuracy {pt['heldout_nsp_accuracy']:.3f}" if pt["heldout_nsp_accuracy"] is not None else "")
               + "; curves: `pretrain/curves.png`", "", "## Fill-mask (own pre-training)", ""]
     lines += [f"- `{e['text']}`: " + ", ".join(f"{t} ({p:.2f})" for t, p in e["top"]) for e in report["fill_mask"]]
+    if "inference" in report:
+        lines += ["", *_inference_table(report)]
     return lines + [""]
