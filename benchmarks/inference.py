@@ -21,6 +21,10 @@ batch padded to its longest sentence. On these batches about 46 % of the slots a
 
 ``--bf16-weights`` adds ``ours-bf16w`` and ``HF-bf16w``: each model cast to bfloat16, no autocast.
 
+On a CPU without native bf16 (`step_time.skipped_precisions`: AVX2 only) every bf16 run is skipped,
+and the output and the JSON (``"skipped"``) say why: emulated bf16 is tens of times slower than fp32
+and not what bertforge runs there.
+
 Fairness: same config (a bertforge preset, vocab 30522), same random weights (the encoder of
 `step_time.build_models`: bertforge's state dict copied into transformers'), same batches, one
 process, torch's default threads (``--threads``). Before timing, the fp32 outputs must agree on the
@@ -66,7 +70,7 @@ from bertforge.fast import freeze_weights, prepare
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
 
-from step_time import _loadavg, attn_implementation, build_models  # noqa: E402
+from step_time import _loadavg, attn_implementation, build_models, skipped_precisions  # noqa: E402
 
 RUNS = ("ours-fp32", "ours-bf16", "HF-fp32", "HF-bf16")
 WEIGHT_RUNS = ("ours-bf16w", "HF-bf16w")
@@ -139,7 +143,9 @@ class Row:
     profiles: list[dict] = field(default_factory=list)
 
 
-def run_preset(preset: str, sentences: list[str], args) -> Row:
+def run_preset(preset: str, sentences: list[str], args, skipped: dict[str, str] | None = None) -> Row:
+    """Time ``preset``'s runs (module docstring), all but those whose precision (bf16 for bf16 and bf16w)
+    is in ``skipped``."""
     count = args.batches or DEFAULTS[preset]
     batches = make_batches(sentences, args.batch_size, args.warmup + count)
     _, ours_pt, theirs_pt = build_models(preset, MAX_LENGTH, args.seed)
@@ -147,8 +153,9 @@ def run_preset(preset: str, sentences: list[str], args) -> Row:
     models = {"ours": prepare(ours_pt.bert.eval(), freeze=True), "HF": theirs_pt.bert.eval()}
     del ours_pt.cls, theirs_pt.cls  # the MLM / NSP heads are not used
     diff = check_same_outputs(models["ours"], models["HF"], batches[0], args.atol)
-    runs = RUNS + (WEIGHT_RUNS if args.bf16_weights else ())
-    if args.bf16_weights:
+    runs = tuple(n for n in RUNS + (WEIGHT_RUNS if args.bf16_weights else ())
+                 if n.split("-")[1].removesuffix("w") not in (skipped or {}))
+    if set(WEIGHT_RUNS) & set(runs):
         for stack in ("ours", "HF"):
             models[stack + "-w"] = copy.deepcopy(models[stack]).to(torch.bfloat16)
         freeze_weights(models["ours-w"])
@@ -313,13 +320,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     started = time.perf_counter()
     meta = run_meta()
+    skipped = skipped_precisions()
     sentences = leads_sentences()
     print(f"# torch {meta['torch']} ({meta['cpu_capability']}), transformers {meta['transformers']}, bertforge "
           f"{meta['bertforge']}; {meta['threads']} threads; {meta['nproc']} CPUs: {meta['cpu']}; "
           f"{len(sentences):,} leads sentences; load average {meta['loadavg_before']}", flush=True)
+    for p, why in skipped.items():
+        print(f"# {p} runs skipped: {why}", flush=True)
     rows = []
     for preset in args.presets:
-        rows.append(run_preset(preset, sentences, args))
+        rows.append(run_preset(preset, sentences, args, skipped))
         print(f"#   load average {_loadavg()}", flush=True)
     meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg(), clock=args.clock,
                 repeats=args.repeats, batch_size=args.batch_size)
@@ -330,10 +340,12 @@ def main(argv=None) -> int:
           f"timed batches / the sum of each batch's fastest of {args.repeats} repeats; paired = median over batches "
           f"of HF-best / ours-best time; contended = the same from the mean of the repeats; {args.clock} clock; "
           f"transformers attention: {', '.join(sorted({r.hf_attention for r in rows}))}; fp32 outputs agree to "
-          f"{max(r.max_abs_diff for r in rows):.1e}; load average before {meta['loadavg_before']}, after "
-          f"{meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
+          f"{max(r.max_abs_diff for r in rows):.1e}; "
+          + "".join(f"{p} runs skipped: {why}; " for p, why in skipped.items())
+          + f"load average before {meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
+                                              indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 

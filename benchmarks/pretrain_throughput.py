@@ -29,6 +29,10 @@ must give the same loss (``--loss-atol``) and logits (``--logits-atol``) on the 
 shared machine hits all of them alike. The fp32 and bf16 runs of a stack share one model (each
 with its own optimizer); speed does not depend on the weights' values.
 
+On a CPU without native bf16 (`step_time.skipped_precisions`: AVX2 only) the bf16 runs and the bf16
+matmul peak are skipped, and the output and the JSON (``"skipped"``) say why: emulated bf16 is tens
+of times slower than fp32 and not what bertforge runs there.
+
 Batches are real: the Wikipedia leads of `bertforge.resources` are prepared with
 `bertforge.data.prepare.prepare` (Google's algorithm, the all-MiniLM-L6-v2 uncased vocab,
 ``dupe_factor`` 1, ``max_seq_length`` 128, shards of 500,000 characters; cached under
@@ -52,7 +56,7 @@ prediction slots, used or not), B*T for transformers)::
 and the real masked positions for the MLM head -- identical work for both stacks, so its ratio is
 the tokens/s ratio. Both are shown as a fraction of the machine's bf16 matmul peak, measured in
 the same run (best of a few 2048 x 2048 ``torch.matmul`` on all threads, at the start and the end);
-the fp32 peak is printed too.
+the fp32 peak is printed too, and is the reference where bf16 is skipped.
 
 Run (from the repository root)::
 
@@ -82,7 +86,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import Batch, _loadavg, build_models, check_same_loss, cpu_model  # noqa: E402
+from step_time import Batch, _loadavg, build_models, check_same_loss, cpu_model, skipped_precisions  # noqa: E402
 
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
@@ -91,6 +95,7 @@ from bertforge.train.loop import TrainConfig, Trainer  # noqa: E402
 from bertforge.train.pretrain import PretrainingTask  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Per-preset defaults: (batch size, timed steps, warm-up steps). The three presets with targets share
 # batch 32 (base: fewer steps, about 4.5 minutes for its four runs on 2 cores).
 DEFAULTS = {"tiny": (32, 10, 2), "mini": (32, 10, 2), "small": (16, 8, 2), "medium": (16, 6, 1),
@@ -245,6 +250,11 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 8) -> float:
     return 2 * n ** 3 / best
 
 
+def format_peaks(peaks: dict[str, float]) -> str:
+    """``{"fp32": FLOP/s, ...}`` as "fp32 0.200 TFLOP/s, bf16 0.850 TFLOP/s"."""
+    return ", ".join(f"{p} {v / 1e12:.3f} TFLOP/s" for p, v in peaks.items())
+
+
 # ---------------------------------------------------------------------------- profile
 CATEGORIES = [  # (category, substrings of aten op names), first match wins
     ("grad clipping (norms)", ("_foreach_norm", "linalg_vector_norm", "aten::norm", "clamp")),
@@ -341,7 +351,7 @@ class Row:
     useful_tflops: dict[str, float]
     ours_best: str
     hf_best: str
-    ratio: float  # ours best tok/s / HF best tok/s
+    ratio: float  # ours best tok/s / HF best tok/s (over the precisions run)
     paired_ratio: float  # median over steps of HF-best time / ours-best time
     min_ratio: float
     target: float | None
@@ -349,7 +359,7 @@ class Row:
     profiles: list[dict] = field(default_factory=list)
 
 
-def run_preset(preset: str, data: Path, args) -> Row:
+def run_preset(preset: str, data: Path, args, precisions: tuple[str, ...] = PRECISIONS) -> Row:
     d_batch, d_steps, d_warmup = DEFAULTS[preset]
     B = args.batch_size or d_batch
     steps = args.steps if args.steps is not None else d_steps
@@ -366,7 +376,7 @@ def run_preset(preset: str, data: Path, args) -> Row:
     tmp = tempfile.mkdtemp(prefix="pt-bench-")
     ours.train()
     theirs.train()
-    runs = [Run("ours", p) for p in PRECISIONS] + [Run("hf", p) for p in PRECISIONS]
+    runs = [Run("ours", p) for p in precisions] + [Run("hf", p) for p in precisions]
     steppers = {}
     for r in runs:
         if r.stack == "ours":
@@ -389,8 +399,8 @@ def run_preset(preset: str, data: Path, args) -> Row:
                 r.flops += f
                 r.useful_flops += u
     by = {r.name: r for r in runs}
-    ours_best = max((by[f"ours-{p}"] for p in PRECISIONS), key=lambda r: r.tok_s)
-    hf_best = max((by[f"hf-{p}"] for p in PRECISIONS), key=lambda r: r.tok_s)
+    ours_best = max((by[f"ours-{p}"] for p in precisions), key=lambda r: r.tok_s)
+    hf_best = max((by[f"hf-{p}"] for p in precisions), key=lambda r: r.tok_s)
     row = Row(
         preset=preset, batch=B, seq_len=128, real_token_fraction=real / slots, steps=steps, warmup=warmup,
         eval_loss_ours=loss_a, eval_loss_hf=loss_b, eval_logits_max_abs_diff=diff,
@@ -419,7 +429,9 @@ def run_preset(preset: str, data: Path, args) -> Row:
 
 
 # ---------------------------------------------------------------------------- report
-def format_tables(rows: list[Row], peak_bf16: float) -> str:
+def format_tables(rows: list[Row], peak: float, peak_precision: str = "bf16") -> str:
+    """The throughput table (a skipped run shows as "skipped") and the per-run table, whose FLOP/s are
+    given as a share of the ``peak_precision`` matmul peak ``peak``."""
     head = ["preset", "batch", "real tok", "ours fp32 tok/s", "ours bf16 tok/s", "HF fp32 tok/s", "HF bf16 tok/s",
             "ours best / HF best", "paired", "min/min", "target", "met"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -427,16 +439,18 @@ def format_tables(rows: list[Row], peak_bf16: float) -> str:
         met = "-" if r.target is None else ("yes" if r.ratio >= r.target else "no")
         lines.append("| " + " | ".join([
             r.preset, str(r.batch), f"{100 * r.real_token_fraction:.1f}%",
-            *(f"{r.tok_s[k]:,.0f}" for k in ("ours-fp32", "ours-bf16", "hf-fp32", "hf-bf16")),
+            *(f"{r.tok_s[k]:,.0f}" if k in r.tok_s else "skipped" for k in ("ours-fp32", "ours-bf16", "hf-fp32",
+                                                                              "hf-bf16")),
             f"{r.ratio:.2f}x ({r.ours_best} / {r.hf_best})", f"{r.paired_ratio:.2f}x", f"{r.min_ratio:.2f}x",
             "-" if r.target is None else f">= {r.target:.0f}x", met]) + " |")
-    lines += ["", "| preset | run | median ms/step | min ms/step | computed TFLOP/s | of bf16 peak | useful TFLOP/s | of bf16 peak |",
+    lines += ["", f"| preset | run | median ms/step | min ms/step | computed TFLOP/s | of {peak_precision} peak | useful "
+                  f"TFLOP/s | of {peak_precision} peak |",
               "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for k in r.tok_s:
             lines.append(f"| {r.preset} | {k} | {r.median_ms[k]:.0f} | {r.min_ms[k]:.0f} | {r.tflops[k]:.3f} | "
-                         f"{100 * r.tflops[k] * 1e12 / peak_bf16:.1f}% | {r.useful_tflops[k]:.3f} | "
-                         f"{100 * r.useful_tflops[k] * 1e12 / peak_bf16:.1f}% |")
+                         f"{100 * r.tflops[k] * 1e12 / peak:.1f}% | {r.useful_tflops[k]:.3f} | "
+                         f"{100 * r.useful_tflops[k] * 1e12 / peak:.1f}% |")
     return "\n".join(lines)
 
 
@@ -483,30 +497,35 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     started = time.perf_counter()
     meta = run_meta()
+    skipped = skipped_precisions()
+    precisions = tuple(p for p in PRECISIONS if p not in skipped)
+    reference = "bf16" if "bf16" in precisions else "fp32"  # the peak that FLOP/s are a share of
     data = Path(args.data) if args.data else prepared_leads()
-    peaks = {"bf16": matmul_peak(torch.bfloat16), "fp32": matmul_peak(torch.float32)}
+    peaks = {p: matmul_peak(DTYPES[p]) for p in precisions}
     print(f"# torch {meta['torch']} ({meta['cpu_capability']}), transformers {meta['transformers']}, bertforge "
           f"{meta['bertforge']}; {meta['threads']} threads; {meta['nproc']} CPUs: {meta['cpu']}; data {data}; "
-          f"matmul 2048^3 peak: bf16 {peaks['bf16'] / 1e12:.3f} TFLOP/s, fp32 {peaks['fp32'] / 1e12:.3f} TFLOP/s; "
-          f"load average {meta['loadavg_before']}", flush=True)
+          f"matmul 2048^3 peak: {format_peaks(peaks)}; load average {meta['loadavg_before']}", flush=True)
+    for p, why in skipped.items():
+        print(f"# {p} skipped (its runs and matmul peak): {why}", flush=True)
     rows = []
     for preset in args.presets:
-        rows.append(run_preset(preset, data, args))
+        rows.append(run_preset(preset, data, args, precisions))
         print(f"#   load average {_loadavg()}", flush=True)
-    end_peaks = {"bf16": matmul_peak(torch.bfloat16), "fp32": matmul_peak(torch.float32)}
+    end_peaks = {p: matmul_peak(DTYPES[p]) for p in precisions}
     peaks = {k: max(peaks[k], end_peaks[k]) for k in peaks}
     meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg(),
                 matmul_peak_tflops={k: round(v / 1e12, 4) for k, v in peaks.items()})
     print()
-    print(format_tables(rows, peaks["bf16"]))
+    print(format_tables(rows, peaks[reference], reference))
     print()
     print(f"tok/s = real (non-padding) tokens / summed step time of the timed steps; ours best / HF best = ratio "
           f"of each stack's faster precision; paired = median over steps of HF-best / ours-best step time; "
-          f"min/min = fastest steps; bf16 matmul peak {peaks['bf16'] / 1e12:.3f} TFLOP/s, fp32 "
-          f"{peaks['fp32'] / 1e12:.3f} TFLOP/s (best of start and end); load average before "
-          f"{meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
+          f"min/min = fastest steps; matmul peak {format_peaks(peaks)} (best of start and end); "
+          + "".join(f"{p} skipped: {why}; " for p, why in skipped.items())
+          + f"load average before {meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
+                                              indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 

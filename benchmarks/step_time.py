@@ -311,6 +311,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def skipped_precisions() -> dict[str, str]:
+    """{"bf16": why} where this CPU has no native bf16 (`bertforge.train.precision.native_bf16`, as
+    ``--precision auto`` asks), else {}. The benchmarks that time bf16 skip it there: emulated, it runs
+    tens of times slower than fp32 (a tiny pre-training benchmark would take 21 minutes instead of about
+    two), and bertforge never runs it on such a CPU unless told to."""
+    from bertforge.train import precision
+
+    if precision.native_bf16(torch.device("cpu")):
+        return {}
+    return {"bf16": f"no native bf16 on this CPU ({precision.cpu_name()}): emulated, it runs tens of times slower "
+                    "than fp32, and --precision auto picks fp32 here"}
+
+
 def _loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]

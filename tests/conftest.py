@@ -25,6 +25,15 @@ def _seed() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _auto_precision_without_probe(monkeypatch):
+    """On a CPU with native bf16 and no AMX, "auto" times fp32 and bf16 once per machine
+    (`bertforge.train.precision.bf16_faster`) and keeps the answer in the user's cache. Tests take bf16
+    as the faster there, so that they neither depend on the machine nor write to that cache;
+    tests/test_precision.py tests the probe itself."""
+    monkeypatch.setattr("bertforge.train.precision.bf16_faster", lambda: True)
+
+
+@pytest.fixture(autouse=True)
 def _library_logger():
     """Every test starts with the ``bertforge`` logger as the library leaves it (no handlers, passing its
     messages on to the root logger, where caplog sees them); the command line's `show_logs` changes it

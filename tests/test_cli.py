@@ -155,7 +155,7 @@ def test_every_command_that_runs_a_model_takes_precision(command, capsys):
     text = _help(command, capsys)
     assert "--precision" in text and "--bf16" not in text
     if command not in ("pretrain", "finetune", "demo", "ablate"):  # a config's field is checked by its dataclass
-        assert "--precision {auto,fp32,bf16,fp16}" in text
+        assert "--precision {auto,fp32,bf16,fp16,int8}" in text  # every other command runs inference
 
 
 @pytest.fixture

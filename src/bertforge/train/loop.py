@@ -502,6 +502,9 @@ class Trainer:
         self.ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
 
         self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on
+        if config.precision == "auto" and self.dist.enabled:  # each process timed its own CPU: bf16 only if all did
+            votes = self.dist.all_reduce_sum(torch.tensor([float(self.precision == "bf16")], device=self.device))
+            self.precision = "bf16" if int(votes.item()) == self.dist.world_size else "fp32"
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
         self._window = _empty_window()
