@@ -1,7 +1,8 @@
 """`bertforge.fast.prepare` pinned to the reference model: the outputs and the gradient of every
-parameter of every head class on padded batches, fp32 and bf16, train mode (dropout 0) and eval;
-and the pieces on their own: length groups, riders, frozen-weight caches, the state dict,
-idempotence, the export fallback and the distributed guard."""
+parameter of every head class on padded batches, fp32 and bf16, train mode (dropout 0) and eval, for
+bidirectional and causal (left-to-right) encoders; and the pieces on their own: length groups,
+riders, causal masks, the written-out attention, frozen-weight caches, the state dict, idempotence,
+the export fallback and the distributed guard."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ from bertforge import (
     BertModel,
 )
 from bertforge.fast import attention as fast_attention
+from bertforge.fast import dropout as fast_dropout
 from bertforge.fast import embedding as fast_embedding
 from bertforge.fast import layout as fast_layout
 from bertforge.fast import freeze_weights, frozen_weights, is_prepared, prepare
 from bertforge.fast import unpad as fast_unpad
 from bertforge.fast.frozen import is_frozen
+from bertforge.model.bert import make_attention_mask
+from bertforge.model.heads import (FEATURE_KEY, BertFeatureBiLSTMForSequenceClassification,
+                                   BertFeatureBiLSTMForTokenClassification)
 
 LENGTHS = (11, 7, 4, 9)  # padded: three of four rows shorter than the batch
 
@@ -41,9 +46,9 @@ def _inputs(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tens
         labels = torch.randint(0, config.vocab_size, mask.shape).masked_fill(mask == 0, -100)
         extra = {"next_sentence_label": torch.arange(B) % 2} if cls is BertForPreTraining else {}
         return dict(batch, labels=labels, output_hidden_states=True, **extra)
-    if cls is BertForSequenceClassification:
+    if issubclass(cls, BertForSequenceClassification):
         return dict(batch, labels=torch.arange(B) % config.num_labels)
-    if cls is BertForTokenClassification:
+    if issubclass(cls, BertForTokenClassification):
         return dict(batch, labels=torch.randint(0, config.num_labels, mask.shape).masked_fill(mask == 0, -100))
     if cls is BertForQuestionAnswering:
         return dict(batch, start_positions=torch.arange(B) % 3, end_positions=torch.arange(B) % 3 + 1)
@@ -59,10 +64,39 @@ def _sparse_mlm(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.
     return dict(batch, labels=labels, masked_positions=positions, prediction_mask=labels != -100, **extra)
 
 
+def _left_to_right(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Left-to-right pre-training as `LeftToRightTask` runs it: every position but the last asked for,
+    the next token predicted where it is real."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    B, T = ids.shape
+    targets = mask[:, 1:].bool()
+    return dict(batch, labels=ids[:, 1:].masked_fill(~targets, -100),
+                masked_positions=torch.arange(T - 1).expand(B, T - 1), prediction_mask=targets)
+
+
+def _left_to_right_unpadded(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """`_left_to_right` on a batch without padding: the last layer at the chosen positions only."""
+    return _left_to_right(cls, dict(batch, attention_mask=torch.ones_like(batch["attention_mask"])), config)
+
+
 CLASSES = [BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
            BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice]
 CASES = [(cls, _inputs) for cls in CLASSES] + [(cls, _sparse_mlm) for cls in (BertForPreTraining, BertForMaskedLM)]
 CASE_IDS = [c.__name__ for c in CLASSES] + ["BertForPreTraining-masked_positions", "BertForMaskedLM-masked_positions"]
+# A causal encoder under every head: pre-training's (ltr: BertForMaskedLM at every position), and
+# fine-tuning's, the BiLSTM heads of Table 5's "+ BiLSTM" row included
+BILSTM_CLASSES = [BertFeatureBiLSTMForSequenceClassification, BertFeatureBiLSTMForTokenClassification]
+CAUSAL_CASES = CASES + [(cls, _inputs) for cls in BILSTM_CLASSES] + [
+    (BertForMaskedLM, _left_to_right), (BertForMaskedLM, _left_to_right_unpadded)]
+CAUSAL_CASE_IDS = CASE_IDS + [c.__name__ for c in BILSTM_CLASSES] + [
+    "BertForMaskedLM-left_to_right", "BertForMaskedLM-left_to_right-unpadded"]
+
+
+def _build(cls, config):
+    """``cls`` on ``config``; a BiLSTM head fine-tunes its encoder (``--bilstm``) over the last layer."""
+    if cls in BILSTM_CLASSES:
+        config.extra[FEATURE_KEY] = {"features": "last", "freeze": False, "bilstm_size": 8}
+    return cls(config)
 
 
 def _tensors(out) -> dict[str, torch.Tensor]:
@@ -97,10 +131,22 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float, what: str) -> None:
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fast_equals_reference(case, mode, precision, tiny_config, randomize, make_batch):
     """Outputs at every position (both are zero at padding) and the gradient of every parameter."""
-    cls, inputs = case
-    config = tiny_config(num_labels=3)
-    reference = randomize(cls(config)).train(mode == "train")
+    _check_fast_equals_reference(*case, tiny_config(num_labels=3), mode, precision, randomize, make_batch)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("case", CAUSAL_CASES, ids=CAUSAL_CASE_IDS)
+def test_causal_fast_equals_reference(case, mode, precision, tiny_config, randomize, make_batch):
+    """The same for a causal (left-to-right, ``is_decoder``) encoder, which `prepare` unpads too."""
+    _check_fast_equals_reference(*case, tiny_config(num_labels=3, is_decoder=True), mode, precision, randomize,
+                                 make_batch)
+
+
+def _check_fast_equals_reference(cls, inputs, config, mode, precision, randomize, make_batch) -> None:
+    reference = randomize(_build(cls, config)).train(mode == "train")
     fast = prepare(copy.deepcopy(reference))
+    assert is_prepared(fast)
     kwargs = inputs(cls, make_batch(config, LENGTHS), config)
     rel = 1e-5 if precision == "fp32" else 5e-2
     amp = torch.autocast("cpu", torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -115,8 +161,18 @@ def test_fast_equals_reference(case, mode, precision, tiny_config, randomize, ma
     for name in want:
         _close(got[name], want[name], rel, name)
     params = dict(fast.named_parameters())
+    # the BiLSTM classifier reads the BiLSTM's final states, not the pooler
+    unused = {"bert.pooler.dense.weight", "bert.pooler.dense.bias"} if cls in BILSTM_CLASSES else set()
     for name, p in reference.named_parameters():
+        if name in unused:
+            assert p.grad is None and params[name].grad is None, name
+            continue
         assert p.grad is not None and params[name].grad is not None, name
+        if precision == "bf16" and config.is_decoder and name.endswith("attention.self.key.bias"):
+            # Zero in exact arithmetic (softmax ignores a shift shared by every key's score): in bf16
+            # both models return rounding noise, rounded differently by the reference's masked kernel
+            # and the causal one (is_causal), up to twice the floor's tolerance; fp32 compares it.
+            continue
         _close(params[name].grad, p.grad, rel, f"grad {name}")
     assert float(reference.bert.embeddings.word_embeddings.weight.grad.abs().max()
                  if hasattr(reference, "bert") else reference.embeddings.word_embeddings.weight.grad.abs().max()) > 0
@@ -136,10 +192,11 @@ def test_unpadded_batch_and_no_mask(cls, tiny_config, randomize, make_batch, ass
         assert_close(fast(batch["input_ids"], token_type_ids=batch["token_type_ids"])[key], want)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_output_positions_anywhere(mode, tiny_config, randomize, make_batch):
+def test_output_positions_anywhere(mode, causal, tiny_config, randomize, make_batch):
     """The last layer at chosen positions only: real positions as the full layer, padding ones zero."""
-    config = tiny_config()
+    config = tiny_config(is_decoder=causal)
     reference = randomize(BertModel(config)).train(mode == "train")
     fast = prepare(copy.deepcopy(reference))
     batch = make_batch(config, (11, 7, 4))
@@ -237,9 +294,10 @@ def test_cheap_dropout_statistics_in_a_prepared_model(tiny_config):
 
 
 # ---------------------------------------------------------------------------- riders (CPU training)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("lengths, riders",
                          [((11, 7, 4), 11), ((50, 10, 10), 58), ((40, 33, 30), 17), ((40, 40, 39), 1)])
-def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, monkeypatch):
+def test_rider_rows_change_nothing(lengths, riders, causal, tiny_config, make_batch, monkeypatch):
     """CPU training rounds the unpadded row count up to a multiple of 64 with padding slots (or to
     every slot): outputs equal the un-rounded forward's, with zeros at padding."""
     seen = []
@@ -250,7 +308,7 @@ def test_rider_rows_change_nothing(lengths, riders, tiny_config, make_batch, mon
         seen.append((self.indices.numel(), self.riders))
 
     monkeypatch.setattr(fast_layout.Padding, "round_rows", spy)
-    config = tiny_config()
+    config = tiny_config(is_decoder=causal)
     model = prepare(BertModel(config)).train()  # dropout 0: train mode is deterministic
     batch = make_batch(config, lengths)
     rounded = model(**batch)  # gradient enabled: riders
@@ -275,12 +333,13 @@ def _masks(T: int = 40) -> dict[str, torch.Tensor]:
             "holes": holes, "empty-row": right([0, 12, 40, 5]), "one": right([9])}
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("mask", list(_masks()), ids=list(_masks()))
-def test_inference_path_equals_reference(mask, precision, tiny_config, randomize):
+def test_inference_path_equals_reference(mask, precision, causal, tiny_config, randomize):
     """Eval without gradients on CPU runs attention per length group (and bf16 attention written out):
     real positions match the reference and the prepared model's path with gradients on; padding is zero."""
-    reference = randomize(BertModel(tiny_config())).eval()
+    reference = randomize(BertModel(tiny_config(is_decoder=causal))).eval()
     model = prepare(copy.deepcopy(reference))
     attention_mask = _masks()[mask]
     input_ids = torch.randint(1, model.config.vocab_size, attention_mask.shape) * attention_mask
@@ -326,6 +385,111 @@ def test_length_cuts_are_optimal(seed):
 
     best = min(work([*c, 7]) for k in range(4) for c in itertools.combinations(range(1, 7), k))
     assert work(fast_layout.length_cuts(lengths, 4)) == best
+
+
+# ---------------------------------------------------------------------------- causal attention
+def test_causal_mask_is_the_references_at_real_queries():
+    """`causal_mask` equals the reference's `make_attention_mask` (causal) wherever the query is real,
+    for every query position or chosen ones; a query also sees itself, so none sees no key at all."""
+    for name, mask in _masks().items():
+        keep = mask.bool()
+        want = make_attention_mask(mask, causal=True)  # (B, 1, T, T)
+        got = fast_layout.causal_mask(keep)
+        assert got.shape == want.shape
+        real = keep[:, None, :, None].expand_as(want)  # the rows of real queries
+        assert torch.equal(got[real], want[real]), name
+        assert torch.all(got.diagonal(dim1=-2, dim2=-1)), name
+        B, T = keep.shape
+        positions = torch.randint(0, T, (B, 5))
+        chosen = got[:, 0].gather(1, positions.unsqueeze(-1).expand(-1, -1, T)).unsqueeze(1)  # (B, 1, 5, T)
+        assert torch.equal(fast_layout.causal_mask(keep, positions), chosen), name
+        assert fast_layout.right_padded(keep) == (name in ("mixed", "empty-row", "one")), name
+
+
+@pytest.mark.parametrize("mask", ["causal", "padding-anywhere", "chosen-queries"])
+def test_written_out_causal_attention_and_its_gradients_equal_sdpa(mask):
+    """The hand-written path with a causal mask (``causal``: PyTorch's is_causal; a (B, 1, T, T) mask;
+    queries at chosen positions) equals SDPA in float64, outputs and q, k, v gradients, with and
+    without gradients."""
+    torch.manual_seed(0)
+    B, T, A, D = 3, 7, 2, 4
+    keep = torch.tensor([[True] * 7, [False] * 3 + [True] * 4, [True, False] * 3 + [True]])
+    positions = torch.tensor([[0, 6], [2, 5], [1, 4]])
+    K = 2 if mask == "chosen-queries" else T
+    qkv = torch.randn(B, T, 3 * A * D, dtype=torch.float64)
+    grad = torch.randn(B, A, K, D, dtype=torch.float64)
+    attn_mask = {"causal": None, "padding-anywhere": fast_layout.causal_mask(keep),
+                 "chosen-queries": fast_layout.causal_mask(keep, positions)}[mask]
+    is_causal = mask == "causal"
+
+    def split(x):
+        q, k, v = x.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
+        if mask == "chosen-queries":
+            q = q.gather(2, positions[:, None, :, None].expand(-1, A, -1, D))  # (B, A, K, D)
+        return q, k, v
+
+    results = []
+    for attend in (lambda q, k, v: fast_attention.written_out_attention(q, k, v, attn_mask, 0.0, is_causal),
+                   lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+                       q, k, v, attn_mask=attn_mask, is_causal=is_causal)):
+        x = qkv.clone().requires_grad_()
+        y = attend(*split(x))
+        y.backward(grad)
+        results.append((y.detach(), x.grad))
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y0, y1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g0, g1, rtol=0, atol=1e-12)
+    assert float(g0.abs().max()) > 0.1
+    with torch.no_grad():
+        y = fast_attention.written_out_attention(*split(qkv), attn_mask, 0.0, is_causal)
+    torch.testing.assert_close(y, y1, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention", ["fused", "written-out"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("head", [BertForMaskedLM, BertForSequenceClassification], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("mask", list(_masks()), ids=list(_masks()))
+def test_causal_training_with_padding_anywhere(mask, head, precision, attention, tiny_config, randomize,
+                                               monkeypatch):
+    """CPU training of a causal model on right- and left-padded rows, rows with holes and an empty row:
+    riders (left padding gives some with no real key at or before them), PyTorch's fused kernel
+    (dropout 0) or, with dropout, the written-out attention (its masks forced to keep everything).
+    The left-to-right LM (every position) and a sentence classifier (its last real token): outputs
+    and every gradient equal the reference's (dropout 0)."""
+    if head is BertForSequenceClassification and mask == "empty-row":
+        pytest.skip("a sentence classifier reads the last real token, which an empty row lacks")
+    config = tiny_config(is_decoder=True, num_labels=3)
+    reference = randomize(head(config)).train()
+    dropout = 0.1 if attention == "written-out" else 0.0
+    fast = head(config.replace(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+    fast.load_state_dict(reference.state_dict())
+    prepare(fast).train()
+    attention_mask = _masks()[mask]
+    B, T = attention_mask.shape
+    batch = dict(input_ids=torch.randint(1, config.vocab_size, (B, T)) * attention_mask,
+                 attention_mask=attention_mask, token_type_ids=torch.randint(0, 2, (B, T)) * attention_mask)
+    kwargs = _left_to_right(head, batch, config) if head is BertForMaskedLM else dict(batch, labels=torch.arange(B) % 3)
+    drawn = []
+
+    def keep_all(shape, p, device, dtype):
+        drawn.append(len(shape))
+        return torch.ones(shape, dtype=dtype, device=device)
+
+    monkeypatch.setattr(fast_dropout, "dropout_mask", keep_all)
+    rel = 1e-5 if precision == "fp32" else 5e-2
+    outputs = []
+    for model in (reference, fast):
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+            out = model(**kwargs)
+        out.loss.backward()
+        outputs.append(out)
+    assert (4 in drawn) == (attention == "written-out")  # the attention probabilities' dropout
+    assert torch.isfinite(outputs[1].logits).all()
+    _close(outputs[1].logits, outputs[0].logits, rel, "logits")
+    _close(outputs[1].loss, outputs[0].loss, rel, "loss")
+    params = dict(fast.named_parameters())
+    for name, p in reference.named_parameters():
+        _close(params[name].grad, p.grad, rel, f"grad {name}")
 
 
 # ---------------------------------------------------------------------------- frozen-weight caches (inference)

@@ -25,9 +25,9 @@ On other devices a prepared model unpads and runs PyTorch's own fused attention 
 ``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
 ``fully_shard``, ``torch.compile``) go around a prepared model: prepare first, then wrap.
 
-The unpadded encoder masks padding keys, which is the reference's `make_attention_mask` for a
-bidirectional model. A causal (left-to-right, config ``is_decoder``) encoder is left on the
-reference forward: `prepare` skips it (its dropout modules are still prepared).
+The unpadded encoder's attention obeys the reference's `make_attention_mask`: padding keys masked,
+and in a causal (left-to-right, config ``is_decoder``) encoder the keys after the query's position
+too (`bertforge.fast.attention`), so bidirectional and causal encoders alike are prepared.
 """
 
 from __future__ import annotations
@@ -62,9 +62,6 @@ def prepare(model: M, *, freeze: bool = False, int8: bool = False) -> M:
         if isinstance(module, BertModel):
             if type(module).forward is not BertModel.forward:
                 logger.debug("%s overrides forward: its encoder is left as it is", type(module).__name__)
-                continue
-            if module.config.is_decoder:
-                logger.debug("causal (is_decoder) encoder: left on the reference forward")
                 continue
             _replace_forward(module, model_forward)
             _replace_forward(module.embeddings, embeddings_forward)

@@ -1,7 +1,13 @@
 """Self-attention of the unpadded encoder: q, k, v from one matrix product over the real tokens,
 attention per group of similar lengths in CPU inference, and attention written out as matrix
 products where that beats PyTorch's fused kernel on CPU (bf16 inference; training with dropout,
-whose mask it draws with `dropout_mask`)."""
+whose mask it draws with `dropout_mask`).
+
+Bidirectional attention masks padding keys. Causal attention (a left-to-right model) lets the query at
+position p see the real keys at positions <= p, the reference's `make_attention_mask`: where the padding
+of every sequence comes after its real tokens (`right_padded`), as the causal mask alone (PyTorch's
+``is_causal``; written out, one (T, T) bias for every sequence and head), otherwise as the (B, 1, T, T)
+`causal_mask`."""
 
 from __future__ import annotations
 
@@ -13,38 +19,47 @@ import torch.nn.functional as F
 
 from bertforge.fast import dropout
 from bertforge.fast.frozen import linear
-from bertforge.fast.layout import LengthGroups, Padding
+from bertforge.fast.layout import LengthGroups, Padding, causal_mask
 from bertforge.model.bert import BertSelfAttention
 
 __all__ = ["attention", "self_attention", "written_out_attention"]
 
 
 def self_attention(module: BertSelfAttention, x: torch.Tensor, padding: Padding | None, shape: tuple[int, int],
-                   queries: torch.Tensor | None = None) -> torch.Tensor:
+                   queries: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                   causal: bool = False) -> torch.Tensor:
     """`BertSelfAttention` on unpadded rows: x (N, H) real tokens, or (B*T, H) when the batch has no
-    padding -> (N, H). With ``queries`` (B*K, H), the states at K chosen positions per sequence,
-    attention runs from those only -> (B*K, H)."""
+    padding -> (N, H). With ``queries`` (B*K, H), the states at the K ``positions`` (B, K) chosen per
+    sequence, attention runs from those only -> (B*K, H). ``causal``: a left-to-right model's attention
+    (a query sees the keys at or before its position)."""
     B, T = shape
     A, D = module.num_heads, module.head_dim
+    mask = padding.key_mask if padding is not None else None  # (B, 1, 1, T)
+    is_causal = False
     if queries is None:
         qkv = linear(x, module.query, module.key, module.value)  # (N, 3H)
         if padding is not None and padding.groups is not None:
             return _grouped(qkv, padding.groups, A, D)
         qkv = padding.pad(qkv) if padding is not None else qkv.view(B, T, -1)  # (B, T, 3H)
         q, k, v = qkv.view(B, T, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, D)
+        if causal:
+            mask = padding.causal_mask if padding is not None else None  # (B, 1, T, T) or None
+            is_causal = mask is None
     else:
         kv = linear(x, module.key, module.value)  # (N, 2H)
         kv = padding.pad(kv) if padding is not None else kv.view(B, T, -1)  # (B, T, 2H)
         k, v = kv.view(B, T, 2, A, D).permute(2, 0, 3, 1, 4)  # 2 x (B, A, T, D)
         q = linear(queries, module.query).view(B, -1, A, D).transpose(1, 2)  # (B, A, K, D)
-    key_mask = padding.key_mask if padding is not None else None
+        if causal:
+            keep = mask[:, 0, 0] if mask is not None else torch.ones(B, T, dtype=torch.bool, device=q.device)
+            mask = causal_mask(keep, positions)  # (B, 1, K, T)
     p = module.dropout_p if module.training else 0.0
     if p > 0.0 and q.device.type == "cpu":
         # On CPU, SDPA with dropout runs this same unfused path with bernoulli_; written out
         # here it draws the mask with the cheaper `dropout_mask`.
-        y = written_out_attention(q, k, v, key_mask, p)
+        y = written_out_attention(q, k, v, mask, p, is_causal)
     else:
-        y = attention(q, k, v, key_mask, p)
+        y = attention(q, k, v, mask, p, is_causal)
     # y: (B, A, T or K, D), softmax(QK^T / sqrt(D)) V
     y = y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or K, H)
     if queries is not None:
@@ -63,7 +78,8 @@ def _grouped(qkv: torch.Tensor, groups: LengthGroups, A: int, D: int) -> torch.T
         out = None if groups.targets is None else qkv.new_empty(N, A, D)
         for g, (gather, key_mask, real, (b, t)) in enumerate(each):
             q, k, v = heads.index_select(2, gather).view(3, A, b, t, D)  # 3 x (A, b, t, D)
-            y = written_out_attention(q, k, v, key_mask.transpose(0, 1), 0.0)  # (A, b, t, D)
+            mask = key_mask.transpose(0, 1) if key_mask is not None else None  # (1, b, 1 or t, t)
+            y = written_out_attention(q, k, v, mask, 0.0, groups.causal)  # (A, b, t, D)
             y = y.view(A, b * t, D).index_select(1, real)  # (A, N_g, D)
             if out is None:
                 return y.permute(1, 0, 2).reshape(N, A * D)  # (N, H)
@@ -73,7 +89,7 @@ def _grouped(qkv: torch.Tensor, groups: LengthGroups, A: int, D: int) -> torch.T
     out = None if groups.targets is None else qkv.new_empty(N, A * D)
     for g, (gather, key_mask, real, (b, t)) in enumerate(each):
         q, k, v = qkv.index_select(0, gather).view(b, t, 3, A, D).permute(2, 0, 3, 1, 4)  # 3 x (b, A, t, D)
-        y = attention(q, k, v, key_mask, 0.0)  # (b, A, t, D)
+        y = attention(q, k, v, key_mask, 0.0, groups.causal)  # (b, A, t, D)
         y = y.transpose(1, 2).reshape(b * t, A * D).index_select(0, real)  # (N_g, H)
         if out is None:
             return y
@@ -82,20 +98,26 @@ def _grouped(qkv: torch.Tensor, groups: LengthGroups, A: int, D: int) -> torch.T
 
 
 def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-                          p: float) -> torch.Tensor:
-    """softmax(QK^T / sqrt(D)) V with padding keys masked and (p > 0) `dropout_mask` on the probabilities;
-    q (..., T or K, D), k, v (..., T, D), key_mask broadcastable to (..., 1, T) -> (..., T or K, D).
+                          p: float, causal: bool = False) -> torch.Tensor:
+    """softmax(QK^T / sqrt(D)) V with masked keys left out and (p > 0) `dropout_mask` on the probabilities;
+    q (..., T or K, D), k, v (..., T, D), key_mask (True = attend) broadcastable to (..., 1 or K, T) ->
+    (..., T or K, D). ``causal``: query i sees keys <= i only, as PyTorch's ``is_causal`` (queries at
+    positions 0 .. K-1).
 
     With a backward to come (training), the probabilities stay in the dtype of the scores, bf16 under
     autocast: PyTorch's CPU softmax (and its backward) computes in float32 inside and rounds once,
     which is what the product with V needs anyway, so no (B, A, T, T) tensor is converted in either
-    direction; the padding mask enters as an additive -inf bias inside the scores' product (baddbmm).
+    direction; the mask enters as an additive -inf bias inside the scores' product (baddbmm), one
+    (K, T) bias shared by every sequence and head where it is the same for all (the causal mask).
     Without one (inference), a float32 softmax, one cast and an in-place mask are faster (5-7 % of a
     BERT-mini forward).
     """
     *batch, K, D = q.shape
     T = k.shape[-2]
     scale = 1.0 / math.sqrt(D)
+    if causal:
+        below = torch.ones(K, T, dtype=torch.bool, device=q.device).tril()  # (K, T)
+        key_mask = below if key_mask is None else key_mask & below
     if not torch.is_grad_enabled():
         scores = (q * scale) @ k.transpose(-2, -1)  # (..., K, T)
         if key_mask is not None:
@@ -109,7 +131,11 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
     bias = None
     if key_mask is not None:
         bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~key_mask, float("-inf"))
-        bias = bias.expand(*batch, 1, T).reshape(-1, 1, T)  # (b, 1, T), small
+        rows = bias.shape[-2]  # 1 (padding keys) or K (a causal mask)
+        if bias.numel() == rows * T:  # the same for every sequence and head: broadcast by baddbmm
+            bias = bias.reshape(1, rows, T)
+        else:
+            bias = bias.expand(*batch, rows, T).reshape(-1, rows, T)  # (b, 1 or K, T)
     probs = _Scores.apply(q3, k3, bias, scale).softmax(-1)  # (b, K, T)
     if p > 0.0:
         probs = probs * dropout.dropout_mask(torch.Size([*batch, K, T]), p, probs.device, probs.dtype).view(-1, K, T)
@@ -117,7 +143,7 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
 
 
 class _Scores(torch.autograd.Function):
-    """bias + scale * q @ k^T for q (b, K, D), k (b, T, D), bias (b, 1, T) or None -> (b, K, T).
+    """bias + scale * q @ k^T for q (b, K, D), k (b, T, D), bias broadcastable to (b, K, T) or None -> (b, K, T).
 
     The same as autograd through ``baddbmm(bias, q, k.transpose(1, 2))``, except that the gradient of k
     is computed as (b, T, D) directly instead of as a transposed (b, D, T), so the fused QKV
@@ -142,10 +168,11 @@ class _Scores(torch.autograd.Function):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-              p: float) -> torch.Tensor:
+              p: float, causal: bool = False) -> torch.Tensor:
     """PyTorch's fused attention (flash / memory-efficient kernels where the device has them), except
     in bf16 inference on CPU (no gradient), where its flash kernel takes 1.5-1.8x the time of the
-    written-out matrix products at BERT-mini and -base head sizes."""
+    written-out matrix products at BERT-mini and -base head sizes. ``causal``: PyTorch's ``is_causal``
+    (with ``key_mask`` None)."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not torch.is_grad_enabled():
-        return written_out_attention(q, k, v, key_mask, p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
+        return written_out_attention(q, k, v, key_mask, p, causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p, is_causal=causal)

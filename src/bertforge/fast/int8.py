@@ -122,7 +122,7 @@ def _set_quantized(layer: nn.Linear, quantized: bool) -> None:
             del layer.forward
     elif _INT8 not in layer.__dict__:
         layer.__dict__[_INT8] = {1: _Int8Weight([layer.weight], [layer.bias], _w_max())}
-        layer.forward = MethodType(_forward, layer)  # calls outside the unpadded encoder (pooler, causal)
+        layer.forward = MethodType(_forward, layer)  # calls outside `bertforge.fast.frozen.linear`
 
 
 def quantized_layers(model: nn.Module) -> list[nn.Linear]:

@@ -1,5 +1,6 @@
 """Where the real tokens of a padded (B, T) batch are: the unpadded rows the dense layers run on
-(`Padding`), and in CPU inference the groups of similar lengths attention runs on (`LengthGroups`)."""
+(`Padding`), in CPU inference the groups of similar lengths attention runs on (`LengthGroups`), and
+what a causal model's attention may see (`causal_mask`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LengthGroups", "Padding", "length_cuts"]
+__all__ = ["LengthGroups", "Padding", "causal_mask", "length_cuts", "right_padded"]
 
 
 @dataclass
@@ -20,6 +21,9 @@ class Padding:
     length: int
     groups: LengthGroups | None = None  # inference on CPU: attention per group of similar lengths
     riders: int = 0  # padding slots that ride along at the end of `indices` (see `round_rows`)
+    # A causal model's (B, 1, T, T) `causal_mask` where some padding precedes a real token (left
+    # padding, holes); None where the padding is at the end, for which PyTorch's is_causal is exact
+    causal_mask: torch.Tensor | None = None
 
     def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
         """(N, ...) -> (B, T, ...) with zeros at padding (``real_only``: riders dropped, so zeros at
@@ -66,17 +70,22 @@ class LengthGroups:
     """
 
     gathers: list[torch.Tensor]  # per group: (b*t,) rows of the (N, F) tensor to lay out as (b, t)
-    key_masks: list[torch.Tensor]  # per group: (b, 1, 1, t) bool
+    # per group: (b, 1, 1, t) bool; a causal model's (b, 1, t, t) `causal_mask`, or None with `causal`
+    key_masks: list[torch.Tensor | None]
     real: list[torch.Tensor]  # per group: positions of its real tokens in the (b*t) layout
     shapes: list[tuple[int, int]]  # per group: (b, t)
     targets: list[torch.Tensor] | None  # per group: the (N,) rows of its real tokens (None: one group, in order)
+    causal: bool = False  # a query sees the keys at or before its position only (PyTorch's is_causal)
 
     MAX_GROUPS = 2
 
     @classmethod
-    def build(cls, keep: torch.Tensor, indices: torch.Tensor) -> LengthGroups:
-        """keep: (B, T) bool; indices: (N,) flat positions of its real tokens (row-major)."""
+    def build(cls, keep: torch.Tensor, indices: torch.Tensor, causal: bool = False) -> LengthGroups:
+        """keep: (B, T) bool; indices: (N,) flat positions of its real tokens (row-major); ``causal``: a
+        left-to-right model's groups. A group's slot t is position t of its sequences, so the causal
+        mask carries over as it is."""
         B, T = keep.shape
+        at_end = causal and right_padded(keep)
         positions = torch.arange(1, T + 1, device=keep.device)
         extent = (keep * positions).amax(1)  # (B,): last real position + 1 (masks need not be contiguous)
         extents, rows = extent.sort()
@@ -88,20 +97,42 @@ class LengthGroups:
         first = token.gather(1, keep.to(torch.uint8).argmax(1, keepdim=True))  # (B, 1) first real token
         if len(cuts) == 1:  # one group: the sequences in their own order, no reordering
             rows = rows.sort().values
-        groups = cls([], [], [], [], [] if len(cuts) > 1 else None)
+        groups = cls([], [], [], [], [] if len(cuts) > 1 else None, causal=at_end)
         start = 0
         for end in cuts:
             r = rows[start:end]
             t = int(extent[r].max())
             k = keep[r, :t]
             groups.gathers.append(torch.where(k, token[r, :t], first[r]).reshape(-1))
-            groups.key_masks.append(k[:, None, None, :])
+            groups.key_masks.append(None if at_end else causal_mask(k) if causal else k[:, None, None, :])
             groups.real.append(k.reshape(-1).nonzero().squeeze(1))
             groups.shapes.append((r.numel(), t))
             if groups.targets is not None:
                 groups.targets.append(token[r, :t][k])  # in the order of `real`
             start = end
         return groups
+
+
+def right_padded(keep: torch.Tensor) -> bool:
+    """Whether every sequence of keep (B, T) bool holds its real tokens first and its padding after them
+    (as the loaders pad). A causal model's real query at position p then has only real keys at positions
+    <= p, so the causal mask alone (PyTorch's is_causal), the same for every sequence, gives the
+    reference's outputs at real positions."""
+    return not bool((keep[:, 1:] & ~keep[:, :-1]).any())
+
+
+def causal_mask(keep: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """A causal model's mask over the padded layout of keep (B, T) bool, for queries at every position or
+    at ``positions`` (B, K): (B, 1, T or K, T) bool, True = attend. A query at position p sees the real keys
+    at positions <= p, as the reference's `make_attention_mask`, and itself. Seeing itself changes
+    nothing at a real position, which sees itself anyway; at a padding slot with no real key at or
+    before it (left padding) it keeps the query from seeing no key at all. Such a query's output is
+    discarded, but a rider row (`Padding.round_rows`) carries it into the next layer as a masked key,
+    where a NaN would spread through its zero weight (0 x NaN = NaN)."""
+    T = keep.shape[1]
+    t = torch.arange(T, device=keep.device)
+    p = t[:, None] if positions is None else positions.long().unsqueeze(-1)  # (T, 1) or (B, K, 1)
+    return ((keep[:, None, :] & (t <= p)) | (t == p)).unsqueeze(1)  # (B, 1, T or K, T)
 
 
 def length_cuts(extents: list[int], max_groups: int) -> list[int]:

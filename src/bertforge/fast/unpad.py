@@ -5,7 +5,8 @@ reads [CLS] and the masked positions, sentence heads [CLS].
 The forwards here replace those of one model's `BertModel`, `BertLayer` and `BertPooler` instances
 (`bertforge.fast.prepare`); they call the model's own Linear, LayerNorm and Dropout modules, so
 replaced or hooked layers and the cheaper dropout apply. Their outputs equal the reference's
-(`bertforge.model.bert`), zeros at padding included.
+(`bertforge.model.bert`), zeros at padding included, for bidirectional and causal (config
+``is_decoder``) models alike: only attention differs between the two (`bertforge.fast.attention`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from bertforge.fast.attention import self_attention
-from bertforge.fast.layout import LengthGroups, Padding
+from bertforge.fast.layout import LengthGroups, Padding, causal_mask, right_padded
 from bertforge.fast.frozen import linear
 from bertforge.fast.tracing import exporting
 from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
@@ -35,6 +36,7 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
                                   output_positions)
     check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
     B, T = input_ids.shape
+    causal = self.config.is_decoder
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
     keep, padding = None, None
@@ -44,19 +46,26 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
             padding = Padding(indices=keep.reshape(-1).nonzero().squeeze(1), key_mask=keep[:, None, None, :],
                               batch=B, length=T)
             if input_ids.device.type == "cpu" and not self.training and not torch.is_grad_enabled():
-                padding.groups = LengthGroups.build(keep, padding.indices)
-            elif input_ids.device.type == "cpu" and torch.is_grad_enabled():
-                padding.round_rows(keep)
+                padding.groups = LengthGroups.build(keep, padding.indices, causal)
+            else:
+                if input_ids.device.type == "cpu" and torch.is_grad_enabled():
+                    padding.round_rows(keep)
+                if causal and not right_padded(keep):
+                    padding.causal_mask = causal_mask(keep)  # (B, 1, T, T), once for every layer
     if padding is not None:
         x = self.embeddings(input_ids, token_type_ids, padding.indices)  # (N, H)
     else:
         x = self.embeddings(input_ids, token_type_ids).reshape(B * T, -1)  # (B*T, H)
     # every layer in full was asked for: the last one too, positions gathered afterwards
     select = output_positions if not output_hidden_states else None
+    if select is not None and select.numel() >= x.shape[0]:
+        # at least as many chosen positions as rows (a left-to-right LM reads every position): the
+        # last layer on the rows costs less than on the positions, which count padding ones
+        select = None
     layers = [x]
     last_index = len(self.encoder.layer) - 1
     for i, layer in enumerate(self.encoder.layer):
-        x = layer(x, padding, (B, T), select if i == last_index else None)
+        x = layer(x, padding, (B, T), select if i == last_index else None, causal)
         layers.append(x)
 
     def full(h: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, T, H), zeros at padding
@@ -79,26 +88,29 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
 
 
 def layer_forward(self: BertLayer, x: torch.Tensor, padding: Padding | torch.Tensor | None = None,
-                  shape: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
+                  shape: tuple[int, int] | None = None, select: torch.Tensor | None = None,
+                  causal: bool = False) -> torch.Tensor:
     """`BertLayer.forward` on unpadded rows: x (N, H) -> (N, H); or, with ``select`` (B, K)
-    positions, (B*K, H) at those positions only. Called with the reference's arguments (x (B, T, H),
-    the attention mask; no ``shape``), as the reference encoder does while exporting, it is the
-    reference block.
+    positions, (B*K, H) at those positions only. ``causal``: a left-to-right model's layer. Called
+    with the reference's arguments (x (B, T, H), the attention mask; no ``shape``), as the reference
+    encoder does while exporting, it is the reference block.
 
-    A layer's output at a position depends on every position's keys and values but only on that
-    position's query, residual and feed-forward, so a selected output equals the full layer's there.
+    A layer's output at a position depends on the keys and values of the positions it may see but
+    only on that position's query, residual and feed-forward, so a selected output equals the full
+    layer's there.
     """
     if shape is None:
         return type(self).forward(self, x, padding)
     attention, out = self.attention.output, self.output
     if select is None:
         residual = x
-        y = self_attention(self.attention.self, x, padding, shape)  # (N, H)
+        y = self_attention(self.attention.self, x, padding, shape, causal=causal)  # (N, H)
     else:
         B, T = shape
         full = padding.pad(x) if padding is not None else x.view(B, T, -1)  # (B, T, H)
         residual = gather_positions(full, select).reshape(-1, x.shape[-1])  # (B*K, H)
-        y = self_attention(self.attention.self, x, padding, shape, queries=residual)  # (B*K, H)
+        y = self_attention(self.attention.self, x, padding, shape, queries=residual, positions=select,
+                           causal=causal)  # (B*K, H)
     h = attention.LayerNorm(residual + attention.dropout(linear(y, attention.dense)))  # post-LN
     f = self.intermediate.act(linear(h, self.intermediate.dense))  # (N, I)
     return out.LayerNorm(h + out.dropout(linear(f, out.dense)))  # (N, H)
