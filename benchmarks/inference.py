@@ -55,12 +55,11 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import json
 import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -70,7 +69,7 @@ from bertforge.fast import freeze_weights, prepare
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
 
-from step_time import _loadavg, attn_implementation, build_models, skipped_precisions  # noqa: E402
+from step_time import _loadavg, attn_implementation, build_models, skipped_precisions, write_report  # noqa: E402
 
 RUNS = ("ours-fp32", "ours-bf16", "HF-fp32", "HF-bf16")
 WEIGHT_RUNS = ("ours-bf16w", "HF-bf16w")
@@ -344,9 +343,7 @@ def main(argv=None) -> int:
           + "".join(f"{p} runs skipped: {why}; " for p, why in skipped.items())
           + f"load average before {meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
-                                              indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, meta, skipped, rows)
     return 0
 
 

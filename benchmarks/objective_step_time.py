@@ -58,19 +58,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import ours_batch, ours_trainer, prepared_leads, real_batches, run_meta  # noqa: E402
-from step_time import _loadavg, make_batch, skipped_precisions  # noqa: E402
+from step_time import _loadavg, make_batch, skipped_precisions, write_report  # noqa: E402
 
 from bertforge.data.prepare import load_manifest  # noqa: E402
 
@@ -305,9 +304,7 @@ def main(argv=None) -> int:
           f"with the encoder on the reference forward; target ltr / mlm <= {TARGET:.2f}; load average before "
           f"{meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
-                                              indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, meta, skipped, rows)
     return 0
 
 

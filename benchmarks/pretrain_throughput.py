@@ -80,13 +80,14 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import Batch, _loadavg, build_models, check_same_loss, cpu_model, skipped_precisions  # noqa: E402
+from step_time import (Batch, _loadavg, build_models, check_same_loss, cpu_model, skipped_precisions,  # noqa: E402
+                       write_report)
 
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
@@ -491,8 +492,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    import json
-
     args = parse_args(argv)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     started = time.perf_counter()
@@ -524,9 +523,7 @@ def main(argv=None) -> int:
           + "".join(f"{p} skipped: {why}; " for p, why in skipped.items())
           + f"load average before {meta['loadavg_before']}, after {meta['loadavg_after']}; wall {meta['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
-                                              indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, meta, skipped, rows)
     return 0
 
 

@@ -311,6 +311,14 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def write_report(path: str, meta: dict, skipped: dict[str, str], rows: list) -> None:
+    """A benchmark's JSON at ``path``: its run's ``meta``, the runs ``skipped`` (with why) and one record
+    per row (dataclasses)."""
+    Path(path).write_text(json.dumps({"meta": meta, "skipped": skipped, "rows": [asdict(r) for r in rows]},
+                                     indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def skipped_precisions() -> dict[str, str]:
     """{"bf16": why} where this CPU has no native bf16 (`bertforge.train.precision.native_bf16`, as
     ``--precision auto`` asks), else {}. The benchmarks that time bf16 skip it there: emulated, it runs
