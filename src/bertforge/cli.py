@@ -94,8 +94,8 @@ Pooling = Literal[_predictor.POOLINGS]  # type: ignore[valid-type]
 FeaturePooling = Literal[_features.POOLINGS]  # type: ignore[valid-type]
 Combine = Literal[_features.COMBINES]  # type: ignore[valid-type]
 
-_PRECISION_HELP = ("the model's number format: auto (bf16 where the CPU or GPU runs it natively, else fp32), fp32, "
-                   "bf16, fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")
+_PRECISION_HELP = ("the model's number format: auto (the faster of fp32 and bf16 on this CPU or GPU), fp32, bf16, "
+                   "fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")
 PrecisionFlag = Annotated[Precision, arg(help=_PRECISION_HELP)]
 
 

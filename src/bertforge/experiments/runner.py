@@ -51,7 +51,7 @@ class AblateConfig:
     seeds: str = ""
     """Comma-separated fine-tuning seeds instead of the study's (e.g. 0,1)."""
     precision: str = "auto"
-    """fp32, bf16, fp16 or auto (bf16 where the device computes it natively) for runs the study leaves unset."""
+    """fp32, bf16, fp16 or auto (the faster of fp32 and bf16 on the device) for runs the study leaves unset."""
     device: str = "auto"
     """auto (CUDA if present), cpu, cuda or cuda:K."""
     workers: int = 0

@@ -202,7 +202,7 @@ class _Spec:
     max_seq_length: int
     stride: int
     batch_size: int
-    precision: str  # resolved: fp32, bf16 or fp16
+    precision: str  # resolved: fp32, bf16, fp16 or int8
     device: torch.device
     dim: int
 
@@ -444,8 +444,8 @@ def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, st
     ``texts``: strings, or (text_a, text_b) pairs (``text_b`` may be None). ``layers``: default
     -1,-2,-3,-4 (with ``pooling``: -1). ``max_seq_length``: tokens per forward pass, default 128 (or
     the model's positions if fewer); longer inputs are cut into windows ``stride`` tokens apart (0:
-    half a window). ``precision``: auto (bf16 where the device computes it natively, else fp32), fp32,
-    bf16 (autocast, CPU or CUDA) or fp16 (CUDA).
+    half a window). ``precision``: auto (the faster of fp32 and bf16 on the device),
+    fp32, bf16 (autocast, CPU or CUDA), fp16 (CUDA) or int8 (CPU, `bertforge.fast.int8`).
     """
     s = _setup(checkpoint, texts, layers, combine, pooling, max_seq_length, stride, batch_size, precision, device)
     result = _allocate(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
@@ -462,8 +462,8 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
     ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``texts``, ``layers``,
     ``combine``, ``max_seq_length`` (default 128, or the model's positions if fewer), ``stride`` and
     ``pooling`` ("cls" or "mean") are `extract_features`'s: long inputs are cut into windows, each
-    token taken from the window where it has the most context. ``precision``: fp32, bf16, fp16 or auto
-    (resolved for the model's device)."""
+    token taken from the window where it has the most context. ``precision``: fp32, bf16, fp16, int8 or
+    auto (resolved for the model's device); int8 for this call only."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     if combine not in COMBINES:

@@ -45,7 +45,7 @@ conlleval's entity spans, SQuAD's n-best post-processing; embeddings are the fea
 
 Precision: ``precision`` is `bertforge.train.precision`'s: "fp32" (the default), "bf16" (autocast,
 CPU or CUDA), "fp16" (CUDA), "int8" (CPU: the encoder's dense layers in int8, `bertforge.fast.int8`)
-or "auto" (bf16 where the device computes it natively, else fp32).
+or "auto" (the faster of fp32 and bf16 on the device).
 ``dtype`` names the same as a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
 """
 
