@@ -61,6 +61,23 @@ def test_with_a_causal_mask_a_tokens_output_does_not_change_when_later_tokens_do
                 - bidirectional(later, mask).last_hidden_state[:, :4]).abs().amax() > 1e-3
 
 
+@pytest.mark.parametrize("prepared", [False, True])
+def test_a_causal_sentence_head_reads_the_last_real_token_wherever_the_padding_is(prepared):
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(causal_config(num_labels=2)).eval()
+    if prepared:
+        prepare(model)
+    ids, _ = padded_batch()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding: the last real token is the last position
+    mask[1, 2:4] = 0  # a hole
+    mask[1, 9:] = 0  # then right padding: the last real token is position 8
+    mask[2, 7:] = 0
+    with torch.no_grad():
+        pooled = model.bert(ids, mask, output_positions=torch.tensor([[11], [8], [6]])).pooler_output
+        torch.testing.assert_close(model(ids, mask).logits, model.classifier(pooled))
+
+
 def test_a_causal_model_equals_transformers_bert_with_is_decoder(tmp_path):
     torch.manual_seed(1)
     ours = BertModel(causal_config()).eval()

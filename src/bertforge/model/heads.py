@@ -245,11 +245,16 @@ def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tens
     [CLS] alone (``last_hidden_state`` is then (B, 1, H)).
 
     A causal (left-to-right) encoder's [CLS] has seen only itself; it is pooled at its last real
-    token instead (the final [SEP]), the one position that has seen the whole input."""
+    token instead (the final [SEP]), the one position that has seen the whole input, wherever the
+    padding is (left padding included)."""
     B, T = input_ids.shape
     cls = torch.zeros(B, 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
     if bert.config.is_decoder:
-        cls += attention_mask.sum(1, keepdim=True) - 1 if attention_mask is not None else T - 1
+        if attention_mask is None:
+            cls += T - 1
+        else:
+            positions = torch.arange(1, T + 1, device=input_ids.device)
+            cls += ((attention_mask > 0) * positions).amax(1, keepdim=True).sub(1).clamp_min(0)
     return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls)
 
 
