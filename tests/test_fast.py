@@ -569,3 +569,21 @@ def test_linear_calls_replaced_or_hooked_layers(tiny_config, make_batch, assert_
     dense._forward_hooks.clear()
     with torch.no_grad():
         assert_close(model(**batch).last_hidden_state, before, real, atol=0)
+
+
+def test_a_batch_with_an_empty_row_trains_to_finite_gradients_with_dropout(tiny_config):
+    """A sequence with no real token (an all-padding row) sends its padding slots through the layers as
+    riders; with no key to attend to, their attention would be NaN, and a masked NaN key still turns
+    its zero weight into NaN (0 x NaN) in every real row's output."""
+    torch.manual_seed(0)
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = prepare(BertForMaskedLM(config)).train()
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[1] = 0  # the empty row
+    mask[2, 5:] = 0
+    ids = torch.randint(5, config.vocab_size, mask.shape) * mask
+    labels = ids.masked_fill(mask == 0, -100)
+    loss = model(ids, mask, labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -43,7 +43,13 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
     if attention_mask is not None:
         keep = attention_mask.bool()
         if not bool(keep.all()):
-            padding = Padding(indices=keep.reshape(-1).nonzero().squeeze(1), key_mask=keep[:, None, None, :],
+            # A sequence with no real token: its slots see its first one, as no query may see no key (its
+            # rider rows' NaN would reach every real row through their zero weights as masked keys)
+            keys = keep
+            empty = ~keep.any(1, keepdim=True)  # (B, 1)
+            if bool(empty.any()):
+                keys = keep | (empty & (torch.arange(T, device=keep.device) == 0))
+            padding = Padding(indices=keep.reshape(-1).nonzero().squeeze(1), key_mask=keys[:, None, None, :],
                               batch=B, length=T)
             if input_ids.device.type == "cpu" and not self.training and not torch.is_grad_enabled():
                 padding.groups = LengthGroups.build(keep, padding.indices, causal)
