@@ -123,13 +123,9 @@ Batch = dict[str, torch.Tensor]
 
 # ---------------------------------------------------------------------------- the machine
 def cpu_flags() -> dict[str, bool]:
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "flags":
-                flags = set(value.split())
-                break
+    from bertforge.train import precision
+
+    flags = precision.cpu_flags()
     return {f: f in flags for f in CPU_FLAGS}
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster", "check_precision", "cpu_name", "dtype_of",
+__all__ = ["PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of",
            "has_amx", "native_bf16", "needs_grad_scaler", "probe_file", "probe_timings", "resolve_precision"]
 
 logger = logging.getLogger("bertforge")
@@ -83,11 +83,16 @@ def cpu_name() -> str:
     return f"{name}, {units}" if units else name
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (none where it is absent)."""
+    return _cpuinfo()[1]
+
+
 def has_amx() -> bool:
     """Whether the CPU has AMX for bf16 (``amx_bf16`` among its flags, which Linux lists only where
     processes may use the tiles): bf16 matrix products then run several times as fast as fp32's, so
     "auto" picks bf16 without a probe."""
-    return "amx_bf16" in _cpuinfo()[1]
+    return "amx_bf16" in cpu_flags()
 
 
 def check_precision(precision: str, *, inference: bool = False) -> str:
