@@ -5,9 +5,12 @@ a few steps, so that it checks the plumbing, not the science."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import random
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,12 @@ from finetune_fixtures import root  # noqa: F401 - a fixture
 from pretrain_fixtures import no_plots, one_thread  # noqa: F401 - autouse fixtures: tiny models, no curves.png
 
 from bertforge.cli import main
+from bertforge.data import prepare as prepare_module
 from bertforge.experiments import runner
 from bertforge.experiments.runner import AblateConfig, read_cells, run_study
 from bertforge.experiments.study import StudyError, bundled_studies, load_study
 from bertforge.tasks import finetune as finetune_module
+from bertforge.text import vocab as vocab_module
 from bertforge.train import pretrain as pretrain_module
 
 TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
@@ -218,7 +223,7 @@ def test_report_only_reads_the_finished_cells(toy, tmp_path):
       "variants": [{"name": "C", "checkpoint": "x"}]}, r"figure.variants: 'C' is not a pre-trained variant"),
     ({"pretraining": {"pretrain": {"model": {"hidden_size": 30, "num_attention_heads": 4}}}},
      r"pretraining.pretrain.model: .*hidden_size"),
-    ({"pretraining": {"pretrain": {"out": "x"}}}, r"pretraining.pretrain: unknown key 'out'"),
+    ({"pretraining": {"pretrain": {"out": "x"}}}, r"pretraining.pretrain.out: set by the runner, not the study"),
     ({"pretraining": {"pretrain": {"recipe": "fast"}}}, r"pretraining.pretrain.recipe: expected one of paper, budget"),
     ({"variants": [{"name": "A", "pretrain": {"recipe": "fast"}}]}, r"variants\[0\] \(A\)\.pretrain.recipe: expected"),
 ])
@@ -279,3 +284,150 @@ def test_a_miniature_runs_on_the_built_in_data(tmp_path):
     done = json.loads((tmp_path / "pretrain/80-10-10/done.json").read_text())
     assert "mlm_accuracy" in done["eval_metrics"]  # held out: every 20th Wikipedia lead
     assert "| 100/0/0 |" in report.read_text()
+
+
+# ---------------------------------------------------------------------------- checked before any work
+@pytest.fixture
+def no_work(monkeypatch):
+    """Preparing data, learning a vocab, pre-training or fine-tuning fails the test: the study must
+    have been refused before."""
+    for module, name in ((prepare_module, "prepare"), (vocab_module, "learn_vocab"), (pretrain_module, "pretrain"),
+                         (finetune_module, "finetune")):
+        monkeypatch.setattr(module, name, lambda *args, _name=name, **kwargs: pytest.fail(f"{_name} ran"))
+
+
+def _edited(root: Path, files: dict[str, Path], edit) -> Path:
+    """The toy study with ``edit(data, files)`` applied to its settings (and files)."""
+    path = _study(root, files)
+    data = yaml.safe_load(path.read_text())
+    edit(data, files)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _one_row(data, finetune=None, tasks=("TAG",)):
+    data["variants"] = [{"name": "BERT", **({"finetune": finetune} if finetune else {}), "tasks": list(tasks)}]
+    data["figure"] = None
+
+
+def _bad_row(data, files):
+    with files["cls_train"].open("a", encoding="utf-8") as f:
+        f.write("{oops\n")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d, f: d["pretraining"].update(corpus="nowhere.txt"),
+     r"toy.yaml: pretraining.corpus: no such file: nowhere.txt"),
+    (lambda d, f: d["tasks"][0].update(train_file="missing.jsonl"),
+     r"toy.yaml: tasks\[0\] \(CLS\)\.train_file: no such file or folder: missing.jsonl$"),
+    (lambda d, f: d.update(variants=[{"name": "C", "checkpoint": "no-model"}], figure=None),
+     r"toy.yaml: variants\[0\] \(C\)\.checkpoint: no such checkpoint folder: no-model$"),
+    (_bad_row, r"toy.yaml: tasks\[0\] \(CLS\): .*cls.train.jsonl:49: "),
+    (lambda d, f: d["tasks"][1].update(metric="f1"),
+     r"toy.yaml: tasks\[1\] \(TAG\)\.metric: 'f1' is not among the metrics TAG's dev files are scored with "
+     r"\(accuracy\)$"),
+    (lambda d, f: d["finetune"].update(batch_size=64),
+     r"toy.yaml: tasks\[0\] \(CLS\): 48 training sequences, fewer than one batch \(batch_size 64\)$"),
+    (lambda d, f: d["finetune"].update(max_seq_length=128),
+     r"toy.yaml: tasks\[0\] \(CLS\): max_seq_length 128 is longer than the 64 positions of BERT's model$"),
+    (lambda d, f: d["pretraining"]["prepare"].update(max_seq_length=128),
+     r"toy.yaml: variants\[\d\] \(.*\)\.pretrain: the data's sequences of 128 tokens \(prepare max_seq_length\) "
+     r"are longer than the model's 64 positions"),
+    (lambda d, f: _one_row(d, {"long_inputs": "truncate"}),
+     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): --long-inputs truncate does not apply to "
+     r"tagging"),
+    (lambda d, f: _one_row(d, {"features": "-1,-3"}),
+     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): --features '-1,-3': layer -3 does not exist"),
+    (lambda d, f: d["pretraining"]["pretrain"].update(precision="fp16"),
+     r"toy.yaml: pretraining.pretrain.precision: fp16 needs a CUDA device"),
+])
+def test_a_study_is_checked_whole_before_any_work(tmp_path, no_work, edit, message):
+    path = _edited(tmp_path / "study", _files(tmp_path), edit)
+    out = tmp_path / "out"
+    with pytest.raises(StudyError, match=message):
+        run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    assert not (out / "prepared").exists() and not (out / "pretrain").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_device_this_machine_lacks_is_refused_before_any_work(tmp_path, no_work, capsys):
+    files = _files(tmp_path)
+    path = _edited(tmp_path / "study", files, lambda d, f: d["finetune"].update(device="cuda"))
+    with pytest.raises(StudyError, match=r"toy.yaml: tasks\[0\] \(CLS\)\.device: cuda: PyTorch sees no CUDA device"):
+        run_study(path, AblateConfig(out=str(tmp_path / "out"), precision="fp32", device="cpu"))
+    plain = _study(tmp_path / "plain", files)
+    assert main(["ablate", str(plain), "--device", "cuda", "--out", str(tmp_path / "o")]) == 2
+    assert "bertforge ablate: error: --device: cuda: PyTorch sees no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:K, got 'tpu'"),
+    (["--device", "cpu", "--precision", "fp16"], "--precision: fp16 needs a CUDA device (its gradient scaler), and "
+                                                  "the runs go on cpu; use bf16, fp32 or auto"),
+    (["--seeds", "-1"], "--seeds: expected comma-separated integers >= 0, got '-1'"),
+    (["--seeds", "0,x"], "--seeds: expected comma-separated integers >= 0, got '0,x'"),
+    (["--seeds", "0,0"], "--seeds: repeated seeds in [0, 0]"),
+])
+def test_bad_flags_are_one_line_before_any_work(tmp_path, no_work, capsys, flags, message):
+    path = _study(tmp_path / "study", _files(tmp_path))
+    out = tmp_path / "out"
+    assert main(["ablate", str(path), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bertforge ablate: error: {message}\n"
+    assert not out.exists()
+
+
+def test_seeds_flag_follows_the_study_files_rules():
+    assert runner.flag_seeds("2,0,1") == (2, 0, 1)
+    with pytest.raises(ValueError, match=r"--seeds: repeated seeds in \[1, 1\]"):
+        AblateConfig(seeds="1,1")
+
+
+# ---------------------------------------------------------------------------- compute minutes
+def test_a_resumed_pretrainings_minutes_add_up_every_process(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    path = _edited(tmp_path / "study", files, lambda d, f: (
+        d.update(seeds=[0], tasks=d["tasks"][:1], variants=[{"name": "BERT"}], figure=None)))
+    out = tmp_path / "out"
+    clock = itertools.count(0.0, 60.0)  # each reading of the runner's clock is a minute after the last
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    real = pretrain_module.pretrain
+
+    def interrupted(cfg):  # 2 of the 4 steps, a checkpoint, then Ctrl-C
+        real(dataclasses.replace(cfg, max_steps=2, checkpoint_every=1))
+        raise KeyboardInterrupt("stopped")
+
+    monkeypatch.setattr(pretrain_module, "pretrain", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    folder = out / "pretrain" / "bert"
+    assert not (folder / "done.json").exists()
+    assert json.loads((folder / "minutes.json").read_text())["minutes"] == pytest.approx(1.0)
+    monkeypatch.setattr(pretrain_module, "pretrain", real)
+    run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    done = json.loads((folder / "done.json").read_text())
+    assert done["steps"] == 4 and done["minutes"] == pytest.approx(2.0)  # both processes' minute
+    report = json.loads((out / "report.json").read_text())
+    assert report["minutes"]["pretraining"] == pytest.approx(2.0)
+
+
+def test_the_report_counts_only_the_cells_of_the_study_as_it_stands(toy, tmp_path):
+    path, out, _, files = toy
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    data = yaml.safe_load(path.read_text())
+    data.update(seeds=[0], tasks=data["tasks"][:2], variants=data["variants"][:2],
+                figure={**data["figure"], "variants": ["BERT"]})
+    smaller = tmp_path / "smaller.yaml"
+    smaller.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    run_study(smaller, AblateConfig(out=str(copy), report_only=True))
+    report = json.loads((copy / "report.json").read_text())
+    kept = {(v, t, 0) for v in ("BERT", "No NSP") for t in ("CLS", "TAG")}
+    assert {(c["variant"], c["task"], c["seed"]) for c in report["cells"]} == kept
+    assert {(c["variant"], c["task"], c["seed"]) for c in report["figure"]} == {("BERT", "CLS", 0)}
+    cells, figure = read_cells(copy, load_study(smaller))
+    assert {(c.variant, c.task, c.seed) for c in cells} == kept
+    assert report["minutes"]["finetuning"] == pytest.approx(sum(c.seconds for c in [*cells, *figure]) / 60)
+    everything = read_cells(copy)
+    assert len(everything[0]) > len(cells) and len(everything[1]) > len(figure)  # the folder keeps the rest

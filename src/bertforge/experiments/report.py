@@ -20,7 +20,7 @@ from typing import Any
 
 from bertforge.io import atomic_path, atomic_write_text
 
-__all__ = ["write_report", "summarise"]
+__all__ = ["write_report", "summarise", "study_cells"]
 
 REPORT = "report.md"
 
@@ -57,16 +57,28 @@ def _machine() -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def study_cells(study: Any, cells: Sequence[Any], figure: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Of ``cells`` and ``figure`` cells, those of ``study``'s rows, columns and seeds as it stands (the
+    figure's: of its task and variants); a study folder keeps the cells of rows, columns and seeds since
+    removed from the study file."""
+    table = {(v.name, t.name) for v, t in study.cells()}
+    seeds = set(study.seeds)
+    drawn = {(name, study.figure.task) for name in study.figure.variants} if study.figure else set()
+    return ([c for c in cells if (c.variant, c.task) in table and c.seed in seeds],
+            [c for c in figure if (c.variant, c.task) in drawn and c.seed in seeds])
+
+
 def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequence[Any],
                  pretraining: dict[str, dict[str, Any]]) -> Path:
     """``report.md``, ``report.json`` and the plots of a study folder, from its finished cells and
-    pre-trainings (variant name -> its ``done.json``); return the report's path."""
+    pre-trainings (variant name -> its ``done.json``); return the report's path. Only the cells of the
+    study as it stands count (`study_cells`): in the table, the compute minutes and report.json."""
+    cells, figure_cells = study_cells(study, cells, figure_cells)
     seeds = len(study.seeds)
     wanted = set(study.seeds)
     grid: dict[tuple[str, str], list[Any]] = {}
     for c in cells:
-        if c.seed in wanted:
-            grid.setdefault((c.variant, c.task), []).append(c)
+        grid.setdefault((c.variant, c.task), []).append(c)
     table = {v.name: {t.name: summarise([c.value for c in grid.get((v.name, t.name), [])]) for t in study.tasks}
              for v in study.variants}
     metric = {t.name: t.metric or next((c.metric for c in cells if c.task == t.name and c.metric), "score")
@@ -82,7 +94,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
               f"{', ' + machine['gpu'] if machine['gpu'] else ''}), torch {machine['torch']}, bertforge "
               f"{machine['bertforge']}. Fine-tuning seeds {', '.join(map(str, study.seeds))}; compute "
               f"{pre_minutes + ft_minutes:.0f} minutes (pre-training {pre_minutes:.0f}, fine-tuning {ft_minutes:.0f}).",
-              "", f"Dev-set scores x 100, mean ± standard deviation over the seeds:", ""]
+              "", "Dev-set scores x 100, mean ± standard deviation over the seeds:", ""]
     header = ["", *(f"{t.name} ({metric[t.name]})" for t in study.tasks)]
     lines += _table(header, [[v.name, *(_fmt(table[v.name][t.name], seeds) for t in study.tasks)]
                              for v in study.variants])

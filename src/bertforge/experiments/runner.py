@@ -13,10 +13,17 @@ Everything lands in one folder (``--out``)::
 Every folder records the settings it was made with (``study_settings.json``): a rerun skips what is
 finished, resumes what was interrupted (from its last checkpoint), and refuses a folder made with other
 settings rather than mixing results. Ctrl-C stops at the next step boundary with a checkpoint saved.
+
+Nothing runs until the whole study is checked: the file's settings when it loads (`load_study`), then
+what it needs of this machine and its files (`check_study`: devices, precisions, files, each run's
+config as built here, models against lengths), each cell once its built-in data is written, and every
+task file's rows once the vocab is ready, before any pre-training data is prepared. A pre-training's
+``minutes`` add up every process that worked on it (``minutes.json`` in its folder), across resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,17 +36,34 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.console import errors_only
-from bertforge.experiments.study import Study, StudyError, TaskSpec, Variant, load_study, settings_key, slug
+from bertforge.experiments.report import study_cells
+from bertforge.experiments.study import (
+    TYPE_F1,
+    Study,
+    StudyError,
+    TaskSpec,
+    Variant,
+    load_study,
+    metric_fits,
+    metric_names,
+    pretrain_config,
+    settings_key,
+    slug,
+)
 from bertforge.io import atomic_write_text
-from bertforge.train.loop import checkpoints, latest_checkpoint
+from bertforge.settings import check_device
+from bertforge.train.lock import folder_user, run_lock
+from bertforge.train.loop import METRICS_FILE, checkpoints, latest_checkpoint
 
-__all__ = ["AblateConfig", "run_study", "Cell", "read_cells", "read_pretraining"]
+__all__ = ["AblateConfig", "run_study", "check_study", "Cell", "read_cells", "read_pretraining"]
 
 logger = logging.getLogger("bertforge")
 
 SETTINGS_FILE = "study_settings.json"
 DONE_FILE = "done.json"
 CELL_FILE = "cell.json"
+MINUTES_FILE = "minutes.json"
+"""In a pre-training's folder: the minutes its processes have spent on it, added up across resumes."""
 
 
 @dataclass
@@ -63,8 +87,27 @@ class AblateConfig:
         from bertforge.train.precision import check_precision
 
         check_precision(self.precision)
+        try:
+            check_device(self.device)
+        except ValueError as e:
+            raise ValueError(f"--device: {e}") from None
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.seeds:
+            flag_seeds(self.seeds)
+
+
+def flag_seeds(text: str) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` as seeds, held to a study file's rules: integers >= 0, none twice."""
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        seeds = (-1,)
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds: expected comma-separated integers >= 0, got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds: repeated seeds in {list(seeds)}")
+    return seeds
 
 
 @dataclass
@@ -114,18 +157,27 @@ class _Inputs:
     """Task name -> its FinetuneConfig settings with the files."""
 
 
-def _inputs(study: Study, out: Path) -> _Inputs:
-    """The task files, the pre-training text and the vocab (made once, reused by a rerun)."""
-    from bertforge.experiments.datasets import PRETRAINING_SOURCES, pretraining_text, task_files
-    from bertforge.text.vocab import learn_vocab
+def _task_inputs(study: Study, out: Path) -> dict[str, dict[str, Any]]:
+    """Task name -> its FinetuneConfig settings with the files; the built-in data's files are written
+    once, and reused by a rerun."""
+    from bertforge.experiments.datasets import task_files
 
-    data = out / "data"
     tasks = {}
     for t in study.tasks:
         settings = dict(t.settings)
         if t.source:
-            settings.update(task_files(t.source, data, seed=t.split_seed, max_train=t.max_train, max_dev=t.max_dev))
+            settings.update(task_files(t.source, out / "data", seed=t.split_seed, max_train=t.max_train,
+                                       max_dev=t.max_dev))
         tasks[t.name] = settings
+    return tasks
+
+
+def _inputs(study: Study, out: Path, tasks: dict[str, dict[str, Any]]) -> _Inputs:
+    """The pre-training text and the vocab (made once, reused by a rerun), with the tasks' settings."""
+    from bertforge.experiments.datasets import PRETRAINING_SOURCES, pretraining_text
+    from bertforge.text.vocab import learn_vocab
+
+    data = out / "data"
     pre = study.pretraining
     corpus, held_out = pretraining_text(pre.corpus, data, max_documents=pre.max_documents)
     if pre.held_out:
@@ -220,23 +272,31 @@ def _model_file(model: Any, folder: Path, vocab: Path) -> str:
     return str(path)
 
 
-def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
-    """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes, held-out metrics."""
-    from bertforge.data.prepare import load_manifest
-    from bertforge.train.pretrain import RECIPES, PretrainConfig, pretrain
+def _model(settings: dict[str, Any]) -> Any:
+    """The model a pre-training's settings build: theirs, or their recipe's (a preset name, a config.json
+    path, or a mapping of BertConfig fields)."""
+    from bertforge.train.pretrain import RECIPES
 
-    folder = out / "pretrain" / run.name
-    done = folder / DONE_FILE
-    _claim(folder, {**run.key, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)}, "pre-training")
-    if done.is_file():
-        return json.loads(done.read_text(encoding="utf-8"))
-    data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
-    settings = dict(run.pretrain)
-    recipe = settings.pop("recipe", "paper")  # the named settings the study's own start from (checked at load)
-    model = settings.get("model", RECIPES[recipe].get("model", "base"))
-    settings["model"] = _model_file(model, folder, inputs.vocab)
-    steps = int(settings.get("max_steps", PretrainConfig.max_steps))
-    if run.figure:  # the checkpoints Figure 5 fine-tunes from, all kept
+    return settings.get("model", RECIPES[settings.get("recipe", "paper")].get("model", "base"))
+
+
+def _pretrain_owned(data: str, eval_data: str, tokenizer: str, out: str, resume: bool) -> dict[str, Any]:
+    """The settings the runner gives each pre-training itself (`bertforge.experiments.study` refuses
+    them in a study: ``_PRETRAIN_OWNED``)."""
+    return {"data": data, "eval_data": eval_data, "tokenizer": tokenizer, "out": out, "progress": False,
+            "resume": resume, "overwrite": not resume}
+
+
+def _pretrain_config(study: Study, run: _Pretraining, cfg: AblateConfig, model: str, held_out: bool,
+                     owned: dict[str, Any]) -> Any:
+    """A pre-training's `PretrainConfig`: its recipe's settings, the study's over them, the runner's
+    choices for what the study leaves unset (checkpoints, logging, held-out evaluation, precision, device),
+    and ``owned`` (`_pretrain_owned`)."""
+    from bertforge.train.pretrain import PretrainConfig
+
+    settings = {**run.pretrain, "model": model}
+    steps = settings.get("max_steps", PretrainConfig.max_steps)
+    if run.figure:  # the checkpoints Figure 5 fine-tunes from, all kept (a study cannot set these for them)
         settings.update(checkpoint_every=study.figure.every, keep_checkpoints=0)
     else:
         settings.setdefault("checkpoint_every", max(1, steps // 4))
@@ -244,27 +304,68 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: 
     settings.setdefault("precision", cfg.precision)
     settings.setdefault("device", cfg.device)
     settings.setdefault("log_every", max(1, steps // 100))
-    if held is not None:
+    if held_out:
         settings.setdefault("eval_every", max(1, steps // 5))
+    return pretrain_config(settings, **owned)
+
+
+def _minutes_spent(folder: Path) -> float:
+    """The minutes earlier processes spent on the pre-training in ``folder`` (`MINUTES_FILE`; 0 if none)."""
+    try:
+        minutes = float(json.loads((folder / MINUTES_FILE).read_text(encoding="utf-8"))["minutes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    return minutes if minutes >= 0 else 0.0
+
+
+def _training_minutes(run_dir: Path) -> float:
+    """The training time a run's metrics record (the loop's clock, kept across resumes in its checkpoints):
+    at least what its processes spent, also when one was killed before it could add its minutes."""
+    seconds = 0.0
+    with contextlib.suppress(OSError):
+        for line in (run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                seconds = max(seconds, float(json.loads(line).get("time", 0.0)))
+    return seconds / 60
+
+
+def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
+    """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes (every process's,
+    added up across resumes), held-out metrics."""
+    from bertforge.data.prepare import load_manifest
+    from bertforge.train.pretrain import pretrain
+
+    folder = out / "pretrain" / run.name
+    done = folder / DONE_FILE
+    _claim(folder, {**run.key, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)}, "pre-training")
+    if done.is_file():
+        return json.loads(done.read_text(encoding="utf-8"))
+    data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
+    model = _model(run.pretrain)
     run_dir = folder / "run"
     resume = latest_checkpoint(run_dir) is not None
-    pcfg = PretrainConfig.from_recipe(recipe, **settings, data=str(data), eval_data=str(held or ""),
-                                      tokenizer=str(inputs.vocab), out=str(run_dir), progress=False, resume=resume,
-                                      overwrite=not resume)
+    pcfg = _pretrain_config(study, run, cfg, _model_file(model, folder, inputs.vocab), held is not None,
+                            _pretrain_owned(str(data), str(held or ""), str(inputs.vocab), str(run_dir), resume))
     what = "resuming" if pcfg.resume else "pre-training"
     if isinstance(model, dict):
         model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
     objective = pcfg.resolve_objective(load_manifest(data)["config"]["nsp"])
     logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {objective}, "
-                f"{steps:,} steps of {pcfg.batch_size}")
+                f"{pcfg.max_steps:,} steps of {pcfg.batch_size}")
+    spent = _minutes_spent(folder)
     t0 = time.perf_counter()
-    with errors_only():
-        result = pretrain(pcfg)
+    try:
+        with errors_only():
+            result = pretrain(pcfg)
+    finally:  # an interrupted or failed process's minutes count too: a rerun adds its own to them
+        spent += (time.perf_counter() - t0) / 60
+        with contextlib.suppress(OSError):
+            atomic_write_text(folder / MINUTES_FILE, json.dumps({"minutes": spent}) + "\n")
     if result.stopped_early:
         raise KeyboardInterrupt(f"pre-training stopped at step {result.step}; rerun the study to resume it")
     record = {"variants": run.variants, "steps": result.step, "batch_size": pcfg.batch_size,
               "objective": objective,
-              "minutes": (time.perf_counter() - t0) / 60, "eval_metrics": result.eval_metrics,
+              "minutes": max(spent, _training_minutes(run_dir)), "eval_metrics": result.eval_metrics,
               "final_metrics": result.final_metrics, "model": str(run_dir / "model"),
               "model_description": _model_description(run_dir / "model")}
     atomic_write_text(done, json.dumps(record, indent=1) + "\n")
@@ -297,22 +398,33 @@ def read_pretraining(study: Study, out: Path) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- fine-tuning cells
+def _finetune_owned(task: TaskSpec, model: str, out: str, seed: int, resume: bool) -> dict[str, Any]:
+    """The settings the runner gives each fine-tuning cell itself (`bertforge.experiments.study` refuses
+    them in a study: ``_FINETUNE_OWNED``). The dev set is scored once, after the last step."""
+    return {"model": model, "out": out, "seed": seed, "keep_best": True, "metric_for_best": task.metric,
+            "eval_every": 10**9, "progress": False, "resume": resume, "overwrite": not resume}
+
+
+def _cell_config(settings: dict[str, Any], cfg: AblateConfig, owned: dict[str, Any]) -> Any:
+    """A cell's `FinetuneConfig`: the study's settings of its task and variant, --precision and --device
+    where they leave them unset, and ``owned`` (`_finetune_owned`)."""
+    from bertforge.tasks.finetune import FinetuneConfig
+
+    return FinetuneConfig(**{"precision": cfg.precision, "device": cfg.device, **settings, **owned})
+
+
 def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, seed: int,
                    inputs: _Inputs, cfg: AblateConfig, keep_model: bool, pretrain_step: int | None = None) -> Cell:
     """Run (or resume, or read) one fine-tuning cell."""
-    from bertforge.tasks.finetune import FinetuneConfig, finetune
+    from bertforge.tasks.finetune import finetune
 
     done = folder / CELL_FILE
     settings = {**inputs.tasks[task.name], **variant.finetune}
     _claim(folder, {"start": str(start), "seed": seed, "finetune": settings, "metric": task.metric}, "fine-tuning")
     if done.is_file():
         return Cell(**json.loads(done.read_text(encoding="utf-8")))
-    settings.setdefault("precision", cfg.precision)
-    settings.setdefault("device", cfg.device)
     resume = latest_checkpoint(folder) is not None
-    fcfg = FinetuneConfig(**settings, model=str(start), out=str(folder), seed=seed, keep_best=True,
-                          metric_for_best=task.metric, eval_every=10**9, progress=False, resume=resume,
-                          overwrite=not resume)
+    fcfg = _cell_config(settings, cfg, _finetune_owned(task, str(start), str(folder), seed, resume))
     t0 = time.perf_counter()
     with errors_only():
         result = finetune(fcfg)
@@ -331,63 +443,282 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
     return cell
 
 
-def read_cells(out: Path) -> tuple[list[Cell], list[Cell]]:
-    """The finished cells of a study folder: (the table's, the figure's)."""
+def read_cells(out: Path, study: Study | None = None) -> tuple[list[Cell], list[Cell]]:
+    """The finished cells of a study folder: (the table's, the figure's). With ``study``, only those of its
+    rows, columns and seeds as it stands (a folder keeps the cells of rows, columns or seeds since removed)."""
     def read(pattern: str) -> list[Cell]:
         return [Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in sorted(out.glob(pattern))]
 
-    return read(f"cells/*/*/seed-*/{CELL_FILE}"), read(f"figure/*/*/step-*/seed-*/{CELL_FILE}")
+    cells, figure = read(f"cells/*/*/seed-*/{CELL_FILE}"), read(f"figure/*/*/step-*/seed-*/{CELL_FILE}")
+    return (cells, figure) if study is None else study_cells(study, cells, figure)
+
+
+# ---------------------------------------------------------------------------- checks before any work
+def check_study(study: Study, cfg: AblateConfig) -> None:
+    """What running ``study`` with ``cfg`` needs of this machine and of the files it names, checked before
+    any work (its own settings were checked when it was loaded): the device and precision of every run,
+    the files and folders it names, each pre-training's config as the runner builds it, each pre-trained
+    model's positions against its data's length, and each cell's settings on a task given by files. The
+    cells of built-in data follow once its files are written (`_check_cells`), and the task files' rows
+    once the vocab is ready (`_check_task_files`): both before any pre-training data is prepared."""
+    from bertforge.data.prepare import PrepareConfig
+    from bertforge.experiments.datasets import PRETRAINING_SOURCES
+    from bertforge.tasks.base import split_files
+
+    try:
+        check_device(cfg.device, here=True)
+    except ValueError as e:
+        raise ValueError(f"--device: {e}") from None
+    _check_precision(study, cfg.precision, cfg.device, "--precision")
+    pre = study.pretraining
+    if pre.corpus not in PRETRAINING_SOURCES and not Path(pre.corpus).is_file():
+        raise study.error("pretraining.corpus", f"no such file: {pre.corpus} (or the built-in text: "
+                                                f"{', '.join(PRETRAINING_SOURCES)})")
+    for key, value in (("held_out", pre.held_out), ("vocab", pre.vocab)):
+        if value and not Path(value).exists():
+            raise study.error(f"pretraining.{key}", f"no such {'file' if key == 'held_out' else 'folder'}: {value}")
+    for t in study.tasks:
+        for key in () if t.source else ("train_file", "dev_file"):
+            for path in split_files(t.settings[key]):
+                if not path.exists():
+                    raise study.error(f"{study.field(t)}.{key}", f"no such file or folder: {path}")
+    for v in study.variants:
+        if v.checkpoint and not Path(v.checkpoint).is_dir():
+            raise study.error(f"{study.field(v)}.checkpoint", f"no such checkpoint folder: {v.checkpoint}")
+
+    for name, run in {id(run): (name, run) for name, run in _pretrainings(study).items()}.values():
+        variant = study.variant(name)
+        where = f"{study.field(variant)}.pretrain"
+        _check_run_device(study, cfg, {**pre.pretrain, **variant.pretrain},
+                          lambda key, v=variant: f"{study.field(v)}.pretrain.{key}" if key in v.pretrain
+                          else f"pretraining.pretrain.{key}")
+        try:
+            _pretrain_config(study, run, cfg, _model(run.pretrain), True, _pretrain_owned("", "", "", "", False))
+        except (TypeError, ValueError) as e:
+            raise study.error(where, str(e)) from None
+        length = {"max_seq_length": PrepareConfig.max_seq_length, **run.prepare}["max_seq_length"]
+        positions = _encoder_config(study, variant).max_position_embeddings
+        if length > positions:
+            raise study.error(where, f"the data's sequences of {length} tokens (prepare max_seq_length) are longer "
+                                     f"than the model's {positions} positions (max_position_embeddings)")
+    for v, t in study.cells():
+        _check_run_device(study, cfg, {**t.settings, **v.finetune},
+                          lambda key, v=v, t=t: f"{study.field(v)}.finetune.{key}" if key in v.finetune
+                          else f"{study.field(t)}.{key}")
+    _check_cells(study, {t.name: t.settings for t in study.tasks if not t.source}, cfg)
+
+
+def _fail(study: Study, where: str, message: str) -> ValueError:
+    """An error about a flag (``where`` "--device") or a field of the study file."""
+    return ValueError(f"{where}: {message}") if where.startswith("--") else study.error(where, message)
+
+
+def _check_precision(study: Study, precision: str, device: str, where: str) -> None:
+    """fp16 (its gradient scaler) needs a CUDA device; the other precisions run anywhere."""
+    from bertforge.train.distributed import resolve_device
+
+    kind = resolve_device(device).type
+    if precision == "fp16" and kind != "cuda":
+        raise _fail(study, where, f"fp16 needs a CUDA device (its gradient scaler), and the runs go on {kind}; "
+                                  "use bf16, fp32 or auto")
+
+
+def _check_run_device(study: Study, cfg: AblateConfig, settings: dict[str, Any], origin: Any) -> None:
+    """A run's device (its settings', else --device) on this machine, and its precision on that device;
+    ``origin(key)`` names the field a setting of ``settings`` comes from."""
+    device = settings.get("device", cfg.device)
+    if "device" in settings:
+        try:
+            check_device(device, here=True)
+        except ValueError as e:
+            raise study.error(origin("device"), str(e)) from None
+    precision = settings.get("precision", cfg.precision)
+    _check_precision(study, precision, device, origin("precision") if "precision" in settings
+                     else origin("device") if "device" in settings else "--precision")
+
+
+def _encoder_config(study: Study, variant: Variant) -> Any:
+    """The `BertConfig` of the encoder ``variant`` fine-tunes: its checkpoint's, or the one its
+    pre-training builds (init_from's weights, a preset, a config.json, or a mapping of fields)."""
+    from bertforge.model.config import BertConfig
+
+    settings = {**study.pretraining.pretrain, **variant.pretrain}
+    if variant.checkpoint:
+        source, where = variant.checkpoint, f"{study.field(variant)}.checkpoint"
+    elif settings.get("init_from"):
+        source, where = settings["init_from"], f"{study.field(variant)}.pretrain.init_from"
+    else:
+        source, where = _model(settings), f"{study.field(variant)}.pretrain.model"
+    try:
+        if isinstance(source, dict):
+            return BertConfig.from_dict({"vocab_size": 100, **source})
+        if source.endswith(".json") or Path(source).is_dir() or variant.checkpoint or settings.get("init_from"):
+            return BertConfig.load(source)
+        return BertConfig.preset(source)
+    except (OSError, ValueError) as e:
+        raise study.error(where, f"cannot read the model's config ({e})") from None
+
+
+def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConfig) -> None:
+    """Every cell of the tasks in ``tasks`` (name -> its settings with the files): its config as the runner
+    builds it and as its task family fills it in, its metric one the task reports, its length within its
+    model's positions and its feature layers among the model's layers."""
+    from bertforge.model.heads import feature_layers
+    from bertforge.tasks import family_for
+
+    models: dict[str, Any] = {}
+    for v, t in study.cells():
+        if t.name not in tasks:
+            continue
+        where = f"{study.field(v)}.finetune (with task {t.name})" if v.finetune else study.field(t)
+        owned = _finetune_owned(t, "model", "cell", study.seeds[0], False)
+        try:
+            fcfg = _cell_config({**tasks[t.name], **v.finetune}, cfg, owned)
+            fcfg = family_for(fcfg.task).configure(fcfg)
+        except (TypeError, ValueError) as e:
+            raise study.error(where, str(e)) from None
+        if t.metric and not metric_fits(t.metric, metric_names(fcfg.task)):
+            raise study.error(f"{study.field(t)}.metric", f"{t.metric!r} is not a metric of task {fcfg.task} (it "
+                                                          f"reports {', '.join(metric_names(fcfg.task))})")
+        if v.name not in models:
+            models[v.name] = _encoder_config(study, v)
+        config = models[v.name]
+        if fcfg.max_seq_length > config.max_position_embeddings:
+            raise study.error(where, f"max_seq_length {fcfg.max_seq_length} is longer than the "
+                                     f"{config.max_position_embeddings} positions of {v.name}'s model")
+        if fcfg.features:
+            try:
+                feature_layers(fcfg.features, config.num_hidden_layers)
+            except ValueError as e:
+                raise study.error(where, f"{e} ({v.name}'s model)") from None
+
+
+def _check_task_files(study: Study, inputs: _Inputs, out: Path, cfg: AblateConfig) -> None:
+    """Every task file read as its cells' fine-tuning reads it (`bertforge.tasks.finetune.prepare_data`:
+    the task family's reader, each row checked), once per distinct way of reading it; then each cell's
+    batch against the training sequences, and its metric against those its dev files are scored with.
+    The files of a task whose cells are all finished are not read again."""
+    from bertforge.tasks.finetune import INPUT_SETTINGS, prepare_data
+
+    figure_task = study.figure.task if study.figure else None
+    read: dict[str, tuple[int, set[str]]] = {}
+    for v, t in study.cells():
+        folders = [out / "cells" / slug(v.name) / slug(t.name) / f"seed-{s}" / CELL_FILE for s in study.seeds]
+        if t.name != figure_task and all(f.is_file() for f in folders):
+            continue
+        settings = {**inputs.tasks[t.name], **v.finetune}
+        tokenizer = v.checkpoint or str(inputs.vocab)
+        fcfg = _cell_config(settings, cfg, _finetune_owned(t, tokenizer, "", study.seeds[0], False))
+        key = settings_key({"tokenizer": tokenizer,
+                            **{k: getattr(fcfg, k) for k in ("train_file", "dev_file", *INPUT_SETTINGS)}})
+        if key not in read:
+            logger.info(f"ablate: reading {t.name}'s files ({fcfg.train_file}; {fcfg.dev_file}) to check them")
+            try:
+                with errors_only():
+                    data = prepare_data(fcfg)
+            except (ValueError, OSError) as e:
+                raise study.error(study.field(t), str(e)) from None
+            read[key] = (len(data.train.features), _reported_metrics(data))
+        count, metrics = read[key]
+        if count < fcfg.batch_size:
+            where = f"{study.field(v)}.finetune (with task {t.name})" if "batch_size" in v.finetune else study.field(t)
+            raise study.error(where, f"{count} training sequences, fewer than one batch (batch_size {fcfg.batch_size})")
+        if t.metric and t.metric not in metrics:
+            raise study.error(f"{study.field(t)}.metric", f"{t.metric!r} is not among the metrics {t.name}'s dev "
+                                                          f"files are scored with ({', '.join(sorted(metrics))})")
+
+
+def _reported_metrics(data: Any) -> set[str]:
+    """The metric names fine-tuning on the read task ``data`` (`bertforge.tasks.finetune.PreparedData`)
+    reports: its family's for its labels (two classes add F1; entity tags the entity scores), each
+    prefixed by its dev file's name when there are several (as `bertforge.tasks.finetune` names them)."""
+    import numpy as np
+
+    family, task, labels = data.family, data.cfg.task, data.train.labels
+    if family.name == "classification":
+        from bertforge.tasks.classification import GLUE_TASKS, compute_metrics
+
+        if labels is None:
+            preds, gold, classes = np.array([0.0, 1.0, 2.0]), np.array([0.0, 2.0, 1.0]), 1
+        else:
+            preds, gold, classes = np.array([0, 1, 1]), np.array([0, 1, 0]), len(labels)
+        names = set(compute_metrics(task if task in GLUE_TASKS else None, preds, gold, classes))
+    elif family.name == "tagging":
+        from bertforge.tasks.tagging import resolve_scheme
+
+        if resolve_scheme(data.cfg.tag_scheme, task, labels) is None:
+            names = {"accuracy"}
+        else:
+            names = {n for n in metric_names(task) if not n.startswith(TYPE_F1)}
+            names |= {TYPE_F1 + tag[2:] for tag in labels if len(tag) > 2}
+    else:
+        names = set(metric_names(task))
+    files = [d.path.name.split(".")[0] for d in data.dev]
+    if len(files) < 2:
+        return names
+    if len(set(files)) < len(files):
+        files = [f"{name}{k + 1}" for k, name in enumerate(files)]
+    return {f"{name}_{metric}" for name in files for metric in names}
 
 
 # ---------------------------------------------------------------------------- the study
 def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Path:
     """Run every unfinished cell of ``study`` (a study file, a bundled study's name, or a loaded
-    `Study`), then write its report; return the report's path."""
+    `Study`), then write its report; return the report's path.
+
+    The study holds its folder's lock (`bertforge.train.lock.run_lock`) while it runs: a second run of it
+    into the same ``--out`` is refused at once. ``report_only`` reads finished cells only and takes no lock."""
     from bertforge.experiments.report import write_report
 
     cfg = cfg or AblateConfig()
     study = study if isinstance(study, Study) else load_study(study)
     if cfg.seeds:
-        try:
-            seeds = tuple(int(s) for s in cfg.seeds.split(","))
-        except ValueError:
-            raise ValueError(f"--seeds must be comma-separated integers, got {cfg.seeds!r}") from None
-        study = dataclasses.replace(study, seeds=seeds)
+        study = dataclasses.replace(study, seeds=flag_seeds(cfg.seeds))
     out = Path(cfg.out or Path("runs") / "ablate" / study.name)
-    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.report_only:
+        check_study(study, cfg)  # before any work: what the study file alone could not tell
     if cfg.report_only:
-        return write_report(study, out, *read_cells(out), read_pretraining(study, out))
+        out.mkdir(parents=True, exist_ok=True)
+        if (user := folder_user(out)) is not None:
+            logger.info(f"ablate: {out} is in use by {user}: the report holds the cells finished so far")
+        return write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
 
-    t0 = time.perf_counter()
-    runs = _pretrainings(study)
-    cells = study.cells()
-    total = len(cells) * len(study.seeds)
-    logger.info(f"ablate: {study.name}: {len(study.variants)} variants ({len(set(map(id, runs.values())))} "
-                f"pre-trainings) x {len(study.tasks)} tasks x {len(study.seeds)} seeds = {total} fine-tunings -> {out}")
-    inputs = _inputs(study, out)
-    pretrained: dict[str, dict[str, Any]] = {}
-    done = 0
-    for variant in study.variants:
-        if variant.checkpoint:
-            start = Path(variant.checkpoint)
-        else:
-            run = runs[variant.name]
-            pretrained[variant.name] = _pretrain(study, run, inputs, out, cfg)
-            start = out / "pretrain" / run.name / "run" / "model"
-        for v, task in cells:
-            if v is not variant:
-                continue
-            for seed in study.seeds:
-                folder = out / "cells" / slug(v.name) / slug(task.name) / f"seed-{seed}"
-                cell = _finetune_cell(folder, start, v, task, seed, inputs, cfg, study.keep_models)
-                done += 1
-                logger.info(f"ablate: [{done}/{total}] {v.name} | {task.name} | seed {seed}: {cell.metric} "
-                            f"{cell.value:.4f} ({cell.seconds:.0f} s)")
-        write_report(study, out, *read_cells(out), read_pretraining(study, out))
-    if study.figure:
-        _figure(study, runs, inputs, out, cfg)
-    path = write_report(study, out, *read_cells(out), read_pretraining(study, out))
-    logger.info(f"ablate: {study.name} finished in {(time.perf_counter() - t0) / 60:.1f} minutes; report -> {path}")
+    with run_lock(out):  # let go of however the study ends
+        t0 = time.perf_counter()
+        runs = _pretrainings(study)
+        cells = study.cells()
+        total = len(cells) * len(study.seeds)
+        logger.info(f"ablate: {study.name}: {len(study.variants)} variants ({len(set(map(id, runs.values())))} "
+                    f"pre-trainings) x {len(study.tasks)} tasks x {len(study.seeds)} seeds = {total} fine-tunings "
+                    f"-> {out}")
+        tasks = _task_inputs(study, out)
+        _check_cells(study, {t.name: tasks[t.name] for t in study.tasks if t.source}, cfg)  # their task now known
+        inputs = _inputs(study, out, tasks)
+        _check_task_files(study, inputs, out, cfg)  # the last check: then the first pre-training starts
+        pretrained: dict[str, dict[str, Any]] = {}
+        done = 0
+        for variant in study.variants:
+            if variant.checkpoint:
+                start = Path(variant.checkpoint)
+            else:
+                run = runs[variant.name]
+                pretrained[variant.name] = _pretrain(study, run, inputs, out, cfg)
+                start = out / "pretrain" / run.name / "run" / "model"
+            for v, task in cells:
+                if v is not variant:
+                    continue
+                for seed in study.seeds:
+                    folder = out / "cells" / slug(v.name) / slug(task.name) / f"seed-{seed}"
+                    cell = _finetune_cell(folder, start, v, task, seed, inputs, cfg, study.keep_models)
+                    done += 1
+                    logger.info(f"ablate: [{done}/{total}] {v.name} | {task.name} | seed {seed}: {cell.metric} "
+                                f"{cell.value:.4f} ({cell.seconds:.0f} s)")
+            write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
+        if study.figure:
+            _figure(study, runs, inputs, out, cfg)
+        path = write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
+        logger.info(f"ablate: {study.name} finished in {(time.perf_counter() - t0) / 60:.1f} minutes; "
+                    f"report -> {path}")
     return path
 
 

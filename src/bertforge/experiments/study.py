@@ -34,8 +34,12 @@ folder), so that the bundled studies run from the folder holding a user's data::
       every: 500                      # a checkpoint every this many pre-training steps is fine-tuned too
 
 A variant may instead start from an existing checkpoint (``checkpoint: PATH``) and skip pre-training.
-Variants whose data and pre-training settings are the same share one pre-training run. Every error
-names the file and the field.
+Variants whose data and pre-training settings are the same share one pre-training run.
+
+`load_study` checks all the file decides, every error naming the file and the field: each setting
+against the type of the config field it sets (`bertforge.settings.check_value`: a bool is no integer,
+``1e-4`` is a number), no setting the runner makes itself (where runs write, seeds, evaluation), each
+run's config built and so in range, each metric one its task reports.
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertforge.settings import SettingValueError, check_device, check_value, field_types
+
 __all__ = ["Study", "TaskSpec", "Variant", "FigureSpec", "Pretraining", "load_study", "bundled_studies",
-           "StudyError"]
+           "StudyError", "metric_names", "metric_fits", "pretrain_config", "TYPE_F1"]
 
 
 class StudyError(ValueError):
@@ -132,6 +138,15 @@ class Study:
         """The table's filled cells, row by row."""
         return [(v, t) for v in self.variants for t in self.tasks if not v.tasks or t.name in v.tasks]
 
+    def field(self, item: Variant | TaskSpec) -> str:
+        """Where ``item`` stands in the study file, as errors name it: "tasks[0] (MR)", "variants[2] (LTR)"."""
+        kind, items = ("variants", self.variants) if isinstance(item, Variant) else ("tasks", self.tasks)
+        return f"{kind}[{items.index(item)}] ({item.name})"
+
+    def error(self, where: str, message: str) -> "StudyError":
+        """An error about the field ``where`` of the study file."""
+        return StudyError(f"{self.path}: {where}: {message}")
+
 
 def slug(name: str) -> str:
     """A folder name for a row or column name ("LTR & No NSP" -> "ltr-no-nsp")."""
@@ -172,17 +187,51 @@ class _Reader:
             raise self.fail(where, f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
                                    f"expected {', '.join(sorted(allowed))}")
 
-    def settings(self, data: Any, cls: type, where: str, refused: tuple[str, ...] = ()) -> dict[str, Any]:
-        """``data`` as settings of the config dataclass ``cls`` (unknown names are an error)."""
+    def typed(self, value: Any, annotation: Any, where: str) -> Any:
+        """``value`` held to the type ``annotation`` (`bertforge.settings.check_value`)."""
+        try:
+            return check_value(value, annotation)
+        except SettingValueError as e:
+            raise self.fail(where, str(e)) from None
+
+    def settings(self, data: Any, cls: type, where: str, owned: dict[str, str] | None = None,
+                 mappings: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``data`` as settings of the config dataclass ``cls``: each name one of its fields, each value of
+        that field's type (``mappings``: fields that may instead hold a mapping, checked elsewhere). A
+        setting the runner makes itself (``owned``: name -> why) is refused."""
         data = self.mapping(data, where)
-        allowed = _fields(cls) - set(refused)
-        self.keys(data, allowed, where)
-        return data
+        owned = owned or {}
+        for key in data:
+            if key in owned:
+                raise self.fail(f"{where}.{key}", f"set by the runner, not the study: {owned[key]}")
+        kinds = field_types(cls)
+        self.keys(data, set(kinds) - set(owned), where)
+        checked = {}
+        for key, value in data.items():
+            if key in mappings and isinstance(value, dict):
+                checked[key] = value
+                continue
+            value = self.typed(value, kinds[key], f"{where}.{key}")
+            if key == "lr" and value <= 0:
+                raise self.fail(f"{where}.lr", f"expected a learning rate > 0, got {value!r}")
+            if key == "seed" and value < 0:  # numpy's generators take none below 0
+                raise self.fail(f"{where}.seed", f"expected an integer >= 0, got {value!r}")
+            if key == "device":
+                try:
+                    check_device(value)
+                except ValueError as e:
+                    raise self.fail(f"{where}.device", str(e)) from None
+            checked[key] = value
+        return checked
 
     def text(self, value: Any, where: str) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(where, f"expected a non-empty string, got {value!r}")
         return value
+
+    def string(self, value: Any, where: str, default: str = "") -> str:
+        """An optional string: ``default`` when not given."""
+        return default if value is None else self.typed(value, str, where)
 
     def integer(self, value: Any, where: str, minimum: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -195,15 +244,42 @@ class _Reader:
 
 
 # Settings the runner decides for every run (where it writes, what it resumes, what it starts from, the
-# seed of each cell) rather than the study.
-_PRETRAIN_OWNED = ("out", "resume", "overwrite", "data", "eval_data", "tokenizer", "progress")
-_FINETUNE_OWNED = ("out", "resume", "overwrite", "grid", "seed", "model", "keep_best", "metric_for_best", "progress")
+# seed of each cell) rather than the study: name -> why, as a study that sets one is told.
+_RESUMES = "a rerun resumes what is unfinished and skips what is finished"
+_PRETRAIN_OWNED = {
+    "out": "each pre-training writes to its own folder under --out",
+    "resume": _RESUMES,
+    "overwrite": _RESUMES,
+    "data": "the study's corpus, prepared with its prepare settings",
+    "eval_data": "the study's held-out text (pretraining.held_out)",
+    "tokenizer": "the study's vocab (pretraining.vocab or vocab_size)",
+    "progress": "the study logs its progress",
+}
+_FINETUNE_OWNED = {
+    "out": "each cell writes to its own folder under --out",
+    "resume": _RESUMES,
+    "overwrite": _RESUMES,
+    "grid": "a cell is one run; give other recipes as tasks or variants of their own",
+    "seed": "the study's seeds (or --seeds) are the cells' seeds",
+    "model": "each cell starts from its variant's pre-trained model or checkpoint",
+    "keep_best": "each cell keeps the model it is scored by",
+    "metric_for_best": "a task's metric key names it",
+    "eval_every": "each cell is scored once, after its last step",
+    "progress": "the study logs its progress",
+}
+_FIGURE_OWNED = {
+    "checkpoint_every": "a figure variant saves a checkpoint every figure.every steps",
+    "keep_checkpoints": "a figure variant keeps every checkpoint, each a point of the figure",
+}
 _TASK_KEYS = {"name", "source", "max_train", "max_dev", "split_seed", "metric"}
 _FILE_SETTINGS = ("train_file", "dev_file")
 
 
 def load_study(spec: str | Path) -> Study:
-    """A study from a file path, or a bundled study's name (`bundled_studies`)."""
+    """A study from a file path, or a bundled study's name (`bundled_studies`), with everything the file
+    alone decides checked: names, types and ranges of every setting (each run's config built as the
+    runner builds it), metrics. What depends on the machine and the data (devices, files, the rows of
+    the task files) is checked when the study runs, before any work (`bertforge.experiments.runner`)."""
     from bertforge.data.prepare import PrepareConfig
     from bertforge.experiments.datasets import PRETRAINING_SOURCES, SOURCES
     from bertforge.tasks.finetune import FinetuneConfig
@@ -230,18 +306,19 @@ def load_study(spec: str | Path) -> Study:
 
     pre = r.mapping(data.get("pretraining"), "pretraining")
     r.keys(pre, _fields(Pretraining), "pretraining")
+    corpus = r.text(pre["corpus"], "pretraining.corpus") if "corpus" in pre else Pretraining.corpus
+    held_out = r.string(pre.get("held_out"), "pretraining.held_out")
+    vocab = r.string(pre.get("vocab"), "pretraining.vocab")
     pretraining = Pretraining(
-        corpus=str(pre.get("corpus", Pretraining.corpus)),
-        held_out=r.file(pre["held_out"]) if pre.get("held_out") else "",
+        corpus=corpus if corpus in PRETRAINING_SOURCES else r.file(corpus),
+        held_out=r.file(held_out) if held_out else "",
         max_documents=r.integer(pre.get("max_documents", 0), "pretraining.max_documents"),
         vocab_size=r.integer(pre.get("vocab_size", Pretraining.vocab_size), "pretraining.vocab_size", 100),
-        vocab=r.file(pre["vocab"]) if pre.get("vocab") else "",
+        vocab=r.file(vocab) if vocab else "",
         prepare=r.settings(pre.get("prepare"), PrepareConfig, "pretraining.prepare"),
         pretrain=_pretrain_setting(r, r.settings(pre.get("pretrain"), PretrainConfig, "pretraining.pretrain",
-                                              _PRETRAIN_OWNED), "pretraining.pretrain"),
+                                                 _PRETRAIN_OWNED, mappings=("model",)), "pretraining.pretrain"),
     )
-    if pretraining.corpus not in PRETRAINING_SOURCES:
-        pretraining = dataclasses.replace(pretraining, corpus=r.file(pretraining.corpus))
 
     common = r.settings(data.get("finetune"), FinetuneConfig, "finetune", _FINETUNE_OWNED)
     raw_tasks = data.get("tasks")
@@ -253,9 +330,9 @@ def load_study(spec: str | Path) -> Study:
         raw = r.mapping(raw, where)
         name = r.text(raw.get("name"), f"{where}.name")
         where = f"tasks[{i}] ({name})"
-        settings = {k: v for k, v in raw.items() if k not in _TASK_KEYS}
-        r.settings(settings, FinetuneConfig, where, _FINETUNE_OWNED)
-        source = str(raw.get("source", ""))
+        settings = r.settings({k: v for k, v in raw.items() if k not in _TASK_KEYS}, FinetuneConfig, where,
+                              _FINETUNE_OWNED)
+        source = r.string(raw.get("source"), f"{where}.source")
         if source and source not in SOURCES:
             raise r.fail(f"{where}.source", f"unknown built-in data {source!r}; choose from {', '.join(SOURCES)}, or "
                                             "give task, train_file and dev_file")
@@ -267,11 +344,15 @@ def load_study(spec: str | Path) -> Study:
                     raise r.fail(where, f"needs {key} (or a built-in source: {', '.join(SOURCES)})")
             for key in _FILE_SETTINGS:
                 settings[key] = ",".join(r.file(p) for p in str(settings[key]).split(","))
-        tasks.append(TaskSpec(name=name, settings={**common, **settings}, source=source,
+        settings = {**common, **settings}
+        metric = r.string(raw.get("metric"), f"{where}.metric")
+        if metric:
+            _check_metric(r, metric, settings.get("task", ""), f"{where}.metric")
+        tasks.append(TaskSpec(name=name, settings=settings, source=source,
                               max_train=r.integer(raw.get("max_train", 0), f"{where}.max_train"),
                               max_dev=r.integer(raw.get("max_dev", 0), f"{where}.max_dev"),
                               split_seed=r.integer(raw.get("split_seed", 0), f"{where}.split_seed"),
-                              metric=str(raw.get("metric", ""))))
+                              metric=metric))
     task_names = [t.name for t in tasks]
     _unique(r, task_names, "tasks")
 
@@ -285,17 +366,18 @@ def load_study(spec: str | Path) -> Study:
         where = f"variants[{i}] ({name})"
         r.keys(raw, _fields(Variant), where)
         only = raw.get("tasks") or []
-        if not isinstance(only, list) or any(t not in task_names for t in only):
+        if not isinstance(only, list) or any(not isinstance(t, str) or t not in task_names for t in only):
             raise r.fail(f"{where}.tasks", f"expected a list of the study's task names ({', '.join(task_names)}), "
                                            f"got {only!r}")
-        checkpoint = r.file(raw["checkpoint"]) if raw.get("checkpoint") else ""
+        checkpoint = r.string(raw.get("checkpoint"), f"{where}.checkpoint")
+        checkpoint = r.file(checkpoint) if checkpoint else ""
         if checkpoint and (raw.get("prepare") or raw.get("pretrain")):
             raise r.fail(where, "a variant with a checkpoint is not pre-trained: drop its prepare / pretrain")
         variants.append(Variant(
             name=name, checkpoint=checkpoint, tasks=tuple(only),
             prepare=r.settings(raw.get("prepare"), PrepareConfig, f"{where}.prepare"),
             pretrain=_pretrain_setting(r, r.settings(raw.get("pretrain"), PretrainConfig, f"{where}.pretrain",
-                                                  _PRETRAIN_OWNED), f"{where}.pretrain"),
+                                                     _PRETRAIN_OWNED, mappings=("model",)), f"{where}.pretrain"),
             finetune=r.settings(raw.get("finetune"), FinetuneConfig, f"{where}.finetune", _FINETUNE_OWNED)))
     _unique(r, [v.name for v in variants], "variants")
     _unique(r, [slug(v.name) for v in variants], "variants (as folder names)")
@@ -309,26 +391,136 @@ def load_study(spec: str | Path) -> Study:
             raise r.fail("figure.task", f"expected one of the study's tasks ({', '.join(task_names)}), "
                                         f"got {raw.get('task')!r}")
         names = raw.get("variants") or [v.name for v in variants if not v.checkpoint]
+        if not isinstance(names, list):
+            raise r.fail("figure.variants", f"expected a list of the study's pre-trained variants, got {names!r}")
         known = {v.name: v for v in variants}
-        bad = [n for n in names if n not in known or known[n].checkpoint]
+        bad = [n for n in names if not isinstance(n, str) or n not in known or known[n].checkpoint]
         if bad:
             raise r.fail("figure.variants", f"{', '.join(map(repr, bad))} is not a pre-trained variant of the study")
         figure = FigureSpec(task=raw["task"], variants=tuple(names),
                             every=r.integer(raw.get("every"), "figure.every", 1))
+        for name in figure.variants:
+            for key, why in _FIGURE_OWNED.items():
+                if key in known[name].pretrain:
+                    raise r.fail(f"variants[{variants.index(known[name])}] ({name}).pretrain.{key}",
+                                 f"set by the runner for the figure's variants, not the study: {why}")
+                if key in pretraining.pretrain:
+                    raise r.fail(f"pretraining.pretrain.{key}", f"set by the runner for the figure's variants "
+                                                                f"({', '.join(figure.variants)}), not the study: {why}")
 
     paper = r.mapping(data.get("paper"), "paper")
     for row, values in paper.items():
         if row not in {v.name for v in variants}:
             raise r.fail(f"paper.{row}", "not a variant of the study")
-        for col in r.mapping(values, f"paper.{row}"):
+        for col, value in r.mapping(values, f"paper.{row}").items():
             if col not in task_names:
                 raise r.fail(f"paper.{row}.{col}", "not a task of the study")
+            r.typed(value, float, f"paper.{row}.{col}")
     keep = data.get("keep_models", False)
     if not isinstance(keep, bool):
         raise r.fail("keep_models", f"expected true or false, got {keep!r}")
-    return Study(name=str(data.get("name") or path.stem), path=path, title=str(data.get("title", "")),
-                 seeds=seeds, pretraining=pretraining, tasks=tuple(tasks), variants=tuple(variants), figure=figure,
-                 keep_models=keep, description=str(data.get("description", "")).strip(), paper=paper)
+    study = Study(name=r.string(data.get("name"), "name") or path.stem, path=path,
+                  title=r.string(data.get("title"), "title"), seeds=seeds, pretraining=pretraining,
+                  tasks=tuple(tasks), variants=tuple(variants), figure=figure, keep_models=keep,
+                  description=r.string(data.get("description"), "description").strip(), paper=paper)
+    _check_configs(r, study, common)
+    return study
+
+
+def _check_configs(r: _Reader, study: Study, common: dict[str, Any]) -> None:
+    """Every run's settings in range: the config dataclasses built from the study's settings (paths and
+    what the runner sets left at placeholders), each error prefixed by the file and the field whose
+    settings it comes from (the shared ones first, then each task's and variant's on top of them). A
+    variant's fine-tuning settings with each of its tasks are the runner's to check (`check_study`)."""
+    from bertforge.data.prepare import PrepareConfig
+    from bertforge.tasks.finetune import FinetuneConfig
+
+    def build(where: str, make: Any, *args: Any, **settings: Any) -> None:
+        try:
+            make(*args, **settings)
+        except (TypeError, ValueError) as e:
+            raise r.fail(where, str(e)) from None
+
+    pre = study.pretraining
+    build("pretraining.prepare", PrepareConfig, **pre.prepare)
+    build("pretraining.pretrain", pretrain_config, pre.pretrain)
+    build("finetune", FinetuneConfig, **common)
+    for t in study.tasks:
+        build(study.field(t), FinetuneConfig, **t.settings)
+    for v in study.variants:
+        where = study.field(v)
+        if not v.checkpoint:
+            build(f"{where}.prepare", PrepareConfig, **{**pre.prepare, **v.prepare})
+            build(f"{where}.pretrain", pretrain_config, {**pre.pretrain, **v.pretrain})
+        if v.finetune:  # on each of its tasks: when the study runs, once the built-in data gives their task
+            build(f"{where}.finetune", FinetuneConfig, **v.finetune)
+
+
+def pretrain_config(settings: dict[str, Any], **runner: Any) -> Any:
+    """The `PretrainConfig` of a study's ``pretrain`` settings: its recipe's settings, the study's over
+    them, and ``runner``'s (paths, resume, ...) over both. A model given as a mapping of BertConfig
+    fields is ``runner``'s to replace by a config.json (a placeholder name here)."""
+    from bertforge.train.pretrain import PretrainConfig
+
+    settings = dict(settings)
+    recipe = settings.pop("recipe", "paper")
+    if isinstance(settings.get("model"), dict):
+        settings["model"] = "model_config.json"
+    return PretrainConfig.from_recipe(recipe, **{**settings, **runner})
+
+
+TYPE_F1 = "f1_"
+"""The prefix of a tagging task's per-type entity F1 (``f1_PER``)."""
+
+
+def metric_names(task: str) -> tuple[str, ...]:
+    """The metrics fine-tuning on ``task`` reports for a dev file (`bertforge.tasks`' families): a GLUE
+    task's (`bertforge.metrics.GLUE_METRICS`); accuracy and F1 (two classes) for classification, Pearson
+    and Spearman for regression; token accuracy and, for entity tags, precision, recall, F1 and
+    ``f1_TYPE`` per entity type for tagging; SQuAD's exact match and F1 (v2.0: also HasAns / NoAns and
+    the best threshold's); accuracy for multiple choice. With several dev files each is prefixed by its
+    file's name (``dev_matched_accuracy``)."""
+    from bertforge.metrics import GLUE_METRICS
+    from bertforge.tasks import family_for
+    from bertforge.tasks.classification import GLUE_TASKS
+
+    family = family_for(task).name
+    if task in GLUE_TASKS:
+        return GLUE_METRICS[task]
+    if family == "classification":
+        return ("pearson", "spearman") if task == "regression" else ("accuracy", "f1")
+    if family == "tagging":
+        return ("accuracy", "precision", "recall", "f1", f"{TYPE_F1}TYPE")
+    if family == "squad":
+        v1 = ("exact_match", "f1", "total")
+        return v1 if task == "squad" else (*v1, *(f"{part}_{m}" for part in ("HasAns", "NoAns")
+                                                   for m in ("exact", "f1", "total")),
+                                           "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")
+    return ("accuracy",)
+
+
+def metric_fits(metric: str, names: tuple[str, ...] | set[str], prefixed: bool = True) -> bool:
+    """Whether ``metric`` is one of ``names`` (``f1_TYPE`` for any type where names hold it), or, with
+    ``prefixed``, one of them after a dev file's name and "_" (several dev files)."""
+    def fits(name: str) -> bool:
+        return name in names or (f"{TYPE_F1}TYPE" in names and name.startswith(TYPE_F1) and len(name) > len(TYPE_F1))
+
+    if fits(metric):
+        return True
+    parts = metric.split("_")
+    return prefixed and any(fits("_".join(parts[k:])) for k in range(1, len(parts)))
+
+
+def _check_metric(r: _Reader, metric: str, task: str, where: str) -> None:
+    """``metric`` one the task can report (a built-in source's task: any family's)."""
+    from bertforge.tasks import task_names
+
+    if task:
+        names = metric_names(task)
+        if not metric_fits(metric, names):
+            raise r.fail(where, f"{metric!r} is not a metric of task {task} (it reports {', '.join(names)})")
+    elif not any(metric_fits(metric, metric_names(t)) for t in task_names()):
+        raise r.fail(where, f"{metric!r} is not a metric of any task")
 
 
 def _read(path: Path) -> Any:
@@ -354,8 +546,8 @@ def _pretrain_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[
 
 def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:
     """``model`` may be a preset name, a config.json path, or a mapping of BertConfig fields (Table 6's
-    sizes); a mapping is checked here, the rest when the run starts."""
-    from bertforge.model.config import BertConfig
+    sizes); a mapping and a name are checked here, a path when the run starts."""
+    from bertforge.model.config import PRESETS, BertConfig
 
     model = settings.get("model")
     if isinstance(model, dict):
@@ -363,8 +555,11 @@ def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str
             BertConfig.from_dict({"vocab_size": 100, **model}, source=f"{r.path}: {where}.model")
         except (TypeError, ValueError) as e:
             raise r.fail(f"{where}.model", str(e)) from None
-    elif isinstance(model, str) and (model.endswith(".json") or "/" in model):
+    elif isinstance(model, str) and (model.endswith(".json") or "/" in model or Path(model).is_dir()):
         settings = {**settings, "model": r.file(model)}
+    elif model is not None and model not in PRESETS:
+        raise r.fail(f"{where}.model", f"expected a model size ({', '.join(PRESETS)}), a config.json path, or a "
+                                       f"mapping of BertConfig fields; got {model!r}")
     return settings
 
 
