@@ -28,6 +28,7 @@ import logging
 import multiprocessing as mp
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -293,11 +294,18 @@ def prepare(
     settings_path = out / SETTINGS
     if settings_path.is_file():
         old = json.loads(settings_path.read_text(encoding="utf-8"))
-        if old.get("fingerprint") != fingerprint:
+        earlier = _fingerprint_before_normalization(cfg, tok.vocab_hash, input_files)
+        if old.get("fingerprint") == earlier and old.get("normalization", tok.normalization) == tok.normalization:
+            # Prepared before the normalisation was part of the fingerprint: the same settings, vocab and
+            # inputs. Its shards keep their fingerprint, once they are shown to be what this tokenizer makes.
+            if "normalization" not in old:
+                _check_unrecorded_normalization(out, files, cfg, tokenizer_dir, earlier)
+            fingerprint = settings["fingerprint"] = earlier
+        elif old.get("fingerprint") != fingerprint:
             diff = [k for k in settings["config"] if old.get("config", {}).get(k) != settings["config"][k]]
             if old.get("vocab_hash") != tok.vocab_hash:
                 diff.append("vocab")
-            if old.get("normalization") != tok.normalization:
+            if "normalization" in old and old["normalization"] != tok.normalization:
                 diff.append("tokenizer normalization")
             raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
                              "use a new output folder")
@@ -377,6 +385,79 @@ def prepare(
                     f"({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); "
                     f"manifest {'complete' if manifest['complete'] else 'partial'}")
     return manifest
+
+
+def _fingerprint_before_normalization(cfg: PrepareConfig, vocab_hash: str, inputs: list) -> str:
+    """`PrepareConfig.fingerprint` as folders prepared before the tokenizer's normalisation was part of
+    the data's identity recorded it (their settings.json has no "normalization")."""
+    blob = json.dumps({**dataclasses.asdict(cfg), "vocab_hash": vocab_hash, "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareConfig, tokenizer_dir: str,
+                                    fingerprint: str) -> None:
+    """Establish that the finished shards of ``out``, prepared before the tokenizer's normalisation was
+    recorded, are what the tokenizer in ``tokenizer_dir`` makes, or raise a ValueError saying what to do.
+
+    A normalisation setting (lower-casing, accent stripping, CJK splitting) shows in a shard only if
+    the tokenizer with that setting flipped tokenizes the shard's text differently. Windows where such
+    a setting, not yet established, would show are rebuilt (in a temporary folder) and must equal
+    their stored shard byte for byte, which establishes the setting; windows where none would show
+    cannot depend on them. So at most three shards are rebuilt (one is usual: most text shows all
+    the settings it has characters for), and the input is read up to the last finished window at most."""
+    import tempfile
+
+    from bertforge.text.tokenizer import CJK_RANGES, BertTokenizer
+
+    current = _tokenizer(tokenizer_dir)
+    norm = current.normalization
+    cjk = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
+    shows = {"do_lower_case": lambda text: text != text.lower(),
+             "strip_accents": lambda text: not text.isascii(),
+             "tokenize_chinese_chars": lambda text: cjk.search(text) is not None}
+    finished = {i: e for i in range(_last_index(out) + 1) if (e := _finished(out, i, fingerprint)) is not None}
+    doubt, rebuilt, last = set(norm), 0, max(finished, default=-1)
+    described = ", ".join(f"{k}={v}" for k, v in norm.items())
+    with tempfile.TemporaryDirectory(prefix="bertforge-prepare-") as tmp:
+        docs = iter_documents(files, fmt=cfg.format, text_field=cfg.text_field, stats=CorpusStats())
+        for index, window in enumerate(_windows(docs, cfg.shard_chars)):
+            if not doubt or index > last:
+                break
+            if index not in finished:
+                continue
+            text = "\n".join(t for doc in window for t in doc.texts)
+            candidates = [k for k in sorted(doubt) if shows[k](text)]
+            if not candidates:
+                continue
+            sentences = [s for doc in window for s in doc.sentences()]
+            ids = current.encode_batch_ids(sentences)
+            showing = set()
+            for k in candidates:
+                flipped = BertTokenizer.from_pretrained(tokenizer_dir, split_special_tokens=True,
+                                                        **{**norm, k: not norm[k]})
+                if flipped.encode_batch_ids(sentences) != ids:
+                    showing.add(k)
+            if not showing:
+                continue
+            entry = build_shard(_Task(index, window, tmp, tokenizer_dir, cfg, fingerprint))
+            rebuilt += 1
+            if entry["sha256"] != finished[index]["sha256"]:
+                raise ValueError(f"{out}: prepared by an earlier version that did not record the tokenizer's "
+                                 f"normalization, and {entry['file']} made again with this tokenizer ({described}) "
+                                 "differs from it: pass the tokenizer the data was prepared with (the same "
+                                 "vocab.txt and do_lower_case / strip_accents / tokenize_chinese_chars), or prepare "
+                                 "into a new output folder")
+            doubt -= showing
+    logger.info(f"prepare: {out} was prepared before the tokenizer's normalization was recorded; its "
+                f"{len(finished)} finished shard(s) are what this tokenizer ({described}) makes ({rebuilt} rebuilt "
+                "to check): adding to it")
+
+
+def _last_index(out: Path) -> int:
+    """The highest shard index with a file in ``out`` (-1: none)."""
+    names = (re.fullmatch(r"shard-(\d+)\.json", p.name) for p in out.glob("shard-*.json"))
+    indices = [int(m.group(1)) for m in names if m]
+    return max(indices, default=-1)
 
 
 def _names(files: list[Path]) -> str:

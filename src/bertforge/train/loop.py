@@ -29,8 +29,12 @@ killed while saving its final model) does not evaluate again when its final eval
 
 The run folder. `open_run_dir` admits a run: a folder holding an earlier run's files is refused
 unless the run resumes it (``--resume``) or replaces it (``--overwrite``), and temporary folders
-a killed run left there are tidied. A run that stops before ``max_steps`` marks the model it saves
-with `STOP_MARKER` (`stop_marker`), which `bertforge info` and the predictor report.
+a killed run left there are tidied. A recipe holds the folder's lock (`bertforge.train.lock.run_lock`)
+around all it does with the folder, admission first: another run into that folder is refused at
+once, naming the process that holds it. The run's settings (`RUN_CONFIG`) are written once the run
+is admitted and, resuming, once its checkpoint's settings are found to match (`Trainer.fit`): a
+refused resume leaves the folder as it was. A run that stops before ``max_steps`` marks the model
+it saves with `STOP_MARKER` (`stop_marker`), which `bertforge info` and the predictor report.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from bertforge.train.optim import build_optimizer, build_schedule
 
 __all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "checkpoints", "latest_checkpoint", "resume_point", "open_run_dir",
            "run_files", "stop_marker", "read_stop_marker", "keep_freed_memory", "task_metrics", "PRECISIONS",
-           "CHECKPOINTS_DIR", "STOP_MARKER"]
+           "CHECKPOINTS_DIR", "RUN_CONFIG", "STOP_MARKER"]
 
 logger = logging.getLogger("bertforge")
 
@@ -74,7 +78,10 @@ STOP_MARKER = "stopped_early.json"
 """Written into the model folder of a run that stopped before max_steps: that model is not the finished one."""
 RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
 """The results a run writes into its folder (a recipe adds its own, e.g. fine-tuning's best/)."""
-RUN_SETUP = ("run_config.json", "tensorboard")
+RUN_CONFIG = "run_config.json"
+"""The run's settings (`Trainer` ``run_config``) as JSON: `Trainer.fit` writes them once the run is admitted and
+its settings are accepted (``write_run_config``)."""
+RUN_SETUP = (RUN_CONFIG, "tensorboard")
 """What a run writes before its first result: a folder holding only these is a run that failed at its start."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 SETTINGS_ABSENT_MEAN: dict[str, Any] = {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None}
@@ -308,6 +315,9 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
     Its files are untouched when refused: starting afresh over them would mix two runs' metrics and
     replace a finished model. Then temporary folders that killed writes left (`bertforge.io.clear_stale`)
     are tidied. Every process calls this; only the main one changes the folder.
+
+    The caller holds the folder's lock (`bertforge.train.lock.run_lock`) from before this call until the
+    run's end: the lock keeps other runs out, and this call takes none.
     """
     dist = dist or Distributed()
     folder = Path(run_dir)
@@ -441,11 +451,63 @@ class _Stop:
             signal.signal(sig, old)
 
 
+def _warmup_rule(steps: int | None, ratio: float | None, cfg: TrainConfig) -> tuple[str, float]:
+    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as ``cfg``'s recipe resolves
+    them: ("steps", n) or ("ratio", share of max_steps)."""
+    if steps is not None:
+        return "steps", steps
+    if ratio is not None:
+        return "ratio", ratio
+    if cfg.DEFAULT_WARMUP_RATIO is not None:
+        return "ratio", cfg.DEFAULT_WARMUP_RATIO
+    return "steps", cfg.DEFAULT_WARMUP_STEPS
+
+
+def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
+                 skip: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a
+    setting missing from one meaning ``absent[name]``. A nested record (a model's config) is compared
+    field by field, so a difference names the fields ("model_config.hidden_size"), not the whole
+    record. Top-level settings come first."""
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        name = prefix + k
+        if name in skip:
+            continue
+        was, now = saved.get(k, absent.get(name)), current.get(k, absent.get(name))
+        if isinstance(was, Mapping) and isinstance(now, Mapping):
+            out += _differences(was, now, absent, skip, name + ".")
+        elif was != now:
+            out.append((name, was, now))
+    return sorted(out, key=lambda d: "." in d[0]) if not prefix else out
+
+
+def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None, given_ratio: float | None) -> str:
+    """What to pass to resume a run recorded with warmup settings ``steps`` / ``ratio`` (None: not given)
+    when this one was given ``given_steps`` / ``given_ratio``."""
+    if steps is not None:
+        return f"pass --warmup-steps {steps}" + (" instead of --warmup-ratio" if given_ratio is not None else "")
+    if ratio is not None:
+        return f"pass --warmup-ratio {ratio}" + (" instead of --warmup-steps" if given_steps is not None else "")
+    return "give neither --warmup-steps nor --warmup-ratio"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Trainer:
     """Trains ``model`` on ``batches`` with ``task``; writes metrics and checkpoints into ``out_dir``.
 
     ``run_config`` (any JSON-able dict, e.g. the recipe's config) is stored with every checkpoint;
     resuming with a config that differs outside ``resumable_changes`` is an error naming the fields.
+    ``settings_absent_mean``: what a setting missing from a record means for this recipe, on top of
+    `SETTINGS_ABSENT_MEAN` (``"a.b"`` names field ``b`` of a nested record ``a``).
+    ``write_run_config``: `fit` writes ``run_config`` into ``out_dir`` (`RUN_CONFIG`) once a resumed
+    checkpoint's settings are found to match (at once on a fresh start), so that a refused resume leaves
+    the run's record as it was.
     ``evaluate(model, step) -> metrics`` runs every ``eval_every`` steps and at the end, on every process.
     """
 
@@ -464,6 +526,8 @@ class Trainer:
         resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                               "eval_every", "max_time_minutes", "progress", "compile",
                                               "warmup_steps_used"),
+        settings_absent_mean: Mapping[str, Any] | None = None,
+        write_run_config: bool = False,
     ):
         self.cfg = config
         self.dist = dist or Distributed()
@@ -474,6 +538,8 @@ class Trainer:
         self.out = Path(out_dir)
         self.run_config = run_config if run_config is not None else dataclasses.asdict(config)
         self.resumable_changes = resumable_changes
+        self.settings_absent_mean = {**SETTINGS_ABSENT_MEAN, **(settings_absent_mean or {})}
+        self.write_run_config = write_run_config
         self.micro_batch = config.micro_batch(self.dist.world_size)
         self.device = self.dist.device
         if self.device.type == "cpu":
@@ -676,15 +742,27 @@ class Trainer:
             "seconds": float(saved["seconds"]), "steps": int(saved["steps"])})
 
     def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
-        def get(config: dict[str, Any], k: str) -> Any:
-            return config.get(k, SETTINGS_ABSENT_MEAN.get(k))
-
-        changed = sorted(k for k in set(saved) | set(self.run_config)
-                         if k not in self.resumable_changes and get(saved, k) != get(self.run_config, k))
-        if changed:
-            details = "; ".join(f"{k}: {get(saved, k)!r} -> {get(self.run_config, k)!r}" for k in changed[:8])
-            raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); "
-                             "use the original settings or a new output folder")
+        steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
+        if steps is not None and ratio is not None:
+            # Recorded before a warmup setting could be left unset: both were always recorded, and the ratio
+            # won when above 0. The same warmup as this run's (the earlier default 10,000 steps against
+            # today's unset default, say) is no change; another one is recorded as given.
+            given = (self.run_config.get("warmup_steps"), self.run_config.get("warmup_ratio"))
+            recorded = (None, ratio) if ratio > 0 else (steps, None)
+            if _warmup_rule(*recorded, self.cfg) == _warmup_rule(*given, self.cfg):
+                recorded = given
+            saved = {**saved, "warmup_steps": recorded[0], "warmup_ratio": recorded[1]}
+        changed = _differences(saved, self.run_config, self.settings_absent_mean, self.resumable_changes)
+        if not changed:
+            return
+        details = "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:8])
+        end = "use the original settings or a new output folder"
+        warmup = ("warmup_steps", "warmup_ratio")
+        if any(k in warmup for k, _, _ in changed):
+            hint = _warmup_hint(*(saved.get(k) for k in warmup), *(self.run_config.get(k) for k in warmup))
+            rest = "" if all(k in warmup for k, _, _ in changed) else " and the other settings as they were"
+            end = f"{hint}{rest} to resume this run, or use a new output folder"
+        raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); {end}")
 
     # ------------------------------------------------------------------ metrics
     def _log(self, record: dict[str, Any]) -> None:
@@ -829,10 +907,12 @@ class Trainer:
         """Train until ``max_steps`` (or the time limit, or a signal); return the final state."""
         cfg = self.cfg
         if resume_from is not None:
-            self.load_checkpoint(resume_from)
+            self.load_checkpoint(resume_from)  # refused if the settings differ: nothing written yet
         start = self.step
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            if self.write_run_config:
+                atomic_write_text(self.out / RUN_CONFIG, json.dumps(self.run_config, indent=1, default=str) + "\n")
             self._truncate_metrics()
         self._tb = self._open_tensorboard()
         self.model.train()

@@ -16,7 +16,6 @@ at length 512 that starts from the phase-1 weights with its own steps and schedu
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -27,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge.io import atomic_write_text
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
+from bertforge.train.lock import run_lock
 from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
 
 __all__ = ["OBJECTIVES", "RECIPES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
@@ -288,9 +287,8 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
 
 
 def pretrain(cfg: PretrainConfig) -> TrainResult:
-    """Run (or resume) a pre-training run; return the loop's final state."""
-    from bertforge.data.loader import PretrainingDataset, PretrainingLoader
-    from bertforge.data.prepare import load_manifest, special_ids
+    """Run (or resume) a pre-training run; return the loop's final state. The run holds its folder's lock
+    (`bertforge.train.lock.run_lock`) from before its admission until its last process is done."""
     from bertforge.train.distributed import setup
     from bertforge.text.tokenizer import BertTokenizer
 
@@ -302,6 +300,15 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
     tok = BertTokenizer.from_pretrained(tokenizer_dir)
     dist = setup(cfg.device)
     out = Path(cfg.out)
+    with run_lock(out, dist):
+        return _pretrain(cfg, tok, dist, out)
+
+
+def _pretrain(cfg: PretrainConfig, tok: Any, dist: Any, out: Path) -> TrainResult:
+    """`pretrain` in its folder, whose lock the caller holds."""
+    from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+    from bertforge.data.prepare import load_manifest, special_ids
+
     resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, dist=dist)
 
     manifest = load_manifest(cfg.data)
@@ -348,10 +355,11 @@ def pretrain(cfg: PretrainConfig) -> TrainResult:
                       run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batches", "max_time_minutes", "progress",
-                                         "compile", "out", "device", "warmup_steps_used"))
+                                         "compile", "out", "device", "warmup_steps_used"),
+                      # an absent objective is the data's own; is_decoder is recorded when true only
+                      settings_absent_mean={"objective": data_objective(nsp), "model_config.is_decoder": False},
+                      write_run_config=True)  # once a resume's settings are accepted: a refused one changes nothing
     if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "run_config.json", json.dumps(run_config, indent=1, default=str) + "\n")
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         precision = trainer.precision + (" (auto)" if cfg.precision == "auto" else "")
         logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
