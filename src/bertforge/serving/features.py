@@ -22,7 +22,10 @@ Pooling: none gives one vector per token, [CLS] and [SEP] included (as the TF sc
 ``"cls"`` the vector at [CLS]; ``"mean"`` the mean over the input's tokens ([CLS] and [SEP]
 included, padding never: sentence-transformers' mean pooling). Both pool the chosen layers as
 combined; with pooling and no layers given, the last layer alone. The pooler (Dense + tanh over
-[CLS], trained for next-sentence prediction) is not used.
+[CLS], trained for next-sentence prediction) is not used. A left-to-right model (config
+``is_decoder``, ``pretrain --objective ltr``) has no ``"cls"`` pooling: its [CLS] vector has seen
+[CLS] alone, nothing of the text. `embed` also pools ``"last"``, the input's last token (its final
+[SEP], from the last window), where a left-to-right model's sentence heads pool.
 
 Long texts are never truncated. An input of more than ``max_seq_length`` tokens is cut into
 overlapping windows, ``stride`` tokens apart (half a window by default), each a forward pass of its
@@ -99,6 +102,7 @@ DEFAULT_LAYERS = (-1, -2, -3, -4)
 DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's positions when it has fewer
 COMBINES = ("concat", "sum")
 POOLINGS = ("cls", "mean")
+_EMBED_POOLINGS = (*POOLINGS, "last")
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
@@ -269,6 +273,8 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
         for i, seq, vectors in _run_chunk(model, inputs, items, spec, cls, sep, bar):
             if spec.pooling == "cls":
                 vectors = vectors[0]
+            elif spec.pooling == "last":
+                vectors = vectors[-1]
             elif spec.pooling == "mean":
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
             add(i, seq, vectors)
@@ -322,6 +328,13 @@ def _encode(tok: Any, texts: Sequence[str | tuple[str, str | None]]) -> list[tup
     return out
 
 
+def _check_pooling(config: Any, pooling: str | None, what: str) -> None:
+    """A left-to-right model's [CLS] has seen nothing after itself: its "cls" pooling is refused."""
+    if pooling == "cls" and config.is_decoder:
+        raise ValueError(f"{what}: a left-to-right model (config is_decoder: true), whose [CLS] vector has seen "
+                         "[CLS] alone and nothing of the text, so pooling cls carries no sentence; use pooling mean")
+
+
 def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], layers: Sequence[int] | None,
            combine: str, pooling: str | None, max_seq_length: int | None, stride: int, batch_size: int,
            precision: str, device: str) -> _Setup:
@@ -340,6 +353,7 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
         raise ValueError("no texts to extract features from")
     model = BertModelWithoutPooler.from_pretrained(checkpoint)
     config = model.config
+    _check_pooling(config, pooling, str(checkpoint))
     if max_seq_length is None:
         max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
     elif max_seq_length > config.max_position_embeddings:
@@ -462,13 +476,15 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
     ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``texts``, ``layers``,
     ``combine``, ``max_seq_length`` (default 128, or the model's positions if fewer), ``stride`` and
     ``pooling`` ("cls" or "mean") are `extract_features`'s: long inputs are cut into windows, each
-    token taken from the window where it has the most context. ``precision``: fp32, bf16, fp16, int8 or
-    auto (resolved for the model's device); int8 for this call only."""
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    token taken from the window where it has the most context; ``pooling`` "last" takes the input's
+    final [SEP] (from the last window), where a left-to-right model's sentence heads pool. ``precision``:
+    fp32, bf16, fp16, int8 or auto (resolved for the model's device); int8 for this call only."""
+    if pooling not in _EMBED_POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(_EMBED_POOLINGS)}, got {pooling!r}")
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
     config = model.config
+    _check_pooling(config, pooling, f"this {type(model).__name__}")
     if max_seq_length is None:
         max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
     if not 4 <= max_seq_length <= config.max_position_embeddings or stride < 0 or batch_size < 1:

@@ -22,15 +22,18 @@ Errors are JSON ``{"error": message}``: 400 for a body that is not a JSON object
 such as ``"\\ud800"``) or nests deeper than `MAX_DEPTH`; 413 for a body over ``max_request_bytes``,
 more inputs than ``max_batch`` or more tokens than ``max_request_tokens``; 422 for inputs the model
 cannot take (none at all, no [MASK] for fill-mask, a fill-mask text longer than the model's
-positions, a QA input without its context, an input of the wrong type), naming the input; 404 and
-405 for unknown routes and methods. A bad request never stops the server.
+positions, a QA input without its context, an input of the wrong type, ``"pooling": "cls"`` of a
+left-to-right model), naming the input; 404 and 405 for unknown routes and methods. A bad request
+never stops the server. A left-to-right checkpoint (config ``is_decoder``) has no fill-mask: its
+`Predictor` refuses that head, so such a service never starts (serve its embeddings instead).
 
 Each request's inputs run as one call, in a worker thread so the server keeps accepting
 connections. The model runs one forward pass (one batch) at a time, the requests taking turns
 batch by batch in arrival order (`bertforge.serving.predictor.take_turns`): concurrent requests are
 safe, the machine's cores go to one forward pass rather than several fighting over them, and a
 short request waits for one batch of a long one, not for all of it. ``max_request_tokens`` bounds
-the work of one request (its bytes alone do not: 1 MiB of text is some 250,000 tokens).
+the work of one request (its bytes alone do not: 1 MiB of text is some 250,000 tokens), counted as
+the model runs it (`MAX_REQUEST_TOKENS`: a multiple-choice context once per choice).
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ MAX_BATCH = 32
 MAX_REQUEST_BYTES = 1 << 20
 """Bytes of a request body, by default (1 MiB)."""
 MAX_REQUEST_TOKENS = 16384
-"""Tokens of a request, by default: its texts' WordPiece tokens plus [CLS] and a [SEP] per text (32
-inputs of 512 tokens)."""
+"""Tokens of a request, by default, counted as the model runs them: each input's WordPiece tokens plus
+[CLS] and a [SEP] per text; a multiple-choice input is one sequence per choice, ``[CLS] context [SEP]
+choice [SEP]``, so its context counts once per choice (32 inputs of 512 tokens)."""
 MAX_DEPTH = 32
 """JSON nesting a request body may have (a request needs 4: body, inputs, an input, its choices)."""
 HEAD_ROUTES = {"fill-mask": "/fill-mask", "classification": "/classify", "tagging": "/tag", "qa": "/answer",
@@ -166,11 +170,18 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
             raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
         return inputs, {"top_k": k, "pooling": how}
 
-    def count_tokens(inputs: list[Any]) -> int:
-        """The request's tokens (`MAX_REQUEST_TOKENS`), counted before any model work."""
+    def count_tokens(inputs: list[Any], head: str) -> int:
+        """The request's tokens (`MAX_REQUEST_TOKENS`) as ``head`` will run them, counted before any model work."""
         texts = [parse_input(x, i) for i, x in enumerate(inputs)]  # InputError: 422, as the predictor's
-        pieces = predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])
-        return sum(map(len, pieces)) + sum(len(group) + 1 for group in texts)
+        pieces = iter(map(len, predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])))
+        total = 0
+        for group in texts:
+            lengths = [next(pieces) for _ in group]
+            if head == "multiple-choice":  # [CLS] context [SEP] choice [SEP], once per choice
+                total += sum(lengths[0] + n + 3 for n in lengths[1:])
+            else:
+                total += sum(lengths) + len(group) + 1
+        return total
 
     def endpoint(head: str | None) -> Any:
         async def handle(request: Request) -> JSONResponse:
@@ -178,7 +189,7 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
             name = head or predictor.head
 
             def call() -> list[dict[str, Any]]:
-                tokens = count_tokens(inputs)
+                tokens = count_tokens(inputs, name)
                 if tokens > max_request_tokens:
                     raise HTTPException(413, f"{tokens:,} tokens; the limit is {max_request_tokens:,} per request "
                                              "(--max-request-tokens): send fewer or shorter inputs")

@@ -26,7 +26,10 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
 - fill-mask: ``masks``: per [MASK] token (written as the tokenizer's mask token, several allowed),
   its ``start`` / ``end`` characters and the ``top_k`` most likely tokens, each ``{"token", "id",
   "score", "sequence"}`` (softmax probability, best first; ``sequence``: the text with that mask
-  filled in). A text without a mask, or longer than the model's positions, is an `InputError`.
+  filled in). A text without a mask, or longer than the model's positions, is an `InputError`. A
+  left-to-right checkpoint (config ``is_decoder``, ``pretrain --objective ltr``) has no fill-mask: it
+  was trained to predict the next token and never saw [MASK], so its predictor refuses that head
+  (ValueError) and offers its embeddings.
 - classification: ``label``, its ``score`` and ``probabilities`` of every label (softmax; for a
   multi-label head, sigmoids, and ``labels``: those above 0.5); regression: ``score``.
 - tagging: ``words`` (the tokenizer's words with their characters and tags) and ``entities``,
@@ -35,7 +38,10 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
   ``no_answer``; SQuAD 2.0 checkpoints (task squad2) may answer nothing, others always answer.
 - multiple-choice: ``choice`` (index), its ``text`` and the ``probabilities`` of every choice.
 - embeddings: ``embedding``: ``pooling`` "mean" (over the input's tokens, [CLS] and [SEP]
-  included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]).
+  included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]). A
+  left-to-right model's [CLS] has seen only itself: "cls" is an `InputError` there, and its pooler
+  reads the input's last token (the final [SEP]), where its sentence heads pool
+  (`bertforge.model.heads`).
 
 The work is the fine-tuning families' own (`bertforge.tasks`: each family's ``predict_texts``):
 truncation or windows for long inputs and their averaging or max-context rules, first-WordPiece tags and
@@ -88,6 +94,7 @@ FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
 _DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",
                      torch.float16: "fp16", "float16": "fp16", **{p: p for p in INFERENCE_PRECISIONS}}
 _INPUT_KEYS = (("text", "text_pair"), ("question", "context"), ("context", "choices"))
+_LEFT_TO_RIGHT = "a left-to-right model trained to predict the next token"
 
 
 class InputError(ValueError):
@@ -159,6 +166,10 @@ class Predictor:
             raise ValueError(f"unknown head {head!r}; choose one of: {', '.join(HEADS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if head == "fill-mask" and model.config.is_decoder:
+            raise ValueError(f"{name or 'this model'}: {_LEFT_TO_RIGHT} (config is_decoder: true), never the token at "
+                             "a [MASK], so it cannot fill masks; take its embeddings instead (--embeddings, "
+                             "head='embeddings') or fine-tune it")
         self.device = device = resolve_device(device)
         self.precision = resolve_precision(_precision(precision, dtype), device, inference=True)
         """fp32, bf16, fp16 or int8 ("auto" resolved for the device; fp16 off CUDA and int8 off CPU fail)."""
@@ -408,25 +419,33 @@ class Predictor:
     def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
         """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
         into windows, each token taken from the window where it has the most context
-        (`bertforge.serving.features`)."""
+        (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
+        last window."""
         from bertforge.serving.features import embed
 
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        items = self._pairs(inputs)
         bert = getattr(self.model, "bert", self.model)
+        causal = bert.config.is_decoder
         report = getattr(self.model, "load_report", None)
         fresh = report.newly_initialized if report is not None else []
-        if pooling == "pooler" and (bert.pooler is None or any("pooler." in k for k in fresh)):
+        pooler = bert.pooler is not None and not any("pooler." in k for k in fresh)  # a trained one
+        if causal and pooling == "cls":
+            raise InputError(f"{self.name or 'this model'}: {_LEFT_TO_RIGHT}, whose [CLS] vector has seen [CLS] "
+                             "alone and nothing of the text; use pooling mean"
+                             + (" (or pooler, which reads its last token)" if pooler else ""))
+        if pooling == "pooler" and not pooler:
             raise InputError(f"{self.name or 'this checkpoint'} has no trained pooler (a "
-                             f"{type(self.model).__name__}); use pooling mean or cls")
-        out = embed(bert, self.tokenizer, items, pooling="cls" if pooling == "pooler" else pooling,
+                             f"{type(self.model).__name__}); use pooling mean" + ("" if causal else " or cls"))
+        items = self._pairs(inputs)
+        at = "last" if causal else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
+        out = embed(bert, self.tokenizer, items, pooling=at if pooling == "pooler" else pooling,
                     max_seq_length=self.max_seq_length, stride=self.stride, batch_size=self.batch_size,
                     precision=self.precision)
         if pooling == "pooler":
             with torch.inference_mode():
-                cls = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)
-                out = bert.pooler(cls[:, None]).float().cpu().numpy()  # (N, 1, H) -> (N, H)
+                pooled = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)
+                out = bert.pooler(pooled[:, None]).float().cpu().numpy()  # (N, 1, H) -> (N, H)
         return out
 
 
