@@ -155,8 +155,15 @@ class DemoConfig:
     int8 on a CPU) with the published checkpoint (else the demo's own model); 0: no table."""
 
     def __post_init__(self) -> None:
-        if self.pretrain_steps < 0 or self.minutes <= 0 or self.finetune_epochs <= 0 or self.curve_seeds < 1:
-            raise ValueError("pretrain_steps must be >= 0, minutes and finetune_epochs > 0, curve_seeds >= 1")
+        # `not x > 0` rather than `x <= 0`: NaN fails every comparison, so it must fail the check too
+        for name in ("minutes", "finetune_epochs"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number above 0, got {value}")
+        if not 0.0 <= self.finetune_dropout < 1.0:
+            raise ValueError(f"finetune_dropout must be in [0, 1), got {self.finetune_dropout}")
+        if self.pretrain_steps < 0 or self.curve_seeds < 1:
+            raise ValueError("pretrain_steps must be >= 0 and curve_seeds >= 1")
         if not 0.0 < self.pretrain_share < 1.0:
             raise ValueError(f"pretrain_share must be in (0, 1), got {self.pretrain_share}")
         if self.precision not in _PRECISIONS:
