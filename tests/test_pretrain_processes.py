@@ -47,9 +47,6 @@ def _step(folder: Path | None) -> int:
     return int(folder.name.split("-")[1]) if folder is not None else 0
 
 
-_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gloo_processes_equal_one_process(root, tok, nsp_data, strategy):
     """Global batch 8: 2 processes x 4 against 1 x 8; dropout 0. Losses, held-out evaluation and
@@ -61,11 +58,6 @@ def test_two_gloo_processes_equal_one_process(root, tok, nsp_data, strategy):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "bertforge", "pretrain", *cli_args(cfg)]
     done = run_cli(cmd, cwd=root, timeout=300)
-    if strategy == "fsdp" and done.returncode != 0 and _TEARDOWN_ABORT in done.stderr and "curves in" in done.stdout:
-        # A known fault outside the run: now and then, on a loaded machine, one FSDP process aborts in torch's
-        # gloo teardown after the run has finished and saved; the run is repeated once, and must then pass.
-        shutil.rmtree(two)
-        done = run_cli(cmd, cwd=root, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 process(es) on cpu; global batch 8" in done.stdout
     one = root / "one-process"
@@ -140,3 +132,29 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(root, tok, nsp_data):
     result = pretrain(config(nsp_data, tok, out, max_steps=step + 2, resume=True, **settings))
     assert result.step == step + 2 and not result.stopped_early
     assert list(losses_by_step(out)) == list(range(1, step + 3))
+
+
+def test_a_process_that_left_a_process_group_exits_with_its_code_output_and_exit_handlers(tmp_path):
+    """`bertforge.cli.run` ends a process that joined a process group with ``os._exit``, after its exit
+    handlers and with its output flushed: the code is main's, nothing printed or registered is lost, and
+    the teardown in which a leftover gloo group can abort the process does not run."""
+    marker = tmp_path / "atexit-ran"
+    script = (
+        "import atexit, os, sys\n"
+        "from bertforge import cli\n"
+        "cli._close_process_group = lambda: True  # as after a torchrun-launched run\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+        "class Teardown:\n"
+        "    def __del__(self, write=os.write): write(2, b'torn down')\n"
+        "keep = Teardown()  # freed by the interpreter's teardown only\n"
+        "print('buffered line', end='')\n"
+        "sys.argv = ['bertforge', 'info', 'no-such-checkpoint']\n"
+        "cli.run()\n"
+        "raise SystemExit('run() returned')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in subprocess_env().items() if k != "PYTHONUNBUFFERED"})
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "buffered line"
+    assert "bertforge info: error:" in done.stderr and "run() returned" not in done.stderr
+    assert "torn down" not in done.stderr  # the process ended without the interpreter's teardown
+    assert marker.read_text() == "yes"

@@ -36,6 +36,7 @@ import gc
 import inspect
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -74,17 +75,17 @@ from bertforge.convert.onnx import ATOL, ONNX_OPSET
 from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
 from bertforge.experiments.runner import AblateConfig
-from bertforge.io import read_settings_file
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
+from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.loop import STOP_MARKER, read_stop_marker
 from bertforge.train.precision import INFERENCE_PRECISIONS
 from bertforge.train.pretrain import PretrainConfig
 
-__all__ = ["main", "COMMANDS", "read_config_file", "config_from_file"]
+__all__ = ["main", "run", "COMMANDS", "read_config_file", "config_from_file"]
 
 # Choices as types: tyro shows them as {a,b,c} and refuses anything else.
 Precision = Literal[INFERENCE_PRECISIONS]  # type: ignore[valid-type]
@@ -97,44 +98,6 @@ Combine = Literal[_features.COMBINES]  # type: ignore[valid-type]
 _PRECISION_HELP = ("the model's number format: auto (the faster of fp32 and bf16 on this CPU or GPU), fp32, bf16, "
                    "fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")
 PrecisionFlag = Annotated[Precision, arg(help=_PRECISION_HELP)]
-
-
-# ---------------------------------------------------------------------------- config files
-def read_config_file(file: str | Path) -> dict[str, Any]:
-    """Settings from a JSON or (``.yaml`` / ``.yml``) YAML file holding one mapping."""
-    data = read_settings_file(file)
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: expected a mapping of setting names to values")
-    return data
-
-
-def _file_value(value: Any, annotation: Any, name: str, file: str | Path) -> Any:
-    """A config file's value checked against its field's type. Numbers for float fields are
-    converted: YAML 1.1 reads ``lr: 1e-4`` (no dot) as a string, JSON ``1`` as an int."""
-    if value is None and type(None) in typing.get_args(annotation):
-        return value
-    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
-    kind = kinds[0] if len(kinds) == 1 else str
-    if kind is float and isinstance(value, (int, str)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    elif kind not in (int, float, str, bool) or type(value) is kind:  # a bool is no int here
-        return value
-    raise ValueError(f"{file}: {name} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
-
-
-def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
-    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values,
-    or the defaults)."""
-    values = read_config_file(file)
-    types = typing.get_type_hints(cls)
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls) if f.init})
-    if unknown:
-        raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
-    checked = {k: _file_value(v, types[k], k, file) for k, v in values.items()}
-    return dataclasses.replace(base, **checked) if base is not None else cls(**checked)
 
 
 # ---------------------------------------------------------------------------- vocab / prepare / tokenize
@@ -551,7 +514,7 @@ def features(checkpoint: Positional[str], input: Positional[str], out: Annotated
         out: output file: .jsonl, .npy or .safetensors
         layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output
         combine: put the layers side by side or add them up
-        pooling: one vector per input: the one at [CLS], or the mean over its tokens (none: one per token)
+        pooling: one vector per input: at [CLS] (not for left-to-right models) or its tokens' mean (none: per token)
         max_seq_length: tokens per forward pass
         stride: tokens between window starts (0: half a window)
         batch_size: sequences per forward pass
@@ -711,6 +674,7 @@ def _console(verbose: bool, stream: str) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``bertforge COMMAND ...``: 0 on success; bad input is one line on stderr and exit code 2."""
+    global _LEFT_PROCESS_GROUP
     try:
         top = _parser().parse_args(argv)
     except KeyboardInterrupt:
@@ -730,19 +694,46 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bertforge {top.command}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
             return 130
         finally:
-            _close_process_group()
+            _LEFT_PROCESS_GROUP = _close_process_group() or _LEFT_PROCESS_GROUP
 
 
-def _close_process_group() -> None:
-    """Leave the process group a torchrun-launched command joined: exiting with its communication
-    threads still running aborts the process ("terminate called without an active exception").
-    Objects held only in reference cycles (an FSDP model's hooks) are collected first, while the group
-    and the interpreter are alive: freed at interpreter shutdown instead, pending gloo work they hold
-    can abort the process the same way."""
+def _close_process_group() -> bool:
+    """Leave the process group a torchrun-launched command joined (True if there was one). Objects held
+    only in reference cycles are collected first, while the group and the interpreter are alive."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+        return True
+    return False
+
+
+def run() -> None:
+    """The ``bertforge`` program (console script, ``python -m bertforge``, ``torchrun -m bertforge``):
+    `main`, then exit with its code.
+
+    A process that joined a process group leaves with ``os._exit`` once its output is flushed and its
+    exit handlers have run, skipping the interpreter's and the C++ libraries' teardown. DDP and FSDP tie
+    the gloo process group into reference cycles through autograd hooks on the parameters (parameter ->
+    hook -> reducer or FSDP state -> group) that no collector can see, so ``destroy_process_group``
+    leaves the group and its three worker threads alive until the process ends. Torn down at exit
+    with those threads running, the group now and then aborts the process ("terminate called without
+    an active exception", exit 1 from torchrun) after a complete, saved run; ending the process
+    without that teardown closes the sockets and threads with it."""
+    code = main()
+    if not _LEFT_PROCESS_GROUP:
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()  # what a normal exit runs (logging's flush among them)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+_LEFT_PROCESS_GROUP = False
+"""Whether `main` left a process group (then `run` ends the process without the teardown)."""
 
 
 if _SIGINT_BEFORE_START_UP is not None:  # imported: Ctrl-C is KeyboardInterrupt again, which main() handles
@@ -750,4 +741,4 @@ if _SIGINT_BEFORE_START_UP is not None:  # imported: Ctrl-C is KeyboardInterrupt
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
