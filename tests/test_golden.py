@@ -1,0 +1,87 @@
+"""Golden loss curves: a tiny pre-training and a tiny fine-tuning, run in fp32 on one thread, whose
+per-step losses (and held-out scores) are kept in ``tests/golden/`` and compared on every run, to 1e-6
+relative. Any change of behaviour (initialisation, data order, masking, dropout draws, the optimizer,
+the schedule, the speed layer's arithmetic) shows as a diff here.
+
+A change meant to alter the numbers rewrites the files: ``BERTFORGE_WRITE_GOLDEN=1 pytest
+tests/test_golden.py``, and the diff of ``tests/golden/`` goes into the same commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+from finetune_fixtures import base, root, write  # noqa: F401 - fixtures
+from pretrain_fixtures import config as pretrain_config
+from pretrain_fixtures import make_data, one_thread  # noqa: F401 - fixtures
+from data_fixtures import write_tokenizer
+
+from bertforge.tasks.finetune import FinetuneConfig, finetune
+from bertforge.train.pretrain import pretrain
+
+GOLDEN = Path(__file__).parent / "golden"
+REL = 1e-6
+
+
+def _curve(out: Path) -> dict[str, list]:
+    """Per-step losses (and their parts), and the held-out lines, from a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    keep = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "accuracy", "lr", "grad_norm")
+    train = [{k: r[k] for k in keep if k in r} for r in rows if r["split"] == "train"]
+    held = [{k: v for k, v in r.items() if k not in ("time", "seconds", "split", "tokens_per_s")}
+            for r in rows if r["split"] == "eval"]
+    return {"train": train, "eval": held}
+
+
+def _compare(name: str, curve: dict[str, list]) -> None:
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("BERTFORGE_WRITE_GOLDEN") == "1":
+        path.write_text(json.dumps(curve, indent=1) + "\n")
+        pytest.skip(f"wrote {path}")
+    golden = json.loads(path.read_text())
+    for split in ("train", "eval"):
+        assert [r.get("step") for r in curve[split]] == [r.get("step") for r in golden[split]], split
+        for now, then in zip(curve[split], golden[split]):
+            assert set(now) == set(then), (split, now["step"])
+            for key, value in then.items():
+                if isinstance(value, float):
+                    assert now[key] == pytest.approx(value, rel=REL, abs=1e-12), (split, now["step"], key)
+                else:
+                    assert now[key] == value, (split, now["step"], key)
+
+
+def test_the_golden_pretraining_curve(tmp_path):
+    """12 steps of the tiny preset on NSP data, dropout 0.1, with a held-out evaluation every 4 steps."""
+    tok = write_tokenizer(tmp_path / "tok")
+    data = make_data(tmp_path, tok, "nsp")
+    out = tmp_path / "run"
+    pretrain(pretrain_config(data, tok, out, max_steps=12, dropout=0.1, eval_shards=1, eval_every=4,
+                             precision="fp32", lr=2e-3, warmup_steps=3))
+    _compare("pretrain", _curve(out))
+
+
+def test_the_golden_finetuning_curve(root, base):
+    """Two epochs of a classification task (the word "good" or "bad" decides) on the tiny model, dropout
+    on, the dev set scored every epoch."""
+    rng = random.Random(3)
+    words = ["the", "house", "river", "old", "road", "by", "a", "of"]
+
+    def rows(n: int) -> str:
+        out = []
+        for _ in range(n):
+            label = rng.choice(["pos", "neg"])
+            text = [rng.choice(words) for _ in range(rng.randint(3, 9))]
+            text.insert(rng.randint(0, len(text)), "good" if label == "pos" else "bad")
+            out.append(f'"{" ".join(text)}",{label}\n')
+        return "review,sentiment\n" + "".join(out)
+
+    train, dev = write(root / "train.csv", rows(48)), write(root / "dev.csv", rows(16))
+    out = root / "golden-finetune"
+    finetune(FinetuneConfig(task="classification", model=str(base), out=str(out), train_file=str(train),
+                            dev_file=str(dev), text_column="review", label_column="sentiment", lr=1e-3,
+                            batch_size=8, epochs=2, warmup_ratio=0.1, log_every=1, progress=False, seed=7,
+                            precision="fp32", device="cpu", checkpoint_every=1000))
+    _compare("finetune", _curve(out))
