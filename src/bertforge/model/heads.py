@@ -41,6 +41,7 @@ __all__ = [
     "ScalarMix",
     "BertFeatureBiLSTMForTokenClassification",
     "BertFeatureBiLSTMForSequenceClassification",
+    "BertFeatureBiLSTMForQuestionAnswering",
     "FEATURE_MODEL_CLASSES",
 ]
 
@@ -462,12 +463,15 @@ class _FeatureBiLSTM:
     """The chosen layers' hidden states, combined, through a randomly initialised two-layer BiLSTM
     (``bilstm_size`` per direction) before the task's output layer. With ``freeze`` the encoder's
     weights are fixed and it always runs in eval mode (no dropout): its features are then the same in
-    every epoch, so training can run on features computed once (``features=`` of ``forward``)."""
+    every epoch, so training can run on features computed once (``features=`` of ``forward``).
+
+    ``output_layer`` names the task head's Linear(H, outputs); it is rebuilt as Linear(2S, outputs)
+    to read the BiLSTM (S = ``bilstm_size``). Between the BiLSTM's layers: the head's dropout
+    probability (``classifier_dropout``, else ``hidden_dropout_prob``)."""
 
     bert: BertModel
     config: BertConfig
-    dropout: nn.Dropout
-    classifier: nn.Linear
+    output_layer = "classifier"
     _fresh_head_prefixes = ("classifier.", "mix.", "lstm.")
 
     def _add_bilstm(self, config: BertConfig) -> None:
@@ -480,11 +484,13 @@ class _FeatureBiLSTM:
         if size < 1:
             raise ValueError(f"bilstm_size must be >= 1, got {size}")
         n, H = len(self.feature_layers), config.hidden_size
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.mix = ScalarMix(n) if self.combine == "weighted" else None
         self.lstm = nn.LSTM(H * n if self.combine == "concat" else H, size, num_layers=2, bidirectional=True,
-                            batch_first=True, dropout=self.dropout.p)
-        self.classifier = nn.Linear(2 * size, self.classifier.out_features)
-        self._init_module(self.classifier)
+                            batch_first=True, dropout=p)
+        output = nn.Linear(2 * size, getattr(self, self.output_layer).out_features)
+        self._init_module(output)
+        setattr(self, self.output_layer, output)
         if self.frozen:
             self.bert.requires_grad_(False)
 
@@ -573,11 +579,45 @@ class BertFeatureBiLSTMForSequenceClassification(_FeatureBiLSTM, BertForSequence
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
+class BertFeatureBiLSTMForQuestionAnswering(_FeatureBiLSTM, BertForQuestionAnswering):
+    """Span QA from a BiLSTM over the encoder's chosen layers: Linear(2S, 2) on every token's BiLSTM
+    output gives its start and end scores (the paper's "+ BiLSTM" row for SQuAD)."""
+
+    output_layer = "qa_outputs"
+    _fresh_head_prefixes = ("qa_outputs.", "mix.", "lstm.")
+
+    def __init__(self, config: BertConfig):
+        BertForQuestionAnswering.__init__(self, config)
+        self._add_bilstm(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        features: torch.Tensor | None = None,
+    ) -> QuestionAnsweringModelOutput:
+        """As `BertForQuestionAnswering.forward`; ``features`` as the token classifier's."""
+        out, _ = self._bilstm(input_ids, attention_mask, token_type_ids, features)
+        start_logits, end_logits = self.qa_outputs(out).unbind(-1)  # 2 x (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = losses.span_loss(start_logits, end_logits, start_positions, end_positions,
+                                    attention_mask=attention_mask)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
+                                            end_logits=end_logits.contiguous())
+
+
 FEATURE_MODEL_CLASSES: dict[type, type] = {
     BertForTokenClassification: BertFeatureBiLSTMForTokenClassification,
     BertForSequenceClassification: BertFeatureBiLSTMForSequenceClassification,
+    BertForQuestionAnswering: BertFeatureBiLSTMForQuestionAnswering,
 }
-"""A task head -> its BiLSTM variant (the task families that take ``--features`` / ``--bilstm``)."""
+"""A task head -> its BiLSTM variant: the task families that take ``--bilstm``, and but for SQuAD
+``--features`` (whose cache would hold every training window's hidden states)."""
 
 
 # ---------------------------------------------------------------------------- the registry of head classes
@@ -585,7 +625,8 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
     c.__name__: c
     for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
               BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice,
-              BertFeatureBiLSTMForTokenClassification, BertFeatureBiLSTMForSequenceClassification)
+              BertFeatureBiLSTMForTokenClassification, BertFeatureBiLSTMForSequenceClassification,
+              BertFeatureBiLSTMForQuestionAnswering)
 }
 
 

@@ -87,8 +87,8 @@ SEPARATOR = " ||| "
 _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fill-mask",
                        "BertForSequenceClassification": "classification", "BertForTokenClassification": "tagging",
                        "BertForQuestionAnswering": "qa", "BertForMultipleChoice": "multiple-choice",
-                       "BertModel": "embeddings", "BertFeatureBiLSTMForSequenceClassification": "classification",
-                       "BertFeatureBiLSTMForTokenClassification": "tagging"}
+                       "BertModel": "embeddings"}
+"""A head class -> the predictor's head; a subclass (a BiLSTM variant) reads as the head it extends."""
 FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
 """Heads read through their fine-tuning family (and able to predict on the family's files)."""
 _DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",
@@ -132,7 +132,8 @@ def checkpoint_head(path: str | Path) -> str:
     """The head a checkpoint folder has, from its config.json's architectures (else its weights)."""
     from bertforge.model.heads import infer_model_class
 
-    return _ARCHITECTURE_HEADS[infer_model_class(path).__name__]
+    return next(_ARCHITECTURE_HEADS[c.__name__] for c in infer_model_class(path).__mro__
+                if c.__name__ in _ARCHITECTURE_HEADS)
 
 
 def _precision(precision: str, dtype: torch.dtype | str | None) -> str:

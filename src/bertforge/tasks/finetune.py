@@ -24,7 +24,9 @@ checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2
 family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
 An --out holding an earlier run's files is refused unless the run resumes it (``--resume``) or
 replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
-(`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`).
+(`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`). A run (and a grid, in its
+own --out) holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files
+to its end: another run into that folder is refused at once.
 
 The feature-based approach (``--features``, the paper's Table 7): tagging and classification train a
 BiLSTM head (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification` and its sequence twin)
@@ -57,6 +59,7 @@ from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import FeatureBatches
 from bertforge.tasks.feature_based import CachedTask, cache_features
+from bertforge.train.lock import run_lock
 from bertforge.train.loop import TrainConfig, TrainResult, Trainer, open_run_dir, stop_marker
 from bertforge.train.precision import autocast, resolve_precision
 
@@ -123,7 +126,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     the Transformer layers), or layer indexes such as -1,-2 (concatenated; 0: the embedding output)."""
     bilstm: bool = False
     """Fine-tune the encoder with a randomly initialised two-layer BiLSTM (--bilstm-size) between its last
-    layer and the task's output layer (the paper's "+ BiLSTM" row); tagging and classification."""
+    layer and the task's output layer (the paper's "+ BiLSTM" row); tagging, classification and SQuAD."""
     bilstm_size: int = 768
     """Hidden units per direction of the BiLSTM of --features and --bilstm (the paper's 768)."""
 
@@ -153,9 +156,13 @@ class FinetuneConfig(TaskSettings, TrainConfig):
                              "encoder: give one of them")
         if (self.features or self.bilstm) and self.task:
             family = family_for(self.task)
+            if self.features and (family.name == "squad" or family.model_class not in FEATURE_MODEL_CLASSES):
+                hint = "; --bilstm puts the BiLSTM on a fine-tuned encoder" if family.name == "squad" else ""
+                raise ValueError(f"--features applies to tagging and classification, not to {family.name} "
+                                 f"({self.task}){hint}")
             if family.model_class not in FEATURE_MODEL_CLASSES:
-                raise ValueError(f"{'--features' if self.features else '--bilstm'} applies to tagging and "
-                                 f"classification, not to {family.name} ({self.task})")
+                raise ValueError(f"--bilstm applies to tagging, classification and SQuAD, not to {family.name} "
+                                 f"({self.task})")
         if self.bilstm_size < 1:
             raise ValueError(f"bilstm_size must be >= 1, got {self.bilstm_size}")
 
@@ -293,13 +300,21 @@ def prepare_data(cfg: FinetuneConfig) -> PreparedData:
 
 def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneResult:
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
-    the files already read by `prepare_data` with the same task, files and encoding settings."""
+    the files already read by `prepare_data` with the same task, files and encoding settings. The run
+    holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files to its end."""
     from bertforge.train.distributed import setup
 
     if cfg.grid:
         raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
     if cfg.keep_best and not cfg.dev_file:
         raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
+    dist = setup(cfg.device)
+    with run_lock(cfg.out, dist):
+        return _finetune(cfg, data, dist)
+
+
+def _finetune(cfg: FinetuneConfig, data: PreparedData | None, dist: Any) -> FinetuneResult:
+    """`finetune` in its folder, whose lock the caller holds."""
     data = data or prepare_data(cfg)
     family, train, dev, tok = data.family, data.train, data.dev, data.tokenizer
     cfg = family.configure(cfg)
@@ -307,7 +322,6 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
               if getattr(cfg, name) != getattr(data.cfg, name)]
     if differ:
         raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
-    dist = setup(cfg.device)
     out = Path(cfg.out)
     resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, outputs=(BEST_DIR,), dist=dist)
     steps_per_epoch = len(train.features) // cfg.batch_size
@@ -362,11 +376,10 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
                       evaluate=evaluate if dev else None, tokenizer=tok, run_config=run_config,
                       resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
                                          "eval_every", "eval_batch_size", "max_time_minutes", "progress",
-                                         "compile", "out", "device", "epochs", "warmup_steps_used"))
+                                         "compile", "out", "device", "epochs", "warmup_steps_used"),
+                      write_run_config=True)  # once a resume's settings are accepted: a refused one changes nothing
     inputs = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev)]
     if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "run_config.json", json.dumps(run_config, indent=1, default=str) + "\n")
         labels = train.labels
         kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
         schedule = (f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
@@ -422,20 +435,29 @@ def _grid_table(rows: list[dict[str, Any]]) -> str:
 def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     """The paper's protocol: one run per (lr, batch, epochs) of ``cfg.grid`` in ``OUT/grid/<name>/``,
     the best on dev copied to ``OUT/best/``, and ``OUT/grid.tsv``, a table of every run. The files
-    are read once. With ``resume``, finished runs are kept and an interrupted one continues."""
-    import itertools
-    import shutil
-    import time
-
+    are read once. With ``resume``, finished runs are kept and an interrupted one continues. The grid
+    holds OUT's lock (`bertforge.train.lock.run_lock`) from before it reads its files to its end, and
+    each run its own folder's."""
     from bertforge.train.distributed import setup
-    from bertforge.train.loop import latest_checkpoint
 
     if not cfg.dev_file:
         raise ValueError("--grid needs --dev-file: the best run is chosen on dev")
     grid = parse_grid(cfg.grid)
+    dist = setup(cfg.device)
+    with run_lock(cfg.out, dist):
+        return _finetune_grid(cfg, grid, dist)
+
+
+def _finetune_grid(cfg: FinetuneConfig, grid: dict[str, tuple[Any, ...]], dist: Any) -> GridResult:
+    """`finetune_grid` in OUT, whose lock the caller holds."""
+    import itertools
+    import shutil
+    import time
+
+    from bertforge.train.loop import latest_checkpoint
+
     single = dataclasses.replace(cfg, grid="")
     data = prepare_data(single)
-    dist = setup(cfg.device)
     out = Path(cfg.out)
     values = [grid.get(name, (getattr(cfg, name),)) for name in ("lr", "batch_size", "epochs")]
     rows: list[dict[str, Any]] = []
