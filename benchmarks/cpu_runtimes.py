@@ -7,7 +7,7 @@ from token ids already in the runtime's input form (torch tensors or numpy array
 
 * ``bertforge-fp32``, ``bertforge-bf16``, ``bertforge-int8``: `bertforge.model.bert.BertModel`
   prepared as `Predictor` and ``bertforge features`` prepare it
-  (``bertforge.fast.prepare(model.eval(), freeze=True, int8=...)``), run under
+  (``bertforge.fast.speed_up(model.eval(), freeze=True, int8=...)``), run under
   ``bertforge.train.precision.autocast(precision, "cpu")``: ``--precision fp32 | bf16 | int8``. int8
   is the encoder's dense layers as int8 products (`bertforge.fast.int8`: weights per output channel,
   activations per token), the rest in the float precision "auto" picks on this CPU (reported).
@@ -208,12 +208,12 @@ def _torch_runner(model, precision_context: Callable[[], contextlib.AbstractCont
 
 
 def build_bertforge(ctx: Context, precision: str) -> Runner:
-    from bertforge.fast import prepare
+    from bertforge.fast import speed_up
     from bertforge.fast.int8 import full_range_int8
     from bertforge.model.bert import BertModel
     from bertforge.train.precision import autocast, dtype_of
 
-    model = prepare(BertModel.from_pretrained(ctx.folder).eval(), freeze=True, int8=precision == "int8")
+    model = speed_up(BertModel.from_pretrained(ctx.folder).eval(), freeze=True, int8=precision == "int8")
     details = {"prepare": f"freeze=True, int8={precision == 'int8'}", "autocast": precision}
     if precision == "int8":
         dtype = dtype_of("int8")

@@ -327,17 +327,19 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
                  args: argparse.Namespace, steps: int, warmup: int = 3, profile: int = 0) -> dict[str, Any]:
     """Per-step time of both stacks on the same batches, interleaved step by step (load hits both alike).
 
-    bertforge: `Trainer.train_step` with `ClassificationTask` on `FeatureBatches`, the step ``finetune``
+    bertforge: `Trainer.train_step` with `ClassificationObjective` on `FeatureBatches`, the step ``finetune``
     runs; transformers: `HFLoop.step`. Batches come from bertforge's loader (seeded shuffle of the
     training split) and feed both stacks; the first ``warmup`` steps are not timed."""
     from transformers import BertForSequenceClassification
 
     from bertforge.tasks.finetune import FinetuneConfig
     from bertforge.model.heads import BertForSequenceClassification as OurModel
-    from bertforge.tasks.classification import ClassificationTask, Example, encode_examples
+    from bertforge.tasks.classification import ClassificationObjective, Example, encode_examples
     from bertforge.tasks.encoding import FeatureBatches
     from bertforge.text.tokenizer import BertTokenizer
+    from bertforge.train.distributed import Distributed
     from bertforge.train.loop import Trainer
+    from bertforge.train.recipe import ready_model
 
     tok = BertTokenizer.from_pretrained(str(model_dir))
     examples = [Example(t, None, str(int(y)), i + 2) for i, (t, y) in enumerate(zip(*train))]
@@ -353,7 +355,8 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
     cfg = FinetuneConfig(task="classification", model=str(model_dir), max_steps=total, lr=args.lr,
                          batch_size=args.batch_size, precision=ours_precision, device="cpu", progress=False)
     with tempfile.TemporaryDirectory(prefix="finetune-mr-steps-") as tmp:
-        trainer = Trainer(ours, ClassificationTask(), batches=[], config=cfg, out_dir=tmp)  # type: ignore[arg-type]
+        trainer = Trainer(ready_model(ours, Distributed(), "ddp"), ClassificationObjective(), batches=[], config=cfg,
+                          out_dir=tmp)  # type: ignore[arg-type]
         torch.manual_seed(args.seed)
         hf = BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=2)
         hf.train()

@@ -7,7 +7,7 @@ of 32 sentences, in eval mode under ``torch.no_grad()``, on the CPU. Four runs:
   ``torch.autocast("cpu", torch.bfloat16)`` (what ``bertforge features --bf16`` does). With padding in
   the batch its dense layers run on the real tokens only.
   It is prepared as `Predictor` and ``bertforge features`` prepare it
-  (`bertforge.fast.prepare(model, freeze=True)`): unpadded, attention per length group, and the
+  (`bertforge.fast.speed_up(model, freeze=True)`): unpadded, attention per length group, and the
   stacked q/k/v weight, and under autocast every projection's bf16 copy, made once instead of on
   every forward.
 * ``HF-fp32``, ``HF-bf16``: ``transformers.BertModel`` with ``attn_implementation="sdpa"`` (its
@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.fast import freeze_weights, prepare
+from bertforge.fast import freeze_weights, speed_up
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import autocast, categorize, run_meta  # noqa: E402
@@ -80,7 +80,7 @@ MAX_LENGTH = 128
 
 # ---------------------------------------------------------------------------- data
 def leads_sentences() -> list[str]:
-    """The leads' sentences, in corpus order, split as ``prepare`` splits them."""
+    """The leads' sentences, in corpus order, split as ``speed_up`` splits them."""
     from bertforge.data.corpus import iter_documents
     from bertforge.resources import wikipedia_leads_file
 
@@ -149,7 +149,7 @@ def run_preset(preset: str, sentences: list[str], args, skipped: dict[str, str] 
     batches = make_batches(sentences, args.batch_size, args.warmup + count)
     _, ours_pt, theirs_pt = build_models(preset, MAX_LENGTH, args.seed)
     # ours as `Predictor` and `bertforge features` run it: prepared, weights frozen (stacked and cast once)
-    models = {"ours": prepare(ours_pt.bert.eval(), freeze=True), "HF": theirs_pt.bert.eval()}
+    models = {"ours": speed_up(ours_pt.bert.eval(), freeze=True), "HF": theirs_pt.bert.eval()}
     del ours_pt.cls, theirs_pt.cls  # the MLM / NSP heads are not used
     diff = check_same_outputs(models["ours"], models["HF"], batches[0], args.atol)
     runs = tuple(n for n in RUNS + (WEIGHT_RUNS if args.bf16_weights else ())

@@ -8,11 +8,11 @@ the loss normalised over the step's predictions, backward, ``clip_grad_norm_(1.0
 schedule). Training mode, CPU. The runs, each with its own model (`build_pretraining_model`, as
 ``bertforge pretrain`` builds it for the objective) and optimizer, on the same batches:
 
-* ``mlm``: `BertForMaskedLM`, `PretrainingTask` without NSP: MLM logits at the masked positions only;
-* ``ltr``: the causal `BertForMaskedLM` (config ``is_decoder``), `LeftToRightTask`: at every real
-  position but the last, the next token predicted; prepared by `bertforge.fast.prepare` (unpadded);
+* ``mlm``: `BertForMaskedLM`, `PretrainingObjective` without NSP: MLM logits at the masked positions only;
+* ``ltr``: the causal `BertForMaskedLM` (config ``is_decoder``), `LeftToRightObjective`: at every real
+  position but the last, the next token predicted; prepared by `bertforge.fast.speed_up` (unpadded);
 * ``ltr-reference``: the same causal model with the encoder's forwards the reference's (embeddings,
-  layers, the whole `BertModel`), its dropout modules still prepared: what `prepare` did with a
+  layers, the whole `BertModel`), its dropout modules still prepared: what `speed_up` did with a
   causal encoder before it unpadded one ("before");
 * ``ltr-task-bidirectional`` (``--with-bidirectional-ltr``): the mlm model trained on the ltr task,
   bidirectional: the same vocabulary projection as ltr (every position), so ltr over it is the cost of
@@ -74,7 +74,7 @@ from step_time import _loadavg, make_batch, skipped_precisions, write_report  # 
 from bertforge.data.prepare import load_manifest  # noqa: E402
 
 from bertforge.model.bert import BertEmbeddings, BertLayer, BertModel, BertPooler  # noqa: E402
-from bertforge.train.pretrain import (LeftToRightTask, PretrainConfig, PretrainingTask,  # noqa: E402
+from bertforge.train.pretrain import (LeftToRightObjective, PretrainConfig, PretrainingObjective,  # noqa: E402
                                       build_pretraining_model)
 
 PRECISIONS = ("fp32", "bf16")
@@ -86,7 +86,7 @@ TARGET = 1.10  # ltr / mlm step time at most
 def reference_encoder(model: torch.nn.Module) -> torch.nn.Module:
     """``model``'s encoder back on the reference forward (instance forwards of `BertModel`, its
     embeddings, layers and pooler removed), its dropout modules left prepared: a causal encoder as
-    `prepare` left it before causal attention was unpadded."""
+    `speed_up` left it before causal attention was unpadded."""
     for module in model.modules():
         if isinstance(module, (BertModel, BertEmbeddings, BertLayer, BertPooler)):
             module.__dict__.pop("forward", None)
@@ -165,10 +165,10 @@ def run_case(preset: str, case: str, args, tmp: str) -> list[Row]:
     models = {"mlm": build(preset, "mlm", V, nsp, T, args.dropout, args.seed),
               "ltr": build(preset, "ltr", V, nsp, T, args.dropout, args.seed),
               "ltr-reference": build(preset, "ltr", V, nsp, T, args.dropout, args.seed)}
-    tasks = {"mlm": PretrainingTask(nsp=False), "ltr": LeftToRightTask(), "ltr-reference": LeftToRightTask()}
+    tasks = {"mlm": PretrainingObjective(nsp=False), "ltr": LeftToRightObjective(), "ltr-reference": LeftToRightObjective()}
     if args.with_bidirectional_ltr:
         models["ltr-task-bidirectional"] = models["mlm"]  # the same weights and head, another task
-        tasks["ltr-task-bidirectional"] = LeftToRightTask()
+        tasks["ltr-task-bidirectional"] = LeftToRightObjective()
     runs, steppers = [], {}
     for name in models:
         for precision in args.precisions:

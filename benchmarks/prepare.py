@@ -448,7 +448,7 @@ def shard_phases(window, tokenizer_dir: Path, dupe: int, out_dir: Path) -> dict[
 
 def profile_shard(window, tokenizer_dir: Path, dupe: int, out_dir: Path, top: int) -> str:
     P._tokenizer(str(tokenizer_dir))
-    task = P._Task(0, window, str(out_dir), str(tokenizer_dir), P.PrepareConfig(dupe_factor=dupe), "profile")
+    task = P._ShardJob(0, window, str(out_dir), str(tokenizer_dir), P.PrepareConfig(dupe_factor=dupe), "profile")
     prof = cProfile.Profile()
     prof.enable()
     P.build_shard(task)

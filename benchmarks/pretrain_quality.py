@@ -74,9 +74,11 @@ from step_time import _loadavg  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
 from bertforge.data.prepare import PrepareConfig, load_manifest, prepare, special_ids  # noqa: E402
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
+from bertforge.train.distributed import Distributed  # noqa: E402
 from bertforge.train.loop import Trainer  # noqa: E402
+from bertforge.train.recipe import ready_model  # noqa: E402
 from bertforge.train.precision import native_bf16  # noqa: E402
-from bertforge.train.pretrain import PretrainConfig, PretrainingTask, build_pretraining_model  # noqa: E402
+from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 DEVICE = torch.device("cpu")
@@ -163,11 +165,12 @@ class OursRun(Run):
         self.objective = cfg.resolve_objective(nsp)
         torch.manual_seed(cfg.seed)
         self.model = build_pretraining_model(cfg, tok.vocab_size, nsp, T, self.objective)
-        self.task = PretrainingTask(nsp=self.objective == "mlm+nsp")
+        self.task = PretrainingObjective(nsp=self.objective == "mlm+nsp")
         masking = cfg.masking(manifest)
         self.loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed,
                                         special=special_ids(tok) if masking else None, masking=masking)
-        self.trainer = Trainer(self.model, self.task, self.loader, cfg, out, tokenizer=tok)
+        self.trainer = Trainer(ready_model(self.model, Distributed(), "ddp"), self.task, self.loader, cfg, out,
+                               tokenizer=tok)
         self.model = self.trainer.model
         self.precision = self.trainer.precision
         self.it = iter(self.loader)

@@ -7,9 +7,9 @@ the timed steps divided by their summed time.
 
 How each stack is driven:
 
-* bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingTask`,
+* bertforge: `bertforge.train.loop.Trainer.train_step` with `bertforge.train.pretrain.PretrainingObjective`,
   i.e. exactly what ``bertforge pretrain`` runs per step (loss normalised over the step's masked
-  tokens, MLM logits only at the masked positions, the model prepared by `bertforge.fast.prepare`
+  tokens, MLM logits only at the masked positions, the model prepared by `bertforge.fast.speed_up`
   as the loop prepares it (unpadded dense layers, CPU dropout masks, ...), bertforge's AdamW
   (``torch.optim.AdamW(fused=True)``) with the paper's weight-decay groups, ``clip_grad_norm_``).
   Precision ``fp32`` and ``bf16`` (``TrainConfig.precision``: autocast).
@@ -92,8 +92,10 @@ from step_time import (Batch, _loadavg, build_models, check_same_loss, cpu_model
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
+from bertforge.train.distributed import Distributed  # noqa: E402
 from bertforge.train.loop import TrainConfig, Trainer  # noqa: E402
-from bertforge.train.pretrain import PretrainingTask  # noqa: E402
+from bertforge.train.recipe import ready_model  # noqa: E402
+from bertforge.train.pretrain import PretrainingObjective  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -166,11 +168,13 @@ def autocast(precision: str) -> contextlib.AbstractContextManager:
 
 def ours_trainer(model, batch_size: int, precision: str, out_dir: str, *, lr: float = LR, max_steps: int = SCHEDULE_STEPS,
                  warmup_steps: int = WARMUP) -> Trainer:
-    """bertforge's training loop as ``bertforge pretrain`` builds it (one process, CPU)."""
+    """bertforge's training loop as ``bertforge pretrain`` builds it (one process, CPU; the model through the
+    speed layer, as the recipe hands it to the trainer)."""
     cfg = TrainConfig(batch_size=batch_size, max_steps=max_steps, lr=lr, warmup_steps=warmup_steps,
                       weight_decay=WEIGHT_DECAY, max_grad_norm=1.0, precision=precision, device="cpu",
                       progress=False)
-    return Trainer(model, PretrainingTask(nsp=True), batches=[], config=cfg, out_dir=out_dir)  # type: ignore[arg-type]
+    return Trainer(ready_model(model, Distributed(), "ddp"), PretrainingObjective(nsp=True), batches=[], config=cfg,
+                   out_dir=out_dir)  # type: ignore[arg-type]
 
 
 class HFLoop:

@@ -9,7 +9,7 @@ How each library is driven -- the way each one is meant to be used for pre-train
 * bertforge gets ``masked_positions`` (B, P) and ``labels`` (B, P), P = 20 = Google's
   ``max_predictions_per_seq`` at sequence length 128, so only the masked positions go through
   the (H -> V) vocabulary projection; with padding in the batch its dense layers run on the
-  real tokens only ("unpadding"; the model is prepared by `bertforge.fast.prepare`, as the training
+  real tokens only ("unpadding"; the model is prepared by `bertforge.fast.speed_up`, as the training
   loop prepares it).
 * transformers gets ``labels`` (B, T), -100 everywhere except at the masked positions: it
   computes the full (B, T, V) logits and ignores most of them in the loss. Its attention
@@ -79,7 +79,7 @@ except ImportError:  # run from a checkout without installing
     from bertforge import BertConfig, BertForPreTraining
 
 import transformers  # noqa: E402
-from bertforge.fast import prepare  # noqa: E402
+from bertforge.fast import speed_up  # noqa: E402
 from transformers import BertConfig as HFBertConfig
 from transformers import BertForPreTraining as HFBertForPreTraining
 
@@ -183,7 +183,7 @@ def build_models(preset: str, seq_len: int, seed: int):
     if seq_len > config.max_position_embeddings:
         raise SystemExit(f"--seq-len {seq_len} > max_position_embeddings {config.max_position_embeddings}")
     torch.manual_seed(seed)
-    ours = prepare(BertForPreTraining(config))  # as the training loop runs it (the state dict unchanged)
+    ours = speed_up(BertForPreTraining(config))  # as the training loop runs it (the state dict unchanged)
     hf_dict = {k: v for k, v in config.to_dict().items() if k != "bertforge_version"}
     theirs = HFBertForPreTraining(HFBertConfig(**hf_dict))  # default attention implementation
     result = theirs.load_state_dict(ours.state_dict(), strict=False)

@@ -19,7 +19,7 @@ from data_fixtures import documents, write_google, write_tokenizer
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import PrepareConfig, prepare
 from bertforge.train import pretrain as pretrain_module
-from bertforge.train.pretrain import PretrainConfig, PretrainingTask
+from bertforge.train.pretrain import PretrainConfig, PretrainingObjective
 
 # 8 documents cut into windows of 400 characters: 3 shards of 8, 5 and 8 NSP instances (13 + 8
 # held out with eval_shards=1), each at most 32 tokens with at most 5 predictions.
@@ -116,7 +116,7 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Comp
 def evaluate_folder(model: torch.nn.Module, data: Path, shards: list[int] | None = None) -> dict[str, float]:
     """MLM (/ NSP) loss and accuracy of ``model`` over every instance of ``data`` (or of ``shards``)."""
     dataset = PretrainingDataset(data, shards=shards)
-    task = PretrainingTask(nsp=bool(dataset.config["nsp"]))
+    task = PretrainingObjective(nsp=bool(dataset.config["nsp"]))
     batch = next(iter(PretrainingLoader(dataset, len(dataset), seed=0)))  # all of it, in one batch
     model.eval()
     with torch.no_grad():

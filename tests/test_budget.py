@@ -13,7 +13,8 @@ from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa:
 
 from bertforge import cli
 from bertforge.train import loop
-from bertforge.train.loop import STOP_MARKER, TrainConfig, latest_checkpoint
+from bertforge.train.loop import TrainConfig
+from bertforge.train.rundir import STOP_MARKER, latest_checkpoint
 from bertforge.train.optim import lr_factor
 from bertforge.train.pretrain import RECIPES, PretrainConfig, pretrain
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from bertforge.fast import attention as fast_attention
 from bertforge.fast import dropout as fast_dropout
-from bertforge.fast import prepare
+from bertforge.fast import speed_up
 from bertforge.fast.dropout import dropout_mask
 from bertforge.model.heads import BertForPreTraining
 
@@ -44,12 +44,12 @@ def test_mask_follows_the_default_generator():
 
 
 def test_prepared_dropout_module():
-    """An nn.Dropout of a prepared model draws `dropout_mask` on CPU; it stays an nn.Dropout."""
-    drop = prepare(nn.Dropout(0.2))
+    """An nn.Dropout of a sped-up model draws `dropout_mask` on CPU; it stays an nn.Dropout."""
+    drop = speed_up(nn.Dropout(0.2))
     assert type(drop) is nn.Dropout and "forward" in drop.__dict__
     x = torch.randn(50, 40, requires_grad=True)
     assert drop.eval()(x) is x
-    assert prepare(nn.Dropout(0.0)).train()(x) is x
+    assert speed_up(nn.Dropout(0.0)).train()(x) is x
     drop.train()
     torch.manual_seed(3)
     y = drop(x)
@@ -58,14 +58,14 @@ def test_prepared_dropout_module():
     assert torch.equal(y, x * mask)
     y.sum().backward()
     assert torch.equal(x.grad, mask)  # d(x * mask)/dx
-    assert torch.equal(prepare(nn.Dropout(1.0)).train()(x), torch.zeros_like(x))  # PyTorch's own at p = 1
+    assert torch.equal(speed_up(nn.Dropout(1.0)).train()(x), torch.zeros_like(x))  # PyTorch's own at p = 1
 
 
 def test_cpu_training_attention_equals_sdpa(monkeypatch, tiny_config, make_batch, randomize):
     """With every mask forced to 'keep all', training mode (the hand-written attention) must give
     eval mode's outputs (SDPA), padding and the sparse last layer included."""
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    model = prepare(randomize(BertForPreTraining(config)))
+    model = speed_up(randomize(BertForPreTraining(config)))
     batch = make_batch(config, (11, 7, 4))
     positions = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 2, 0]])
     calls = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
-from bertforge.fast import prepare
+from bertforge.fast import speed_up
 from bertforge.fast.embedding import words
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
@@ -29,11 +29,11 @@ def batches(seed: int, n: int) -> list[torch.Tensor]:
 
 def grads(cls, kept: bool, steps: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """The word-embedding gradient after each step (each step: its micro-batches' backward summed);
-    ``kept``: a prepared model, else the reference with PyTorch's own embedding backward."""
+    ``kept``: a sped-up model, else the reference with PyTorch's own embedding backward."""
     torch.manual_seed(0)
     model = cls(CONFIG)
     if kept:
-        prepare(model)
+        speed_up(model)
     weight = model.bert.embeddings.word_embeddings.weight
     out = []
     for micro in steps:
@@ -67,7 +67,7 @@ def test_untied_and_tied_models_get_pytorchs_embedding_gradient_over_steps_and_a
 
 def test_the_kept_buffer_is_reused_and_only_used_in_training_with_gradients():
     torch.manual_seed(0)
-    model = prepare(BertForSequenceClassification(CONFIG))
+    model = speed_up(BertForSequenceClassification(CONFIG))
     weight = model.bert.embeddings.word_embeddings.weight
     first = None
     for ids in batches(5, 3):

@@ -1,4 +1,4 @@
-"""`bertforge.fast.prepare` pinned to the reference model: the outputs and the gradient of every
+"""`bertforge.fast.speed_up` pinned to the reference model: the outputs and the gradient of every
 parameter of every head class on padded batches, fp32 and bf16, train mode (dropout 0) and eval, for
 bidirectional and causal (left-to-right) encoders; and the pieces on their own: length groups,
 riders, causal masks, the written-out attention, frozen-weight caches, the state dict, idempotence,
@@ -26,7 +26,7 @@ from bertforge.fast import attention as fast_attention
 from bertforge.fast import dropout as fast_dropout
 from bertforge.fast import embedding as fast_embedding
 from bertforge.fast import layout as fast_layout
-from bertforge.fast import freeze_weights, frozen_weights, is_prepared, prepare
+from bertforge.fast import freeze_weights, frozen_weights, is_sped_up, speed_up
 from bertforge.fast import unpad as fast_unpad
 from bertforge.fast.frozen import is_frozen
 from bertforge.model.bert import make_attention_mask
@@ -65,7 +65,7 @@ def _sparse_mlm(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.
 
 
 def _left_to_right(cls, batch: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    """Left-to-right pre-training as `LeftToRightTask` runs it: every position but the last asked for,
+    """Left-to-right pre-training as `LeftToRightObjective` runs it: every position but the last asked for,
     the next token predicted where it is real."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     B, T = ids.shape
@@ -138,15 +138,15 @@ def test_fast_equals_reference(case, mode, precision, tiny_config, randomize, ma
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("case", CAUSAL_CASES, ids=CAUSAL_CASE_IDS)
 def test_causal_fast_equals_reference(case, mode, precision, tiny_config, randomize, make_batch):
-    """The same for a causal (left-to-right, ``is_decoder``) encoder, which `prepare` unpads too."""
+    """The same for a causal (left-to-right, ``is_decoder``) encoder, which `speed_up` unpads too."""
     _check_fast_equals_reference(*case, tiny_config(num_labels=3, is_decoder=True), mode, precision, randomize,
                                  make_batch)
 
 
 def _check_fast_equals_reference(cls, inputs, config, mode, precision, randomize, make_batch) -> None:
     reference = randomize(_build(cls, config)).train(mode == "train")
-    fast = prepare(copy.deepcopy(reference))
-    assert is_prepared(fast)
+    fast = speed_up(copy.deepcopy(reference))
+    assert is_sped_up(fast)
     kwargs = inputs(cls, make_batch(config, LENGTHS), config)
     rel = 1e-5 if precision == "fp32" else 5e-2
     amp = torch.autocast("cpu", torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -183,7 +183,7 @@ def test_unpadded_batch_and_no_mask(cls, tiny_config, randomize, make_batch, ass
     """No padding in the batch (every slot through the dense layers), with and without a mask."""
     config = tiny_config(num_labels=2)
     reference = randomize(cls(config)).eval()
-    fast = prepare(copy.deepcopy(reference))
+    fast = speed_up(copy.deepcopy(reference))
     batch = make_batch(config, (9, 9))
     key = "last_hidden_state" if cls is BertModel else "logits"
     with torch.no_grad():
@@ -198,7 +198,7 @@ def test_output_positions_anywhere(mode, causal, tiny_config, randomize, make_ba
     """The last layer at chosen positions only: real positions as the full layer, padding ones zero."""
     config = tiny_config(is_decoder=causal)
     reference = randomize(BertModel(config)).train(mode == "train")
-    fast = prepare(copy.deepcopy(reference))
+    fast = speed_up(copy.deepcopy(reference))
     batch = make_batch(config, (11, 7, 4))
     positions = torch.tensor([[0, 10, 3], [0, 9, 6], [0, 3, 7]])  # (1, 1) and (2, 2) are padding
     want, got = reference(**batch, output_positions=positions), fast(**batch, output_positions=positions)
@@ -208,21 +208,21 @@ def test_output_positions_anywhere(mode, causal, tiny_config, randomize, make_ba
     assert torch.all(got.last_hidden_state[[1, 2], [1, 2]] == 0)
 
 
-# ---------------------------------------------------------------------------- the prepared model itself
+# ---------------------------------------------------------------------------- the sped-up model itself
 def test_state_dict_unchanged_and_prepare_idempotent(tiny_config, make_batch, tmp_path):
     model = BertForPreTraining(tiny_config())
     before = model.state_dict()
-    prepare(model)
+    speed_up(model)
     forwards = {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__}
     assert "bert" in forwards and "bert.encoder.layer.1" in forwards and "bert.embeddings.dropout" in forwards
-    assert prepare(model) is model
+    assert speed_up(model) is model
     assert {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__} == forwards
     after = model.state_dict()
     assert list(after) == list(before)
     assert all(after[k] is before[k] or after[k].data_ptr() == before[k].data_ptr() for k in before)
     assert BertModel.__dict__["forward"].__module__ == "bertforge.model.bert"  # the class is untouched
     assert "forward" not in BertForPreTraining(tiny_config()).bert.__dict__  # a fresh instance is the reference
-    assert is_prepared(model) and not is_prepared(BertModel(tiny_config()))
+    assert is_sped_up(model) and not is_sped_up(BertModel(tiny_config()))
     model.save_pretrained(tmp_path)
     loaded = BertForPreTraining.from_pretrained(tmp_path)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in after.items())
@@ -230,7 +230,7 @@ def test_state_dict_unchanged_and_prepare_idempotent(tiny_config, make_batch, tm
 
 def test_a_copy_of_a_prepared_model_runs_its_own_weights(tiny_config, make_batch):
     config = tiny_config()
-    model = prepare(BertModel(config)).eval()
+    model = speed_up(BertModel(config)).eval()
     twin = copy.deepcopy(model)
     assert twin.__dict__["forward"].__self__ is twin
     with torch.no_grad():
@@ -245,15 +245,15 @@ def test_subclass_with_its_own_forward_is_left_alone(tiny_config):
         def forward(self, *args, **kwargs):
             return super().forward(*args, **kwargs)
 
-    model = prepare(Custom(tiny_config()))
-    assert "forward" not in model.__dict__ and not is_prepared(model)
+    model = speed_up(Custom(tiny_config()))
+    assert "forward" not in model.__dict__ and not is_sped_up(model)
 
 
 def test_export_runs_the_reference_forward(tiny_config, randomize, make_batch, monkeypatch):
-    """While traced by torch.export, a prepared model takes the reference path (every slot through
+    """While traced by torch.export, a sped-up model takes the reference path (every slot through
     the dense layers; no shape depends on the mask): same outputs, hidden states included."""
     reference = randomize(BertModel(tiny_config())).eval()
-    fast = prepare(copy.deepcopy(reference))
+    fast = speed_up(copy.deepcopy(reference))
     batch = make_batch(reference.config, (11, 7, 1))
     calls = []
     real_layer = fast_unpad.layer_forward
@@ -274,7 +274,7 @@ def test_export_runs_the_reference_forward(tiny_config, randomize, make_batch, m
 
 def test_row_gradient_only_on_one_process(tiny_config, make_batch, monkeypatch):
     """Under a process group (DDP, FSDP) the embedding gradient is PyTorch's own, which the wrappers hook."""
-    model = prepare(BertModel(tiny_config())).train()
+    model = speed_up(BertModel(tiny_config())).train()
     ids = make_batch(model.config)["input_ids"]
     assert type(fast_embedding.words(model.embeddings, ids).grad_fn).__name__ == "_LookupRowGradBackward"
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
@@ -282,8 +282,8 @@ def test_row_gradient_only_on_one_process(tiny_config, make_batch, monkeypatch):
 
 
 def test_cheap_dropout_statistics_in_a_prepared_model(tiny_config):
-    """The prepared model's dropout modules drop about p of the values and rescale the rest."""
-    model = prepare(BertForSequenceClassification(tiny_config(hidden_dropout_prob=0.1))).train()
+    """The sped-up model's dropout modules drop about p of the values and rescale the rest."""
+    model = speed_up(BertForSequenceClassification(tiny_config(hidden_dropout_prob=0.1))).train()
     x = torch.ones(400, 500)
     for drop in (model.bert.embeddings.dropout, model.bert.encoder.layer[1].output.dropout, model.dropout):
         y = drop(x)
@@ -309,7 +309,7 @@ def test_rider_rows_change_nothing(lengths, riders, causal, tiny_config, make_ba
 
     monkeypatch.setattr(fast_layout.Padding, "round_rows", spy)
     config = tiny_config(is_decoder=causal)
-    model = prepare(BertModel(config)).train()  # dropout 0: train mode is deterministic
+    model = speed_up(BertModel(config)).train()  # dropout 0: train mode is deterministic
     batch = make_batch(config, lengths)
     rounded = model(**batch)  # gradient enabled: riders
     with torch.no_grad():
@@ -338,9 +338,9 @@ def _masks(T: int = 40) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("mask", list(_masks()), ids=list(_masks()))
 def test_inference_path_equals_reference(mask, precision, causal, tiny_config, randomize):
     """Eval without gradients on CPU runs attention per length group (and bf16 attention written out):
-    real positions match the reference and the prepared model's path with gradients on; padding is zero."""
+    real positions match the reference and the sped-up model's path with gradients on; padding is zero."""
     reference = randomize(BertModel(tiny_config(is_decoder=causal))).eval()
-    model = prepare(copy.deepcopy(reference))
+    model = speed_up(copy.deepcopy(reference))
     attention_mask = _masks()[mask]
     input_ids = torch.randint(1, model.config.vocab_size, attention_mask.shape) * attention_mask
     token_type_ids = torch.randint(0, 2, attention_mask.shape)
@@ -463,7 +463,7 @@ def test_causal_training_with_padding_anywhere(mask, head, precision, attention,
     dropout = 0.1 if attention == "written-out" else 0.0
     fast = head(config.replace(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
     fast.load_state_dict(reference.state_dict())
-    prepare(fast).train()
+    speed_up(fast).train()
     attention_mask = _masks()[mask]
     B, T = attention_mask.shape
     batch = dict(input_ids=torch.randint(1, config.vocab_size, (B, T)) * attention_mask,
@@ -498,7 +498,7 @@ def test_frozen_weights_cache_follows_replaced_weights(tiny_config, make_batch, 
     still follow `load_state_dict`, in-place changes, a dtype round trip, and autocast on and off,
     and equal an unfrozen twin's."""
     config = tiny_config()
-    model, fresh = prepare(BertModel(config)).eval(), prepare(BertModel(config)).eval()
+    model, fresh = speed_up(BertModel(config)).eval(), speed_up(BertModel(config)).eval()
     batch = make_batch(config)
     real = batch["attention_mask"].bool()
 
@@ -533,7 +533,7 @@ def test_eval_between_steps_follows_a_fused_optimizer(frozen, tiny_config, make_
     """Eval between training steps sees every step, even a fused AdamW's, which moves no version
     counter: unfrozen layers cache nothing, and a forward in train mode drops frozen layers' caches."""
     config = tiny_config()
-    model = prepare(BertModel(config), freeze=frozen)
+    model = speed_up(BertModel(config), freeze=frozen)
     batch = make_batch(config)
     real = batch["attention_mask"].bool()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
@@ -553,7 +553,7 @@ def test_eval_between_steps_follows_a_fused_optimizer(frozen, tiny_config, make_
 def test_linear_calls_replaced_or_hooked_layers(tiny_config, make_batch, assert_close):
     """A projection replaced by another module, or carrying a forward hook, is called, not bypassed."""
     config = tiny_config()
-    model = freeze_weights(prepare(BertModel(config)).eval())
+    model = freeze_weights(speed_up(BertModel(config)).eval())
     batch = make_batch(config)
     real = batch["attention_mask"].bool()
     with torch.no_grad():
@@ -577,7 +577,7 @@ def test_a_batch_with_an_empty_row_trains_to_finite_gradients_with_dropout(tiny_
     its zero weight into NaN (0 x NaN) in every real row's output."""
     torch.manual_seed(0)
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    model = prepare(BertForMaskedLM(config)).train()
+    model = speed_up(BertForMaskedLM(config)).train()
     mask = torch.ones(4, 9, dtype=torch.long)
     mask[1] = 0  # the empty row
     mask[2, 5:] = 0

@@ -36,12 +36,13 @@ from safetensors.torch import load_file
 
 from bertforge import cli
 from bertforge.train import loop as trainer
+from bertforge.train.rundir import STOP_MARKER
 from bertforge.tasks import TaskSettings
 from bertforge.tasks.finetune import (FinetuneConfig, evaluate, finetune, finetune_grid, load_finetuned, parse_grid,
                                       predict)
 from bertforge.model.heads import BertForSequenceClassification
 from bertforge.tasks.classification import (
-    ClassificationTask,
+    ClassificationObjective,
     Example,
     encode_examples,
     glue_files,
@@ -499,7 +500,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     first = finetune(config(base, halves, **settings))
     assert first.train.stopped_early and first.train.step == 4
     assert first.train.exit_code == 128 + signal.SIGTERM
-    assert json.loads((halves / "model" / trainer.STOP_MARKER).read_text())["reason"] == "SIGTERM"
+    assert json.loads((halves / "model" / STOP_MARKER).read_text())["reason"] == "SIGTERM"
     monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
     with pytest.raises(ValueError, match="pass --resume"):
         finetune(config(base, halves, **settings))
@@ -511,7 +512,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
             (halves / f".{name}.{kind}-{proc.pid}").mkdir()
     second = finetune(config(base, halves, resume=True, **settings))
     assert second.train.step == 6
-    assert not (halves / "model" / trainer.STOP_MARKER).exists()
+    assert not (halves / "model" / STOP_MARKER).exists()
     assert not [p.name for p in halves.iterdir() if p.name.startswith(".")]
     assert [r["loss"] for r in train_lines(halves)] == [r["loss"] for r in train_lines(straight)]
     untimed = lambda out: [{k: v for k, v in r.items() if k != "time"} for r in train_lines(out, "eval")]  # noqa: E731
@@ -675,13 +676,13 @@ def test_a_fine_tuned_head_continues_for_the_same_task_and_labels_and_starts_afr
     out, train, _ = learned
     old = BertForSequenceClassification.from_pretrained(out / "model").classifier.weight
     first: list[torch.Tensor] = []  # the head as training starts
-    forward = ClassificationTask.forward
+    forward = ClassificationObjective.forward
 
     def spy(self, model, batch):
         first.append(model.classifier.weight.detach().clone())
         return forward(self, model, batch)
 
-    monkeypatch.setattr(ClassificationTask, "forward", spy)
+    monkeypatch.setattr(ClassificationObjective, "forward", spy)
     relabelled = write(root / "relabelled.csv", train.read_text().replace(",pos\n", ",POS\n").replace(",neg\n", ",NEG\n"))
     for name, data, same in (("same", train, True), ("relabelled", relabelled, False)):
         first.clear()

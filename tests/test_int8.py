@@ -17,7 +17,7 @@ from torch import nn
 
 from bertforge import BertForSequenceClassification, BertModel
 from bertforge.fast import int8 as int8_module
-from bertforge.fast import prepare, quantize_int8
+from bertforge.fast import speed_up, quantize_int8
 from bertforge.fast.int8 import full_range_int8, int8_linear, int8_weights, is_quantized, quantized_layers
 from bertforge.train import precision as prec
 from bertforge.train.loop import TrainConfig
@@ -92,7 +92,7 @@ def test_a_quantized_model_is_close_to_float_in_inference_and_float_elsewhere(ca
                                                                               make_batch):
     config = tiny_config(is_decoder=True) if causal else tiny_config()
     reference = randomize(BertModel(config), std=0.05).eval()
-    model = prepare(copy.deepcopy(reference), freeze=True, int8=True)
+    model = speed_up(copy.deepcopy(reference), freeze=True, int8=True)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     batch = make_batch(config, lengths=(11, 7, 4))
     real = batch["attention_mask"].bool()
@@ -120,13 +120,13 @@ def test_a_quantized_model_is_close_to_float_in_inference_and_float_elsewhere(ca
 
 @torch.no_grad()
 def test_int8_weights_follow_weights_changed_in_place_or_replaced(tiny_config, make_batch):
-    model = prepare(BertModel(tiny_config()).eval(), freeze=True, int8=True)
+    model = speed_up(BertModel(tiny_config()).eval(), freeze=True, int8=True)
     batch = make_batch(model.config)
     before = model(**batch).last_hidden_state
     other = BertModel(tiny_config()).state_dict()
     model.load_state_dict(other)  # copy_ in place: the version counters move
     after = model(**batch).last_hidden_state
-    fresh = prepare(BertModel(tiny_config()).eval(), freeze=True, int8=True)
+    fresh = speed_up(BertModel(tiny_config()).eval(), freeze=True, int8=True)
     fresh.load_state_dict(other)
     assert not torch.equal(before, after)
     assert torch.equal(after, fresh(**batch).last_hidden_state)

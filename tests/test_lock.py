@@ -33,7 +33,7 @@ from bertforge.train import lock as lock_module
 from bertforge.train import loop as trainer
 from bertforge.train import pretrain as pretrain_module
 from bertforge.train.lock import LOCK_FILE, FolderInUse, FolderLock, folder_user, run_lock
-from bertforge.train.loop import latest_checkpoint, open_run_dir, run_files
+from bertforge.train.rundir import latest_checkpoint, open_run_dir, run_files
 from bertforge.train.pretrain import pretrain
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and fork are POSIX")

@@ -1,5 +1,5 @@
 """Parity with transformers on identical weights: every class, outputs, losses and gradients, for
-the reference model and for the same model prepared by `bertforge.fast.prepare`.
+the reference model and for the same model prepared by `bertforge.fast.speed_up`.
 
 Per-token outputs are compared at real (non-padding) positions; at padding ours returns zeros by
 design (see `bertforge.model.bert`). Sequence-level outputs (pooler, NSP, classification, multiple
@@ -20,7 +20,7 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge.fast import prepare
+from bertforge.fast import speed_up
 from bertforge.model.heads import gather_positions
 
 CONFIGS = {
@@ -47,8 +47,8 @@ def _mlm_labels(batch, vocab_size: int, share: float = 0.3) -> torch.Tensor:
 
 @pytest.fixture(params=["reference", "fast"])
 def build(request):
-    """``build(model)`` -> the model as built (the reference) or prepared by `bertforge.fast.prepare`."""
-    return (lambda model: model) if request.param == "reference" else prepare
+    """``build(model)`` -> the model as built (the reference) or prepared by `bertforge.fast.speed_up`."""
+    return (lambda model: model) if request.param == "reference" else speed_up
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from bertforge.model.heads import BertForMultipleChoice
 from bertforge.tasks import family_for
 from bertforge.tasks.multiple_choice import (
     ChoiceExample,
-    MultipleChoiceTask,
+    MultipleChoiceObjective,
     encode_choices,
     longest_first,
     read_choices,
@@ -209,7 +209,7 @@ def test_the_task_sums_the_loss_over_examples_and_counts_correct_choices(base, t
     ex = [ChoiceExample("the old house", ("a river", "the big grey road"), 1, 2),
           ChoiceExample("one", ("two", "three four"), 0, 3), ChoiceExample("a", ("b", "c d e"), 1, 4)]
     batch = encode_choices(ex, tok, 32).with_labels(np.array([1, 0, 1])).collate([0, 1, 2])
-    task = MultipleChoiceTask()
+    task = MultipleChoiceObjective()
     with torch.no_grad():
         sums, stats = task.forward(model, batch)
         out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], labels=batch["labels"])

@@ -16,13 +16,13 @@ from pretrain_fixtures import config, lines, make_data, nsp_data, one_thread, no
 
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader
 from bertforge.data.prepare import special_ids
-from bertforge.fast import is_prepared, prepare
+from bertforge.fast import is_sped_up, speed_up
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune
 from bertforge.text.tokenizer import BertTokenizer
-from bertforge.train.pretrain import PretrainingTask, original_tokens, pretrain
+from bertforge.train.pretrain import PretrainingObjective, original_tokens, pretrain
 
 
 def causal_config(**overrides) -> BertConfig:
@@ -45,8 +45,8 @@ def test_with_a_causal_mask_a_tokens_output_does_not_change_when_later_tokens_do
     torch.manual_seed(0)
     model = BertModel(causal_config()).eval()
     if prepared:
-        prepare(model)
-        assert is_prepared(model)  # the unpadded encoder, with the causal mask
+        speed_up(model)
+        assert is_sped_up(model)  # the unpadded encoder, with the causal mask
     ids, mask = padded_batch()
     later = ids.clone()
     later[:, 4:] = torch.randint(5, VOCAB_SIZE, (3, 8))
@@ -66,7 +66,7 @@ def test_a_causal_sentence_head_reads_the_last_real_token_wherever_the_padding_i
     torch.manual_seed(0)
     model = BertForSequenceClassification(causal_config(num_labels=2)).eval()
     if prepared:
-        prepare(model)
+        speed_up(model)
     ids, _ = padded_batch()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding: the last real token is the last position
@@ -115,13 +115,13 @@ def test_a_causal_classifier_pools_the_last_real_token():
 # ------------------------------------------------------------------------------ objectives
 def test_mlm_on_nsp_data_trains_without_nsp_on_the_same_batches(root, tok, nsp_data, monkeypatch):
     seen: dict[str, list[torch.Tensor]] = {}
-    forward = PretrainingTask.forward
+    forward = PretrainingObjective.forward
 
     def recording(self, model, batch):
         seen.setdefault(current, []).append(batch["input_ids"].clone())
         return forward(self, model, batch)
 
-    monkeypatch.setattr(PretrainingTask, "forward", recording)
+    monkeypatch.setattr(PretrainingObjective, "forward", recording)
     for current in ("mlm+nsp", "mlm"):
         pretrain(config(nsp_data, tok, root / f"objective-{current}", objective=current, max_steps=30, lr=3e-3,
                         warmup_steps=3))

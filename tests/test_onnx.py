@@ -1,5 +1,5 @@
 """ONNX export: every model class, dynamic axes, onnxruntime parity, the CLI; a model prepared by
-`bertforge.fast.prepare` exports the reference graph."""
+`bertforge.fast.speed_up` exports the reference graph."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from bertforge.fast import is_prepared, prepare  # noqa: E402
+from bertforge.fast import is_sped_up, speed_up  # noqa: E402
 from bertforge.convert import onnx as onnx_export  # noqa: E402
 from bertforge.cli import main  # noqa: E402
 from bertforge.convert.onnx import OnnxCheck, export_onnx  # noqa: E402
@@ -78,12 +78,12 @@ def test_models_without_pooler_export_hidden_states_only(tiny_config, tmp_path):
 
 
 def test_prepared_model_exports_the_reference_graph(tiny_config, randomize, make_batch, tmp_path):
-    """A prepared model runs the reference forward while traced: the graph takes every padded shape
+    """A sped-up model runs the reference forward while traced: the graph takes every padded shape
     and matches the eager (unpadded) model, zeros at padding included."""
-    model = prepare(randomize(BertForPreTraining(tiny_config())))
+    model = speed_up(randomize(BertForPreTraining(tiny_config())))
     result = export_onnx(model, tmp_path / "m.onnx", shapes=[(3, 11), (2, 37)])
     assert result.max_abs_diff <= 1e-4, result.summary()
-    assert is_prepared(model)
+    assert is_sped_up(model)
 
 
 def test_mismatch_raises_and_writes_nothing(tiny_config, tmp_path, monkeypatch):

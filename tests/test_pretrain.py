@@ -32,7 +32,7 @@ from bertforge.train.optim import lr_factor
 from bertforge.train.pretrain import pretrain
 from bertforge.text.tokenizer import BertTokenizer
 from bertforge.serving.predictor import Predictor
-from bertforge.train.loop import STOP_MARKER, latest_checkpoint
+from bertforge.train.rundir import STOP_MARKER, latest_checkpoint, open_run_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -422,7 +422,7 @@ def test_a_run_clears_the_temporary_folders_a_killed_run_left(root, tok, nsp_dat
     shutil.copytree(out / f".model.old-{dead}", out / f".model.tmp-{dead}")
     (out / "checkpoints" / f".step-00000003.tmp-{dead}").mkdir()
     (out / f".notes.tmp-{dead}").mkdir()
-    trainer.open_run_dir(out, resume=True)
+    open_run_dir(out, resume=True)
     assert (out / "model" / "model.safetensors").is_file()
     hidden = sorted(p.name for p in out.rglob(".*"))
     assert hidden == [f".notes.tmp-{dead}"]

@@ -23,7 +23,7 @@ from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa:
 
 from bertforge.model.checkpoint import read_state_dict
 from bertforge.train.pretrain import pretrain
-from bertforge.train.loop import STOP_MARKER, latest_checkpoint
+from bertforge.train.rundir import STOP_MARKER, latest_checkpoint
 
 
 def _start(cfg, cwd: Path) -> subprocess.Popen:

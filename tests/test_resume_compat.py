@@ -23,7 +23,8 @@ from bertforge import cli
 from bertforge.data.loader import PretrainingDataset
 from bertforge.data.prepare import PrepareConfig, prepare
 from bertforge.text.tokenizer import BertTokenizer
-from bertforge.train.loop import TrainConfig, Trainer, latest_checkpoint
+from bertforge.train.loop import TrainConfig, Trainer
+from bertforge.train.rundir import latest_checkpoint
 from bertforge.train.pretrain import pretrain
 
 

@@ -36,7 +36,7 @@ from bertforge.tasks import family_for
 from bertforge.tasks.squad import (
     NO_SPAN_ODDS,
     Question,
-    SpanTask,
+    SpanObjective,
     SquadData,
     encode_squad,
     postprocess,
@@ -395,7 +395,7 @@ def test_span_loss_sums_and_leaves_padding_out(windowed):
     model = BertForQuestionAnswering(BertConfig(vocab_size=len(TOKENS) + 11, hidden_size=16, num_hidden_layers=1,
                                                 num_attention_heads=2, intermediate_size=32,
                                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
-    task = SpanTask()
+    task = SpanObjective()
     alone, _ = task.forward(model, f.collate([2]))  # 12 tokens, no padding
     longest, _ = task.forward(model, f.collate([0]))  # 14 tokens
     both, stats = task.forward(model, f.collate([2, 0]))  # window 2 padded to 14

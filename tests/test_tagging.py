@@ -35,7 +35,7 @@ from bertforge.model.heads import BertForTokenClassification
 from bertforge.tasks import family_for
 from bertforge.tasks.tagging import (
     Sentence,
-    TaggingTask,
+    TaggingObjective,
     detect_scheme,
     encode_sentences,
     predict_tags,
@@ -248,7 +248,7 @@ def test_the_task_sums_cross_entropy_over_one_position_per_word(tok):
     sentences = [Sentence(["walker", "by", "the", "river"], None, [1, 2, 3, 4]), Sentence(["singing"], None, [6])]
     f = encode_sentences(sentences, tok, 128).with_tags(np.array([1, 0, 0, 2, 1]))
     batch = f.collate([0, 1])
-    task = TaggingTask()
+    task = TaggingObjective()
     assert task.counts(batch) == {"tagging": 5.0}
     sums, stats = task.forward(model, batch)
     logits = model(batch["input_ids"], batch["attention_mask"]).logits

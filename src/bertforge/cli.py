@@ -78,10 +78,11 @@ from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving import features as _features
 from bertforge.serving import predictor as _predictor
+from bertforge.serving.features import FeatureSettings
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
 from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
-from bertforge.train.loop import STOP_MARKER, read_stop_marker
+from bertforge.train.rundir import STOP_MARKER, read_stop_marker
 from bertforge.train.precision import INFERENCE_PRECISIONS
 from bertforge.train.pretrain import PretrainConfig
 
@@ -141,14 +142,15 @@ def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None,
         stats: print the statistics of a prepared folder and exit
         config: JSON or YAML file of the settings below (flags override it)
     """
-    from bertforge.data.prepare import format_stats, load_manifest, prepare as run
+    from bertforge.data.prepare import format_stats, load_manifest, prepare
 
     if stats:
         print(format_stats(load_manifest(stats)))
         return 0
     if not inputs or not out or not tokenizer:
         raise ValueError("prepare needs input files, --out and --tokenizer (or --stats FOLDER)")
-    manifest = run(list(inputs), out, tokenizer, cfg, workers=workers, num_shards=num_shards, shard_index=shard_index)
+    manifest = prepare(list(inputs), out, tokenizer, cfg, workers=workers, num_shards=num_shards,
+                       shard_index=shard_index)
     print(format_stats(manifest))
     return 0
 
@@ -194,9 +196,9 @@ def convert(src: Positional[str], dst: Positional[str], model_class: ModelClass 
     """
     import torch
 
-    from bertforge.convert.folders import convert as run
+    from bertforge.convert.folders import convert
 
-    cls = run(src, dst, model_class=model_class, dtype=getattr(torch, dtype) if dtype else None)
+    cls = convert(src, dst, model_class=model_class, dtype=getattr(torch, dtype) if dtype else None)
     print(f"wrote {dst} as {cls.__name__}")
     return 0
 
@@ -245,7 +247,7 @@ def export_onnx(checkpoint: Positional[str], out: Positional[str], model_class: 
     """
     import torch
 
-    from bertforge.convert.onnx import export_onnx as run
+    from bertforge.convert.onnx import export_onnx
     from bertforge.model.checkpoint import load_pretrained
     from bertforge.model.heads import infer_model_class
 
@@ -253,7 +255,7 @@ def export_onnx(checkpoint: Positional[str], out: Positional[str], model_class: 
     model = load_pretrained(cls, checkpoint, dtype=torch.float32)
     folder = Path(out)
     try:
-        result = run(model, folder / "model.onnx", opset=opset, verify=verify, atol=atol)
+        result = export_onnx(model, folder / "model.onnx", opset=opset, verify=verify, atol=atol)
     except ImportError as e:
         print(f"bertforge export-onnx: error: {e}", file=sys.stderr)
         return 2
@@ -285,9 +287,9 @@ def pretrain(config: Annotated[str | None, arg(metavar="FILE")] = None,
     Args:
         config: JSON or YAML file of the settings below (flags override it)
     """
-    from bertforge.train.pretrain import pretrain as run
+    from bertforge.train.pretrain import pretrain
 
-    return _report_stop("pretrain", run(cfg))
+    return _report_stop("pretrain", pretrain(cfg))
 
 
 def plot(run_dir: Positional[str], out: str | None = None) -> int:
@@ -312,7 +314,7 @@ def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
     Args:
         config: JSON or YAML file of the settings below (flags override it)
     """
-    from bertforge.tasks.finetune import finetune as run, finetune_grid
+    from bertforge.tasks.finetune import finetune, finetune_grid
 
     if cfg.grid:
         grid = finetune_grid(cfg)
@@ -322,7 +324,7 @@ def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
         if grid.best is not None:
             print(json.dumps({k: grid.best[k] for k in ("lr", "batch_size", "epochs", "metric", "value")}))
         return 0
-    result = run(cfg)
+    result = finetune(cfg)
     code = _report_stop("finetune", result.train)
     if result.eval_metrics:
         print(json.dumps(result.eval_metrics))
@@ -366,9 +368,9 @@ def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, 
         file: labelled file(s), comma-separated, or a GLUE task folder (dev)
         out: folder for the per-example predictions (predictions.tsv, predictions.conll, SQuAD's predictions.json, ...)
     """
-    from bertforge.tasks.finetune import evaluate as run
+    from bertforge.tasks.finetune import evaluate
 
-    print(json.dumps(run(checkpoint, file, out=out, precision=precision, **_overrides(settings))))
+    print(json.dumps(evaluate(checkpoint, file, out=out, precision=precision, **_overrides(settings))))
     return 0
 
 
@@ -387,20 +389,26 @@ class Inference:
     precision: PrecisionFlag = "fp32"
 
 
-def _load_predictor(checkpoint: str, settings: Any, run: Inference) -> Any:
+def _inference_overrides(settings: Any, inference: Inference) -> dict[str, Any]:
+    """`_overrides`, with --batch-size as the fine-tuning settings' evaluation batch size."""
+    given = _overrides(settings)
+    if inference.batch_size:
+        given["eval_batch_size"] = inference.batch_size
+    return given
+
+
+def _load_predictor(checkpoint: str, settings: Any, inference: Inference) -> Any:
     from bertforge.serving.predictor import Predictor
 
-    given = _overrides(settings)
-    if run.batch_size:
-        given["eval_batch_size"] = run.batch_size
-    return Predictor.from_pretrained(checkpoint, precision=run.precision,
-                                     head="embeddings" if run.embeddings else None, **given)
+    return Predictor.from_pretrained(checkpoint, precision=inference.precision,
+                                     head="embeddings" if inference.embeddings else None,
+                                     **_inference_overrides(settings, inference))
 
 
 def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (),
             file: Annotated[str | None, arg(aliases=("-f",))] = None,
             out: Annotated[str | None, arg(aliases=("-o",))] = None, format: Literal["text", "jsonl"] | None = None,
-            run: Annotated[Inference, arg(name="")] = Inference(),
+            inference: Annotated[Inference, arg(name="")] = Inference(),
             settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
     """A checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, embeddings;
     readable text or JSONL), or a fine-tuned model on a task file.
@@ -423,10 +431,10 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
     from bertforge.serving.features import read_inputs
     from bertforge.serving.predictor import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
 
-    head = "embeddings" if run.embeddings else checkpoint_head(checkpoint)
+    head = "embeddings" if inference.embeddings else checkpoint_head(checkpoint)
     if (head in FINE_TUNED_HEADS and file is None and len(inputs) == 1 and inputs[0] != "-"
             and Path(inputs[0]).exists()):
-        return _predict_task_file(checkpoint, inputs[0], out, run, settings)
+        return _predict_task_file(checkpoint, inputs[0], out, inference, settings)
 
     def lines(path: str) -> list[str]:  # stripped, UTF-8 checked; blank lines are inputs too (as features reads)
         return [SEPARATOR.join(t for t in pair if t is not None) for pair in read_inputs(path)]
@@ -436,8 +444,8 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
         texts += lines(file)
     if not texts:
         raise ValueError("no inputs: give texts, --file FILE, or - to read them from stdin")
-    predictor = _load_predictor(checkpoint, settings, run)
-    records = predictor(texts, top_k=run.top_k, pooling=run.pooling)
+    predictor = _load_predictor(checkpoint, settings, inference)
+    records = predictor(texts, top_k=inference.top_k, pooling=inference.pooling)
     fmt = format or ("jsonl" if out and out.endswith(".jsonl") else "text")
     text = format_records(records, predictor.head, fmt)
     if out:
@@ -448,14 +456,12 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
     return 0
 
 
-def _predict_task_file(checkpoint: str, file: str, out: str | None, run: Inference, settings: Any) -> int:
+def _predict_task_file(checkpoint: str, file: str, out: str | None, inference: Inference, settings: Any) -> int:
     """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`)."""
-    from bertforge.tasks.finetune import predict as run_task
+    from bertforge.tasks.finetune import predict
 
-    given = _overrides(settings)
-    if run.batch_size:
-        given["eval_batch_size"] = run.batch_size
-    records = run_task(checkpoint, file, out, precision=run.precision, **given)
+    records = predict(checkpoint, file, out, precision=inference.precision,
+                      **_inference_overrides(settings, inference))
     if out:
         print(f"wrote {len(records):,} predictions to {out}")
     else:
@@ -466,7 +472,7 @@ def _predict_task_file(checkpoint: str, file: str, out: str | None, run: Inferen
 # ---------------------------------------------------------------------------- serve
 def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
           max_request_bytes: int = MAX_REQUEST_BYTES, max_request_tokens: int = MAX_REQUEST_TOKENS,
-          run: Annotated[Inference, arg(name="")] = Inference(),
+          inference: Annotated[Inference, arg(name="")] = Inference(),
           settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
     """Serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits.
 
@@ -478,7 +484,7 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
         max_request_bytes: largest request body
         max_request_tokens: most tokens in one request (its texts' WordPiece tokens, [CLS] and [SEP])
     """
-    from bertforge.serving.http import serve as run_server
+    from bertforge.serving.http import serve
 
     try:
         import starlette  # noqa: F401
@@ -486,20 +492,42 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
     except ImportError as e:
         print(f"bertforge serve: error: {e.name} is not installed; pip install 'bertforge[serve]'", file=sys.stderr)
         return 2
-    run_server(_load_predictor(checkpoint, settings, run), host=host, port=port, max_batch=max_batch,
-               max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=run.top_k,
-               pooling=run.pooling)
+    serve(_load_predictor(checkpoint, settings, inference), host=host, port=port, max_batch=max_batch,
+          max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=inference.top_k,
+          pooling=inference.pooling)
     return 0
 
 
 # ---------------------------------------------------------------------------- features
+def _feature_flags(layers: Annotated[str | None, arg(help_behavior_hint="(default: -1,-2,-3,-4; with --pooling: "
+                                                                   "-1)")] = None,
+                   combine: Combine = "concat", pooling: FeaturePooling | None = None,
+                   max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's "
+                                                                                "positions if fewer)")] = None,
+                   stride: int = 0, batch_size: int = 32, precision: PrecisionFlag = "fp32", device: str = "auto",
+                   progress: bool = True) -> FeatureSettings:
+    """The flags of ``bertforge features`` as its `FeatureSettings` (``--layers`` comma-separated, a
+    progress bar unless --no-progress).
+
+    Args:
+        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output
+        combine: put the layers side by side or add them up
+        pooling: one vector per input: at [CLS] (not for left-to-right models) or its tokens' mean (none: per token)
+        max_seq_length: tokens per forward pass
+        stride: tokens between window starts (0: half a window)
+        batch_size: sequences per forward pass
+        device: auto, cpu, cuda or cuda:K
+        progress: show a progress bar on stderr
+    """
+    from bertforge.serving.features import parse_layers
+
+    return FeatureSettings(layers=parse_layers(layers) if layers else None, combine=combine, pooling=pooling,
+                           max_seq_length=max_seq_length, stride=stride, batch_size=batch_size, precision=precision,
+                           device=device, progress=progress)
+
+
 def features(checkpoint: Positional[str], input: Positional[str], out: Annotated[str, arg(aliases=("-o",))],
-             layers: Annotated[str | None, arg(help_behavior_hint="(default: -1,-2,-3,-4; with --pooling: -1)")] = None,
-             combine: Combine = "concat", pooling: FeaturePooling | None = None,
-             max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's positions "
-                                                                          "if fewer)")] = None,
-             stride: int = 0, batch_size: int = 32, precision: PrecisionFlag = "fp32", device: str = "auto",
-             progress: bool = True) -> int:
+             settings: Annotated[FeatureSettings, arg(name="", constructor=_feature_flags)]) -> int:
     """Per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's
     extract_features.py, NumPy's .npy or .safetensors).
 
@@ -512,23 +540,12 @@ def features(checkpoint: Positional[str], input: Positional[str], out: Annotated
         checkpoint: a BERT checkpoint folder (bertforge or transformers) holding the tokenizer
         input: text file, one input per line, or - for stdin
         out: output file: .jsonl, .npy or .safetensors
-        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output
-        combine: put the layers side by side or add them up
-        pooling: one vector per input: at [CLS] (not for left-to-right models) or its tokens' mean (none: per token)
-        max_seq_length: tokens per forward pass
-        stride: tokens between window starts (0: half a window)
-        batch_size: sequences per forward pass
-        device: auto, cpu, cuda or cuda:K
-        progress: show a progress bar on stderr
+        settings: the layers, pooling, windows and batches (`_feature_flags`: its flags)
     """
-    from bertforge.serving.features import output_format, parse_layers, read_inputs, write_features
+    from bertforge.serving.features import output_format, read_inputs, write_features
 
     output_format(out)  # before reading the input
-    written = write_features(checkpoint, read_inputs(input), out,
-                             layers=parse_layers(layers) if layers else None, combine=combine, pooling=pooling,
-                             max_seq_length=max_seq_length, stride=stride, batch_size=batch_size,
-                             precision=precision, device=device, progress=progress)
-    print(written.summary())
+    print(write_features(checkpoint, read_inputs(input), out, settings).summary())
     return 0
 
 
@@ -688,13 +705,20 @@ def main(argv: list[str] | None = None) -> int:
             # traceback (use -v to see one).
             if top.verbose:
                 raise
-            print(f"bertforge {top.command}: error: {e}", file=sys.stderr)
+            _say(f"bertforge {top.command}: error: {e}")
             return 2
         except KeyboardInterrupt as e:
-            print(f"bertforge {top.command}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+            _say(f"bertforge {top.command}: interrupted{f' ({e})' if str(e) else ''}")
             return 130
         finally:
             _LEFT_PROCESS_GROUP = _close_process_group() or _LEFT_PROCESS_GROUP
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr in one write: the processes of a torchrun launch share the stream, and a line
+    written in pieces (``print``'s text, then its newline) can interleave with another process's."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _close_process_group() -> bool:

@@ -11,7 +11,8 @@ clear error naming the file and the field, not a TypeError deep inside a run.
     check_value("fast", float | None)   # SettingValueError: expected a number or none, got 'fast'
 
 `config_from_file` builds a config dataclass from a JSON / YAML file this way (``--config``);
-`check_device` checks a ``device`` setting.
+`from_mapping` builds a nested dataclass (a study file's) from a mapping, each error naming the field's
+path (`FieldError`); `check_device` checks a ``device`` setting.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["SettingValueError", "check_value", "field_types", "read_config_file", "config_from_file", "check_device"]
+__all__ = ["SettingValueError", "FieldError", "check_value", "field_types", "from_mapping", "read_value",
+           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
 
 
 class SettingValueError(ValueError):
@@ -122,6 +124,129 @@ def field_types(cls: type) -> dict[str, Any]:
     """The settable fields of the config dataclass ``cls`` (those its constructor takes) -> their types."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+# ---------------------------------------------------------------------------- nested mappings
+class FieldError(ValueError):
+    """A value refused at a field of a nested mapping: ``where`` is the field's path ("tasks[0] (MR).lr",
+    "pretraining"), ``message`` what is wrong with it."""
+
+    def __init__(self, where: str, message: str):
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
+
+
+AS_GIVEN: dict[str, Any] = {"as_given": True}
+"""Field metadata: `from_mapping` keeps the value as given (its default when not given), for the caller to
+check against the rest of what it reads (names of other parts, say)."""
+OTHER_KEYS: dict[str, Any] = {"other_keys": True}
+"""Field metadata: the field takes the mapping's keys that are no field's (settings written inline), as
+one mapping read at the path of the mapping itself."""
+
+
+def read_mapping(value: Any, where: str) -> dict[str, Any]:
+    """``value`` as a mapping (None: an empty one), else a `FieldError`."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FieldError(where, f"expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    """A `FieldError` naming the keys of ``data`` that are not ``allowed``, and those that are."""
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise FieldError(where, f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
+                                f"expected {', '.join(sorted(allowed))}")
+
+
+def from_mapping(cls: type, data: Any, where: str = "", *, given: dict[str, Any] | None = None) -> Any:
+    """The dataclass ``cls`` read from the mapping ``data`` (at ``where`` in a nested file; "": the top
+    level), every error a `FieldError` naming the field's path.
+
+    Keys that are no field of ``cls`` are refused (unless a field takes them: `OTHER_KEYS`); ``given``
+    holds fields the mapping does not set. Each value is read by its field's annotation (`read_value`);
+    a field not given takes its default, and one without a default is read as None, so that its own check
+    says what it expected."""
+    data = read_mapping(data, where or "top level")
+    given = given or {}
+    fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in given]
+    rest = next((f.name for f in fields if f.metadata.get("other_keys")), None)
+    names = {f.name for f in fields} - {rest}
+    if rest is None:
+        check_keys(data, names, where or "top level")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    values = dict(given)
+    for f in fields:
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        if f.name == rest:
+            value, path = {k: v for k, v in data.items() if k not in names}, where
+        elif f.name in data:
+            value, path = data[f.name], f"{where}.{f.name}" if where else f.name
+        elif has_default:
+            continue
+        else:
+            value, path = None, f"{where}.{f.name}" if where else f.name
+        if f.metadata.get("as_given"):
+            values[f.name] = value
+        elif value is None and has_default and _empty_means_default(hints[f.name]):
+            continue
+        else:
+            values[f.name] = read_value(value, hints[f.name], path)
+    return cls(**values)
+
+
+def _empty_means_default(annotation: Any) -> bool:
+    """Whether a field of this type given as null (YAML's ``key:`` with nothing after it) takes its
+    default: a text, a mapping or a nested dataclass does; a number, a flag or a checked field does not."""
+    return annotation is str or typing.get_origin(annotation) is dict or dataclasses.is_dataclass(annotation)
+
+
+def read_value(value: Any, annotation: Any, where: str) -> Any:
+    """``value`` read as ``annotation`` says, at the path ``where``: ``Annotated[T, check, ...]`` first
+    applies each ``check(value, where)`` (which returns the value, or raises a `SettingValueError` or a
+    `FieldError`), then reads T; a dataclass is read by `from_mapping`, a list of them item by item (an
+    item named by its position and its ``name`` field: "tasks[0] (MR)"), a mapping value by value (each
+    at "where.key"); anything else is held to its type by `check_value`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        for check in annotation.__metadata__:
+            try:
+                value = check(value, where)
+            except SettingValueError as e:
+                raise FieldError(where, str(e)) from None
+        return read_value(value, args[0], where)
+    if dataclasses.is_dataclass(annotation):
+        return from_mapping(annotation, value, where)
+    if origin in (Union, types.UnionType) and type(None) in args and value is None:
+        return None
+    options = [a for a in args if a is not type(None)]
+    if origin in (Union, types.UnionType) and len(options) == 1 and dataclasses.is_dataclass(options[0]):
+        return from_mapping(options[0], value, where)
+    if origin in (tuple, list) and args and dataclasses.is_dataclass(args[0]):
+        if not isinstance(value, list):
+            raise FieldError(where, f"expected a list, got {value!r}")
+        items = [_read_item(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict and args:
+        return {k: read_value(v, args[1], f"{where}.{k}") for k, v in read_mapping(value, where).items()}
+    if annotation is Any:
+        return value
+    try:
+        return check_value(value, annotation)
+    except SettingValueError as e:
+        raise FieldError(where, str(e)) from None
+
+
+def _read_item(item: Any, cls: type, where: str) -> Any:
+    """One item of a list of ``cls``: errors name it by its position, and by its name once that is read."""
+    item = read_mapping(item, where)
+    if "name" in {f.name for f in dataclasses.fields(cls)}:
+        name = read_value(item.get("name"), typing.get_type_hints(cls, include_extras=True)["name"], f"{where}.name")
+        where = f"{where} ({name})"
+    return from_mapping(cls, item, where)
 
 
 # ---------------------------------------------------------------------------- config files

@@ -19,7 +19,7 @@ The graph is the reference model's (`bertforge.model.bert`): dense layers on eve
 keys masked in attention, zeros at padding, so no shape depends on the mask's values and one graph
 serves every batch and length. A left-to-right model's (config ``is_decoder``) graph applies its
 causal mask, and its sentence heads pool at the last real token, as in PyTorch. A model prepared
-by `bertforge.fast.prepare` exports the same graph (it runs the reference forward while traced).
+by `bertforge.fast.speed_up` exports the same graph (it runs the reference forward while traced).
 The exported model is checked against the eager one on full and padded batches of several sizes.
 """
 

@@ -517,8 +517,27 @@ def convert_tf_checkpoint(
     file), or a checkpoint prefix. ``config``: the ``bert_config.json`` (default: beside the checkpoint).
     ``vocab.txt`` beside it, if any, becomes the tokenizer. See the module docstring for the mapping.
     """
-    import torch
+    prefix, config_path = _checkpoint_files(src, config)
+    bert_config = load_tf_config(config_path)
+    reader = TFCheckpointReader(prefix)
+    report = TFConversionReport(checkpoint=prefix, model_class="")
+    mapped = _map_names(reader, report)
+    cls_name = report.model_class = _choose_class(model_class, mapped)
+    if cls_name in ("BertForSequenceClassification", "BertForTokenClassification") and "output_weights" in mapped:
+        bert_config = bert_config.replace(num_labels=reader.entries["output_weights"].shape[0])
+    model = MODEL_CLASSES[cls_name](bert_config)
+    used = _match_parameters(reader, mapped, model, bert_config, config_path, report)
+    _load_variables(reader, used, model, report)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    tokenizer = _tokenizer(prefix, bert_config, config_path, report)
+    save_pretrained(model, dst, tokenizer=tokenizer)
+    _log(report, reader.index_path)
+    return report
 
+
+def _checkpoint_files(src: str | Path, config: str | Path | None) -> tuple[Path, Path]:
+    """The checkpoint prefix ``src`` names and its ``bert_config.json``, or a `CheckpointError`."""
     prefix = find_tf_checkpoint(src)
     if prefix is None:
         raise CheckpointError(f"{src}: not a TensorFlow checkpoint (no .index file)")
@@ -526,11 +545,12 @@ def convert_tf_checkpoint(
     if not config_path.is_file():
         raise CheckpointError(f"{config_path}: no bert_config.json beside the checkpoint (a fine-tuning output "
                               "folder has none: copy the one of the model it started from)")
-    bert_config = load_tf_config(config_path)
-    reader = TFCheckpointReader(prefix)
-    where = reader.index_path
+    return prefix, config_path
 
-    report = TFConversionReport(checkpoint=prefix, model_class="")
+
+def _map_names(reader: TFCheckpointReader, report: TFConversionReport) -> dict[str, tuple[str, bool]]:
+    """TF name -> (bertforge name, transposed) of each of Google's BERT variables; training state and
+    other names go to ``report``. A checkpoint without BERT's encoder is an error."""
     mapped: dict[str, tuple[str, bool]] = {}
     for name in sorted(reader.entries):
         target = None if _is_training_state(name) else bertforge_name(name)
@@ -539,20 +559,29 @@ def convert_tf_checkpoint(
         else:
             (report.training_state if _is_training_state(name) else report.unused).append(name)
     if not any(t.startswith("bert.") for t, _ in mapped.values()):
-        raise CheckpointError(f"{where}: no variables of Google's BERT (bert/embeddings/..., bert/encoder/...); "
-                              f"it holds: {short_list(sorted(reader.entries))}")
+        raise CheckpointError(f"{reader.index_path}: no variables of Google's BERT (bert/embeddings/..., "
+                              f"bert/encoder/...); it holds: {short_list(sorted(reader.entries))}")
+    return mapped
 
+
+def _choose_class(model_class: str | None, mapped: dict[str, tuple[str, bool]]) -> str:
+    """``model_class``, else the class the heads present call for."""
     cls_name = model_class or _infer_class({t for t, _ in mapped.values()})
     if cls_name not in MODEL_CLASSES:
         raise CheckpointError(f"unknown model class {cls_name!r}; choose from {', '.join(MODEL_CLASSES)}")
-    cls = MODEL_CLASSES[cls_name]
-    report.model_class = cls_name
-    if cls_name in ("BertForSequenceClassification", "BertForTokenClassification") and "output_weights" in mapped:
-        bert_config = bert_config.replace(num_labels=reader.entries["output_weights"].shape[0])
-    model = cls(bert_config)
+    return cls_name
+
+
+def _match_parameters(reader: TFCheckpointReader, mapped: dict[str, tuple[str, bool]], model: Any,
+                      bert_config: BertConfig, config_path: Path,
+                      report: TFConversionReport) -> dict[str, tuple[str, bool]]:
+    """The model's parameter -> (TF name, transposed) of every variable it takes. Encoder variables the
+    config does not describe, shapes the config does not give, and variables the class needs that the
+    checkpoint lacks (its fresh heads and the pooler aside, which are reported) are errors."""
+    where = reader.index_path
+    cls_name = report.model_class
     expected = model.state_dict()
     bare = cls_name == "BertModel"  # its parameters have no "bert." prefix
-
     used: dict[str, tuple[str, bool]] = {}
     beyond, mismatched = [], []
     for name, (target, transpose) in mapped.items():
@@ -573,40 +602,46 @@ def convert_tf_checkpoint(
     if mismatched:
         more = f" (+{len(mismatched) - 10} more)" if len(mismatched) > 10 else ""
         raise CheckpointError(f"{where}: shapes differ from {config_path} ({sizes}): {'; '.join(mismatched[:10])}{more}")
-    fresh = tuple(cls._fresh_head_prefixes) + ("bert.pooler.", "pooler.")
+    fresh = tuple(MODEL_CLASSES[cls_name]._fresh_head_prefixes) + ("bert.pooler.", "pooler.")
     missing = [k for k in expected if k not in used]
     absent = [google_name(("bert." if bare else "") + k) for k in missing if not k.startswith(fresh)]
     if absent:
         raise CheckpointError(f"{where}: variables {cls_name} needs are not in the checkpoint: {short_list(absent)}")
     report.newly_initialized = missing
     report.unused.sort()
+    return used
+
+
+def _load_variables(reader: TFCheckpointReader, used: dict[str, tuple[str, bool]], model: Any,
+                    report: TFConversionReport) -> None:
+    """Read each used variable (checked against its CRC-32C), transpose the dense kernels, load them."""
+    import torch
 
     state = {}
     for key, (name, transpose) in used.items():
         array = reader.read(name)
         if array.dtype.kind != "f":
-            raise CheckpointError(f"{where}: {name} holds {reader.entries[name].dtype_name}, not floating point")
+            raise CheckpointError(f"{reader.index_path}: {name} holds {reader.entries[name].dtype_name}, "
+                                  "not floating point")
         state[key] = torch.from_numpy(np.ascontiguousarray(array.T if transpose else array))
         report.converted[name] = key
-    model.load_state_dict(state, strict=False)  # what is missing was checked above: fresh heads only
-    if dtype is not None:
-        model.to(dtype=dtype)
+    model.load_state_dict(state, strict=False)  # what is missing was checked before: fresh heads only
 
-    tokenizer = None
+
+def _tokenizer(prefix: Path, bert_config: BertConfig, config_path: Path, report: TFConversionReport) -> Any:
+    """The tokenizer of the ``vocab.txt`` beside the checkpoint, with Google's settings (None: no vocab)."""
     vocab = prefix.parent / "vocab.txt"
-    if vocab.is_file():
-        from bertforge.text.tokenizer import BertTokenizer
-
-        report.do_lower_case = not _vocab_is_cased(vocab)
-        tokenizer = BertTokenizer(vocab, do_lower_case=report.do_lower_case, max_input_chars_per_word=200)
-        if tokenizer.vocab_size > bert_config.vocab_size:
-            raise CheckpointError(f"{vocab}: {tokenizer.vocab_size} tokens, more than {config_path}'s vocab_size "
-                                  f"{bert_config.vocab_size}")
-    else:
+    if not vocab.is_file():
         logger.warning("%s: no vocab.txt beside the checkpoint; no tokenizer written", prefix.parent)
-    save_pretrained(model, dst, tokenizer=tokenizer)
-    _log(report, where)
-    return report
+        return None
+    from bertforge.text.tokenizer import BertTokenizer
+
+    report.do_lower_case = not _vocab_is_cased(vocab)
+    tokenizer = BertTokenizer(vocab, do_lower_case=report.do_lower_case, max_input_chars_per_word=200)
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise CheckpointError(f"{vocab}: {tokenizer.vocab_size} tokens, more than {config_path}'s vocab_size "
+                              f"{bert_config.vocab_size}")
+    return tokenizer
 
 
 def _log(report: TFConversionReport, where: Path) -> None:

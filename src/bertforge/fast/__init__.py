@@ -1,10 +1,10 @@
-"""Speed paths applied to a built model from outside: `prepare(model)`.
+"""Speed paths applied to a built model from outside: `speed_up(model)`.
 
 The model code (`bertforge.model`) is the plain reference and knows nothing of this package.
-`prepare` replaces forward methods of one model instance's submodules, never a class or a module-level
+`speed_up` replaces forward methods of one model instance's submodules, never a class or a module-level
 name, and adds no parameter or buffer: the state dict, hence every checkpoint, stays the same.
 
-What a prepared model does, without changing the maths (tests/test_fast.py pins it to the reference):
+What a sped-up model does, without changing the maths (tests/test_fast.py pins it to the reference):
 
 * unpadding (`bertforge.fast.unpad`): every dense layer runs on the real tokens of a padded batch
   only; attention alone sees the padded (B, T) layout. q, k and v come from one matrix product.
@@ -21,9 +21,9 @@ What a prepared model does, without changing the maths (tests/test_fast.py pins 
 * with ``int8=True``, the encoders' dense layers quantized to int8 (`bertforge.fast.int8`: weights
   per output channel, activations per token, int32 accumulation): inference on CPU only.
 
-On other devices a prepared model unpads and runs PyTorch's own fused attention and dropout. While
+On other devices a sped-up model unpads and runs PyTorch's own fused attention and dropout. While
 ``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
-``fully_shard``, ``torch.compile``) go around a prepared model: prepare first, then wrap.
+``fully_shard``, ``torch.compile``) go around a sped-up model: speed up first, then wrap.
 
 The unpadded encoder's attention obeys the reference's `make_attention_mask`: padding keys masked,
 and in a causal (left-to-right, config ``is_decoder``) encoder the keys after the query's position
@@ -45,18 +45,18 @@ from bertforge.fast.int8 import quantize_int8
 from bertforge.fast.unpad import layer_forward, model_forward, pooler_forward
 from bertforge.model.bert import BertModel
 
-__all__ = ["prepare", "is_prepared", "freeze_weights", "frozen_weights", "dropout_mask", "quantize_int8"]
+__all__ = ["speed_up", "is_sped_up", "freeze_weights", "frozen_weights", "dropout_mask", "quantize_int8"]
 
 logger = logging.getLogger("bertforge")
 
 M = TypeVar("M", bound=nn.Module)
 
 
-def prepare(model: M, *, freeze: bool = False, int8: bool = False) -> M:
+def speed_up(model: M, *, freeze: bool = False, int8: bool = False) -> M:
     """``model`` (any bertforge model: `BertModel` or a head class) prepared for fast execution, in
     place, and returned. Idempotent. ``freeze``: also `freeze_weights` (inference only: the weights
     must not change afterwards, see there). ``int8``: also `quantize_int8` (inference only). Which path a call takes is decided per call, from the
-    device, train / eval mode and whether gradients are on, so a prepared model can move and switch
+    device, train / eval mode and whether gradients are on, so a sped-up model can move and switch
     modes freely."""
     for module in model.modules():
         if isinstance(module, BertModel):
@@ -78,8 +78,8 @@ def prepare(model: M, *, freeze: bool = False, int8: bool = False) -> M:
     return model
 
 
-def is_prepared(model: nn.Module) -> bool:
-    """Whether `prepare` has been applied to ``model``'s encoder."""
+def is_sped_up(model: nn.Module) -> bool:
+    """Whether `speed_up` has been applied to ``model``'s encoder."""
     return any(_replaced(m, model_forward) for m in model.modules() if isinstance(m, BertModel))
 
 

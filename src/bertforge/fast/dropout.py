@@ -1,4 +1,4 @@
-"""Dropout with cheaper masks on CPU: `dropout_mask`, and the forward `prepare` gives ``nn.Dropout``
+"""Dropout with cheaper masks on CPU: `dropout_mask`, and the forward `speed_up` gives ``nn.Dropout``
 modules."""
 
 from __future__ import annotations

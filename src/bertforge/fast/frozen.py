@@ -28,7 +28,7 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     (``.to()``, new tensors) or changed in place (its version counter moves: ``load_state_dict``,
     ``copy_``), and dropped whenever a forward runs in train mode. A fused optimizer's step moves no
     version counter: train in train mode, or unfreeze. The caches cost one copy of the weights (in
-    bf16: half) and live as long as the layers. They serve the projections `bertforge.fast.prepare`
+    bf16: half) and live as long as the layers. They serve the projections `bertforge.fast.speed_up`
     routes through `linear`."""
     for m in model.modules():
         if isinstance(m, nn.Linear):

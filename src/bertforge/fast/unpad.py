@@ -3,7 +3,7 @@ attention alone sees the padded layout. And the last layer at chosen positions o
 reads [CLS] and the masked positions, sentence heads [CLS].
 
 The forwards here replace those of one model's `BertModel`, `BertLayer` and `BertPooler` instances
-(`bertforge.fast.prepare`); they call the model's own Linear, LayerNorm and Dropout modules, so
+(`bertforge.fast.speed_up`); they call the model's own Linear, LayerNorm and Dropout modules, so
 replaced or hooked layers and the cheaper dropout apply. Their outputs equal the reference's
 (`bertforge.model.bert`), zeros at padding included, for bidirectional and causal (config
 ``is_decoder``) models alike: only attention differs between the two (`bertforge.fast.attention`).

@@ -2,7 +2,7 @@
 blocks, pooler, `BertModel`. This is the reference: it computes every slot of the padded (B, T)
 batch and runs the same code on every device, precision and wrapper. The speed paths (unpadding,
 cheaper dropout masks, cached weights, ...) are applied to a built model from outside by
-`bertforge.fast.prepare`, whose tests pin it to this file.
+`bertforge.fast.speed_up`, whose tests pin it to this file.
 
 Shape letters used in comments:
     B batch, T sequence length, H hidden size, A attention heads, D head size (H / A),

@@ -177,7 +177,21 @@ def load_pretrained(
     source = str(folder)
     state = _normalize_keys(read_state_dict(folder), model, source)
     expected = model.state_dict()
+    state, report = _match_state(cls, model, state, expected, source, ignore_mismatched_sizes)
+    _check_floating_point(state, expected, source)
+    model.load_state_dict(state, strict=False)
+    _log_load(cls, source, report)
+    model.load_report = report  # type: ignore[attr-defined]
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    return model
 
+
+def _match_state(cls: type, model: nn.Module, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                 source: str, ignore_mismatched_sizes: bool) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    """The weights of ``state`` the model takes, and what loading them leaves out (`LoadReport`).
+    Missing weights other than the class's fresh head and the pooler, weights of no BERT head, and
+    shapes that differ (outside a fresh head, with ``ignore_mismatched_sizes``) are errors."""
     prefix = model.base_model_prefix + "." if hasattr(model, model.base_model_prefix) else ""
     freshable = tuple(cls._fresh_head_prefixes) + (prefix + "pooler.",)
     other_heads = _HEAD_PREFIXES + (prefix + "pooler.",)
@@ -212,26 +226,27 @@ def load_pretrained(
         for k, _, _ in mismatched:
             del state[k]
         report.reinitialized_mismatched = [k for k, _, _ in mismatched]
+    return {k: v for k, v in state.items() if k in expected}, report
 
-    state = {k: v for k, v in state.items() if k in expected}
-    # load_state_dict would cast integer or boolean tensors to float without a word: such weights
-    # are not a trained model's, so they are refused by name.
+
+def _check_floating_point(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str) -> None:
+    """load_state_dict would cast integer or boolean tensors to float without a word: such weights
+    are not a trained model's, so they are refused by name."""
     not_float = [f"{k} ({str(v.dtype).replace('torch.', '')})" for k, v in state.items()
                  if expected[k].is_floating_point() and not v.is_floating_point()]
     if not_float:
         raise CheckpointError(f"{source}: weights must be floating point (float32, float16 or bfloat16); "
                               f"these are not: {short_list(not_float)}")
-    model.load_state_dict(state, strict=False)
+
+
+def _log_load(cls: type, source: str, report: LoadReport) -> None:
+    """Fresh weights as a warning (they need training), other heads' weights left out as a debug note."""
     if report.newly_initialized or report.reinitialized_mismatched:
         logger.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, source,
                        short_list(report.newly_initialized + report.reinitialized_mismatched))
     if report.ignored:
         logger.debug("%s: ignored checkpoint weights of other heads in %s: %s", cls.__name__, source,
                     short_list(report.ignored))
-    model.load_report = report  # type: ignore[attr-defined]
-    if dtype is not None or device is not None:
-        model.to(device=device, dtype=dtype)
-    return model
 
 
 def short_list(keys: list[str], limit: int = 12) -> str:

@@ -11,6 +11,10 @@ script reads it: each line is stripped and ``text_a ||| text_b`` is a pair, enco
 ``[CLS] a [SEP] b [SEP]`` with segments 0 and 1. A blank line is an input too (``[CLS] [SEP]``), so
 input ``i`` (``linex_index``) is line ``i + 1``. `extract_features` takes texts or (a, b) pairs.
 
+The settings below (layers, combine, pooling, window length and stride, batch size, precision,
+device, a progress bar) are one `FeatureSettings`, which ``bertforge features`` builds from its
+flags and the functions here take as it is (or as keyword arguments, for a call from Python).
+
 Layers are indexes into ``hidden_states``: 0 is the embedding output, 1..L the L Transformer
 layers, and negative indexes count from the end (-1 the last layer, -L the first, -(L+1) the
 embeddings). Negative indexes mean what they meant to the TF script; its non-negative ones were
@@ -78,7 +82,7 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +90,15 @@ import numpy as np
 import torch
 
 from bertforge.io import atomic_path, open_binary
-from bertforge.fast import frozen_weights, prepare
+from bertforge.fast import frozen_weights, speed_up
 from bertforge.fast.int8 import int8_weights
 from bertforge.model.bert import BertModel
 from bertforge.model.heads import resolve_layers
 from bertforge.tasks.encoding import max_context_window, window_starts
 from bertforge.train.precision import autocast, check_precision, resolve_precision
 
-__all__ = ["Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs", "split_pair",
-           "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
+__all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
+           "split_pair", "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -106,6 +110,55 @@ _EMBED_POOLINGS = (*POOLINGS, "last")
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
+
+
+# ---------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class FeatureSettings:
+    """Which vectors to take (layers, combine, pooling) and how inputs run through the model
+    (windows, batches, number format, device, progress bar); the module docstring describes each.
+    Checked when made; what depends on the model (the layers it has, its positions, a left-to-right
+    model's [CLS]) is checked once the model is loaded."""
+
+    layers: tuple[int, ...] | None = None
+    """Hidden-state indexes, in the order given (None: -1,-2,-3,-4, or -1 alone with pooling)."""
+    combine: str = "concat"
+    """"concat" puts the layers side by side, "sum" adds them up."""
+    pooling: str | None = None
+    """None: a vector per token; "cls": the vector at [CLS]; "mean": the mean over the input's tokens;
+    "last" (`embed` only): the input's final [SEP]."""
+    max_seq_length: int | None = None
+    """Tokens per forward pass; longer inputs are cut into windows (None: 128, or the model's positions
+    if fewer)."""
+    stride: int = 0
+    """Tokens between window starts (0: half a window)."""
+    batch_size: int = 32
+    """Sequences per forward pass."""
+    precision: str = "fp32"
+    """auto, fp32, bf16, fp16 (CUDA) or int8 (CPU), resolved for the device (`bertforge.train.precision`)."""
+    device: str = "auto"
+    """Where a checkpoint runs: auto, cpu, cuda or cuda:K (`embed` runs on its model's device)."""
+    progress: bool = False
+    """A progress bar on stderr."""
+
+    def __post_init__(self) -> None:
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))  # any sequence given, held as a tuple
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
+        if self.pooling is not None and self.pooling not in _EMBED_POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None; embed also takes last), "
+                             f"got {self.pooling!r}")
+        check_precision(self.precision, inference=True)
+        if (self.max_seq_length is not None and self.max_seq_length < 4) or self.stride < 0 or self.batch_size < 1:
+            raise ValueError(f"max_seq_length must be >= 4 (got {self.max_seq_length}), stride >= 0 (got "
+                             f"{self.stride}) and batch_size >= 1 (got {self.batch_size})")
+
+
+def _settings(settings: FeatureSettings | None, options: dict[str, Any], base: FeatureSettings) -> FeatureSettings:
+    """``settings`` (default ``base``) with the fields named in ``options`` replaced."""
+    settings = settings if settings is not None else base
+    return replace(settings, **options) if options else settings
 
 
 # ---------------------------------------------------------------------------- input
@@ -200,12 +253,12 @@ def _windows(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int, max_len: i
 # ---------------------------------------------------------------------------- the model pass
 @dataclass
 class _Spec:
-    layers: list[int]  # positions in hidden_states
-    combine: str
-    pooling: str | None
+    """`FeatureSettings` made concrete for one model on one device."""
+
+    settings: FeatureSettings
+    layers: tuple[int, ...]  # the indexes as given, or the default ones
+    positions: list[int]  # the same layers as positions in hidden_states
     max_seq_length: int
-    stride: int
-    batch_size: int
     precision: str  # resolved: fp32, bf16, fp16 or int8
     device: torch.device
     dim: int
@@ -229,7 +282,7 @@ def _run_chunk(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | Non
     """(input index, token ids, (n, D) vectors) of ``items``, in order."""
     seqs, windows, owners = [], [], []
     for k, i in enumerate(items):
-        seq, wins = _windows(*inputs[i], cls, sep, spec.max_seq_length, spec.stride, i)
+        seq, wins = _windows(*inputs[i], cls, sep, spec.max_seq_length, spec.settings.stride, i)
         seqs.append(seq)
         windows += wins
         owners += [k] * len(wins)
@@ -237,8 +290,9 @@ def _run_chunk(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | Non
     vectors = np.empty((int(offsets[-1]), spec.dim), dtype=np.float32)
     order = np.argsort([len(w.ids) for w in windows], kind="stable")  # similar lengths batch together
     amp = autocast(spec.precision, spec.device)
-    for start in range(0, len(order), spec.batch_size):
-        chosen = order[start:start + spec.batch_size]
+    batch_size = spec.settings.batch_size
+    for start in range(0, len(order), batch_size):
+        chosen = order[start:start + batch_size]
         batch = [windows[w] for w in chosen]
         rows = np.concatenate([np.full(len(w.src), r) for r, w in enumerate(batch)])  # the kept (window, position)s
         cols = np.concatenate([w.src for w in batch])
@@ -246,8 +300,8 @@ def _run_chunk(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | Non
         with torch.inference_mode(), amp:
             hidden = model(**_collate(batch, spec.device), output_hidden_states=True).hidden_states  # L+1 x (B, T, H)
             r, c = torch.from_numpy(rows).to(spec.device), torch.from_numpy(cols).to(spec.device)
-            picked = [hidden[layer][r, c].float() for layer in spec.layers]  # each (R, H)
-            out = torch.cat(picked, -1) if spec.combine == "concat" else torch.stack(picked).sum(0)
+            picked = [hidden[layer][r, c].float() for layer in spec.positions]  # each (R, H)
+            out = torch.cat(picked, -1) if spec.settings.combine == "concat" else torch.stack(picked).sum(0)
         vectors[dest] = out.cpu().numpy()
         if bar is not None:
             bar.update(len(dest))
@@ -260,10 +314,11 @@ def _length(a: np.ndarray, b: np.ndarray | None) -> int:
 
 
 def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], spec: _Spec, cls: int, sep: int,
-         add: Callable[[int, np.ndarray, np.ndarray], None], progress: bool) -> None:
+         add: Callable[[int, np.ndarray, np.ndarray], None]) -> None:
     """Every input's vectors (pooled when asked) handed to ``add(index, token_ids, vectors)`` in input order."""
     bar = None
-    if progress:
+    pooling = spec.settings.pooling
+    if spec.settings.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(_length(*x) for x in inputs), desc="features", unit="tok", dynamic_ncols=True)
@@ -271,15 +326,15 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
 
     def flush(items: list[int]) -> None:
         for i, seq, vectors in _run_chunk(model, inputs, items, spec, cls, sep, bar):
-            if spec.pooling == "cls":
+            if pooling == "cls":
                 vectors = vectors[0]
-            elif spec.pooling == "last":
+            elif pooling == "last":
                 vectors = vectors[-1]
-            elif spec.pooling == "mean":
+            elif pooling == "mean":
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
             add(i, seq, vectors)
 
-    with frozen_weights(prepare(model)), int8_weights(model, spec.precision == "int8"):
+    with frozen_weights(speed_up(model)), int8_weights(model, spec.precision == "int8"):
         try:
             chunk: list[int] = []
             tokens = 0
@@ -311,7 +366,6 @@ class _Setup:
     tokenizer: Any
     inputs: list[tuple[np.ndarray, np.ndarray | None]]
     spec: _Spec
-    layers: tuple[int, ...]  # as given
     windowed: int
 
 
@@ -335,44 +389,44 @@ def _check_pooling(config: Any, pooling: str | None, what: str) -> None:
                          "[CLS] alone and nothing of the text, so pooling cls carries no sentence; use pooling mean")
 
 
-def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], layers: Sequence[int] | None,
-           combine: str, pooling: str | None, max_seq_length: int | None, stride: int, batch_size: int,
-           precision: str, device: str) -> _Setup:
+def _resolve(settings: FeatureSettings, config: Any, device: torch.device | str) -> _Spec:
+    """``settings`` for a model of ``config`` on ``device``: the model's device, or one to set up
+    (`bertforge.train.distributed.setup`) once the settings are known to fit the model."""
     from bertforge.train.distributed import setup
-    from bertforge.text.tokenizer import BertTokenizer
 
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-    if pooling is not None and pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got {pooling!r}")
-    check_precision(precision, inference=True)
-    if (max_seq_length is not None and max_seq_length < 4) or stride < 0 or batch_size < 1:
-        raise ValueError(f"max_seq_length must be >= 4 (got {max_seq_length}), stride >= 0 (got {stride}) and "
-                         f"batch_size >= 1 (got {batch_size})")
-    if len(texts) == 0:
-        raise ValueError("no texts to extract features from")
-    model = BertModelWithoutPooler.from_pretrained(checkpoint)
-    config = model.config
-    _check_pooling(config, pooling, str(checkpoint))
+    max_seq_length = settings.max_seq_length
     if max_seq_length is None:
         max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
     elif max_seq_length > config.max_position_embeddings:
         raise ValueError(f"max_seq_length {max_seq_length} exceeds the model's {config.max_position_embeddings} "
                          "positions")
-    given = tuple(layers) if layers is not None else ((-1,) if pooling else DEFAULT_LAYERS)
-    resolved = resolve_layers(given, config.num_hidden_layers)
-    dev = setup(device).device
-    precision = resolve_precision(precision, dev, inference=True)
-    model.to(dev).eval()
+    layers = settings.layers if settings.layers is not None else ((-1,) if settings.pooling else DEFAULT_LAYERS)
+    positions = resolve_layers(layers, config.num_hidden_layers)
+    if isinstance(device, str):
+        device = setup(device).device
+    precision = resolve_precision(settings.precision, device, inference=True)
+    dim = config.hidden_size * (len(positions) if settings.combine == "concat" else 1)
+    return _Spec(settings, layers, positions, max_seq_length, precision, device, dim)
+
+
+def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], settings: FeatureSettings) -> _Setup:
+    from bertforge.text.tokenizer import BertTokenizer
+
+    if settings.pooling == "last":
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got 'last'")
+    if len(texts) == 0:
+        raise ValueError("no texts to extract features from")
+    model = BertModelWithoutPooler.from_pretrained(checkpoint)
+    _check_pooling(model.config, settings.pooling, str(checkpoint))
+    spec = _resolve(settings, model.config, settings.device)
+    model.to(spec.device).eval()
     tok = BertTokenizer.from_pretrained(checkpoint)
     inputs = _encode(tok, texts)
-    dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
-    spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, dev, dim)
-    windowed = sum(_length(*x) > max_seq_length for x in inputs)
+    windowed = sum(_length(*x) > spec.max_seq_length for x in inputs)
     if windowed:
         logger.info("%d of %d inputs are longer than max_seq_length %d: cut into windows", windowed, len(inputs),
-                    max_seq_length)
-    return _Setup(model, tok, inputs, spec, given, windowed)
+                    spec.max_seq_length)
+    return _Setup(model, tok, inputs, spec, windowed)
 
 
 # ---------------------------------------------------------------------------- results
@@ -419,7 +473,7 @@ class Extracted:
 def _layout(s: _Setup) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Name -> (dtype, shape) of the result's arrays (module docstring: the file layouts)."""
     N, D = len(s.inputs), s.spec.dim
-    if s.spec.pooling:
+    if s.spec.settings.pooling:
         return {"features": (np.dtype(np.float32), (N, D))}
     total = sum(_length(*x) for x in s.inputs)
     return {"features": (np.dtype(np.float32), (total, D)), "offsets": (np.dtype(np.int64), (N + 1,)),
@@ -433,11 +487,11 @@ def _allocate(s: _Setup, make: Callable[[str, np.dtype, tuple[int, ...]], np.nda
     if offsets is not None:
         offsets[0] = 0
         np.cumsum([_length(*x) for x in s.inputs], out=offsets[1:])
-    return Extracted(arrays["features"], offsets, arrays.get("token_ids"), s.layers, s.spec.combine, s.spec.pooling,
-                     s.model.config.hidden_size, s.windowed)
+    return Extracted(arrays["features"], offsets, arrays.get("token_ids"), s.spec.layers, s.spec.settings.combine,
+                     s.spec.settings.pooling, s.model.config.hidden_size, s.windowed)
 
 
-def _fill(s: _Setup, result: Extracted, progress: bool) -> None:
+def _fill(s: _Setup, result: Extracted) -> None:
     def add(i: int, seq: np.ndarray, vectors: np.ndarray) -> None:
         if result.offsets is None:
             result.values[i] = vectors
@@ -446,67 +500,56 @@ def _fill(s: _Setup, result: Extracted, progress: bool) -> None:
             result.values[a:b] = vectors
             result.token_ids[a:b] = seq  # type: ignore[index]
 
-    _run(s.model, s.inputs, s.spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add, progress)
+    _run(s.model, s.inputs, s.spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add)
 
 
-def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], *,
-                     layers: Sequence[int] | None = None, combine: str = "concat", pooling: str | None = None,
-                     max_seq_length: int | None = None, stride: int = 0, batch_size: int = 32, precision: str = "fp32",
-                     device: str = "auto", progress: bool = False) -> Extracted:
+def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]],
+                     settings: FeatureSettings | None = None, **options: Any) -> Extracted:
     """Token vectors (or pooled sentence vectors) of ``texts`` in memory; see the module docstring.
 
-    ``texts``: strings, or (text_a, text_b) pairs (``text_b`` may be None). ``layers``: default
-    -1,-2,-3,-4 (with ``pooling``: -1). ``max_seq_length``: tokens per forward pass, default 128 (or
-    the model's positions if fewer); longer inputs are cut into windows ``stride`` tokens apart (0:
-    half a window). ``precision``: auto (the faster of fp32 and bf16 on the device),
-    fp32, bf16 (autocast, CPU or CUDA), fp16 (CUDA) or int8 (CPU, `bertforge.fast.int8`).
+    ``texts``: strings, or (text_a, text_b) pairs (``text_b`` may be None). ``settings``: a
+    `FeatureSettings` (default: its defaults); ``options``: any of its fields, given instead or over
+    it (``extract_features(path, texts, pooling="mean")``). Layers default to -1,-2,-3,-4 (with
+    ``pooling``: -1); ``max_seq_length`` to 128 (or the model's positions if fewer), longer inputs
+    cut into windows ``stride`` tokens apart (0: half a window). ``precision``: auto (the faster of
+    fp32 and bf16 on the device), fp32, bf16 (autocast, CPU or CUDA), fp16 (CUDA) or int8 (CPU,
+    `bertforge.fast.int8`).
     """
-    s = _setup(checkpoint, texts, layers, combine, pooling, max_seq_length, stride, batch_size, precision, device)
+    s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))
     result = _allocate(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
-    _fill(s, result, progress)
+    _fill(s, result)
     return result
 
 
-def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str | None]], *, pooling: str = "mean",
-          layers: Sequence[int] = (-1,), combine: str = "concat", max_seq_length: int | None = None, stride: int = 0,
-          batch_size: int = 32, precision: str = "fp32") -> np.ndarray:
+def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str | None]],
+          settings: FeatureSettings | None = None, **options: Any) -> np.ndarray:
     """(N, D) float32 pooled vectors of ``texts`` from a model already loaded (on its device, in eval
-    mode): `extract_features` with ``pooling`` for a model in memory, such as a predictor's encoder.
+    mode): `extract_features` with pooling for a model in memory, such as a predictor's encoder.
 
-    ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``texts``, ``layers``,
-    ``combine``, ``max_seq_length`` (default 128, or the model's positions if fewer), ``stride`` and
-    ``pooling`` ("cls" or "mean") are `extract_features`'s: long inputs are cut into windows, each
-    token taken from the window where it has the most context; ``pooling`` "last" takes the input's
-    final [SEP] (from the last window), where a left-to-right model's sentence heads pool. ``precision``:
-    fp32, bf16, fp16, int8 or auto (resolved for the model's device); int8 for this call only."""
-    if pooling not in _EMBED_POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(_EMBED_POOLINGS)}, got {pooling!r}")
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-    config = model.config
-    _check_pooling(config, pooling, f"this {type(model).__name__}")
-    if max_seq_length is None:
-        max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
-    if not 4 <= max_seq_length <= config.max_position_embeddings or stride < 0 or batch_size < 1:
-        raise ValueError(f"max_seq_length must be in 4..{config.max_position_embeddings} (got {max_seq_length}), "
-                         f"stride >= 0 (got {stride}) and batch_size >= 1 (got {batch_size})")
-    device = next(model.parameters()).device
-    precision = resolve_precision(precision, device, inference=True)
-    resolved = resolve_layers(layers, config.num_hidden_layers)
-    dim = config.hidden_size * (len(resolved) if combine == "concat" else 1)
-    spec = _Spec(resolved, combine, pooling, max_seq_length, stride, batch_size, precision, device, dim)
-    out = np.zeros((len(texts), dim), dtype=np.float32)
+    ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``settings`` and
+    ``options`` are `extract_features`'s, pooling "mean" by default (None is no choice here) and
+    "last" also allowed: the input's final [SEP] (from the last window), where a left-to-right
+    model's sentence heads pool. Long inputs are cut into windows, each token taken from the window
+    where it has the most context. ``precision`` is resolved for the model's device; int8 for this
+    call only. ``device`` is not used: the model runs where it is."""
+    settings = _settings(settings, options, FeatureSettings(pooling="mean"))
+    if settings.pooling is None:
+        raise ValueError(f"pooling must be one of {', '.join(_EMBED_POOLINGS)}, got None")
+    _check_pooling(model.config, settings.pooling, f"this {type(model).__name__}")
+    spec = _resolve(settings, model.config, next(model.parameters()).device)
+    out = np.zeros((len(texts), spec.dim), dtype=np.float32)
 
     def add(i: int, seq: np.ndarray, vector: np.ndarray) -> None:
         out[i] = vector
 
-    _run(model, _encode(tokenizer, texts), spec, tokenizer.cls_token_id, tokenizer.sep_token_id, add, progress=False)
+    _run(model, _encode(tokenizer, texts), spec, tokenizer.cls_token_id, tokenizer.sep_token_id, add)
     return out
 
 
 # ---------------------------------------------------------------------------- files
-def _jsonl(s: _Setup, out: Path, progress: bool) -> list[Path]:
+def _jsonl(s: _Setup, out: Path) -> list[Path]:
     spec, H = s.spec, s.model.config.hidden_size
+    layers, combine, pooling = spec.layers, spec.settings.combine, spec.settings.pooling
     tokens = s.tokenizer.convert_ids_to_tokens
 
     def rounded(v: np.ndarray) -> list[float]:
@@ -514,26 +557,26 @@ def _jsonl(s: _Setup, out: Path, progress: bool) -> list[Path]:
 
     with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         def add(i: int, seq: np.ndarray, vectors: np.ndarray) -> None:
-            if spec.pooling:
-                record: dict[str, Any] = {"linex_index": i, "pooling": spec.pooling, "layers": list(s.layers),
+            if pooling:
+                record: dict[str, Any] = {"linex_index": i, "pooling": pooling, "layers": list(layers),
                                           "values": rounded(vectors)}
             else:
                 features = []
                 for token, row in zip(tokens(seq.tolist()), vectors):
-                    if spec.combine == "concat":
+                    if combine == "concat":
                         entries = [{"index": given, "values": rounded(row[k * H:(k + 1) * H])}
-                                   for k, given in enumerate(s.layers)]
+                                   for k, given in enumerate(layers)]
                     else:
-                        entries = [{"index": list(s.layers), "values": rounded(row)}]
+                        entries = [{"index": list(layers), "values": rounded(row)}]
                     features.append({"token": token, "layers": entries})
                 record = {"linex_index": i, "features": features}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-        _run(s.model, s.inputs, spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add, progress)
+        _run(s.model, s.inputs, spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add)
     return [out]
 
 
-def _fill_mapped(s: _Setup, open_map: Callable[[str, np.dtype, tuple[int, ...]], np.memmap], progress: bool) -> None:
+def _fill_mapped(s: _Setup, open_map: Callable[[str, np.dtype, tuple[int, ...]], np.memmap]) -> None:
     """Fill arrays that ``open_map(name, dtype, shape)`` maps from a file, then flush them to it."""
     maps: list[np.memmap] = []
 
@@ -541,7 +584,7 @@ def _fill_mapped(s: _Setup, open_map: Callable[[str, np.dtype, tuple[int, ...]],
         maps.append(open_map(name, dtype, shape))
         return maps[-1]
 
-    _fill(s, _allocate(s, make), progress)
+    _fill(s, _allocate(s, make))
     for m in maps:
         m.flush()
 
@@ -565,7 +608,7 @@ def _allocate_file(path: Path, header: bytes, size: int) -> None:
                 logger.debug("%s: blocks not allocated ahead (%s)", path, e)
 
 
-def _npy(s: _Setup, out: Path, progress: bool) -> list[Path]:
+def _npy(s: _Setup, out: Path) -> list[Path]:
     paths = {"features": out, "offsets": out.with_suffix(".offsets.npy"),
              "token_ids": out.with_suffix(".token_ids.npy")}
 
@@ -578,19 +621,20 @@ def _npy(s: _Setup, out: Path, progress: bool) -> list[Path]:
         return np.memmap(tmp, dtype=dtype, mode="r+", offset=header.tell(), shape=shape)
 
     with contextlib.ExitStack() as stack:
-        _fill_mapped(s, open_map, progress)
+        _fill_mapped(s, open_map)
     return [paths[name] for name in _layout(s)]
 
 
 _ST_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
 
 
-def _safetensors(s: _Setup, out: Path, progress: bool) -> list[Path]:
+def _safetensors(s: _Setup, out: Path) -> list[Path]:
     """The safetensors layout written by hand (an 8-byte header size, a JSON header, then the raw
     little-endian tensors back to back) so the tensors can be memory-mapped in place."""
     header: dict[str, Any] = {"__metadata__": {
-        "format": "bertforge-features", "layers": ",".join(map(str, s.layers)), "combine": s.spec.combine,
-        "pooling": s.spec.pooling or "none", "hidden_size": str(s.model.config.hidden_size)}}
+        "format": "bertforge-features", "layers": ",".join(map(str, s.spec.layers)),
+        "combine": s.spec.settings.combine, "pooling": s.spec.settings.pooling or "none",
+        "hidden_size": str(s.model.config.hidden_size)}}
     begin = 0
     for name, (dtype, shape) in _layout(s).items():
         end = begin + dtype.itemsize * int(np.prod(shape))
@@ -603,11 +647,11 @@ def _safetensors(s: _Setup, out: Path, progress: bool) -> list[Path]:
         _allocate_file(tmp, struct.pack("<Q", len(text)) + text, begin)
         _fill_mapped(s, lambda name, dtype, shape: np.memmap(
             tmp, dtype=dtype.newbyteorder("<"), mode="r+", offset=data_start + header[name]["data_offsets"][0],
-            shape=shape), progress)
+            shape=shape))
     return [out]
 
 
-_WRITERS: dict[str, Callable[[_Setup, Path, bool], list[Path]]] = {
+_WRITERS: dict[str, Callable[[_Setup, Path], list[Path]]] = {
     ".jsonl": _jsonl, ".npy": _npy, ".safetensors": _safetensors}
 
 
@@ -638,13 +682,12 @@ def output_format(out: str | Path) -> str:
     return suffix
 
 
-def write_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], out: str | Path, *,
-                   layers: Sequence[int] | None = None, combine: str = "concat", pooling: str | None = None,
-                   max_seq_length: int | None = None, stride: int = 0, batch_size: int = 32, precision: str = "fp32",
-                   device: str = "auto", progress: bool = False) -> Written:
-    """`extract_features` streamed into ``out``: ``.jsonl``, ``.npy`` or ``.safetensors`` (module docstring)."""
+def write_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], out: str | Path,
+                   settings: FeatureSettings | None = None, **options: Any) -> Written:
+    """`extract_features` streamed into ``out``: ``.jsonl``, ``.npy`` or ``.safetensors`` (module docstring).
+    ``settings`` and ``options`` are `extract_features`'s."""
     out = Path(out)
     writer = _WRITERS[output_format(out)]
-    s = _setup(checkpoint, texts, layers, combine, pooling, max_seq_length, stride, batch_size, precision, device)
-    files = writer(s, out, progress)
+    s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))
+    files = writer(s, out)
     return Written(files, len(s.inputs), sum(_length(*x) for x in s.inputs), s.spec.dim, s.windowed)

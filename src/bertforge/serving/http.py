@@ -101,37 +101,42 @@ def _json_type(x: Any) -> str:
         type(x), "a number")
 
 
-def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_bytes: int = MAX_REQUEST_BYTES,
-               max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5, pooling: str = "mean") -> Any:
-    """The Starlette application serving ``predictor`` (module docstring); ``top_k`` and ``pooling``
-    are the defaults of requests that do not name them."""
-    import torch
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
+class _Service:
+    """What one application answers with: the predictor, the limits on a request, the defaults of
+    the options a request does not name, and the routes; `create_app` routes requests to its
+    handlers. Starlette is imported where a handler needs it, so that this module loads without it."""
 
-    if min(max_batch, max_request_bytes, max_request_tokens) < 1:
-        raise ValueError(f"max_batch, max_request_bytes and max_request_tokens must be >= 1, got {max_batch}, "
-                         f"{max_request_bytes} and {max_request_tokens}")
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-    take_turns(predictor)
-    heads = dict.fromkeys([predictor.head, "embeddings"])
-    posts = ["/predict", *(HEAD_ROUTES[h] for h in heads)]
+    def __init__(self, predictor: Predictor, *, max_batch: int, max_request_bytes: int, max_request_tokens: int,
+                 top_k: int, pooling: str):
+        if min(max_batch, max_request_bytes, max_request_tokens) < 1:
+            raise ValueError(f"max_batch, max_request_bytes and max_request_tokens must be >= 1, got {max_batch}, "
+                             f"{max_request_bytes} and {max_request_tokens}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        self.predictor = predictor
+        self.max_batch = max_batch
+        self.max_request_bytes = max_request_bytes
+        self.max_request_tokens = max_request_tokens
+        self.top_k, self.pooling = top_k, pooling
+        self.heads = list(dict.fromkeys([predictor.head, "embeddings"]))
+        """The heads with a route of their own: the model's, and embeddings (any checkpoint's)."""
+        self.posts = ["/predict", *(HEAD_ROUTES[h] for h in self.heads)]
 
-    async def read_json(request: Request) -> Any:
+    # -------------------------------------------------------------------- a request
+    async def read_json(self, request: Any) -> Any:
+        """The request's body parsed, within ``max_request_bytes`` and servable (`_unservable`)."""
+        from starlette.exceptions import HTTPException
+
+        limit = self.max_request_bytes
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_request_bytes:
+        if declared.isdigit() and int(declared) > limit:
             raise HTTPException(413, f"the request body has {int(declared):,} bytes; the limit is "
-                                     f"{max_request_bytes:,} (--max-request-bytes)")
+                                     f"{limit:,} (--max-request-bytes)")
         body = bytearray()
         async for chunk in request.stream():  # the declared length may be absent (chunked) or wrong
             body += chunk
-            if len(body) > max_request_bytes:
-                raise HTTPException(413, f"the request body exceeds the limit of {max_request_bytes:,} bytes "
+            if len(body) > limit:
+                raise HTTPException(413, f"the request body exceeds the limit of {limit:,} bytes "
                                          "(--max-request-bytes)")
         try:
             data = json.loads(bytes(body))
@@ -144,7 +149,10 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
             raise HTTPException(400, problem)
         return data
 
-    def parse(data: Any) -> tuple[list[Any], dict[str, Any]]:
+    def parse(self, data: Any) -> tuple[list[Any], dict[str, Any]]:
+        """A parsed body -> (its inputs, the options of the predictor's call): ``top_k`` and ``pooling``."""
+        from starlette.exceptions import HTTPException
+
         if not isinstance(data, dict):
             raise HTTPException(400, "expected a JSON object such as {\"inputs\": [\"text\"]}, got "
                                      + _json_type(data))
@@ -160,20 +168,21 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
             raise HTTPException(400, f"\"inputs\" must be a list, got {_json_type(inputs)}")
         if not inputs:
             raise HTTPException(422, "\"inputs\" is empty: nothing to predict")
-        if len(inputs) > max_batch:
-            raise HTTPException(413, f"{len(inputs):,} inputs; the limit is {max_batch:,} per request (--max-batch)")
-        k = data.get("top_k", top_k)
+        if len(inputs) > self.max_batch:
+            raise HTTPException(413, f"{len(inputs):,} inputs; the limit is {self.max_batch:,} per request "
+                                     "(--max-batch)")
+        k = data.get("top_k", self.top_k)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise HTTPException(400, f"\"top_k\" must be an integer >= 1, got {json.dumps(k)}")
-        how = data.get("pooling", pooling)
+        how = data.get("pooling", self.pooling)
         if how not in POOLINGS:
             raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
         return inputs, {"top_k": k, "pooling": how}
 
-    def count_tokens(inputs: list[Any], head: str) -> int:
+    def count_tokens(self, inputs: list[Any], head: str) -> int:
         """The request's tokens (`MAX_REQUEST_TOKENS`) as ``head`` will run them, counted before any model work."""
         texts = [parse_input(x, i) for i, x in enumerate(inputs)]  # InputError: 422, as the predictor's
-        pieces = iter(map(len, predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])))
+        pieces = iter(map(len, self.predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])))
         total = 0
         for group in texts:
             lengths = [next(pieces) for _ in group]
@@ -183,49 +192,82 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
                 total += sum(lengths) + len(group) + 1
         return total
 
-    def endpoint(head: str | None) -> Any:
-        async def handle(request: Request) -> JSONResponse:
-            inputs, options = parse(await read_json(request))
-            name = head or predictor.head
+    def predict(self, inputs: list[Any], head: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+        """The predictor's records for ``inputs`` once their tokens are known to be within the limit
+        (run in a worker thread: the tokenizer's and the model's work)."""
+        from starlette.exceptions import HTTPException
 
-            def call() -> list[dict[str, Any]]:
-                tokens = count_tokens(inputs, name)
-                if tokens > max_request_tokens:
-                    raise HTTPException(413, f"{tokens:,} tokens; the limit is {max_request_tokens:,} per request "
-                                             "(--max-request-tokens): send fewer or shorter inputs")
-                return predictor(inputs, head=name, **options)
+        tokens = self.count_tokens(inputs, head)
+        if tokens > self.max_request_tokens:
+            raise HTTPException(413, f"{tokens:,} tokens; the limit is {self.max_request_tokens:,} per request "
+                                     "(--max-request-tokens): send fewer or shorter inputs")
+        return self.predictor(inputs, head=head, **options)
 
+    # -------------------------------------------------------------------- the handlers
+    def endpoint(self, head: str | None) -> Any:
+        """The handler of a POST route: ``head``'s records (None: the model's own head)."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+
+        name = head or self.predictor.head
+
+        async def handle(request: Any) -> Any:
+            inputs, options = self.parse(await self.read_json(request))
             try:
-                records = await run_in_threadpool(call)
+                records = await run_in_threadpool(self.predict, inputs, name, options)
             except InputError as e:
                 raise HTTPException(422, str(e)) from None
             return JSONResponse({"head": name, "predictions": records})
 
         return handle
 
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": predictor.name, "head": predictor.head,
-                             "device": str(predictor.device),
-                             "dtype": str(predictor.autocast or torch.float32).removeprefix("torch."),
-                             "labels": predictor.labels, "routes": ["GET /health", *(f"POST {r}" for r in posts)],
-                             "limits": {"max_batch": max_batch, "max_request_bytes": max_request_bytes,
-                                        "max_request_tokens": max_request_tokens}})
+    async def health(self, request: Any) -> Any:
+        import torch
+        from starlette.responses import JSONResponse
 
-    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        p = self.predictor
+        return JSONResponse({"status": "ok", "model": p.name, "head": p.head, "device": str(p.device),
+                             "dtype": str(p.autocast or torch.float32).removeprefix("torch."),
+                             "labels": p.labels, "routes": ["GET /health", *(f"POST {r}" for r in self.posts)],
+                             "limits": {"max_batch": self.max_batch, "max_request_bytes": self.max_request_bytes,
+                                        "max_request_tokens": self.max_request_tokens}})
+
+    async def http_error(self, request: Any, exc: Exception) -> Any:
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+
         assert isinstance(exc, HTTPException)
         message = exc.detail
         if exc.status_code in (404, 405):
-            message = (f"no route {request.method} {request.url.path}; this model ({predictor.head}) answers "
-                       f"GET /health and POST {', '.join(posts)}")
+            message = (f"no route {request.method} {request.url.path}; this model ({self.predictor.head}) answers "
+                       f"GET /health and POST {', '.join(self.posts)}")
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    @staticmethod
+    async def server_error(request: Any, exc: Exception) -> Any:
+        from starlette.responses import JSONResponse
+
         logger.exception("bertforge serve: %s %s failed", request.method, request.url.path)
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    routes = [Route("/health", health, methods=["GET"]), Route("/predict", endpoint(None), methods=["POST"])]
-    routes += [Route(HEAD_ROUTES[h], endpoint(h), methods=["POST"]) for h in heads]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_bytes: int = MAX_REQUEST_BYTES,
+               max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5, pooling: str = "mean") -> Any:
+    """The Starlette application serving ``predictor`` (module docstring); ``top_k`` and ``pooling``
+    are the defaults of requests that do not name them."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.routing import Route
+
+    service = _Service(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes,
+                       max_request_tokens=max_request_tokens, top_k=top_k, pooling=pooling)
+    take_turns(predictor)
+    routes = [Route("/health", service.health, methods=["GET"]),
+              Route("/predict", service.endpoint(None), methods=["POST"])]
+    routes += [Route(HEAD_ROUTES[h], service.endpoint(h), methods=["POST"]) for h in service.heads]
+    return Starlette(routes=routes,
+                     exception_handlers={HTTPException: service.http_error, Exception: service.server_error})
 
 
 def serve(predictor: Predictor, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.fast import prepare
+from bertforge.fast import speed_up
 from bertforge.train.distributed import resolve_device
 from bertforge.train.precision import INFERENCE_PRECISIONS, autocast, dtype_of, resolve_precision
 
@@ -155,7 +155,7 @@ class Predictor:
 
     Not for concurrent calls from several threads unless its forward passes take turns (`take_turns`,
     as `bertforge.serving.http` does), or the calls are serialised.
-    Its model is prepared for fast inference with frozen weights (`bertforge.fast.prepare`): do not train it.
+    Its model is prepared for fast inference with frozen weights (`bertforge.fast.speed_up`): do not train it.
 
     ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
     ``family`` its task family (default: the settings' task's)."""
@@ -174,7 +174,7 @@ class Predictor:
         self.device = device = resolve_device(device)
         self.precision = resolve_precision(_precision(precision, dtype), device, inference=True)
         """fp32, bf16, fp16 or int8 ("auto" resolved for the device; fp16 off CUDA and int8 off CPU fail)."""
-        self.model = prepare(model.eval(), freeze=True, int8=self.precision == "int8")
+        self.model = speed_up(model.eval(), freeze=True, int8=self.precision == "int8")
         self.tokenizer = tokenizer
         self.head = head
         if settings is not None and settings.eval_batch_size != batch_size:
@@ -206,7 +206,7 @@ class Predictor:
         `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride, SQuAD's limits,
         tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose training
         stopped early loads with a warning and `stopped_early` set."""
-        from bertforge.train.loop import read_stop_marker
+        from bertforge.train.rundir import read_stop_marker
 
         predictor = cls._load(path, device, dtype, precision=precision, head=head, batch_size=batch_size,
                               **settings)
@@ -422,7 +422,7 @@ class Predictor:
         into windows, each token taken from the window where it has the most context
         (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
         last window."""
-        from bertforge.serving.features import embed
+        from bertforge.serving.features import FeatureSettings, embed
 
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
@@ -440,9 +440,9 @@ class Predictor:
                              f"{type(self.model).__name__}); use pooling mean" + ("" if causal else " or cls"))
         items = self._pairs(inputs)
         at = "last" if causal else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
-        out = embed(bert, self.tokenizer, items, pooling=at if pooling == "pooler" else pooling,
-                    max_seq_length=self.max_seq_length, stride=self.stride, batch_size=self.batch_size,
-                    precision=self.precision)
+        settings = FeatureSettings(pooling=at if pooling == "pooler" else pooling, max_seq_length=self.max_seq_length,
+                                   stride=self.stride, batch_size=self.batch_size, precision=self.precision)
+        out = embed(bert, self.tokenizer, items, settings)
         if pooling == "pooler":
             with torch.inference_mode():
                 pooled = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)

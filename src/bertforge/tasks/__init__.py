@@ -14,10 +14,9 @@ from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskFamily, T
 from bertforge.tasks.classification import (
     GLUE_TASKS,
     ClassificationFamily,
-    ClassificationTask,
+    ClassificationObjective,
     Example,
-    Features,
-    GlueTask,
+    GlueDataset,
     encode_examples,
     glue_files,
     read_examples,
@@ -45,5 +44,5 @@ def family_for(task: str) -> TaskFamily:
 
 __all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TaskSettings", "TrainData", "EvalData",
            "EvalResult", "FeatureBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily",
-           "ClassificationTask", "Example", "Features", "GlueTask", "encode_examples", "glue_files", "read_examples",
+           "ClassificationObjective", "Example", "GlueDataset", "encode_examples", "glue_files", "read_examples",
            "TaggingFamily", "MultipleChoiceFamily", "SquadFamily"]

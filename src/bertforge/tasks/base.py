@@ -6,11 +6,11 @@ regression, token tagging, extractive QA, multiple choice. `bertforge.tasks.fine
 through the shared loop the same way:
 
     family = family_for(cfg.task)                        # the registry in bertforge.tasks
-    cfg = family.configure(cfg)                          # the family's defaults (max_seq_length 0 -> 384 for SQuAD)
+    cfg = family.configure(cfg)                          # the family's defaults, once (SQuAD: max_seq_length 384)
     train = family.train_data(cfg, tokenizer)            # TrainData: features with targets, head kwargs, label set
     dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
-    Trainer(model, family.train_task(model.config), FeatureBatches(train.features, ...), ...)
+    Trainer(model, family.objective(model.config), FeatureBatches(train.features, ...), ...)
     result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, prediction files
     records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
     text = family.format_predictions(records, out_path)            # the family's native prediction file
@@ -18,7 +18,9 @@ through the shared loop the same way:
 
 Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths, windows or
 truncation, SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it
-with the training loop's settings, so the recipe hands its config to the family as is.
+with the training loop's settings, so the recipe hands its config to the family as is. `configure` fills in
+what the family decides (a length, the way long inputs are handled) and checks what it cannot take; a run
+calls it once, and a configured config configures to itself.
 
 Features and batches (`bertforge.tasks.encoding`): a family's features are a `FeatureSet`;
 `FeatureBatches` makes the training batches and `predict_items` runs a model over them.
@@ -354,7 +356,8 @@ class TaskFamily(Protocol):
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
         """``cfg`` with the family's defaults filled in (e.g. max_seq_length 0 -> its default, long_inputs
-        auto -> its way); a setting the family cannot take is an error."""
+        auto -> its way); a setting the family cannot take is an error. A configured ``cfg`` comes back
+        unchanged."""
         ...
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
@@ -369,8 +372,8 @@ class TaskFamily(Protocol):
         prediction the model could not make, with a warning (`unseen_labels`); training files refuse it."""
         ...
 
-    def train_task(self, config: Any) -> Any:
-        """The `bertforge.train.loop.Task` (summed loss terms and statistics) for a model with ``config``."""
+    def objective(self, config: Any) -> Any:
+        """The `bertforge.train.loop.Objective` (summed loss terms and statistics) for a model with ``config``."""
         ...
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,

@@ -52,8 +52,8 @@ from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, Family
                                   unseen_labels)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items, window_starts
 
-__all__ = ["Example", "GlueTask", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
-           "targets", "Features", "encode_examples", "ClassificationTask", "predict_logits",
+__all__ = ["Example", "GlueDataset", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
+           "targets", "encode_examples", "ClassificationObjective", "predict_logits",
            "compute_metrics", "main_metric", "prediction_records", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
@@ -72,7 +72,7 @@ class Example(NamedTuple):
 
 
 @dataclass(frozen=True)
-class GlueTask:
+class GlueDataset:
     """Where a GLUE task's files keep their texts and label, and its label set."""
 
     name: str
@@ -95,18 +95,18 @@ class GlueTask:
 
 _BINARY = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
-GLUE_TASKS: dict[str, GlueTask] = {t.name: t for t in (
+GLUE_TASKS: dict[str, GlueDataset] = {t.name: t for t in (
     # CoLA train/dev: no header; source, label, original annotation, sentence. Its test file has a header.
-    GlueTask("cola", "sentence", None, "label", _BINARY, positional=(("sentence", 3), ("label", 1)), width=4),
-    GlueTask("sst2", "sentence", None, "label", _BINARY),
-    GlueTask("mrpc", "#1 String", "#2 String", "Quality", _BINARY),
-    GlueTask("qqp", "question1", "question2", "is_duplicate", _BINARY),
-    GlueTask("stsb", "sentence1", "sentence2", "score", None),
-    GlueTask("mnli", "sentence1", "sentence2", "gold_label", ("contradiction", "entailment", "neutral"),
+    GlueDataset("cola", "sentence", None, "label", _BINARY, positional=(("sentence", 3), ("label", 1)), width=4),
+    GlueDataset("sst2", "sentence", None, "label", _BINARY),
+    GlueDataset("mrpc", "#1 String", "#2 String", "Quality", _BINARY),
+    GlueDataset("qqp", "question1", "question2", "is_duplicate", _BINARY),
+    GlueDataset("stsb", "sentence1", "sentence2", "score", None),
+    GlueDataset("mnli", "sentence1", "sentence2", "gold_label", ("contradiction", "entailment", "neutral"),
              no_label=("-",)),
-    GlueTask("qnli", "question", "sentence", "label", _NLI2),
-    GlueTask("rte", "sentence1", "sentence2", "label", _NLI2),
-    GlueTask("wnli", "sentence1", "sentence2", "label", _BINARY),
+    GlueDataset("qnli", "question", "sentence", "label", _NLI2),
+    GlueDataset("rte", "sentence1", "sentence2", "label", _NLI2),
+    GlueDataset("wnli", "sentence1", "sentence2", "label", _BINARY),
 )}
 
 # Files of each split in a GLUE task folder; MNLI evaluates on two (matched, then mismatched).
@@ -249,13 +249,12 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
 
 
 # ---------------------------------------------------------------------------- features
-Features = Windows
 """Classification's features: the sequence (or windows) of every example (`bertforge.tasks.encoding.Windows`),
 with one label per sequence (its example's) when training or evaluating."""
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length: int,
-                    stride: int = 0, long_inputs: str = "truncate") -> Features:
+                    stride: int = 0, long_inputs: str = "truncate") -> Windows:
     """Tokenize; truncate long examples, or cut them into windows (``long_inputs``: module docstring).
     ``stride``: tokens between window starts (0: half a window); larger than a window would skip text,
     which is an error."""
@@ -318,12 +317,12 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
             out_ids.append(np.array(seq, dtype=np.int64))
             num_a.append(n_a)
             example.append(i)
-    return Features(out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(examples),
+    return Windows(out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(examples),
                     windowed=windowed, truncated=truncated, cut_pairs=cut_pairs, max_seq_length=max_seq_length)
 
 
 # ---------------------------------------------------------------------------- the task
-class ClassificationTask:
+class ClassificationObjective:
     """Summed cross-entropy (or squared error, regression) over the windows of a batch; accuracy."""
 
     def __init__(self, regression: bool = False):
@@ -350,7 +349,7 @@ class ClassificationTask:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-def predict_logits(model: nn.Module, features: Features, batch_size: int, device: torch.device | str = "cpu",
+def predict_logits(model: nn.Module, features: Windows, batch_size: int, device: torch.device | str = "cpu",
                    dist: Any = None) -> np.ndarray:
     """(examples, labels) logits, each the mean over its example's windows. With ``dist``, every
     process predicts a part and all get the whole."""
@@ -461,7 +460,7 @@ class ClassificationFamily(FamilyDefaults):
                              require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
 
     @staticmethod
-    def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Features:
+    def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Windows:
         """The examples' features by ``cfg``; what was truncated or windowed is logged, naming ``what``
         (the file; nothing is logged without it)."""
         features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride, cfg.long_inputs)
@@ -495,8 +494,8 @@ class ClassificationFamily(FamilyDefaults):
         features = self._encode(cfg, tokenizer, examples, str(path)).with_labels(y)
         return EvalData(path, (features, y, examples), report, features.summary())
 
-    def train_task(self, config: Any) -> ClassificationTask:
-        return ClassificationTask(regression=config.problem_type == "regression" or config.num_labels == 1)
+    def objective(self, config: Any) -> ClassificationObjective:
+        return ClassificationObjective(regression=config.problem_type == "regression" or config.num_labels == 1)
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:

@@ -4,7 +4,7 @@ A frozen encoder (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification
 twin with ``freeze``) gives the same hidden states in every epoch, so they are computed in one pass
 over the training items before training (`cache_features`) and kept in memory as float16, only the
 chosen layers and only each item's real tokens. `CachedFeatures` serves them with the item's own
-batch (``features`` beside ``input_ids``, ``labels``, ...) and `CachedTask` hands them to the model,
+batch (``features`` beside ``input_ids``, ``labels``, ...) and `CachedObjective` hands them to the model,
 so training steps run the BiLSTM and the output layer alone. Evaluation runs the whole model (the
 encoder included), so a saved model needs no cache.
 """
@@ -22,7 +22,7 @@ from torch import nn
 
 from bertforge.tasks.encoding import FeatureSet, predict_items
 
-__all__ = ["CachedFeatures", "cache_features", "CachedTask"]
+__all__ = ["CachedFeatures", "cache_features", "CachedObjective"]
 
 logger = logging.getLogger("bertforge")
 
@@ -81,8 +81,8 @@ def cache_features(model: nn.Module, features: FeatureSet, batch_size: int, devi
     return CachedFeatures(features, cache)
 
 
-class CachedTask:
-    """A family's `bertforge.train.loop.Task` over `CachedFeatures` batches: the model gets each
+class CachedObjective:
+    """A family's `bertforge.train.loop.Objective` over `CachedFeatures` batches: the model gets each
     batch's ``features``, so its encoder does not run."""
 
     def __init__(self, task: Any):

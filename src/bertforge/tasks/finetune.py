@@ -4,10 +4,11 @@ the shared training loop.
 The recipe: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
 task's family (`bertforge.tasks`: classification / regression incl. GLUE, tagging, SQuAD, multiple
 choice) reading and encoding the files, the family's ``BertFor...`` head with fresh weights, and
-`bertforge.train.loop.Trainer`. The paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched
-{5e-5, 3e-5, 2e-5}), 3 epochs, warmup over 10% of the steps then linear decay, weight decay 0.01;
-the dev set is evaluated at the end of each epoch (or every ``eval_every`` steps) and the best
-model by the task's main metric is kept in ``OUT/best/`` with the evaluation's prediction files.
+the run's shape every recipe shares (`FinetuneRecipe`, a `bertforge.train.recipe.Recipe`). The
+paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched {5e-5, 3e-5, 2e-5}), 3 epochs, warmup
+over 10% of the steps then linear decay, weight decay 0.01; the dev set is evaluated at the end of each
+epoch (or every ``eval_every`` steps) and the best model by the task's main metric is kept in
+``OUT/best/`` with the evaluation's prediction files.
 `finetune_grid` runs the paper's search over lr x batch x epochs and keeps the best on dev.
 
     bertforge finetune --task sst2 --model bert-base --train-file glue/SST-2 --dev-file glue/SST-2 --out runs/sst2
@@ -24,7 +25,7 @@ checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2
 family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
 An --out holding an earlier run's files is refused unless the run resumes it (``--resume``) or
 replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
-(`bertforge.train.loop.open_run_dir`, `bertforge.train.loop.stop_marker`). A run (and a grid, in its
+(`bertforge.train.rundir.open_run_dir`, `bertforge.train.rundir.stop_marker`). A run (and a grid, in its
 own --out) holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files
 to its end: another run into that folder is refused at once.
 
@@ -34,8 +35,10 @@ over chosen layers of a frozen encoder, whose features are computed once before 
 (`bertforge.tasks.feature_based`); ``--bilstm`` puts the same head on an encoder that fine-tunes.
 
 Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
-training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid).
-The task families never import this module; it drives them.
+training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid), in one
+flat class because the command line's flags are its fields. A run fills in the family's defaults once
+(`TaskFamily.configure`, in `prepare_data` or when given data read already); ``max_steps`` 0 stands for
+--epochs until the data is read. The task families never import this module; it drives them.
 """
 
 from __future__ import annotations
@@ -51,16 +54,17 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bertforge.fast import prepare, quantize_int8
+from bertforge.fast import speed_up, quantize_int8
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import FeatureBatches
-from bertforge.tasks.feature_based import CachedTask, cache_features
+from bertforge.tasks.feature_based import CachedObjective, cache_features
 from bertforge.train.lock import run_lock
-from bertforge.train.loop import TrainConfig, TrainResult, Trainer, open_run_dir, stop_marker
+from bertforge.train.loop import BatchSource, Objective, TrainConfig, TrainResult
+from bertforge.train.recipe import Evaluate, Recipe
 from bertforge.train.precision import autocast, resolve_precision
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
@@ -132,14 +136,12 @@ class FinetuneConfig(TaskSettings, TrainConfig):
 
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
     """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
+    STEPS_FROM_DATA: ClassVar[bool] = True
+    """max_steps 0: set from --epochs once the data is read (`FinetuneRecipe.setup_data`)."""
+    RESUMABLE: ClassVar[tuple[str, ...]] = TrainConfig.RESUMABLE + ("eval_batch_size", "out", "device", "epochs")
 
     def __post_init__(self) -> None:
-        auto_steps = self.max_steps == 0
-        if auto_steps:
-            self.max_steps = 1  # set from --epochs once the data is read (`finetune`)
         TrainConfig.__post_init__(self)
-        if auto_steps:
-            self.max_steps = 0
         if self.task and self.task not in task_names():
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
         TaskSettings.__post_init__(self)
@@ -302,101 +304,134 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
     the files already read by `prepare_data` with the same task, files and encoding settings. The run
     holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files to its end."""
-    from bertforge.train.distributed import setup
-
-    if cfg.grid:
-        raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
-    if cfg.keep_best and not cfg.dev_file:
-        raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
-    dist = setup(cfg.device)
-    with run_lock(cfg.out, dist):
-        return _finetune(cfg, data, dist)
+    return FinetuneRecipe(cfg, data).run()
 
 
-def _finetune(cfg: FinetuneConfig, data: PreparedData | None, dist: Any) -> FinetuneResult:
-    """`finetune` in its folder, whose lock the caller holds."""
-    data = data or prepare_data(cfg)
-    family, train, dev, tok = data.family, data.train, data.dev, data.tokenizer
-    cfg = family.configure(cfg)
-    differ = [name for name in ("task", "model", "train_file", "dev_file", *family.settings)
-              if getattr(cfg, name) != getattr(data.cfg, name)]
-    if differ:
-        raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
-    out = Path(cfg.out)
-    resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, outputs=(BEST_DIR,), dist=dist)
-    steps_per_epoch = len(train.features) // cfg.batch_size
-    if steps_per_epoch < 1:
-        raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
-                         f"({cfg.batch_size})")
-    max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    cfg = dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or steps_per_epoch)
-    reports = train.reports + [d.report for d in dev]
+class FinetuneRecipe(Recipe[FinetuneResult]):
+    """Fine-tuning (`bertforge.train.recipe.Recipe`): a task family's files, its head on a pre-trained
+    checkpoint, steps from --epochs, and the best model on dev kept in ``OUT/best/``."""
 
-    settings = {name: getattr(cfg, name) for name in family.settings}
-    torch.manual_seed(cfg.seed)  # the same fresh head on every process
-    dropout = {} if cfg.dropout is None else dropout_overrides(cfg.dropout)
-    model_class, config = _model_class(cfg, family)
-    model = model_class.from_pretrained(cfg.model, config=config, ignore_mismatched_sizes=True, **train.head,
-                                        **dropout)
-    _fresh_head(model, cfg.model, cfg.task)
-    model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
-    if cfg.max_seq_length > model.config.max_position_embeddings:
-        raise ValueError(f"max_seq_length {cfg.max_seq_length} exceeds the model's "
-                         f"{model.config.max_position_embeddings} positions")
-    torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
+    outputs = (BEST_DIR,)
+    cfg: FinetuneConfig
 
-    task = family.train_task(model.config)
-    features = train.features
-    if cfg.features:  # the frozen encoder's features do not change: computed once, not in every epoch
-        features = cache_features(model.to(dist.device), features, cfg.eval_batch_size, dist.device, dist)
-        task = CachedTask(task)
-    batches = FeatureBatches(features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                             world_size=dist.world_size, name=cfg.train_file)
-    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite")}
-    run_config["warmup_steps_used"] = cfg.warmup  # the settings as given (None: not given) and what they resolve to
-    run_config["labels"] = train.labels
-    best_dir = out / BEST_DIR
-    best: dict[str, Any] | None = None
-    if cfg.resume and (best_dir / BEST_METRICS).is_file():
-        best = json.loads((best_dir / BEST_METRICS).read_text(encoding="utf-8"))
-    trainer: Trainer
+    def __init__(self, cfg: FinetuneConfig, data: PreparedData | None = None):
+        if cfg.grid:
+            raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
+        if cfg.keep_best and not cfg.dev_file:
+            raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
+        super().__init__(cfg)
+        self.data = data
+        self.best_dir = self.out / BEST_DIR
+        self.best: dict[str, Any] | None = None
+        """{"step", "metric", "value", "metrics"} of the best evaluation so far."""
 
-    def evaluate(m: nn.Module, step: int) -> dict[str, float]:
-        nonlocal best
-        metrics, main, files = _evaluate_all(family, m, dev, cfg, dist.device, dist)
+    def read_inputs(self) -> None:
+        """The task's files, read here unless given, and the settings with the family's defaults."""
+        if self.data is None:
+            self.data = prepare_data(self.cfg)
+            self.cfg = self.data.cfg
+        else:
+            self.cfg = self.data.family.configure(self.cfg)
+            differ = [name for name in ("task", "model", "train_file", "dev_file", *self.data.family.settings)
+                      if getattr(self.cfg, name) != getattr(self.data.cfg, name)]
+            if differ:
+                raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
+        self.tokenizer = self.data.tokenizer
+
+    @property
+    def prepared(self) -> PreparedData:
+        assert self.data is not None, "read_inputs reads the data"
+        return self.data
+
+    def setup_data(self) -> None:
+        """The run's steps: --max-steps, or --epochs passes over the training data; an evaluation every
+        epoch unless --eval-every says otherwise."""
+        cfg, train = self.cfg, self.prepared.train
+        self.steps_per_epoch = len(train.features) // cfg.batch_size
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
+                             f"({cfg.batch_size})")
+        max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.cfg = dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or self.steps_per_epoch)
+
+    def build_model(self) -> nn.Module:
+        """The family's head on the pre-trained checkpoint (the head fresh, the same on every process), with
+        the settings evaluation and prediction reuse in its config."""
+        cfg, data = self.cfg, self.prepared
+        dropout = {} if cfg.dropout is None else dropout_overrides(cfg.dropout)
+        model_class, config = _model_class(cfg, data.family)
+        model = model_class.from_pretrained(cfg.model, config=config, ignore_mismatched_sizes=True,
+                                            **data.train.head, **dropout)
+        _fresh_head(model, cfg.model, cfg.task)
+        settings = {name: getattr(cfg, name) for name in data.family.settings}
+        model.config.extra.update({SETTINGS_KEY: settings, "finetuning_task": cfg.task})
+        if cfg.max_seq_length > model.config.max_position_embeddings:
+            raise ValueError(f"max_seq_length {cfg.max_seq_length} exceeds the model's "
+                             f"{model.config.max_position_embeddings} positions")
+        return model
+
+    def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
+        cfg, dist, data = self.cfg, self.dist, self.prepared
+        task = data.family.objective(model.config)
+        features = data.train.features
+        if cfg.features:  # the frozen encoder's features do not change: computed once, not in every epoch
+            features = cache_features(model.to(dist.device), features, cfg.eval_batch_size, dist.device, dist)
+            task = CachedObjective(task)
+        batches = FeatureBatches(features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+                                 world_size=dist.world_size, name=cfg.train_file)
+        if cfg.resume and (self.best_dir / BEST_METRICS).is_file():
+            self.best = json.loads((self.best_dir / BEST_METRICS).read_text(encoding="utf-8"))
+        return task, batches, self.evaluate if data.dev else None
+
+    def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
+        """The dev files' metrics; a new best model is saved in ``OUT/best/`` with its prediction files."""
+        cfg, trainer = self.cfg, self.trainer
+        metrics, main, files = _evaluate_all(self.prepared.family, model, self.prepared.dev, cfg, self.dist.device,
+                                             self.dist)
         main = cfg.metric_for_best or main
         if main not in metrics:
             raise ValueError(f"--metric-for-best {main!r} is not among the metrics ({', '.join(metrics)})")
-        if cfg.keep_best and _better(metrics[main], best["value"] if best else None):
-            best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
-            trainer.save_model(best_dir, extra_files={BEST_METRICS: json.dumps(best, indent=1) + "\n", **files})
+        if cfg.keep_best and _better(metrics[main], self.best["value"] if self.best else None):
+            self.best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
+            assert trainer is not None, "the trainer evaluates"
+            trainer.save_model(self.best_dir,
+                               extra_files={BEST_METRICS: json.dumps(self.best, indent=1) + "\n", **files})
         return metrics
 
-    trainer = Trainer(model, task, batches, cfg, out, dist=dist,
-                      evaluate=evaluate if dev else None, tokenizer=tok, run_config=run_config,
-                      resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
-                                         "eval_every", "eval_batch_size", "max_time_minutes", "progress",
-                                         "compile", "out", "device", "epochs", "warmup_steps_used"),
-                      write_run_config=True)  # once a resume's settings are accepted: a refused one changes nothing
-    inputs = [f"train {train.summary}", *(f"dev {d.path.name} {d.summary}" for d in dev)]
-    if dist.is_main:
-        labels = train.labels
-        kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
-        schedule = (f"{cfg.max_steps} steps of {cfg.batch_size} ({steps_per_epoch} per epoch, warmup {cfg.warmup}) "
-                    f"on {dist.device}")
-        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in [*inputs, schedule] if p))
-        for r in reports:
+    def run_facts(self, model: nn.Module) -> dict[str, Any]:
+        return {"labels": self.prepared.train.labels}
+
+    def _inputs(self) -> list[str]:
+        """How the training and dev files were read (long inputs: windows or truncation)."""
+        data = self.prepared
+        return [f"train {data.train.summary}", *(f"dev {d.path.name} {d.summary}" for d in data.dev)]
+
+    def log_start(self) -> None:
+        cfg, dist, data = self.cfg, self.dist, self.prepared
+        if not dist.is_main:
+            return
+        labels = data.train.labels
+        more = ", ..." if labels is not None and len(labels) > 10 else ""
+        kind = "" if labels is None else f", {len(labels)} labels ({', '.join(labels[:10])}{more})"
+        schedule = (f"{cfg.max_steps} steps of {cfg.batch_size} ({self.steps_per_epoch} per epoch, warmup "
+                    f"{cfg.warmup}) on {dist.device}")
+        logger.info("finetune: %s%s; %s", cfg.task, kind, "; ".join(p for p in [*self._inputs(), schedule] if p))
+        for r in self._reports():
             if r.num_skipped:
                 logger.info("finetune: %s", r.summary())
-    result = trainer.fit(resume_from=resume_from)
-    trainer.save_model(out / "model", extra_files=stop_marker(result))
-    if dist.is_main:  # how long inputs were handled, beside the results they bear on
-        logger.info("finetune: inputs: %s", "; ".join(inputs))
-    if dist.is_main and best is not None:
-        logger.info("finetune: best %s %.4f at step %d -> %s", best["metric"], best["value"], best["step"], best_dir)
-    dist.barrier()  # no process leaves (and tears down the process group) while another still works
-    return FinetuneResult(train=result, model_dir=out / "model", best_dir=best_dir if best else None, best=best,
-                          eval_metrics=result.eval_metrics, reports=reports)
+
+    def _reports(self) -> list[ReadReport]:
+        return self.prepared.train.reports + [d.report for d in self.prepared.dev]
+
+    def finish(self, result: TrainResult) -> FinetuneResult:
+        best = self.best
+        if self.dist.is_main:  # how long inputs were handled, beside the results they bear on
+            logger.info("finetune: inputs: %s", "; ".join(self._inputs()))
+        if self.dist.is_main and best is not None:
+            logger.info("finetune: best %s %.4f at step %d -> %s", best["metric"], best["value"], best["step"],
+                        self.best_dir)
+        return FinetuneResult(train=result, model_dir=self.out / "model", best_dir=self.best_dir if best else None,
+                              best=best, eval_metrics=result.eval_metrics, reports=self._reports())
 
 
 @dataclass
@@ -454,7 +489,7 @@ def _finetune_grid(cfg: FinetuneConfig, grid: dict[str, tuple[Any, ...]], dist: 
     import shutil
     import time
 
-    from bertforge.train.loop import latest_checkpoint
+    from bertforge.train.rundir import latest_checkpoint
 
     single = dataclasses.replace(cfg, grid="")
     data = prepare_data(single)
@@ -571,7 +606,7 @@ def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
     cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
                                              **given, "task": task}))
     device = setup(cfg.device).device
-    prepare(model.to(device).eval())
+    speed_up(model.to(device).eval())
     return FinetunedModel(family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device)
 
 

@@ -50,7 +50,7 @@ from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, Family
 from bertforge.tasks.encoding import Windows, longest_first, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
-           "encode_choices", "longest_first", "MultipleChoiceTask", "choice_scores", "prediction_records",
+           "encode_choices", "longest_first", "MultipleChoiceObjective", "choice_scores", "prediction_records",
            "MultipleChoiceFamily"]
 
 logger = logging.getLogger("bertforge")
@@ -279,7 +279,7 @@ def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_le
 
 
 # ---------------------------------------------------------------------------- the task
-class MultipleChoiceTask:
+class MultipleChoiceObjective:
     """Summed cross-entropy of the softmax over each example's choices; accuracy over examples."""
 
     term = "multiple_choice"
@@ -385,8 +385,8 @@ class MultipleChoiceFamily(FamilyDefaults):
         features = self._encode(cfg, tokenizer, examples, str(path))
         return EvalData(path, (features, examples), report, features.summary())
 
-    def train_task(self, config: Any) -> MultipleChoiceTask:
-        return MultipleChoiceTask()
+    def objective(self, config: Any) -> MultipleChoiceObjective:
+        return MultipleChoiceObjective()
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:

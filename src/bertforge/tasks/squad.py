@@ -69,7 +69,7 @@ from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TaskSettings
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
-           "encode_squad", "SpanTask", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
+           "encode_squad", "SpanObjective", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
            "prediction_files", "SquadFamily"]
 
 logger = logging.getLogger("bertforge")
@@ -309,21 +309,10 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
                  targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
     """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
     positions (a training answer whose characters hold no token is an error, or skipped and counted)."""
-    if max_seq_length <= max_query_length + 3:
-        raise ValueError(f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
-                         f"({max_query_length}) + 3: a window holds [CLS], the question, two [SEP] and context")
-    if doc_stride < 1:
-        raise ValueError(f"doc_stride must be >= 1, got {doc_stride}")
+    _check_window_settings(max_seq_length, doc_stride, max_query_length)
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     questions = data.questions
-    used = sorted({q.paragraph for q in questions})
-    ids: dict[int, np.ndarray] = {}
-    offsets: list[np.ndarray] = [np.zeros((0, 2), np.int64)] * len(data.contexts)
-    if used:
-        enc = tokenizer([data.contexts[p] for p in used], add_special_tokens=False, return_offsets_mapping=True)
-        for p, row, offs in zip(used, enc["input_ids"], enc["offset_mapping"]):
-            ids[p] = np.array(row, dtype=np.int64)
-            offsets[p] = offsets_through_marks(data.contexts[p], np.array(offs, dtype=np.int64).reshape(-1, 2))
+    ids, offsets = _tokenize_contexts(data, tokenizer)
     query_ids = tokenizer.encode_batch_ids([q.text for q in questions])
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
@@ -343,22 +332,10 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         starts = np.array(window_starts(n, room, min(room, doc_stride)), dtype=np.int64)
         lengths = np.minimum(n - starts, room)
         if targets:
-            if q.is_impossible:
-                first = last = -1
-            else:  # the tokens the answer's characters overlap
-                a, b = q.answer_start, q.answer_start + len(q.answers[0])
-                first = int(np.searchsorted(offs[:, 1], a, side="right"))
-                last = int(np.searchsorted(offs[:, 0], b, side="left")) - 1
-                if first > last:
-                    if not skip_bad_rows:
-                        raise ValueError(f"{q.where}: the answer {q.answers[0]!r} holds no token (only characters "
-                                         f"the tokenizer drops) (question id {q.id!r}; --skip-bad-rows skips and "
-                                         "counts such questions)")
-                    for report in data.reports:  # the question's file's (``where`` starts with its path)
-                        if q.where.startswith(report.path + ":"):
-                            report.skip_question("answer without tokens", q.id)
-                            report.examples -= 1
-                    continue
+            span = _answer_tokens(data, q, offs, skip_bad_rows)
+            if span is None:
+                continue
+            first, last = span
             inside = (first >= starts) & (last < starts + lengths)
             if not q.is_impossible:
                 without += int((~inside).sum())
@@ -390,8 +367,53 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
     return features
 
 
+def _check_window_settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> None:
+    """A window must hold [CLS], the question, two [SEP] and some context, and windows must move on."""
+    if max_seq_length <= max_query_length + 3:
+        raise ValueError(f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
+                         f"({max_query_length}) + 3: a window holds [CLS], the question, two [SEP] and context")
+    if doc_stride < 1:
+        raise ValueError(f"doc_stride must be >= 1, got {doc_stride}")
+
+
+def _tokenize_contexts(data: SquadData, tokenizer: Any) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Token ids of each context a question asks about, and (tokens, 2) character offsets of every
+    context's tokens (none for a context no question asks about)."""
+    used = sorted({q.paragraph for q in data.questions})
+    ids: dict[int, np.ndarray] = {}
+    offsets: list[np.ndarray] = [np.zeros((0, 2), np.int64)] * len(data.contexts)
+    if used:
+        enc = tokenizer([data.contexts[p] for p in used], add_special_tokens=False, return_offsets_mapping=True)
+        for p, row, offs in zip(used, enc["input_ids"], enc["offset_mapping"]):
+            ids[p] = np.array(row, dtype=np.int64)
+            offsets[p] = offsets_through_marks(data.contexts[p], np.array(offs, dtype=np.int64).reshape(-1, 2))
+    return ids, offsets
+
+
+def _answer_tokens(data: SquadData, q: Question, offs: np.ndarray, skip_bad_rows: bool) -> tuple[int, int] | None:
+    """The first and last context token of a training question's answer: the tokens its characters
+    overlap ((-1, -1) when unanswerable). None when they hold no token and ``skip_bad_rows`` lets the
+    question be skipped (counted in its file's report); else that is an error."""
+    if q.is_impossible:
+        return -1, -1
+    a, b = q.answer_start, q.answer_start + len(q.answers[0])
+    first = int(np.searchsorted(offs[:, 1], a, side="right"))
+    last = int(np.searchsorted(offs[:, 0], b, side="left")) - 1
+    if first <= last:
+        return first, last
+    if not skip_bad_rows:
+        raise ValueError(f"{q.where}: the answer {q.answers[0]!r} holds no token (only characters "
+                         f"the tokenizer drops) (question id {q.id!r}; --skip-bad-rows skips and "
+                         "counts such questions)")
+    for report in data.reports:  # the question's file's (``where`` starts with its path)
+        if q.where.startswith(report.path + ":"):
+            report.skip_question("answer without tokens", q.id)
+            report.examples -= 1
+    return None
+
+
 # ---------------------------------------------------------------------------- the task
-class SpanTask:
+class SpanObjective:
     """Summed (CE(start) + CE(end)) / 2 over the windows of a batch, padding left out of the softmax;
     ``span_accuracy``: start and end both right."""
 
@@ -649,8 +671,8 @@ class SquadFamily:
         data, features = self._encode(cfg, tokenizer, [path], "eval")
         return EvalData(path, _EvalSet(data, features), data.reports[0], features.summary())
 
-    def train_task(self, config: Any) -> SpanTask:
-        return SpanTask()
+    def objective(self, config: Any) -> SpanObjective:
+        return SpanObjective()
 
     def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: TaskSettings,
                      device: torch.device | str, dist: Any = None) -> list[Prediction]:

@@ -64,8 +64,8 @@ from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadRepo
                                   unseen_labels)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
-__all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "Features",
-           "encode_sentences", "TaggingTask", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
+__all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "TagWindows",
+           "encode_sentences", "TaggingObjective", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
 
 logger = logging.getLogger("bertforge")
 
@@ -262,7 +262,7 @@ def _check_tags(path: Path, sentences: Sequence[Sentence], task: str, scheme: st
 
 # ---------------------------------------------------------------------------- features
 @dataclass
-class Features:
+class TagWindows:
     """The windows of some sentences and, per window position, the word whose tag it carries."""
 
     windows: Windows
@@ -296,7 +296,7 @@ class Features:
     def num_words(self) -> int:
         return int(self.word_offsets[-1])
 
-    def with_tags(self, tags: np.ndarray) -> "Features":
+    def with_tags(self, tags: np.ndarray) -> "TagWindows":
         if len(tags) != self.num_words:
             raise ValueError(f"{len(tags)} tags for {self.num_words} words")
         self.tags = tags
@@ -323,7 +323,7 @@ class Features:
 
 
 def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_length: int,
-                     stride: int = 0) -> Features:
+                     stride: int = 0) -> TagWindows:
     """Tokenize word by word and cut into windows with first-WordPiece labels (module docstring).
     ``stride``: sub-tokens between window starts (0: half a window); more than a window is an error."""
     if max_seq_length < 3:
@@ -367,11 +367,11 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
             words.append(where)
     windows = Windows(input_ids, np.array([len(x) for x in input_ids], dtype=np.int64),  # all of type 0
                       np.array(sentence, dtype=np.int64), len(sentences), windowed=windowed)
-    return Features(windows, words, offsets, empty_words=empty)
+    return TagWindows(windows, words, offsets, empty_words=empty)
 
 
 # ---------------------------------------------------------------------------- the task
-class TaggingTask:
+class TaggingObjective:
     """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy."""
 
     term = "tagging"
@@ -391,7 +391,7 @@ class TaggingTask:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-def predict_tags(model: nn.Module, features: Features, batch_size: int, device: torch.device | str = "cpu",
+def predict_tags(model: nn.Module, features: TagWindows, batch_size: int, device: torch.device | str = "cpu",
                  dist: Any = None) -> np.ndarray:
     """(words,) the predicted tag id of every word, read in its max-context window; -1 for words
     without tokens. With ``dist``, every process predicts a part and all get the whole."""
@@ -506,8 +506,8 @@ class TaggingFamily(FamilyDefaults):
         features.with_tags(tag_ids(sentences, path, label2id, unseen=losses.IGNORE_INDEX))
         return EvalData(path, (features, sentences), report, features.summary())
 
-    def train_task(self, config: Any) -> TaggingTask:
-        return TaggingTask()
+    def objective(self, config: Any) -> TaggingObjective:
+        return TaggingObjective()
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:

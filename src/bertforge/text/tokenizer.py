@@ -578,28 +578,7 @@ class BertTokenizer:
             return_offsets_mapping: add ``offset_mapping``: ``(start, end)`` character offsets of
                 each token in its source text, ``(0, 0)`` for special and padding tokens.
         """
-        batched = not isinstance(text, str)
-        if batched:
-            texts = list(text)
-            for i, t in enumerate(texts):
-                _check_text(t, f"text[{i}]")
-            if text_pair is None:
-                inputs: list[Any] = texts
-            else:
-                if isinstance(text_pair, str):
-                    raise TypeError("text is a batch, so text_pair must be a list of the same length")
-                pairs = list(text_pair)
-                if len(pairs) != len(texts):
-                    raise ValueError(f"text has {len(texts)} items but text_pair has {len(pairs)}")
-                for i, t in enumerate(pairs):
-                    _check_text(t, f"text_pair[{i}]")
-                inputs = list(zip(texts, pairs))
-        else:
-            _check_text(text, "text")
-            if text_pair is not None:
-                _check_text(text_pair, "text_pair")  # type: ignore[arg-type]
-            inputs = [text if text_pair is None else (text, text_pair)]
-
+        inputs, batched = _model_inputs(text, text_pair)
         strategy = _truncation_strategy(truncation, max_length)
         if strategy == "only_second" and text_pair is None:
             raise ValueError('truncation="only_second" needs a text_pair')
@@ -607,47 +586,41 @@ class BertTokenizer:
         pad_mode = _padding_mode(padding)
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
-
-        if strategy is None and pad_mode is None:
-            encodings = self._tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        else:
-            with self._lock:
-                tok = self._tok_call
-                try:
-                    if strategy is not None:
-                        tok.enable_truncation(limit, stride=0, strategy=strategy, direction="right")
-                    if pad_mode is not None:
-                        tok.enable_padding(
-                            direction="right", pad_id=self.pad_token_id, pad_type_id=0,
-                            pad_token=self.pad_token, length=limit if pad_mode == "max_length" else None,
-                            pad_to_multiple_of=pad_to_multiple_of,
-                        )
-                    encodings = tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
-                except Exception as e:  # tokenizers raises a plain Exception("Truncation error: ...")
-                    if "truncat" not in str(e).lower():
-                        raise
-                    raise ValueError(
-                        f"cannot truncate to max_length={limit} with truncation={strategy!r}: {e}"
-                    ) from None
-                finally:
-                    tok.no_truncation()
-                    tok.no_padding()
-
-        fields: dict[str, list[Any]] = {
-            "input_ids": [e.ids for e in encodings],
-            "token_type_ids": [e.type_ids for e in encodings],
-            "attention_mask": [e.attention_mask for e in encodings],
-        }
-        if return_offsets_mapping:
-            fields["offset_mapping"] = [e.offsets for e in encodings]
-        if return_special_tokens_mask:
-            fields["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
-        if return_word_ids:
-            fields["word_ids"] = [e.word_ids for e in encodings]
-
+        encodings = self._encode_inputs(inputs, add_special_tokens, strategy, limit, pad_mode, pad_to_multiple_of)
+        fields = _encoding_fields(encodings, offsets=return_offsets_mapping,
+                                  special_tokens_mask=return_special_tokens_mask, word_ids=return_word_ids)
         if return_tensors is None:
             return BatchEncoding({k: v if batched else v[0] for k, v in fields.items()})
         return BatchEncoding(_to_tensors(fields, return_tensors))
+
+    def _encode_inputs(self, inputs: list[Any], add_special_tokens: bool, strategy: str | None, limit: int,
+                       pad_mode: str | None, pad_to_multiple_of: int | None) -> list[Any]:
+        """The backend's encodings of ``inputs``, truncated and padded as asked. Truncation and padding
+        are settings of the backend object, so they are set, used and cleared under a lock on a backend
+        kept for these calls, and the plain path (neither) never touches them."""
+        if strategy is None and pad_mode is None:
+            return self._tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        with self._lock:
+            tok = self._tok_call
+            try:
+                if strategy is not None:
+                    tok.enable_truncation(limit, stride=0, strategy=strategy, direction="right")
+                if pad_mode is not None:
+                    tok.enable_padding(
+                        direction="right", pad_id=self.pad_token_id, pad_type_id=0,
+                        pad_token=self.pad_token, length=limit if pad_mode == "max_length" else None,
+                        pad_to_multiple_of=pad_to_multiple_of,
+                    )
+                return tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
+            except Exception as e:  # tokenizers raises a plain Exception("Truncation error: ...")
+                if "truncat" not in str(e).lower():
+                    raise
+                raise ValueError(
+                    f"cannot truncate to max_length={limit} with truncation={strategy!r}: {e}"
+                ) from None
+            finally:
+                tok.no_truncation()
+                tok.no_padding()
 
     def __repr__(self) -> str:
         return (
@@ -671,6 +644,46 @@ def _check_text(text: Any, what: str = "text") -> None:
             f"{what} holds the lone surrogate {text[e.start]!r} at index {e.start}, which is not valid "
             "Unicode; decode the input properly (e.g. errors='replace')"
         ) from None
+
+
+def _model_inputs(text: str | Sequence[str], text_pair: str | Sequence[str] | None) -> tuple[list[Any], bool]:
+    """The backend's inputs (texts, or (text, pair) tuples) of a `BertTokenizer` call, each text checked,
+    and whether the call is batched (a single ``str`` is not)."""
+    if isinstance(text, str):
+        _check_text(text, "text")
+        if text_pair is not None:
+            _check_text(text_pair, "text_pair")  # type: ignore[arg-type]
+        return [text if text_pair is None else (text, text_pair)], False
+    texts = list(text)
+    for i, t in enumerate(texts):
+        _check_text(t, f"text[{i}]")
+    if text_pair is None:
+        return texts, True
+    if isinstance(text_pair, str):
+        raise TypeError("text is a batch, so text_pair must be a list of the same length")
+    pairs = list(text_pair)
+    if len(pairs) != len(texts):
+        raise ValueError(f"text has {len(texts)} items but text_pair has {len(pairs)}")
+    for i, t in enumerate(pairs):
+        _check_text(t, f"text_pair[{i}]")
+    return list(zip(texts, pairs)), True
+
+
+def _encoding_fields(encodings: list[Any], *, offsets: bool, special_tokens_mask: bool,
+                     word_ids: bool) -> dict[str, list[Any]]:
+    """The model inputs of each encoding, and the extras asked for, as lists per field."""
+    fields: dict[str, list[Any]] = {
+        "input_ids": [e.ids for e in encodings],
+        "token_type_ids": [e.type_ids for e in encodings],
+        "attention_mask": [e.attention_mask for e in encodings],
+    }
+    if offsets:
+        fields["offset_mapping"] = [e.offsets for e in encodings]
+    if special_tokens_mask:
+        fields["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
+    if word_ids:
+        fields["word_ids"] = [e.word_ids for e in encodings]
+    return fields
 
 
 def _as_list(x: Any) -> list[Any]:

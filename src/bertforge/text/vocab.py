@@ -118,10 +118,21 @@ def learn_vocab(
         raise ValueError(f"num_unused must be >= 0, got {num_unused}")
     if vocab_size <= n_reserved:
         raise ValueError(f"vocab_size={vocab_size} leaves no room beside {n_reserved} special and unused tokens")
+    text = _rereadable(files)
+    # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
+    pieces = _learn_pieces(text, vocab_size - num_unused, do_lower_case=do_lower_case, min_frequency=min_frequency,
+                           limit_alphabet=limit_alphabet, show_progress=show_progress)
+    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(num_unused)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]
+    tokenizer = BertTokenizer(tokens, do_lower_case=do_lower_case)
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
 
+
+def _rereadable(files: Iterable[str | os.PathLike[str]] | Iterable[str]) -> Callable[[], Iterable[str]]:
+    """A function giving the text afresh at each call (the alphabet, then the trainer read it): files
+    (a path, or a list or tuple of paths, each checked to exist) are re-read, other iterables held."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
-    # The text is read twice (the alphabet, then the trainer): files are re-read, other iterables held.
     if isinstance(files, (list, tuple)):
         paths = [Path(p) for p in files]
         for p in paths:
@@ -135,7 +146,13 @@ def learn_vocab(
 
         def text() -> Iterable[str]:
             return iter(held)
+    return text
 
+
+def _learn_pieces(text: Callable[[], Iterable[str]], trainer_size: int, *, do_lower_case: bool, min_frequency: int,
+                  limit_alphabet: int, show_progress: bool) -> list[str]:
+    """WordPiece pieces learned from ``text`` (``trainer_size``: their number with the special tokens),
+    the same on every run for the same text, in the canonical order."""
     # tokenizers' trainer is not deterministic by itself (tokenizers #1794): it numbers the "##"
     # characters in hash-map order, breaks ties between equally frequent merges by those numbers, and
     # cuts the alphabet at `limit_alphabet` among equal counts in hash-map order, so which pieces make
@@ -149,8 +166,7 @@ def learn_vocab(
     backend.normalizer = bert_normalizer(do_lower_case=do_lower_case)
     backend.pre_tokenizer = bert_pre_tokenizer()
     trainer = trainers.WordPieceTrainer(
-        # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
-        vocab_size=vocab_size - num_unused,
+        vocab_size=trainer_size,
         min_frequency=min_frequency,
         limit_alphabet=len(alphabet),
         initial_alphabet=alphabet,
@@ -162,8 +178,4 @@ def learn_vocab(
 
     # In a canonical order, not the trainer's: WordPiece's greedy longest match depends on the set
     # only: characters, "##" characters, then longer pieces, each group sorted.
-    pieces = sorted((t for t in backend.get_vocab() if t not in SPECIAL_TOKENS), key=_canonical)
-    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(num_unused)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]
-    tokenizer = BertTokenizer(tokens, do_lower_case=do_lower_case)
-    tokenizer.save_pretrained(out_dir)
-    return tokenizer
+    return sorted((t for t in backend.get_vocab() if t not in SPECIAL_TOKENS), key=_canonical)

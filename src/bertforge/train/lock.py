@@ -12,7 +12,7 @@ as long as the run lasts: the kernel lets go of it when the process ends, howeve
 killed with ``kill -9`` never leaves a folder blocked. Elsewhere (Windows) the file is created with
 ``O_CREAT | O_EXCL`` and a lock whose recorded process no longer runs on this machine is taken over.
 The file is removed when the lock is let go of; one left behind by a killed process is no result of a
-run (`bertforge.train.loop.run_files` does not list it) and is reused by the next run.
+run (`bertforge.train.rundir.run_files` does not list it) and is reused by the next run.
 
 `FolderLock` is the lock as a context manager; `run_lock` is the one a run takes around all it does
 with its folder, in its main process only under torchrun, every process raising the main one's

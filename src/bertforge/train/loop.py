@@ -1,40 +1,34 @@
 """The one training loop, shared by pre-training and every fine-tuning task.
 
-A recipe (``bertforge.train.pretrain``, fine-tuning) plugs in a model, a `Task` (how a batch becomes
-loss terms and statistics), a resumable batch source and, optionally, an evaluation; the loop owns
-everything around them: gradient accumulation, mixed precision, clipping, the optimizer and
-schedule, distributed wrapping, checkpoints, resume, signals, logging and the progress bar.
+A recipe (`bertforge.train.recipe.Recipe`: pre-training, fine-tuning) hands the `Trainer` a model ready
+to train (the speed layer and distributed wrapping applied), a `Objective` (how a batch becomes loss terms and
+statistics), a resumable batch source and, optionally, an evaluation; the loop owns everything around
+them: gradient accumulation, mixed precision, clipping, the optimizer and schedule, checkpoints, resume,
+signals, logging and the progress bar.
 
 Loss normalisation. A task returns each loss term as a *sum* (e.g. summed MLM cross-entropy) and
-says beforehand how many items each term averages over (`Task.counts`). The loop divides each sum
+says beforehand how many items each term averages over (`Objective.counts`). The loop divides each sum
 by its count over the whole optimizer step (every micro-batch on every process), so the gradient is
 the one of a single big batch whatever the number of processes or accumulation steps, even though
 micro-batches hold different numbers of masked tokens. (A mean per micro-batch, averaged again by
 DDP, would weight the tokens of short micro-batches more.)
 
-Checkpoints. ``OUT/checkpoints/step-NNNNNNNN/`` is a normal checkpoint folder (config.json,
-model.safetensors, tokenizer files) plus ``trainer_state.pt`` (optimizer, schedule, step, every
-process's random-generator states, the batch source's position; read back with
-``torch.load(weights_only=True)``) and ``trainer_state.json`` (the same facts, readable). A folder
-is written under a temporary name and renamed when complete (`bertforge.io.atomic_dir`), so a crash
-or ``kill -9`` at any moment leaves every earlier checkpoint intact; only then are checkpoints
-beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish the current step, save and stop.
+Checkpoints. ``OUT/checkpoints/step-NNNNNNNN/`` is a normal checkpoint folder plus the trainer's state
+(`bertforge.train.state`). A folder is written under a temporary name and renamed when complete
+(`bertforge.io.atomic_dir`), so a crash or ``kill -9`` at any moment leaves every earlier checkpoint
+intact; only then are checkpoints beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish
+the current step, save and stop.
 
 Metrics. ``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every
 multiple of ``log_every`` over the steps since the previous multiple (plus one at the step a run stops
-at), and one eval line per evaluation. The sums of the open logging window are part of the checkpoint,
-so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
-partial window is replaced by the full window's line. A run resumed at its last step (finished, or
-killed while saving its final model) does not evaluate again when its final evaluation is logged.
+at), and one eval line per evaluation. The sums of the open logging window (`LogWindow`) are part of the
+checkpoint, so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote
+for its partial window is replaced by the full window's line. A run resumed at its last step (finished,
+or killed while saving its final model) does not evaluate again when its final evaluation is logged.
 
-The run folder. `open_run_dir` admits a run: a folder holding an earlier run's files is refused
-unless the run resumes it (``--resume``) or replaces it (``--overwrite``), and temporary folders
-a killed run left there are tidied. A recipe holds the folder's lock (`bertforge.train.lock.run_lock`)
-around all it does with the folder, admission first: another run into that folder is refused at
-once, naming the process that holds it. The run's settings (`RUN_CONFIG`) are written once the run
-is admitted and, resuming, once its checkpoint's settings are found to match (`Trainer.fit`): a
-refused resume leaves the folder as it was. A run that stops before ``max_steps`` marks the model
-it saves with `STOP_MARKER` (`stop_marker`), which `bertforge info` and the predictor report.
+The run folder (`bertforge.train.rundir`) is admitted by the recipe. The run's settings (`RUN_CONFIG`)
+are written once its checkpoint's settings are found to match (`Trainer.fit`, at once on a fresh start):
+a refused resume leaves the folder as it was.
 """
 
 from __future__ import annotations
@@ -44,49 +38,29 @@ import dataclasses
 import json
 import logging
 import math
-import random
-import re
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
-from bertforge.fast import prepare
-from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
-from bertforge.io import append_text, atomic_dir, atomic_write_text, clear_stale
-from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
+from bertforge.io import append_text, atomic_dir, atomic_write_text
+from bertforge.train.distributed import Distributed, unwrap_model
 from bertforge.train.optim import build_optimizer, build_schedule
+from bertforge.train.precision import PRECISIONS, autocast, check_precision, needs_grad_scaler, resolve_precision
+from bertforge.train.rundir import METRICS_FILE, RUN_CONFIG, checkpoint_dir, prune_checkpoints
+from bertforge.train.state import (SETTINGS_ABSENT_MEAN, check_compatible, read_info, read_state, rng_state,
+                                   set_rng_state, write_state)
 
-__all__ = ["TrainConfig", "Task", "Trainer", "TrainResult", "checkpoints", "latest_checkpoint", "resume_point", "open_run_dir",
-           "run_files", "stop_marker", "read_stop_marker", "keep_freed_memory", "task_metrics", "PRECISIONS",
-           "CHECKPOINTS_DIR", "RUN_CONFIG", "STOP_MARKER"]
+__all__ = ["TrainConfig", "Objective", "Trainer", "TrainResult", "LogWindow", "keep_freed_memory", "objective_metrics",
+           "PRECISIONS"]
 
 logger = logging.getLogger("bertforge")
 
-CHECKPOINTS_DIR = "checkpoints"
-METRICS_FILE = "metrics.jsonl"
-STATE_PT = "trainer_state.pt"
-STATE_JSON = "trainer_state.json"
-STOP_MARKER = "stopped_early.json"
-"""Written into the model folder of a run that stopped before max_steps: that model is not the finished one."""
-RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
-"""The results a run writes into its folder (a recipe adds its own, e.g. fine-tuning's best/)."""
-RUN_CONFIG = "run_config.json"
-"""The run's settings (`Trainer` ``run_config``) as JSON: `Trainer.fit` writes them once the run is admitted and
-its settings are accepted (``write_run_config``)."""
-RUN_SETUP = (RUN_CONFIG, "tensorboard")
-"""What a run writes before its first result: a folder holding only these is a run that failed at its start."""
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
-SETTINGS_ABSENT_MEAN: dict[str, Any] = {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None}
-"""What a setting missing from a checkpoint's recorded settings means (it predates the setting), so that such a
-checkpoint still resumes."""
 BUDGET_WARMUP_SHARE = 0.01
 """Warmup share of a time budget when none is given: the paper's 10,000 of 1,000,000 steps."""
 _CLOCK_UNITS = 1_000_000
@@ -104,6 +78,13 @@ class TrainConfig:
     """Warmup steps when neither warmup setting is given (the paper's pre-training)."""
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = None
     """If set: warmup over this share of max_steps when neither warmup setting is given (wins over the above)."""
+    STEPS_FROM_DATA: ClassVar[bool] = False
+    """Whether max_steps 0 means "set from the data" (fine-tuning's epochs) rather than an error."""
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
+                                            "eval_every", "max_time_minutes", "progress", "compile",
+                                            "warmup_steps_used")
+    """Recorded settings a resumed run may change (the rest must match its checkpoint's); a recipe's config
+    class extends them with its own."""
 
     batch_size: int = 256
     """Global batch: sequences per optimizer step over all processes and accumulation steps."""
@@ -170,8 +151,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_precision(self.precision)
         for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value < 1 and not (name == "max_steps" and value == 0 and self.STEPS_FROM_DATA):
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.warmup_steps is not None and self.warmup_ratio is not None:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both "
                              "set; set one of them")
@@ -213,7 +195,7 @@ class TrainConfig:
         return per
 
 
-class Task(Protocol):
+class Objective(Protocol):
     """How a recipe's batches become losses and statistics."""
 
     def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
@@ -256,126 +238,6 @@ class TrainResult:
         return 128 + self.stop_signal if self.stopped_early and self.stop_signal else 0
 
 
-def stop_marker(result: TrainResult) -> dict[str, str]:
-    """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped before
-    max_steps (that model is partial), else none."""
-    if not result.stopped_early:
-        return {}
-    reason = signal.Signals(result.stop_signal).name if result.stop_signal else "time limit (max_time_minutes)"
-    record = {"step": result.step, "max_steps": result.max_steps, "reason": reason,
-              "note": "training stopped early: a partial model; continue the run with --resume"}
-    return {STOP_MARKER: json.dumps(record, indent=1) + "\n"}
-
-
-def read_stop_marker(folder: str | Path) -> dict[str, Any] | None:
-    """The `STOP_MARKER` record of a model folder (None: no marker, a finished model)."""
-    path = Path(folder) / STOP_MARKER
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        record = None
-    return record if isinstance(record, dict) else {"note": f"{path} is unreadable"}
-
-
-def checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of a run's complete checkpoints, oldest first (temporary, half-written ones are ignored)."""
-    folder = Path(run_dir) / CHECKPOINTS_DIR
-    if not folder.is_dir():
-        return []
-    return sorted((int(m.group(1)), p) for p in folder.iterdir()
-                  if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file())
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder of a run (temporary, half-written ones are ignored)."""
-    found = checkpoints(run_dir)
-    return found[-1][1] if found else None
-
-
-def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[str, ...] = RUN_FILES) -> list[str]:
-    """The non-empty files and folders of an earlier run's results in ``run_dir`` (``names`` and
-    ``outputs``); folders end in "/"."""
-    folder = Path(run_dir)
-    found = []
-    for name in dict.fromkeys((*names, *outputs)):
-        p = folder / name
-        if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir())):
-            found.append(name + ("/" if p.is_dir() else ""))
-    return found
-
-
-def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, outputs: tuple[str, ...] = (),
-                 dist: Distributed | None = None) -> Path | None:
-    """Admit a run into ``run_dir`` and return the checkpoint it continues from (None: a fresh start).
-
-    A folder holding an earlier run's files (`run_files`) is refused, with what it holds and the two
-    ways on: ``resume`` continues from its newest checkpoint, ``overwrite`` deletes those files first.
-    Its files are untouched when refused: starting afresh over them would mix two runs' metrics and
-    replace a finished model. Then temporary folders that killed writes left (`bertforge.io.clear_stale`)
-    are tidied. Every process calls this; only the main one changes the folder.
-
-    The caller holds the folder's lock (`bertforge.train.lock.run_lock`) from before this call until the
-    run's end: the lock keeps other runs out, and this call takes none.
-    """
-    dist = dist or Distributed()
-    folder = Path(run_dir)
-    if resume and overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
-    held = run_files(folder, outputs)
-    latest = latest_checkpoint(folder)
-    if resume and latest is None:
-        hint = f" (it holds {', '.join(held)}; pass --overwrite to start afresh there)" if held else ""
-        raise ValueError(f"--resume: {folder} has no complete checkpoint to resume from{hint}")
-    if not resume and not overwrite and held:
-        how = (f"pass --resume to continue it from {latest.relative_to(folder)}" if latest is not None
-               else "it has no checkpoint to resume from")
-        raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
-                         "--overwrite to delete them and start afresh, or use a new --out")
-    dist.barrier()  # every process has looked before the main one changes anything
-    if dist.is_main:
-        if overwrite and held:
-            logger.warning("--overwrite: deleting the previous run's %s in %s", ", ".join(held), folder)
-        # a fresh start also drops what a run that failed before its first result left (settings, events)
-        for name in (held + run_files(folder, names=RUN_SETUP)) if not resume else []:
-            p = folder / name.rstrip("/")
-            if p.is_dir():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        names = set(RUN_FILES) | set(RUN_SETUP) | set(outputs)
-        for p in clear_stale(folder, lambda name: name in names) + clear_stale(folder / CHECKPOINTS_DIR,
-                                                                             _STEP_DIR.match):
-            logger.info("removed %s, left by a run that was killed", p)
-    dist.barrier()
-    return latest_checkpoint(folder) if resume else None
-
-
-def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
-    """`open_run_dir` without ``overwrite``, in one process."""
-    return open_run_dir(run_dir, resume)
-
-
-def _rng_state() -> dict[str, Any]:
-    # numpy's key array goes in as a tensor: torch.load(weights_only=True) refuses numpy arrays.
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory for reuse instead of returning large blocks to the OS.
 
@@ -398,7 +260,7 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
-def task_metrics(task: Task, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float],
+def objective_metrics(objective: Objective, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float],
                  per_term: bool = True) -> dict[str, float]:
     """Totals over a window (or an evaluation) -> ``loss`` (the sum of each term's mean), each term's
     mean as ``<term>_loss`` (with ``per_term``), and the task's own metrics."""
@@ -406,7 +268,7 @@ def task_metrics(task: Task, loss_sums: dict[str, float], counts: dict[str, floa
     out = {"loss": sum(means.values())}
     if per_term:
         out.update({f"{k}_loss": v for k, v in means.items()})
-    return {**out, **task.metrics(loss_sums, counts, stats)}
+    return {**out, **objective.metrics(loss_sums, counts, stats)}
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
@@ -414,9 +276,56 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: (float(f"{v:.8g}") if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
-def _empty_window() -> dict[str, Any]:
-    """A logging window: this process's loss and statistic sums, the global counts, tokens, seconds, steps."""
-    return {"loss": {}, "count": {}, "stat": {}, "tokens": 0.0, "seconds": 0.0, "steps": 0}
+@dataclass
+class LogWindow:
+    """The steps since the last metrics line: this process's loss and statistic sums and tokens, the
+    global counts, and the window's seconds and steps."""
+
+    loss: dict[str, float] = field(default_factory=dict)
+    count: dict[str, float] = field(default_factory=dict)
+    stat: dict[str, float] = field(default_factory=dict)
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, loss_sums: Mapping[str, float], counts: Mapping[str, float], stats: Mapping[str, float],
+            tokens: float, seconds: float) -> None:
+        """Count one optimizer step."""
+        self.seconds += seconds
+        self.tokens += tokens
+        self.steps += 1
+        for sums, step in ((self.loss, loss_sums), (self.count, counts), (self.stat, stats)):
+            for k, v in step.items():
+                sums[k] = sums.get(k, 0.0) + v
+
+    def reduced(self, dist: Distributed, device: torch.device) -> LogWindow:
+        """The window with every process's loss sums, statistic sums and tokens added up (a collective
+        call; counts are global already)."""
+        loss, stat = sorted(self.loss), sorted(self.stat)
+        local = torch.tensor([self.loss[k] for k in loss] + [self.stat[k] for k in stat] + [self.tokens],
+                             dtype=torch.float64, device=device)
+        values = dist.all_reduce_sum(local).tolist()
+        total = dict(zip(loss + stat, values))
+        return LogWindow({k: total[k] for k in self.loss}, dict(self.count), {k: total[k] for k in self.stat},
+                         values[-1], self.seconds, self.steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's record of a reduced window."""
+        return {"loss": {k: self.loss[k] for k in sorted(self.loss)},
+                "stat": {k: self.stat[k] for k in sorted(self.stat)},
+                "count": dict(self.count), "tokens": self.tokens, "seconds": self.seconds, "steps": self.steps}
+
+    @classmethod
+    def from_state(cls, saved: Mapping[str, Any] | None, main: bool) -> LogWindow:
+        """Reopen a checkpoint's window: the main process holds its summed totals, the others zeros (the
+        next line adds every process's sums); counts are global already. None: a window starting afresh."""
+        if not saved:
+            return cls()
+        return cls(loss={k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
+                   count={k: float(v) for k, v in saved["count"].items()},
+                   stat={k: float(v) if main else 0.0 for k, v in saved["stat"].items()},
+                   tokens=float(saved["tokens"]) if main else 0.0,
+                   seconds=float(saved["seconds"]), steps=int(saved["steps"]))
 
 
 def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -451,58 +360,14 @@ class _Stop:
             signal.signal(sig, old)
 
 
-def _warmup_rule(steps: int | None, ratio: float | None, cfg: TrainConfig) -> tuple[str, float]:
-    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as ``cfg``'s recipe resolves
-    them: ("steps", n) or ("ratio", share of max_steps)."""
-    if steps is not None:
-        return "steps", steps
-    if ratio is not None:
-        return "ratio", ratio
-    if cfg.DEFAULT_WARMUP_RATIO is not None:
-        return "ratio", cfg.DEFAULT_WARMUP_RATIO
-    return "steps", cfg.DEFAULT_WARMUP_STEPS
-
-
-def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
-                 skip: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a
-    setting missing from one meaning ``absent[name]``. A nested record (a model's config) is compared
-    field by field, so a difference names the fields ("model_config.hidden_size"), not the whole
-    record. Top-level settings come first."""
-    out = []
-    for k in sorted(set(saved) | set(current)):
-        name = prefix + k
-        if name in skip:
-            continue
-        was, now = saved.get(k, absent.get(name)), current.get(k, absent.get(name))
-        if isinstance(was, Mapping) and isinstance(now, Mapping):
-            out += _differences(was, now, absent, skip, name + ".")
-        elif was != now:
-            out.append((name, was, now))
-    return sorted(out, key=lambda d: "." in d[0]) if not prefix else out
-
-
-def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None, given_ratio: float | None) -> str:
-    """What to pass to resume a run recorded with warmup settings ``steps`` / ``ratio`` (None: not given)
-    when this one was given ``given_steps`` / ``given_ratio``."""
-    if steps is not None:
-        return f"pass --warmup-steps {steps}" + (" instead of --warmup-ratio" if given_ratio is not None else "")
-    if ratio is not None:
-        return f"pass --warmup-ratio {ratio}" + (" instead of --warmup-steps" if given_steps is not None else "")
-    return "give neither --warmup-steps nor --warmup-ratio"
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters for a one-line message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class Trainer:
-    """Trains ``model`` on ``batches`` with ``task``; writes metrics and checkpoints into ``out_dir``.
+    """Trains ``model`` on ``batches`` with ``objective``; writes metrics and checkpoints into ``out_dir``.
 
+    ``model`` comes ready to train: on its device, with the speed layer of `bertforge.fast` and, with several
+    processes, wrapped for DDP or FSDP (`bertforge.train.recipe.ready_model`); the trainer saves and
+    evaluates the bare model inside it.
     ``run_config`` (any JSON-able dict, e.g. the recipe's config) is stored with every checkpoint;
-    resuming with a config that differs outside ``resumable_changes`` is an error naming the fields.
+    resuming with a config that differs outside ``config.RESUMABLE`` is an error naming the fields.
     ``settings_absent_mean``: what a setting missing from a record means for this recipe, on top of
     `SETTINGS_ABSENT_MEAN` (``"a.b"`` names field ``b`` of a nested record ``a``).
     ``write_run_config``: `fit` writes ``run_config`` into ``out_dir`` (`RUN_CONFIG`) once a resumed
@@ -514,7 +379,7 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        task: Task,
+        objective: Objective,
         batches: BatchSource,
         config: TrainConfig,
         out_dir: str | Path,
@@ -523,21 +388,17 @@ class Trainer:
         evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
         tokenizer: Any = None,
         run_config: dict[str, Any] | None = None,
-        resumable_changes: tuple[str, ...] = ("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
-                                              "eval_every", "max_time_minutes", "progress", "compile",
-                                              "warmup_steps_used"),
         settings_absent_mean: Mapping[str, Any] | None = None,
         write_run_config: bool = False,
     ):
         self.cfg = config
         self.dist = dist or Distributed()
-        self.task = task
+        self.objective = objective
         self.batches = batches
         self.evaluate_fn = evaluate
         self.tokenizer = tokenizer
         self.out = Path(out_dir)
         self.run_config = run_config if run_config is not None else dataclasses.asdict(config)
-        self.resumable_changes = resumable_changes
         self.settings_absent_mean = {**SETTINGS_ABSENT_MEAN, **(settings_absent_mean or {})}
         self.write_run_config = write_run_config
         self.micro_batch = config.micro_batch(self.dist.world_size)
@@ -545,12 +406,11 @@ class Trainer:
         if self.device.type == "cpu":
             keep_freed_memory()
 
-        # the bare model (saving, evaluation), with the speed paths of `bertforge.fast` (the state dict unchanged)
-        self.model = prepare(unwrap_model(model).to(self.device))
-        wrapped = wrap_model(self.model, self.dist, config.strategy)
+        self.model = unwrap_model(model)  # the bare model (saving, evaluation)
+        self.wrapped = model  # what trains: DDP's wrapper, or the model (sharded in place under FSDP)
         self.fsdp = self.dist.enabled and config.strategy == "fsdp"
         self.optimizer = build_optimizer(
-            wrapped, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+            model, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
             bias_correction=config.bias_correction)
         self.elapsed = 0.0  # training seconds, carried across resumes
@@ -563,9 +423,8 @@ class Trainer:
             self.scheduler = build_schedule(self.optimizer, total_steps=config.max_steps, warmup_steps=config.warmup,
                                             schedule=config.schedule, power=config.power,
                                             end_factor=config.end_lr_ratio)
-        self.wrapped = wrapped
-        self.train_model = torch.compile(wrapped) if config.compile else wrapped
-        self.ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
+        self.train_model = torch.compile(model) if config.compile else model
+        self.ddp = isinstance(model, nn.parallel.DistributedDataParallel)
 
         self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on
         if config.precision == "auto" and self.dist.enabled:  # each process timed its own CPU: bf16 only if all did
@@ -573,8 +432,9 @@ class Trainer:
             self.precision = "bf16" if int(votes.item()) == self.dist.world_size else "fp32"
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
-        self._window = _empty_window()
+        self._window = LogWindow()
         self._logged_eval: dict[str, Any] | None = None  # the eval line already logged at the step resumed from
+        self._tb: Any = None  # TensorBoard's writer: `fit` opens it once the run's settings are accepted
 
     def _clock(self, step: int) -> int:
         """The time-budget schedule's position: the training time spent, in `_CLOCK_UNITS` of the budget."""
@@ -632,10 +492,10 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step (every process must call this)."""
-        rngs = self.dist.gather_objects(_rng_state())
-        window = self._window_state()
+        rngs = self.dist.gather_objects(rng_state())
+        window = self._window.reduced(self.dist, self.device).state_dict()
         model_state, optim_state = self._state_dicts()
-        final = self.out / CHECKPOINTS_DIR / f"step-{self.step:08d}"
+        final = checkpoint_dir(self.out, self.step)
         if self.dist.is_main:
             from bertforge.model.checkpoint import save_pretrained
 
@@ -652,41 +512,43 @@ class Trainer:
                     "world_size": self.dist.world_size,
                     "log_window": window,
                 }
-                torch.save(state, tmp / STATE_PT)
                 info = {"step": self.step, "elapsed_seconds": round(self.elapsed, 3),
                         "world_size": self.dist.world_size, "batches": self.batches.state_dict(),
                         "run_config": self.run_config}
-                atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
-            self._prune()
+                write_state(tmp, state, info)
+            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         self.dist.barrier()
         return final
 
-    def _prune(self) -> None:
-        folder = self.out / CHECKPOINTS_DIR
-        if self.cfg.keep_checkpoints:
-            done = sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))
-            for old in done[: -self.cfg.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
-        for stale in [*folder.glob(".step-*.tmp-*"), *folder.glob(".step-*.old-*")]:  # left by a crashed save
-            shutil.rmtree(stale, ignore_errors=True)
-
     def load_checkpoint(self, folder: str | Path) -> None:
         """Continue from a checkpoint folder written by `save_checkpoint`."""
-        from bertforge.model.checkpoint import CheckpointError, read_state_dict
-
         folder = Path(folder)
-        info_path, state_path = folder / STATE_JSON, folder / STATE_PT
-        if not state_path.is_file() or not info_path.is_file():
-            raise CheckpointError(f"{folder}: not a training checkpoint (no {STATE_PT} / {STATE_JSON})")
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-        self._check_compatible(info.get("run_config", {}), folder)
-        try:
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any failure means an unreadable file
-            raise CheckpointError(f"{state_path}: unreadable training state: {e}") from e
+        self._check_compatible(read_info(folder).get("run_config", {}), folder)
+        state = read_state(folder)
         if state["world_size"] != self.dist.world_size:
             logger.warning("%s was written by %d processes, resuming with %d: the data order is the same "
                            "(global batches), dropout draws differ", folder, state["world_size"], self.dist.world_size)
+        self._load_weights(folder, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.elapsed = float(state.get("elapsed", 0.0))  # a time-budget schedule reads it
+        # The saved optimizer holds the lr of the saved run's schedule; max_steps may have changed
+        # since (a run extended), so the next step's lr comes from this run's schedule.
+        self._apply_schedule()
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.batches.load_state_dict(state["batches"])
+        rngs = state["rng"]
+        set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
+        self.step = int(state["step"])
+        self._window = LogWindow.from_state(state.get("log_window"), self.dist.is_main)
+        if self.dist.is_main:
+            logger.info("resumed from %s at step %d", folder, self.step)
+
+    def _load_weights(self, folder: Path, optimizer_state: dict[str, Any]) -> None:
+        """The model's weights from a checkpoint folder and the optimizer's state; an error naming the
+        weights that do not fit this model."""
+        from bertforge.model.checkpoint import CheckpointError, read_state_dict
+
         weights = read_state_dict(folder)
         expected = self.model.state_dict()
         bad = sorted(k for k in expected if k not in weights or weights[k].shape != expected[k].shape)
@@ -697,72 +559,15 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
             set_state_dict(self.model, self.optimizer, model_state_dict=weights,
-                           optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+                           optim_state_dict=optimizer_state, options=StateDictOptions(full_state_dict=True))
         else:
             self.model.load_state_dict({k: weights[k] for k in expected})
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.elapsed = float(state.get("elapsed", 0.0))  # a time-budget schedule reads it
-        # The saved optimizer holds the lr of the saved run's schedule; max_steps may have changed
-        # since (a run extended), so the next step's lr comes from this run's schedule.
-        self._apply_schedule()
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.batches.load_state_dict(state["batches"])
-        rngs = state["rng"]
-        _set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
-        self.step = int(state["step"])
-        self._load_window(state.get("log_window"))
-        if self.dist.is_main:
-            logger.info("resumed from %s at step %d", folder, self.step)
-
-    def _window_state(self) -> dict[str, Any]:
-        """The open logging window with every process's loss and statistic sums added up (a collective
-        call): a run resumed on any number of processes continues the same totals."""
-        w = self._window
-        names = sorted(w["loss"]), sorted(w["stat"])
-        local = torch.tensor([w["loss"][k] for k in names[0]] + [w["stat"][k] for k in names[1]] + [w["tokens"]],
-                             dtype=torch.float64, device=self.device)
-        total = self.dist.all_reduce_sum(local).tolist()
-        return {"loss": dict(zip(names[0], total)), "stat": dict(zip(names[1], total[len(names[0]):])),
-                "count": dict(w["count"]), "tokens": total[-1], "seconds": w["seconds"], "steps": w["steps"]}
-
-    def _load_window(self, saved: dict[str, Any] | None) -> None:
-        """Reopen the logging window of a checkpoint: the main process holds its summed totals, the
-        others zeros (the next line adds every process's sums); counts are global already."""
-        self._window = _empty_window()
-        if not saved:  # a checkpoint without one: the window starts afresh
-            return
-        main = self.dist.is_main
-        self._window.update({
-            "loss": {k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
-            "stat": {k: float(v) if main else 0.0 for k, v in saved["stat"].items()},
-            "count": {k: float(v) for k, v in saved["count"].items()},
-            "tokens": float(saved["tokens"]) if main else 0.0,
-            "seconds": float(saved["seconds"]), "steps": int(saved["steps"])})
+            self.optimizer.load_state_dict(optimizer_state)
 
     def _check_compatible(self, saved: dict[str, Any], folder: Path) -> None:
-        steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
-        if steps is not None and ratio is not None:
-            # Recorded before a warmup setting could be left unset: both were always recorded, and the ratio
-            # won when above 0. The same warmup as this run's (the earlier default 10,000 steps against
-            # today's unset default, say) is no change; another one is recorded as given.
-            given = (self.run_config.get("warmup_steps"), self.run_config.get("warmup_ratio"))
-            recorded = (None, ratio) if ratio > 0 else (steps, None)
-            if _warmup_rule(*recorded, self.cfg) == _warmup_rule(*given, self.cfg):
-                recorded = given
-            saved = {**saved, "warmup_steps": recorded[0], "warmup_ratio": recorded[1]}
-        changed = _differences(saved, self.run_config, self.settings_absent_mean, self.resumable_changes)
-        if not changed:
-            return
-        details = "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:8])
-        end = "use the original settings or a new output folder"
-        warmup = ("warmup_steps", "warmup_ratio")
-        if any(k in warmup for k, _, _ in changed):
-            hint = _warmup_hint(*(saved.get(k) for k in warmup), *(self.run_config.get(k) for k in warmup))
-            rest = "" if all(k in warmup for k, _, _ in changed) else " and the other settings as they were"
-            end = f"{hint}{rest} to resume this run, or use a new output folder"
-        raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); {end}")
+        """Refuse to resume from ``folder`` if its recorded settings ``saved`` differ from this run's
+        outside what a resumed run may change (`bertforge.train.state.check_compatible`)."""
+        check_compatible(saved, self.run_config, self.cfg, folder, self.settings_absent_mean)
 
     # ------------------------------------------------------------------ metrics
     def _log(self, record: dict[str, Any]) -> None:
@@ -791,7 +596,7 @@ class Trainer:
         path = self.out / METRICS_FILE
         if not path.is_file():
             return
-        reopened = self._window["steps"] > 0 and self.step < self.cfg.max_steps and not self.budget_spent()
+        reopened = self._window.steps > 0 and self.step < self.cfg.max_steps and not self.budget_spent()
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -854,7 +659,7 @@ class Trainer:
         Returns this process's loss sums and stats, the step's global counts, and the gradient norm."""
         counts_local: dict[str, float] = {}
         for b in micro:
-            for k, v in self.task.counts(b).items():
+            for k, v in self.objective.counts(b).items():
                 counts_local[k] = counts_local.get(k, 0.0) + float(v)
         names = sorted(counts_local)
         counts_t = self.dist.all_reduce_sum(torch.tensor([counts_local[k] for k in names], dtype=torch.float64,
@@ -870,7 +675,7 @@ class Trainer:
             sync = self.wrapped.no_sync() if self.ddp and i < len(micro) - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
-                    terms, st = self.task.forward(self.train_model, b)
+                    terms, st = self.objective.forward(self.train_model, b)
                     loss = sum(terms[k] / max(counts[k], 1.0) for k in terms) * self.dist.world_size
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
@@ -916,15 +721,7 @@ class Trainer:
             self._truncate_metrics()
         self._tb = self._open_tensorboard()
         self.model.train()
-        bar = None
-        if cfg.progress and self.dist.is_main:
-            from tqdm.auto import tqdm
-
-            bar = (tqdm(total=round(cfg.budget_minutes * 60), initial=round(self.elapsed), desc="train", unit="s",
-                        bar_format="{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}{postfix}]",
-                        dynamic_ncols=True) if cfg.budget_minutes else
-                   tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True))
-        window = self._window
+        bar = self._progress_bar()
         last_ckpt: Path | None = None
         eval_metrics: dict[str, float] = {}
         final: dict[str, float] = {}
@@ -940,15 +737,7 @@ class Trainer:
                 self.step += 1
                 dt = time.perf_counter() - t0
                 self.elapsed += dt
-                window["seconds"] += dt
-                window["tokens"] += tokens
-                window["steps"] += 1
-                for k, v in loss_sums.items():
-                    window["loss"][k] = window["loss"].get(k, 0.0) + v
-                for k, v in counts.items():
-                    window["count"][k] = window["count"].get(k, 0.0) + v
-                for k, v in stats.items():
-                    window["stat"][k] = window["stat"].get(k, 0.0) + v
+                self._window.add(loss_sums, counts, stats, tokens, dt)
                 stop_now = stop.requested or (cfg.max_time_minutes > 0 and self.elapsed >= cfg.max_time_minutes * 60)
                 if self.dist.enabled:  # every process stops at the same step, on the same clock
                     flag = self.dist.all_reduce_sum(torch.tensor([float(stop_now), self.elapsed], device=self.device,
@@ -958,9 +747,9 @@ class Trainer:
                 finished = self.step >= cfg.max_steps or self.budget_spent()
                 done = finished or stop_now
                 if self.step % cfg.log_every == 0 or done:  # a stopped run logs its last steps too
-                    final = self._log_train(window, grad_norm, bar)
+                    final = self._log_train(grad_norm, bar)
                 if self.step % cfg.log_every == 0:  # a partial window stays open: a resumed run continues it
-                    window = self._window = _empty_window()
+                    self._window = LogWindow()
                 if bar is not None:
                     bar.update(dt if cfg.budget_minutes else 1)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
@@ -980,21 +769,27 @@ class Trainer:
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested,
                            stop_signal=stop.signum, max_steps=cfg.max_steps)
 
-    def _log_train(self, window: dict[str, Any], grad_norm: float, bar: Any) -> dict[str, float]:
-        tokens, seconds = window["tokens"], window["seconds"]
-        names = sorted(window["loss"]) + sorted(window["stat"])
-        local = torch.tensor([window["loss"][k] for k in sorted(window["loss"])]
-                             + [window["stat"][k] for k in sorted(window["stat"])] + [tokens], dtype=torch.float64,
-                             device=self.device)
-        total = self.dist.all_reduce_sum(local).tolist()
-        values = dict(zip(names, total))
-        loss_sums = {k: values[k] for k in window["loss"]}
-        stats = {k: values[k] for k in window["stat"]}
+    def _progress_bar(self) -> Any:
+        """The main process's progress bar: over the steps, or the seconds of a time budget (None: none)."""
+        cfg = self.cfg
+        if not (cfg.progress and self.dist.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        if cfg.budget_minutes:
+            return tqdm(total=round(cfg.budget_minutes * 60), initial=round(self.elapsed), desc="train", unit="s",
+                        bar_format="{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}{postfix}]",
+                        dynamic_ncols=True)
+        return tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+    def _log_train(self, grad_norm: float, bar: Any) -> dict[str, float]:
+        """Log the open window's metrics line (a collective call) and show them on the progress bar."""
+        window = self._window.reduced(self.dist, self.device)
         metrics: dict[str, float] = {
-            **task_metrics(self.task, loss_sums, window["count"], stats, per_term=len(loss_sums) > 1),
+            **objective_metrics(self.objective, window.loss, window.count, window.stat, per_term=len(window.loss) > 1),
             "lr": self.scheduler.get_last_lr()[0],
             "grad_norm": grad_norm,
-            "tokens_per_s": total[-1] / max(seconds, 1e-9),
+            "tokens_per_s": window.tokens / max(window.seconds, 1e-9),
         }
         metrics = _rounded(metrics)
         self._log({"split": "train", "step": self.step, "time": round(self.elapsed, 3), **metrics})

@@ -2,7 +2,7 @@
 
 The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
 prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-objective's task below (`PretrainingTask` for mlm+nsp and mlm, `LeftToRightTask` for ltr: the
+objective's task below (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for ltr: the
 paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
@@ -15,24 +15,23 @@ at length 512 that starts from the phase-1 weights with its own steps and schedu
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
-from bertforge.train.lock import run_lock
-from bertforge.train.loop import TrainConfig, Trainer, TrainResult, open_run_dir, stop_marker, task_metrics
+from bertforge.train.loop import BatchSource, Objective, TrainConfig, TrainResult, objective_metrics
+from bertforge.train.recipe import Evaluate, Recipe
 
-__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightTask", "PretrainConfig", "PretrainingTask", "build_pretraining_model",
-           "original_tokens", "pretrain"]
+__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRecipe", "PretrainingObjective",
+           "build_pretraining_model", "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
 
@@ -40,6 +39,8 @@ logger = logging.getLogger("bertforge")
 @dataclass
 class PretrainConfig(TrainConfig):
     """A pre-training run: the loop's settings (the paper's defaults) plus model and data."""
+
+    RESUMABLE: ClassVar[tuple[str, ...]] = TrainConfig.RESUMABLE + ("eval_batches", "out", "device")
 
     data: str = ""
     """Folder prepared by `bertforge prepare` (its manifest fixes the vocab, length and NSP mode)."""
@@ -148,7 +149,7 @@ def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (logits.gather(-1, labels.unsqueeze(-1)) >= logits.amax(-1, keepdim=True)).sum()
 
 
-class PretrainingTask:
+class PretrainingObjective:
     """MLM (+ NSP) losses and accuracies. MLM logits are built at the masked positions only."""
 
     def __init__(self, nsp: bool = True):
@@ -191,7 +192,7 @@ def original_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return ids.scatter(1, positions, torch.where(filled, labels, ids.gather(1, positions)))
 
 
-class LeftToRightTask:
+class LeftToRightObjective:
     """A left-to-right language model on the same prepared instances: the masks undone
     (`original_tokens`), the model causal, and at every real position t < L - 1 the token t + 1
     predicted by the MLM head (tied to the word embeddings). No NSP; token type ids as prepared."""
@@ -254,7 +255,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
     return model
 
 
-def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: Any, special: Any):
+def _evaluator(dataset: Any, task: PretrainingObjective, cfg: PretrainConfig, dist: Any, special: Any):
     """The objective's held-out loss and accuracy over the same instances at every evaluation."""
     from bertforge.data.loader import PretrainingLoader
 
@@ -281,7 +282,7 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
             return {}
         got = dict(zip(names, dist.all_reduce_sum(totals).tolist()))
         pick = lambda kind: {k.split(":", 1)[1]: v for k, v in got.items() if k.startswith(kind + ":")}  # noqa: E731
-        return task_metrics(task, pick("loss"), pick("count"), pick("stat"))
+        return objective_metrics(task, pick("loss"), pick("count"), pick("stat"))
 
     return evaluate
 
@@ -289,92 +290,105 @@ def _evaluator(dataset: Any, task: PretrainingTask, cfg: PretrainConfig, dist: A
 def pretrain(cfg: PretrainConfig) -> TrainResult:
     """Run (or resume) a pre-training run; return the loop's final state. The run holds its folder's lock
     (`bertforge.train.lock.run_lock`) from before its admission until its last process is done."""
-    from bertforge.train.distributed import setup
-    from bertforge.text.tokenizer import BertTokenizer
-
-    if not cfg.data:
-        raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
-    tokenizer_dir = cfg.tokenizer or cfg.init_from
-    if not tokenizer_dir:
-        raise ValueError("pretrain needs --tokenizer (the vocab folder the data was prepared with) or --init-from")
-    tok = BertTokenizer.from_pretrained(tokenizer_dir)
-    dist = setup(cfg.device)
-    out = Path(cfg.out)
-    with run_lock(out, dist):
-        return _pretrain(cfg, tok, dist, out)
+    return PretrainRecipe(cfg).run()
 
 
-def _pretrain(cfg: PretrainConfig, tok: Any, dist: Any, out: Path) -> TrainResult:
-    """`pretrain` in its folder, whose lock the caller holds."""
-    from bertforge.data.loader import PretrainingDataset, PretrainingLoader
-    from bertforge.data.prepare import load_manifest, special_ids
+class PretrainRecipe(Recipe[TrainResult]):
+    """Pre-training (`bertforge.train.recipe.Recipe`): prepared shards, the objective's task and model, and
+    a held-out evaluation."""
 
-    resume_from = open_run_dir(out, cfg.resume, cfg.overwrite, dist=dist)
+    cfg: PretrainConfig
 
-    manifest = load_manifest(cfg.data)
-    data_cfg = manifest["config"]
-    n_shards = len(manifest["shards"])
-    if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
-        raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
-    held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
-    train_shards = [i for i in range(n_shards) if i not in held_out]
-    vocab_hash, normalization = tok.vocab_hash, tok.normalization  # the data must have been made with these
-    dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization, shards=train_shards)
-    dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
-    masking = cfg.masking(data_cfg)
-    special = special_ids(tok) if data_cfg.get("dynamic_masking") or masking else None
-    loader = PretrainingLoader(dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                               world_size=dist.world_size, special=special, masking=masking)
-    nsp = bool(data_cfg["nsp"])
-    objective = cfg.resolve_objective(nsp)
-    task = LeftToRightTask() if objective == "ltr" else PretrainingTask(nsp=objective == "mlm+nsp")
-    evaluate = None
-    if cfg.eval_data or held_out:
-        eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash, normalization=normalization,
-                                      shards=None if cfg.eval_data else list(held_out))
-        if objective == "mlm+nsp" and not eval_set.config["nsp"]:
-            raise ValueError(f"{cfg.eval_data}: prepared without next sentence prediction, which objective "
-                             "mlm+nsp evaluates")
-        eval_set.check_files()
-        evaluate = _evaluator(eval_set, task, cfg, dist, special)
+    def __init__(self, cfg: PretrainConfig):
+        from bertforge.text.tokenizer import BertTokenizer
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every process
-    model = build_pretraining_model(cfg, tok.vocab_size, nsp, int(data_cfg["max_seq_length"]), objective)
-    torch.manual_seed(cfg.seed + dist.rank)  # dropout: a stream of its own per process
-    run_config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume", "overwrite", "objective")}
-    if objective != data_objective(nsp):
-        # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
-        run_config["objective"] = objective
-    # the settings as given (None: not given) and what they resolve to (a time budget's warmup is a share of it)
-    run_config["warmup_steps_used"] = None if cfg.budget_minutes else cfg.warmup
-    run_config["data_vocab_hash"] = manifest["vocab_hash"]
-    run_config["model_config"] = model.config.to_dict() | {"bertforge_version": None}
-    if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same whichever
-        del run_config["model_config"]["is_decoder"]  # version of bertforge recorded them
-    trainer = Trainer(model, task, loader, cfg, out, dist=dist, evaluate=evaluate, tokenizer=tok,
-                      run_config=run_config,
-                      resumable_changes=("max_steps", "checkpoint_every", "keep_checkpoints", "log_every",
-                                         "eval_every", "eval_batches", "max_time_minutes", "progress",
-                                         "compile", "out", "device", "warmup_steps_used"),
-                      # an absent objective is the data's own; is_decoder is recorded when true only
-                      settings_absent_mean={"objective": data_objective(nsp), "model_config.is_decoder": False},
-                      write_run_config=True)  # once a resume's settings are accepted: a refused one changes nothing
-    if dist.is_main:
-        params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        super().__init__(cfg)
+        if not cfg.data:
+            raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
+        tokenizer_dir = cfg.tokenizer or cfg.init_from
+        if not tokenizer_dir:
+            raise ValueError("pretrain needs --tokenizer (the vocab folder the data was prepared with) or --init-from")
+        self.tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
+
+    def setup_data(self) -> None:
+        """The training shards (checked now, not hours in), their loader, the objective's task and the
+        held-out evaluation."""
+        from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+        from bertforge.data.prepare import load_manifest, special_ids
+
+        cfg, dist, tok = self.cfg, self.dist, self.tokenizer
+        self.manifest = load_manifest(cfg.data)
+        self.data_cfg = data_cfg = self.manifest["config"]
+        n_shards = len(self.manifest["shards"])
+        if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
+            raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
+        held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
+        train_shards = [i for i in range(n_shards) if i not in held_out]
+        vocab_hash, normalization = tok.vocab_hash, tok.normalization  # the data must have been made with these
+        self.dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization,
+                                          shards=train_shards)
+        self.dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
+        self.masking = cfg.masking(data_cfg)
+        special = special_ids(tok) if data_cfg.get("dynamic_masking") or self.masking else None
+        self.loader = PretrainingLoader(self.dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+                                        world_size=dist.world_size, special=special, masking=self.masking)
+        self.nsp = nsp = bool(data_cfg["nsp"])
+        self.objective = objective = cfg.resolve_objective(nsp)
+        self.task = LeftToRightObjective() if objective == "ltr" else PretrainingObjective(nsp=objective == "mlm+nsp")
+        self.evaluate: Evaluate | None = None
+        if cfg.eval_data or held_out:
+            eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash,
+                                          normalization=normalization, shards=None if cfg.eval_data else list(held_out))
+            if objective == "mlm+nsp" and not eval_set.config["nsp"]:
+                raise ValueError(f"{cfg.eval_data}: prepared without next sentence prediction, which objective "
+                                 "mlm+nsp evaluates")
+            eval_set.check_files()
+            self.evaluate = _evaluator(eval_set, self.task, cfg, dist, special)
+
+    def build_model(self) -> nn.Module:
+        return build_pretraining_model(self.cfg, self.tokenizer.vocab_size, self.nsp,
+                                       int(self.data_cfg["max_seq_length"]), self.objective)
+
+    def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
+        return self.task, self.loader, self.evaluate
+
+    def recorded_settings(self) -> dict[str, Any]:
+        settings = super().recorded_settings()
+        del settings["objective"]
+        if self.objective != data_objective(self.nsp):
+            # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
+            settings["objective"] = self.objective
+        return settings
+
+    def run_facts(self, model: nn.Module) -> dict[str, Any]:
+        model_config = model.config.to_dict() | {"bertforge_version": None}
+        if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same
+            del model_config["is_decoder"]  # whichever version of bertforge recorded them
+        return {"data_vocab_hash": self.manifest["vocab_hash"], "model_config": model_config}
+
+    def settings_absent_mean(self) -> Mapping[str, Any]:
+        # an absent objective is the data's own; is_decoder is recorded when true only
+        return {"objective": data_objective(self.nsp), "model_config.is_decoder": False}
+
+    def log_start(self) -> None:
+        cfg, dist, trainer = self.cfg, self.dist, self.trainer
+        if not dist.is_main or trainer is None:
+            return
+        model = trainer.model
         precision = trainer.precision + (" (auto)" if cfg.precision == "auto" else "")
-        logger.info(f"pretrain: {type(model).__name__} {params:,} parameters; {len(dataset):,} training instances "
-                    f"(length {data_cfg['max_seq_length']}{', sentence pairs' if nsp else ''}); objective {objective}; "
+        logger.info(f"pretrain: {type(model).__name__} {model.num_parameters():,} parameters; "
+                    f"{len(self.dataset):,} training instances (length {self.data_cfg['max_seq_length']}"
+                    f"{', sentence pairs' if self.nsp else ''}); objective {self.objective}; "
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
                     + (f"{cfg.budget_minutes:.1f} minutes of training, warmup {cfg.budget_warmup_share:.0%} of them"
                        if cfg.budget_minutes else f"warmup {cfg.warmup:,} steps")
-                    + (f"; fresh masks on {cfg.masked_lm_prob:.0%} of the tokens" if masking else "")
+                    + (f"; fresh masks on {cfg.masked_lm_prob:.0%} of the tokens" if self.masking else "")
                     + f"; precision {precision}")
-    result = trainer.fit(resume_from=resume_from)
-    trainer.save_model(out / "model", extra_files=stop_marker(result))
-    if dist.is_main:
-        _plot(out)
-    dist.barrier()  # no process leaves (and tears down the process group) while another still works
-    return result
+
+    def finish(self, result: TrainResult) -> TrainResult:
+        if self.dist.is_main:
+            _plot(self.out)
+        return result
 
 
 def _plot(out: Path) -> None:

@@ -1,0 +1,177 @@
+"""The run folder: what a run writes into ``--out``, admitting a run into it, and the marker of a
+model a stopped run saved.
+
+A run writes ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN/`` (`bertforge.train.state` says what a
+checkpoint holds besides the model), the final ``model/`` and ``curves.png`` (`RUN_FILES`; a recipe adds
+its own, e.g. fine-tuning's ``best/``), and before its first result its settings (`RUN_CONFIG`) and
+TensorBoard events (`RUN_SETUP`).
+
+`open_run_dir` admits a run: a folder holding an earlier run's files is refused unless the run resumes it
+(``--resume``) or replaces it (``--overwrite``), and temporary folders a killed run left there are tidied.
+A recipe holds the folder's lock (`bertforge.train.lock.run_lock`) around all it does with the folder,
+admission first: another run into that folder is refused at once, naming the process that holds it. A
+run that stops before ``max_steps`` marks the model it saves with `STOP_MARKER` (`stop_marker`), which
+``bertforge info`` and the predictor report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bertforge.io import clear_stale
+from bertforge.train.distributed import Distributed
+from bertforge.train.state import STATE_PT
+
+if TYPE_CHECKING:
+    from bertforge.train.loop import TrainResult
+
+__all__ = ["CHECKPOINTS_DIR", "METRICS_FILE", "RUN_CONFIG", "RUN_FILES", "RUN_SETUP", "STOP_MARKER", "checkpoint_dir",
+           "checkpoints", "latest_checkpoint", "prune_checkpoints", "run_files", "open_run_dir", "resume_point",
+           "stop_marker", "read_stop_marker"]
+
+logger = logging.getLogger("bertforge")
+
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+STOP_MARKER = "stopped_early.json"
+"""Written into the model folder of a run that stopped before max_steps: that model is not the finished one."""
+RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
+"""The results a run writes into its folder (a recipe adds its own, e.g. fine-tuning's best/)."""
+RUN_CONFIG = "run_config.json"
+"""The run's settings (`bertforge.train.loop.Trainer` ``run_config``) as JSON: `Trainer.fit` writes them once
+the run is admitted and its settings are accepted (``write_run_config``)."""
+RUN_SETUP = (RUN_CONFIG, "tensorboard")
+"""What a run writes before its first result: a folder holding only these is a run that failed at its start."""
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    """The folder of the checkpoint at ``step``."""
+    return Path(run_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
+
+
+def checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of a run's complete checkpoints, oldest first (temporary, half-written ones are ignored)."""
+    folder = Path(run_dir) / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir()
+                  if (m := _STEP_DIR.match(p.name)) and (p / STATE_PT).is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder of a run (temporary, half-written ones are ignored)."""
+    found = checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the last ``keep`` checkpoints (0: keep all) and what crashed saves left."""
+    folder = Path(run_dir) / CHECKPOINTS_DIR
+    if keep:
+        done = sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in [*folder.glob(".step-*.tmp-*"), *folder.glob(".step-*.old-*")]:  # left by a crashed save
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- admission
+def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[str, ...] = RUN_FILES) -> list[str]:
+    """The non-empty files and folders of an earlier run's results in ``run_dir`` (``names`` and
+    ``outputs``); folders end in "/"."""
+    folder = Path(run_dir)
+    found = []
+    for name in dict.fromkeys((*names, *outputs)):
+        p = folder / name
+        if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir())):
+            found.append(name + ("/" if p.is_dir() else ""))
+    return found
+
+
+def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, outputs: tuple[str, ...] = (),
+                 dist: Distributed | None = None) -> Path | None:
+    """Admit a run into ``run_dir`` and return the checkpoint it continues from (None: a fresh start).
+
+    A folder holding an earlier run's files (`run_files`) is refused, with what it holds and the two
+    ways on: ``resume`` continues from its newest checkpoint, ``overwrite`` deletes those files first.
+    Its files are untouched when refused: starting afresh over them would mix two runs' metrics and
+    replace a finished model. Then temporary folders that killed writes left (`bertforge.io.clear_stale`)
+    are tidied. Every process calls this; only the main one changes the folder.
+
+    The caller holds the folder's lock (`bertforge.train.lock.run_lock`) from before this call until the
+    run's end: the lock keeps other runs out, and this call takes none.
+    """
+    dist = dist or Distributed()
+    folder = Path(run_dir)
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+    held = run_files(folder, outputs)
+    latest = latest_checkpoint(folder)
+    if resume and latest is None:
+        hint = f" (it holds {', '.join(held)}; pass --overwrite to start afresh there)" if held else ""
+        raise ValueError(f"--resume: {folder} has no complete checkpoint to resume from{hint}")
+    if not resume and not overwrite and held:
+        how = (f"pass --resume to continue it from {latest.relative_to(folder)}" if latest is not None
+               else "it has no checkpoint to resume from")
+        raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
+                         "--overwrite to delete them and start afresh, or use a new --out")
+    dist.barrier()  # every process has looked before the main one changes anything
+    if dist.is_main:
+        _clear(folder, held if not resume else None, overwrite, outputs)
+    dist.barrier()
+    return latest_checkpoint(folder) if resume else None
+
+
+def _clear(folder: Path, held: list[str] | None, overwrite: bool, outputs: tuple[str, ...]) -> None:
+    """Delete the earlier run's files ``held`` (None: a resumed run keeps them) and what a run that failed
+    before its first result left, then the temporary folders of killed writes."""
+    if overwrite and held:
+        logger.warning("--overwrite: deleting the previous run's %s in %s", ", ".join(held), folder)
+    # a fresh start also drops what a run that failed before its first result left (settings, events)
+    for name in (held + run_files(folder, names=RUN_SETUP)) if held is not None else []:
+        p = folder / name.rstrip("/")
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    names = set(RUN_FILES) | set(RUN_SETUP) | set(outputs)
+    for p in clear_stale(folder, lambda name: name in names) + clear_stale(folder / CHECKPOINTS_DIR,
+                                                                         _STEP_DIR.match):
+        logger.info("removed %s, left by a run that was killed", p)
+
+
+def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
+    """`open_run_dir` without ``overwrite``, in one process."""
+    return open_run_dir(run_dir, resume)
+
+
+# ---------------------------------------------------------------------------- a stopped run's model
+def stop_marker(result: TrainResult) -> dict[str, str]:
+    """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped before
+    max_steps (that model is partial), else none."""
+    if not result.stopped_early:
+        return {}
+    reason = signal.Signals(result.stop_signal).name if result.stop_signal else "time limit (max_time_minutes)"
+    record = {"step": result.step, "max_steps": result.max_steps, "reason": reason,
+              "note": "training stopped early: a partial model; continue the run with --resume"}
+    return {STOP_MARKER: json.dumps(record, indent=1) + "\n"}
+
+
+def read_stop_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The `STOP_MARKER` record of a model folder (None: no marker, a finished model)."""
+    path = Path(folder) / STOP_MARKER
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    return record if isinstance(record, dict) else {"note": f"{path} is unreadable"}

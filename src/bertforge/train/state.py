@@ -1,0 +1,166 @@
+"""What a checkpoint holds besides the model: the trainer's state, random-generator states, and the check
+that a run may continue from it.
+
+A checkpoint folder is a normal checkpoint folder (config.json, model.safetensors, tokenizer files) plus
+``trainer_state.pt`` (optimizer, schedule, step, every process's random-generator states, the batch
+source's position, the open logging window; read back with ``torch.load(weights_only=True)``) and
+``trainer_state.json`` (the same facts, readable, with the run's recorded settings). Both formats are
+fixed: runs written by earlier versions must resume.
+
+A resumed run's settings are compared with those its checkpoint recorded (`check_compatible`): a
+difference outside the settings a resumed run may change (``RESUMABLE`` of its config class) is refused
+with a message naming the settings and, for the warmup settings, the flag that resumes the run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from bertforge.io import atomic_write_text
+
+if TYPE_CHECKING:
+    from bertforge.train.loop import TrainConfig
+
+__all__ = ["STATE_PT", "STATE_JSON", "SETTINGS_ABSENT_MEAN", "rng_state", "set_rng_state", "write_state",
+           "read_info", "read_state", "check_compatible"]
+
+STATE_PT = "trainer_state.pt"
+STATE_JSON = "trainer_state.json"
+SETTINGS_ABSENT_MEAN: dict[str, Any] = {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None}
+"""What a setting missing from a checkpoint's recorded settings means (it predates the setting), so that such a
+checkpoint still resumes."""
+
+
+# ---------------------------------------------------------------------------- random generators
+def rng_state() -> dict[str, Any]:
+    """This process's random-generator states (torch, Python, numpy, CUDA), in a form ``torch.load`` with
+    ``weights_only=True`` reads back."""
+    # numpy's key array goes in as a tensor: torch.load(weights_only=True) refuses numpy arrays.
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` recorded."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------- the trainer's state files
+def write_state(folder: Path, state: dict[str, Any], info: dict[str, Any]) -> None:
+    """Write ``state`` (tensors and plain values) as `STATE_PT` and ``info`` (JSON-able) as `STATE_JSON`."""
+    torch.save(state, folder / STATE_PT)
+    atomic_write_text(folder / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """The readable record (`STATE_JSON`) of a checkpoint folder; an error if the folder is no training
+    checkpoint."""
+    from bertforge.model.checkpoint import CheckpointError
+
+    info_path, state_path = folder / STATE_JSON, folder / STATE_PT
+    if not state_path.is_file() or not info_path.is_file():
+        raise CheckpointError(f"{folder}: not a training checkpoint (no {STATE_PT} / {STATE_JSON})")
+    return json.loads(info_path.read_text(encoding="utf-8"))
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """The trainer's state (`STATE_PT`) of a checkpoint folder."""
+    from bertforge.model.checkpoint import CheckpointError
+
+    path = folder / STATE_PT
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means an unreadable file
+        raise CheckpointError(f"{path}: unreadable training state: {e}") from e
+
+
+# ---------------------------------------------------------------------------- may a run continue from it
+def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: TrainConfig, folder: Path,
+                     absent: Mapping[str, Any]) -> None:
+    """Refuse to resume from ``folder``, whose run recorded the settings ``saved``, with the settings
+    ``current`` if they differ outside ``cfg.RESUMABLE``. ``absent``: what a setting missing from a record
+    means (``"a.b"``: field ``b`` of a nested record ``a``)."""
+    steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
+    if steps is not None and ratio is not None:
+        # Recorded before a warmup setting could be left unset: both were always recorded, and the ratio
+        # won when above 0. The same warmup as this run's (the earlier default 10,000 steps against
+        # today's unset default, say) is no change; another one is recorded as given.
+        given = (current.get("warmup_steps"), current.get("warmup_ratio"))
+        recorded = (None, ratio) if ratio > 0 else (steps, None)
+        if _warmup_rule(*recorded, cfg) == _warmup_rule(*given, cfg):
+            recorded = given
+        saved = {**saved, "warmup_steps": recorded[0], "warmup_ratio": recorded[1]}
+    changed = _differences(saved, current, absent, cfg.RESUMABLE)
+    if not changed:
+        return
+    details = "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:8])
+    end = "use the original settings or a new output folder"
+    warmup = ("warmup_steps", "warmup_ratio")
+    if any(k in warmup for k, _, _ in changed):
+        hint = _warmup_hint(*(saved.get(k) for k in warmup), *(current.get(k) for k in warmup))
+        rest = "" if all(k in warmup for k, _, _ in changed) else " and the other settings as they were"
+        end = f"{hint}{rest} to resume this run, or use a new output folder"
+    raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); {end}")
+
+
+def _warmup_rule(steps: int | None, ratio: float | None, cfg: TrainConfig) -> tuple[str, float]:
+    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as ``cfg``'s recipe resolves
+    them: ("steps", n) or ("ratio", share of max_steps)."""
+    if steps is not None:
+        return "steps", steps
+    if ratio is not None:
+        return "ratio", ratio
+    if cfg.DEFAULT_WARMUP_RATIO is not None:
+        return "ratio", cfg.DEFAULT_WARMUP_RATIO
+    return "steps", cfg.DEFAULT_WARMUP_STEPS
+
+
+def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
+                 skip: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a
+    setting missing from one meaning ``absent[name]``. A nested record (a model's config) is compared
+    field by field, so a difference names the fields ("model_config.hidden_size"), not the whole
+    record. Top-level settings come first."""
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        name = prefix + k
+        if name in skip:
+            continue
+        was, now = saved.get(k, absent.get(name)), current.get(k, absent.get(name))
+        if isinstance(was, Mapping) and isinstance(now, Mapping):
+            out += _differences(was, now, absent, skip, name + ".")
+        elif was != now:
+            out.append((name, was, now))
+    return sorted(out, key=lambda d: "." in d[0]) if not prefix else out
+
+
+def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None, given_ratio: float | None) -> str:
+    """What to pass to resume a run recorded with warmup settings ``steps`` / ``ratio`` (None: not given)
+    when this one was given ``given_steps`` / ``given_ratio``."""
+    if steps is not None:
+        return f"pass --warmup-steps {steps}" + (" instead of --warmup-ratio" if given_ratio is not None else "")
+    if ratio is not None:
+        return f"pass --warmup-ratio {ratio}" + (" instead of --warmup-steps" if given_steps is not None else "")
+    return "give neither --warmup-steps nor --warmup-ratio"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
