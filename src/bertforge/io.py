@@ -33,7 +33,7 @@ from typing import IO
 
 __all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_write_texts", "atomic_dir", "replace_dir",
            "clear_stale", "append_text", "NoSpaceError", "no_space", "open_binary", "read_json_object",
-           "COMPRESSED_SUFFIXES", "read_settings_file"]
+           "COMPRESSED_SUFFIXES", "read_settings_file", "process_alive"]
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
 
@@ -275,11 +275,22 @@ def replace_dir(tmp: Path, final: Path) -> None:
 _LEFT_OVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is another live process on this machine (this process's own leftovers are stale:
-    it writes one target at a time)."""
-    if pid == os.getpid():
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine."""
+    if pid <= 0:
         return False
+    if os.name == "nt":
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: it exists, as another user's
+        try:
+            code = ctypes.c_ulong()
+            return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -287,6 +298,12 @@ def _running(pid: int) -> bool:
     except OSError:  # it exists but belongs to another user
         return True
     return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is another live process on this machine (this process's own leftovers are stale:
+    it writes one target at a time)."""
+    return pid != os.getpid() and process_alive(pid)
 
 
 def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: True) -> list[Path]:

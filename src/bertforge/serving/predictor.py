@@ -194,7 +194,7 @@ class Predictor:
         self.stride = stride
         self.name = name
         self.stopped_early: dict[str, Any] | None = None
-        """The model folder's stop marker (`bertforge.train.loop.STOP_MARKER`: the step, max_steps and reason
+        """The model folder's stop marker (`bertforge.train.rundir.STOP_MARKER`: the step, max_steps and reason
         of a training run that stopped before its end, so the model is partial); None for a finished model."""
 
     @classmethod

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bertforge.io import process_alive
+
 if TYPE_CHECKING:
     from bertforge.train.distributed import Distributed
 
@@ -71,31 +73,6 @@ class FolderInUse(ValueError):
 
 def _host() -> str:
     return socket.gethostname()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine."""
-    if pid <= 0:
-        return False
-    if os.name == "nt":
-        import ctypes
-
-        kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-        if not handle:
-            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: it exists, as another user's
-        try:
-            code = ctypes.c_ulong()
-            return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
-        finally:
-            kernel32.CloseHandle(handle)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists but belongs to another user
-        return True
-    return True
 
 
 def _parse(text: str) -> dict[str, Any] | None:
@@ -149,7 +126,7 @@ def _unlocked_stale(path: Path, owner: dict[str, Any] | None) -> bool:
             return time.time() - path.stat().st_mtime > UNWRITTEN_GRACE_SECONDS
         except FileNotFoundError:
             return True
-    return owner.get("host") == _host() and not _alive(int(owner["pid"]))
+    return owner.get("host") == _host() and not process_alive(int(owner["pid"]))
 
 
 _LIVE: weakref.WeakSet[FolderLock] = weakref.WeakSet()
