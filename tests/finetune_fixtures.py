@@ -37,3 +37,20 @@ def base(root) -> Path:
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def saved(folder: Path, cls: type, seed: int, positions: int = 64, **config) -> Path:
+    """A tiny ``cls`` with every weight drawn at random (std 0.5, so outputs are far from uniform and
+    rankings have no near-ties), saved with the test vocab's tokenizer."""
+    torch.manual_seed(seed)
+    model = cls(BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=positions, **config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder

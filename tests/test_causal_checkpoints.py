@@ -12,13 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_fixtures import VOCAB_SIZE, write_tokenizer
-from finetune_fixtures import root  # noqa: F401 - fixture: a folder for the module
+from finetune_fixtures import root, saved  # noqa: F401 - root: a folder for the module
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 from starlette.testclient import TestClient
 
 from bertforge import cli
-from bertforge.model.config import BertConfig
 from bertforge.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForSequenceClassification,
                                    _pooled)
 from bertforge.serving import features
@@ -28,22 +26,6 @@ from bertforge.text.tokenizer import BertTokenizer
 
 TEXTS = ["the old house by the river .", "a good book", "the river was long , and the road was short !", "yes"]
 LEFT_TO_RIGHT = "a left-to-right model trained to predict the next token"
-
-
-def saved(folder: Path, cls: type, seed: int, **config) -> Path:
-    """A tiny ``cls`` with random weights far from uniform, saved with the test vocab's tokenizer."""
-    torch.manual_seed(seed)
-    model = cls(BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=64, **config))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.5)
-    model.save_pretrained(folder)
-    write_tokenizer(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from data_fixtures import VOCAB_SIZE, write_tokenizer
-from finetune_fixtures import root, write  # noqa: F401 - fixture: a folder for the module
+from finetune_fixtures import root, saved, write  # noqa: F401 - root: a folder for the module
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
 from bertforge import cli
-from bertforge.model.config import BertConfig
 from bertforge.serving.features import extract_features
 from bertforge.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
                              BertForSequenceClassification, BertForTokenClassification)
@@ -29,23 +27,6 @@ from bertforge.model.bert import BertModel
 from bertforge.text.tokenizer import BertTokenizer
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-
-
-def saved(folder: Path, cls: type, seed: int, positions: int = 64, **config) -> Path:
-    """A tiny ``cls`` with every weight drawn at random (std 0.5, so outputs are far from uniform and
-    rankings have no near-ties), saved with the test vocab's tokenizer."""
-    torch.manual_seed(seed)
-    model = cls(BertConfig(vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=positions, **config))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.5)
-    model.save_pretrained(folder)
-    write_tokenizer(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
