@@ -84,10 +84,10 @@ class Recipe(Generic[Outcome]):
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         model = self.build_model()
         torch.manual_seed(self.cfg.seed + dist.rank)  # dropout: a stream of its own per process
-        task, batches, evaluate = self.setup_training(model)
+        objective, batches, evaluate = self.setup_training(model)
         run_config = self.run_config(model)
         # `fit` writes the settings once a resume's are accepted: a refused resume changes nothing
-        self.trainer = Trainer(ready_model(model, dist, self.cfg.strategy), task, batches, self.cfg, self.out,
+        self.trainer = Trainer(ready_model(model, dist, self.cfg.strategy), objective, batches, self.cfg, self.out,
                                dist=dist, evaluate=evaluate, tokenizer=self.tokenizer, run_config=run_config,
                                settings_absent_mean=self.settings_absent_mean(), write_run_config=True)
         self.log_start()
@@ -109,7 +109,7 @@ class Recipe(Generic[Outcome]):
         raise NotImplementedError
 
     def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
-        """The task, the batch source and the evaluation (None: none) that train ``model``."""
+        """The objective, the batch source and the evaluation (None: none) that train ``model``."""
         raise NotImplementedError
 
     def recorded_settings(self) -> dict[str, Any]:
