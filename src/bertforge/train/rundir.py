@@ -22,14 +22,11 @@ import re
 import shutil
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bertforge.io import clear_stale
 from bertforge.train.distributed import Distributed
 from bertforge.train.state import STATE_PT
-
-if TYPE_CHECKING:
-    from bertforge.train.loop import TrainResult
 
 __all__ = ["CHECKPOINTS_DIR", "METRICS_FILE", "RUN_CONFIG", "RUN_FILES", "RUN_SETUP", "STOP_MARKER", "checkpoint_dir",
            "checkpoints", "latest_checkpoint", "prune_checkpoints", "run_files", "open_run_dir", "resume_point",
@@ -154,7 +151,16 @@ def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
 
 
 # ---------------------------------------------------------------------------- a stopped run's model
-def stop_marker(result: TrainResult) -> dict[str, str]:
+class _Ended(Protocol):
+    """How a run ended, as `bertforge.train.loop.TrainResult` says it."""
+
+    step: int
+    max_steps: int
+    stopped_early: bool
+    stop_signal: int
+
+
+def stop_marker(result: _Ended) -> dict[str, str]:
     """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped before
     max_steps (that model is partial), else none."""
     if not result.stopped_early:

@@ -18,18 +18,23 @@ import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from bertforge.io import atomic_write_text
 
-if TYPE_CHECKING:
-    from bertforge.train.loop import TrainConfig
-
 __all__ = ["STATE_PT", "STATE_JSON", "SETTINGS_ABSENT_MEAN", "rng_state", "set_rng_state", "write_state",
            "read_info", "read_state", "check_compatible"]
+
+
+class _WarmupDefaults(Protocol):
+    """What a recipe's config says of warmup when neither setting is given (`bertforge.train.loop.TrainConfig`)."""
+
+    DEFAULT_WARMUP_RATIO: float | None
+    DEFAULT_WARMUP_STEPS: int
+
 
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
@@ -91,7 +96,7 @@ def read_state(folder: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- may a run continue from it
-def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: TrainConfig, folder: Path,
+def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: _WarmupDefaults, folder: Path,
                      absent: Mapping[str, Any]) -> None:
     """Refuse to resume from ``folder``, whose run recorded the settings ``saved``, with the settings
     ``current`` if they differ outside ``cfg.RESUMABLE``. ``absent``: what a setting missing from a record
@@ -119,7 +124,7 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: 
     raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); {end}")
 
 
-def _warmup_rule(steps: int | None, ratio: float | None, cfg: TrainConfig) -> tuple[str, float]:
+def _warmup_rule(steps: int | None, ratio: float | None, cfg: _WarmupDefaults) -> tuple[str, float]:
     """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as ``cfg``'s recipe resolves
     them: ("steps", n) or ("ratio", share of max_steps)."""
     if steps is not None:
