@@ -372,16 +372,16 @@ class FinetuneRecipe(Recipe[FinetuneResult]):
 
     def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
         cfg, dist, data = self.cfg, self.dist, self.prepared
-        task = data.family.objective(model.config)
+        objective = data.family.objective(model.config)
         features = data.train.features
         if cfg.features:  # the frozen encoder's features do not change: computed once, not in every epoch
             features = cache_features(model.to(dist.device), features, cfg.eval_batch_size, dist.device, dist)
-            task = CachedObjective(task)
+            objective = CachedObjective(objective)
         batches = FeatureBatches(features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                  world_size=dist.world_size, name=cfg.train_file)
         if cfg.resume and (self.best_dir / BEST_METRICS).is_file():
             self.best = json.loads((self.best_dir / BEST_METRICS).read_text(encoding="utf-8"))
-        return task, batches, self.evaluate if data.dev else None
+        return objective, batches, self.evaluate if data.dev else None
 
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         """The dev files' metrics; a new best model is saved in ``OUT/best/`` with its prediction files."""

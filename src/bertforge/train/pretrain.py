@@ -333,8 +333,8 @@ class PretrainRecipe(Recipe[TrainResult]):
         self.loader = PretrainingLoader(self.dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                         world_size=dist.world_size, special=special, masking=self.masking)
         self.nsp = nsp = bool(data_cfg["nsp"])
-        self.objective = objective = cfg.resolve_objective(nsp)
-        self.task = LeftToRightObjective() if objective == "ltr" else PretrainingObjective(nsp=objective == "mlm+nsp")
+        self.objective_name = objective = cfg.resolve_objective(nsp)
+        self.objective = LeftToRightObjective() if objective == "ltr" else PretrainingObjective(nsp=objective == "mlm+nsp")
         self.evaluate: Evaluate | None = None
         if cfg.eval_data or held_out:
             eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash,
@@ -343,21 +343,21 @@ class PretrainRecipe(Recipe[TrainResult]):
                 raise ValueError(f"{cfg.eval_data}: prepared without next sentence prediction, which objective "
                                  "mlm+nsp evaluates")
             eval_set.check_files()
-            self.evaluate = _evaluator(eval_set, self.task, cfg, dist, special)
+            self.evaluate = _evaluator(eval_set, self.objective, cfg, dist, special)
 
     def build_model(self) -> nn.Module:
         return build_pretraining_model(self.cfg, self.tokenizer.vocab_size, self.nsp,
-                                       int(self.data_cfg["max_seq_length"]), self.objective)
+                                       int(self.data_cfg["max_seq_length"]), self.objective_name)
 
     def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
-        return self.task, self.loader, self.evaluate
+        return self.objective, self.loader, self.evaluate
 
     def recorded_settings(self) -> dict[str, Any]:
         settings = super().recorded_settings()
         del settings["objective"]
-        if self.objective != data_objective(self.nsp):
+        if self.objective_name != data_objective(self.nsp):
             # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
-            settings["objective"] = self.objective
+            settings["objective"] = self.objective_name
         return settings
 
     def run_facts(self, model: nn.Module) -> dict[str, Any]:
@@ -378,7 +378,7 @@ class PretrainRecipe(Recipe[TrainResult]):
         precision = trainer.precision + (" (auto)" if cfg.precision == "auto" else "")
         logger.info(f"pretrain: {type(model).__name__} {model.num_parameters():,} parameters; "
                     f"{len(self.dataset):,} training instances (length {self.data_cfg['max_seq_length']}"
-                    f"{', sentence pairs' if self.nsp else ''}); objective {self.objective}; "
+                    f"{', sentence pairs' if self.nsp else ''}); objective {self.objective_name}; "
                     f"{dist.world_size} process(es) on {dist.device}; global batch {cfg.batch_size}; "
                     + (f"{cfg.budget_minutes:.1f} minutes of training, warmup {cfg.budget_warmup_share:.0%} of them"
                        if cfg.budget_minutes else f"warmup {cfg.warmup:,} steps")
