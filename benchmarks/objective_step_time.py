@@ -69,7 +69,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import ours_batch, ours_trainer, prepared_leads, real_batches, run_meta  # noqa: E402
-from step_time import _loadavg, make_batch, skipped_precisions, write_report  # noqa: E402
+from step_time import _loadavg, interleaved, make_batch, skipped_precisions, write_report  # noqa: E402
 
 from bertforge.data.prepare import load_manifest  # noqa: E402
 
@@ -172,8 +172,7 @@ def run_case(preset: str, case: str, args, tmp: str) -> list[Row]:
     runs, steppers = [], {}
     for name in models:
         for precision in args.precisions:
-            trainer = ours_trainer(models[name], B, precision, tmp)  # prepares the model, as the loop does
-            trainer.task = tasks[name]
+            trainer = ours_trainer(models[name], B, precision, tmp, objective=tasks[name])  # sped up, as in a run
             if name == "ltr-reference":
                 reference_encoder(trainer.model)
             run = Run(name, precision)
@@ -185,14 +184,9 @@ def run_case(preset: str, case: str, args, tmp: str) -> list[Row]:
     print(f"# {preset}, {case}: L={config.num_hidden_layers} H={config.hidden_size} V={V}, batch {B}, "
           f"{100 * real:.1f}% real tokens, dropout {args.dropout}; runs {', '.join(r.key for r in runs)}; "
           f"{args.warmup} warm-up + {args.steps} timed steps each", flush=True)
-    gc.collect()
-    for i, b in enumerate(batches):
-        order = runs[i % len(runs):] + runs[:i % len(runs)]
-        for run in order:
-            t0 = time.perf_counter()
-            steppers[run.key](b)
-            if i >= args.warmup:
-                run.step_ms.append((time.perf_counter() - t0) * 1e3)
+    by_key = {run.key: run for run in runs}
+    for key, _, ms in interleaved(batches, steppers, args.warmup):
+        by_key[key].step_ms.append(ms)
     predictions = {"mlm": sum(float((b["labels"] != -100).sum()) for b in timed) / len(timed),
                    "ltr": sum(float(b["attention_mask"][:, 1:].sum()) for b in timed) / len(timed)}
     rows = []

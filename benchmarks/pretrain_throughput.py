@@ -86,7 +86,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import (Batch, _loadavg, build_models, check_same_loss, cpu_model, skipped_precisions,  # noqa: E402
+from step_time import (Batch, _loadavg, build_models, check_same_loss, cpu_model, interleaved, skipped_precisions,  # noqa: E402
                        write_report)
 
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
@@ -167,14 +167,14 @@ def autocast(precision: str) -> contextlib.AbstractContextManager:
 
 
 def ours_trainer(model, batch_size: int, precision: str, out_dir: str, *, lr: float = LR, max_steps: int = SCHEDULE_STEPS,
-                 warmup_steps: int = WARMUP) -> Trainer:
+                 warmup_steps: int = WARMUP, objective=None) -> Trainer:
     """bertforge's training loop as ``bertforge pretrain`` builds it (one process, CPU; the model through the
-    speed layer, as the recipe hands it to the trainer)."""
+    speed layer, as the recipe hands it to the trainer); ``objective``: MLM + NSP unless given."""
     cfg = TrainConfig(batch_size=batch_size, max_steps=max_steps, lr=lr, warmup_steps=warmup_steps,
                       weight_decay=WEIGHT_DECAY, max_grad_norm=1.0, precision=precision, device="cpu",
                       progress=False)
-    return Trainer(ready_model(model, Distributed(), "ddp"), PretrainingObjective(nsp=True), batches=[], config=cfg,
-                   out_dir=out_dir)  # type: ignore[arg-type]
+    return Trainer(ready_model(model, Distributed(), "ddp"), objective or PretrainingObjective(nsp=True), batches=[],
+                   config=cfg, out_dir=out_dir)  # type: ignore[arg-type]
 
 
 class HFLoop:
@@ -390,19 +390,14 @@ def run_preset(preset: str, data: Path, args, precisions: tuple[str, ...] = PREC
         else:
             loop = HFLoop(theirs, r.precision)
             steppers[r.name] = loop.train_step
-    gc.collect()
-    for i, b in enumerate(batches):
-        order = runs[i % len(runs):] + runs[:i % len(runs)]
-        for r in order:
-            t0 = time.perf_counter()
-            steppers[r.name](b)
-            dt = time.perf_counter() - t0
-            if i >= warmup:
-                r.step_ms.append(dt * 1e3)
-                r.tokens += float(b["attention_mask"].sum())
-                f, u = flops_for(r.stack, config, b)
-                r.flops += f
-                r.useful_flops += u
+    by_name = {r.name: r for r in runs}
+    for name, b, ms in interleaved(batches, steppers, warmup):
+        r = by_name[name]
+        r.step_ms.append(ms)
+        r.tokens += float(b["attention_mask"].sum())
+        f, u = flops_for(r.stack, config, b)
+        r.flops += f
+        r.useful_flops += u
     by = {r.name: r for r in runs}
     ours_best = max((by[f"ours-{p}"] for p in precisions), key=lambda r: r.tok_s)
     hf_best = max((by[f"hf-{p}"] for p in precisions), key=lambda r: r.tok_s)

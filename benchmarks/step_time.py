@@ -301,6 +301,23 @@ def time_case(preset: str, case: str, ours, theirs, batch: Batch, *, steps: int,
 
 
 # ---------------------------------------------------------------------------- report
+def interleaved(batches: list, steppers: dict, warmup: int):
+    """Run every stepper (name -> step function, in its order) on every batch, the order rotated by one
+    from batch to batch so that no run always goes first (on a cold cache) or last; yield (name, batch,
+    step milliseconds) of the batches after the first ``warmup``. The machine's noise then falls on all
+    runs alike, and their ratios hold on a shared machine."""
+    gc.collect()
+    names = list(steppers)
+    for i, b in enumerate(batches):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            steppers[name](b)
+            ms = (time.perf_counter() - t0) * 1e3
+            if i >= warmup:
+                yield name, b, ms
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
