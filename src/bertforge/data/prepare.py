@@ -114,9 +114,13 @@ class PrepareConfig:
                     normalization: dict[str, bool] | None = None) -> str:
         """What the shards are a function of: these settings, the vocab, the tokenizer's
         normalisation and the input files."""
-        blob = json.dumps({**dataclasses.asdict(self), "vocab_hash": vocab_hash, "inputs": inputs,
-                           "normalization": normalization}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return _digest(self, vocab_hash, inputs, normalization=normalization)
+
+
+def _digest(cfg: PrepareConfig, vocab_hash: str, inputs: list | None, **more: Any) -> str:
+    """The SHA-256 of ``cfg``'s settings, the vocab, the inputs and ``more``, as a data folder records it."""
+    blob = json.dumps({**dataclasses.asdict(cfg), "vocab_hash": vocab_hash, "inputs": inputs, **more}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------ one shard (a worker)
@@ -427,8 +431,7 @@ def _checked_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, 
 def _fingerprint_before_normalization(cfg: PrepareConfig, vocab_hash: str, inputs: list) -> str:
     """`PrepareConfig.fingerprint` as folders prepared before the tokenizer's normalisation was part of
     the data's identity recorded it (their settings.json has no "normalization")."""
-    blob = json.dumps({**dataclasses.asdict(cfg), "vocab_hash": vocab_hash, "inputs": inputs}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return _digest(cfg, vocab_hash, inputs)
 
 
 def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareConfig, tokenizer_dir: str,
