@@ -508,3 +508,12 @@ def test_a_damaged_shard_stops_the_run_before_its_first_step(root, tok, nsp_data
     with pytest.raises(ValueError, match=rf"{last.name}: .* bytes, the manifest says"):
         pretrain(config(data, tok, out, max_steps=1, seed=0))
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_device_bertforge_cannot_run_on_is_one_clear_line_before_any_work(root, tok, nsp_data, capsys):
+    """`resolve_device`, which every command goes through, refuses it as bad input (not a torch traceback)."""
+    out = root / "on-a-tpu"
+    assert cli.main(["pretrain", *cli_args(config(nsp_data, tok, out, device="tpu"))]) == 2
+    assert "bertforge pretrain: error: device: expected auto, cpu, cuda, cuda:K or another device PyTorch knows, got 'tpu'" \
+        in capsys.readouterr().err
+    assert not out.exists()

@@ -59,10 +59,15 @@ class Distributed:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``device`` as a torch.device; "auto": CUDA if present, else CPU."""
+    """``device`` as a torch.device; "auto": CUDA if present, else CPU. A string that names no device
+    PyTorch knows is a ValueError saying so (bad input, not a traceback)."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected auto, cpu, cuda, cuda:K or another device PyTorch knows, got "
+                         f"{str(device)!r}") from None
 
 
 def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
