@@ -85,16 +85,16 @@ class CachedObjective:
     """A family's `bertforge.train.loop.Objective` over `CachedFeatures` batches: the model gets each
     batch's ``features``, so its encoder does not run."""
 
-    def __init__(self, task: Any):
-        self.task = task
+    def __init__(self, objective: Any):
+        self.objective = objective
 
     def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        return self.task.counts(batch)
+        return self.objective.counts(batch)
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return self.task.forward(functools.partial(model, features=batch["features"]), batch)
+        return self.objective.forward(functools.partial(model, features=batch["features"]), batch)
 
     def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
                 stats: dict[str, float]) -> dict[str, float]:
-        return self.task.metrics(loss_sums, counts, stats)
+        return self.objective.metrics(loss_sums, counts, stats)
