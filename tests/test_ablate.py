@@ -135,8 +135,16 @@ def test_report_is_the_papers_layout_with_the_measured_cells(toy):
     values = sorted(c.value for c in cells if c.variant == "BERT" and c.task == "CLS")
     mean = sum(values) / len(values)
     assert data["table"]["BERT"]["CLS"]["mean"] == pytest.approx(mean)
-    assert f"{100 * mean:.1f} ± " in rows["BERT"]
+    assert rows["BERT"].split(" | ")[1].startswith(f"{100 * mean:.1f}")
     assert rows["+ BiLSTM"].count("—") == 2  # its two left-out columns
+    # each row against BERT, seed by seed
+    assert "Difference from BERT, paired by seed" in text
+    assert data["differences"]["baseline"] == "BERT" and "BERT" not in data["differences"]["table"]
+    score = {(c.variant, c.task, c.seed): c.value for c in cells}
+    got = data["differences"]["table"]["No NSP"]["TAG"]
+    assert got["seeds"] == [0, 1]
+    assert got["differences"] == pytest.approx([score["No NSP", "TAG", s] - score["BERT", "TAG", s] for s in (0, 1)])
+    assert set(data["differences"]["table"]["100/0/0"]) == {"TAG features"}
     assert data["machine"]["cpu"] and "cores" in text
     assert (out / "scores.png").stat().st_size > 0 and (out / "figure.png").stat().st_size > 0
 
@@ -284,6 +292,77 @@ def test_a_miniature_runs_on_the_built_in_data(tmp_path):
     done = json.loads((tmp_path / "pretrain/80-10-10/done.json").read_text())
     assert "mlm_accuracy" in done["eval_metrics"]  # held out: every 20th Wikipedia lead
     assert "| 100/0/0 |" in report.read_text()
+
+
+# ---------------------------------------------------------------------------- the report's statistics
+def _cells(scores: dict[tuple[str, str], dict[int, float]]) -> list[runner.Cell]:
+    """Finished cells of the given scores ((row, task) -> seed -> score), last seed first, so that
+    nothing can pair them by their order."""
+    return [runner.Cell(variant=row, task=task, seed=seed, metric="accuracy", value=value, metrics={}, steps=1,
+                        seconds=6.0)
+            for (row, task), by_seed in scores.items() for seed, value in sorted(by_seed.items(), reverse=True)]
+
+
+def test_the_report_gives_intervals_and_differences_paired_by_seed(tmp_path):
+    """Each cell: the mean and its 95% Student t interval. Each later row against the first (BERT): the
+    difference seed by seed, over the seeds both rows finished, resolved only where its interval
+    excludes 0. The intervals were checked by hand: t(0.975, 2) = 4.3027, t(0.975, 1) = 12.706."""
+    from scipy import stats
+
+    from bertforge.experiments.report import write_report
+
+    files = {k: tmp_path / k for k in ("vocab", "corpus", "cls_train", "cls_dev", "tag_train", "tag_dev")}
+    study = load_study(_study(tmp_path, files, seeds=[0, 1, 2], figure=None))
+    scores = {("BERT", "CLS"): {0: 0.60, 1: 0.70, 2: 0.80},
+              ("No NSP", "CLS"): {0: 0.63, 1: 0.72, 2: 0.83},  # +3, +2, +3: within BERT's spread, yet resolved
+              ("LTR & No NSP", "CLS"): {0: 0.65, 2: 0.79},  # seed 1 unfinished: +5, -1
+              ("+ BiLSTM", "CLS"): {0: 0.58, 1: float("nan"), 2: 0.79},  # seed 1 gave no score: -2, -1
+              ("BERT", "TAG"): {0: 0.50, 1: 0.55},  # BERT's seed 2 unfinished ...
+              ("No NSP", "TAG"): {0: 0.52, 1: 0.56, 2: 0.95},  # ... so No NSP's counts not: +2, +1
+              ("100/0/0", "TAG features"): {0: 0.4, 1: 0.5, 2: 0.6}}  # nothing of BERT's to pair with
+    report = write_report(study, tmp_path / "out", _cells(scores), [], {})
+    text = report.read_text()
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+
+    bert = data["table"]["BERT"]["CLS"]
+    assert bert["mean"] == pytest.approx(0.7) and bert["sd"] == pytest.approx(0.1) and bert["n"] == 3
+    assert bert["seeds"] == [0, 1, 2] and bert["values"] == [0.60, 0.70, 0.80]
+    low, high = stats.ttest_1samp([0.60, 0.70, 0.80], 0.0).confidence_interval()
+    assert (bert["interval"]["low"], bert["interval"]["high"]) == (pytest.approx(low, abs=1e-5),
+                                                                   pytest.approx(high, abs=1e-5))
+    assert bert["interval"] == {"mean": 0.7, "low": 0.45159, "high": 0.94841, "n": 3, "confidence": 0.95}
+    assert data["table"]["+ BiLSTM"]["CLS"]["values"] == [0.58, None, 0.79]
+    assert data["table"]["+ BiLSTM"]["CLS"]["interval"]["n"] == 2
+
+    diff = data["differences"]
+    assert diff["baseline"] == "BERT" and diff["paired_by"] == "seed"
+    assert set(diff["table"]) == {"No NSP", "LTR & No NSP", "+ BiLSTM", "100/0/0"}
+    no_nsp = diff["table"]["No NSP"]["CLS"]
+    assert no_nsp["seeds"] == [0, 1, 2] and no_nsp["differences"] == pytest.approx([0.03, 0.02, 0.03])
+    low, high = stats.ttest_rel([0.63, 0.72, 0.83], [0.60, 0.70, 0.80]).confidence_interval()
+    assert no_nsp["interval"]["low"] == pytest.approx(low, abs=1e-5) == pytest.approx(0.01232, abs=1e-5)
+    assert no_nsp["interval"]["high"] == pytest.approx(high, abs=1e-5) == pytest.approx(0.04101, abs=1e-5)
+    assert no_nsp["resolved"] is True
+    # unpaired, the two rows' intervals overlap: pairing is what resolves the difference
+    assert data["table"]["No NSP"]["CLS"]["interval"]["low"] < bert["interval"]["high"]
+    ltr = diff["table"]["LTR & No NSP"]["CLS"]
+    assert ltr["seeds"] == [0, 2] and ltr["differences"] == pytest.approx([0.05, -0.01]) and not ltr["resolved"]
+    assert diff["table"]["+ BiLSTM"]["CLS"]["seeds"] == [0, 2]
+    tag = diff["table"]["No NSP"]["TAG"]
+    assert tag["seeds"] == [0, 1] and tag["interval"]["mean"] == pytest.approx(0.015) and not tag["resolved"]
+    nothing = diff["table"]["100/0/0"]["TAG features"]
+    assert nothing["seeds"] == [] and nothing["interval"]["n"] == 0 and nothing["resolved"] is False
+
+    scores_table, differences_table = text.split("Difference from BERT, paired by seed")
+    assert "| BERT | 70.0 [45.2, 94.8] | 52.5 [20.7, 84.3] (n=2) | — |" in scores_table
+    assert "| 100/0/0 | — | — | 50.0 [25.2, 74.8] |" in scores_table
+    differences_table = differences_table.split("![scores]")[0]
+    assert "| BERT |" not in differences_table
+    assert ("| No NSP | +2.7 [+1.2, +4.1] resolved | +1.5 [-4.9, +7.9] (n=2) not resolved | — |"
+            in differences_table)
+    assert "| LTR & No NSP | +2.0 [-36.1, +40.1] (n=2) not resolved | — | — |" in differences_table
+    assert "| + BiLSTM | -1.5 [-7.9, +4.9] (n=2) not resolved | — | — |" in differences_table
+    assert "| 100/0/0 | — | — | — |" in differences_table
 
 
 # ---------------------------------------------------------------------------- checked before any work

@@ -168,10 +168,10 @@ def demo_runs(monkeypatch):
 
 def test_dashed_and_underscored_flags_and_negated_bools(demo_runs):
     assert main(["demo", "--vocab-size", "4000", "--pretrain_steps", "7", "--no-task-text-in-pretraining",
-                 "--finetune-lrs=1e-4"]) == 0
+                 "--range-steps=20", "--range_top", "0.05"]) == 0
     cfg = demo_runs[-1]
-    assert (cfg.vocab_size, cfg.pretrain_steps, cfg.task_text_in_pretraining, cfg.finetune_lrs) == (4000, 7, False,
-                                                                                                    "1e-4")
+    assert (cfg.vocab_size, cfg.pretrain_steps, cfg.task_text_in_pretraining, cfg.range_steps, cfg.range_top) == \
+           (4000, 7, False, 20, 0.05)
     assert main(["demo", "--task_text_in_pretraining"]) == 0
     assert demo_runs[-1].task_text_in_pretraining and demo_runs[-1].vocab_size == 8192
 

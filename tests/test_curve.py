@@ -1,22 +1,28 @@
-"""The label-efficiency curve's parts: the development split, nested subsets, the step floor, the size and
-rate lists, the learning-rate choice, the budget and the plot (the fine-tunings themselves are faked
-here; tests/test_demo.py runs real ones)."""
+"""The label-efficiency curve's parts: nested subsets shared by every start, the held-out file, the step
+floor, the size list, the range test's rule and its wiring into a cell, paired differences, the budget and
+the plot (the fine-tunings themselves are faked here; tests/test_demo.py runs real ones)."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from bertforge.demo import curve as curve_module
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, dev_split, estimate_seconds, finetune_steps, \
-    format_lr, parse_lrs, parse_sizes, planned_runs, plot_curve, run_curve, subset
+from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveTask, Recipe, Start, choose_lr, estimate_seconds, \
+    finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, run_cells, run_curve, subset
+from bertforge.stats import paired_difference
+from bertforge.tasks.tagging import read_sentences
+from bertforge.train.optim import lr_factor
 
-RECIPE = Recipe(epochs=3, min_steps=100, lrs=(1e-4, 3e-4, 1e-3), batch_size=32, max_seq_length=64, dropout=0.1,
-                precision="fp32")
+RECIPE = Recipe(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="fp32",
+                range_top=0.1, range_steps=20, lr_divisor=10.0)
 FAR = 10**9  # a deadline no test reaches: the cuts below come from a deadline already passed
 
 
@@ -28,21 +34,11 @@ def test_one_seeds_subsets_are_nested_and_seeds_differ():
     assert np.array_equal(subset(1000, 100, seed=0), small)  # the same for every starting point
 
 
-def test_the_development_split_is_fixed_and_the_rest_is_everything_else():
-    dev, rest = dev_split(1000, 100)
-    assert len(dev) == 100 and len(rest) == 900
-    assert not set(dev) & set(rest) and set(dev) | set(rest) == set(range(1000))
-    assert np.array_equal(dev_split(1000, 100)[0], dev)  # drawn once: the same every time
-    assert set(dev) != set(subset(1000, 100, seed=0))  # a seed of its own, not the curve's first
-    for bad in (0, 1000):
-        with pytest.raises(ValueError, match="development split"):
-            dev_split(1000, bad)
-
-
-def test_fine_tuning_runs_its_epochs_but_at_least_the_floor():
+def test_fine_tuning_runs_its_epochs_but_at_least_the_floor_and_a_cell_adds_the_range_test():
     assert finetune_steps(100, RECIPE) == 100  # 3 passes over 100 are 10 steps
     assert finetune_steps(3000, RECIPE) == 282
     assert finetune_steps(9511, RECIPE) == 892
+    assert planned_steps(100, RECIPE) == 120 and planned_steps(9511, RECIPE) == 912
 
 
 def test_sizes_parse_with_all_and_cap_at_the_training_set():
@@ -53,137 +49,327 @@ def test_sizes_parse_with_all_and_cap_at_the_training_set():
             parse_sizes(bad, 9511)
 
 
-def test_learning_rates_parse_ascending_and_print_as_written():
-    assert parse_lrs("3e-4, 5e-5,1e-4,3e-4") == (5e-5, 1e-4, 3e-4)
-    for bad in ("1e-4,fast", "0", "-1e-4", "", "inf"):
-        with pytest.raises(ValueError, match="learning rates"):
-            parse_lrs(bad)
-    assert [format_lr(lr) for lr in (5e-5, 1e-4, 3e-4, 1e-3, 2.5e-4)] == ["5e-5", "1e-4", "3e-4", "1e-3", "2.5e-4"]
+def test_learning_rates_print_as_written_with_two_significant_digits():
+    assert [format_lr(lr) for lr in (5e-5, 1e-4, 3e-4, 1e-3, 2.5e-4, 0.00123, 0.1, 7.77e-6)] == \
+           ["5e-5", "1e-4", "3e-4", "1e-3", "2.5e-4", "1.2e-3", "1e-1", "7.8e-6"]
 
 
-def _texts(n: int, tag: str) -> tuple[list[str], list[int]]:
-    return [f"{tag} sentence {i} {'good' if i % 2 else 'bad'}" for i in range(n)], [i % 2 for i in range(n)]
+# ---------------------------------------------------------------------------- the range test's rule
+RATES = [0.001 * (i + 1) for i in range(30)]  # easy to read: the rate at step i is (i + 1) / 1000
 
 
-def _lines(path: Path) -> list[str]:
-    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+def test_choose_lr_takes_the_smoothed_minimum_not_the_first_raw_one():
+    # The raw loss first reaches its minimum at step 2; the moving average (weights 0.8 ** age, normalised)
+    # still carries the early 2.0s there and keeps falling while the loss stays at 1.0, until step 5:
+    # (2 x (0.8 ** 5 + 0.8 ** 4) + 0.8 ** 3 + 0.8 ** 2 + 0.8 + 1) / (sum of the weights) = 1.2, then the 3.0s.
+    losses = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
+    lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
+    assert at == 5 and lr == pytest.approx(0.006 / 10)
+    assert choose_lr(RATES[:len(losses)], losses, divisor=4.0)[0] == pytest.approx(0.006 / 4)
 
 
-class _Recorder:
-    """A fake `_finetune` that records each call and returns the accuracies ``score(start, size, seed, lr)``
-    gives for the development and the held-out file."""
+def _smoothed(losses: list[float]) -> list[float]:
+    """The bias-corrected moving average, written out: each step a weighted mean with weights 0.8 ** age."""
+    return [sum(0.8 ** (i - j) * x for j, x in enumerate(losses[:i + 1])) / sum(0.8 ** k for k in range(i + 1))
+            for i in range(len(losses))]
 
-    def __init__(self, score):
-        self.score = score
+
+@pytest.mark.parametrize("bump, stops", [(15.0, False), (22.0, True)])
+def test_choose_lr_stops_reading_once_the_smoothed_loss_passes_four_times_its_minimum(bump, stops):
+    # The smoothed loss has its minimum 1.852 at step 2; a bump of 15 lifts it to 3.4 x that, one of 22 to 4.7 x.
+    # Past the bump the loss falls far below: read on, the minimum is the last step; stopped, it stays at step 2.
+    losses = [3.0, 2.0, 1.0, bump] + [0.1] * 12
+    smooth = _smoothed(losses)
+    assert min(smooth[:3]) == smooth[2] and (smooth[3] > 4 * smooth[2]) == stops  # the sequence does what it says
+    lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
+    expected = 2 if stops else len(losses) - 1
+    assert at == expected and lr == pytest.approx(RATES[expected] / 10)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_choose_lr_stops_at_a_loss_that_is_not_a_number(bad):
+    losses = [3.0, 2.0, 1.0, bad, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01]
+    assert choose_lr(RATES[:len(losses)], losses, divisor=10.0) == (pytest.approx(0.003 / 10), 2)
+
+
+def test_choose_lr_needs_one_loss_per_rate():
+    for lrs, losses in (([], []), (RATES[:3], [1.0, 2.0])):
+        with pytest.raises(ValueError, match="one loss per rate"):
+            choose_lr(lrs, losses, divisor=10.0)
+
+
+def test_the_range_schedule_and_choose_lr_agree_on_the_rate_of_each_step():
+    # run_cell maps the k-th logged loss to the rate the k-th step trained at: range_top x lr_factor(k, "range")
+    n, at = 20, 13
+    losses = [5.0 - 0.3 * i for i in range(at + 1)] + [50.0] * (n - at - 1)
+    rates = [0.1 * lr_factor(k, total_steps=n, warmup_steps=0, schedule="range") for k in range(n)]
+    assert choose_lr(rates, losses, divisor=10.0) == (pytest.approx(rates[at] / 10), at)
+
+
+# ---------------------------------------------------------------------------- a cell, with the fine-tuning faked
+def _example(x) -> tuple:
+    """An example as a hashable tuple: (text, label) or (words, tags)."""
+    return tuple(tuple(v) if isinstance(v, list) else v for v in x)
+
+
+def _read_examples(path: Path) -> list[tuple]:
+    """A subset or held-out file's examples, as the fine-tuning reads them: (text, label) from JSON Lines,
+    (words, tags) from CoNLL."""
+    if path.suffix == ".conll":
+        return [_example((s.tokens, s.tags)) for s in read_sentences(path)[0]]
+    return [_example((r["text"], r["label"])) for r in map(json.loads, path.read_text().splitlines())]
+
+
+class FakeFinetune:
+    """Stands in for `bertforge.demo.curve._finetune`. The range-test run (``schedule="range"``) writes a
+    metrics.jsonl of ``losses(cell)`` into the cell's folder, as the training loop logs them (and an eval line
+    the rule must skip); the real run returns ``score(cell, lr)`` as its held-out accuracy. Every call is
+    recorded with the files' contents at the time (a curve deletes its subset files after each size)."""
+
+    def __init__(self, losses=None, score=None):
+        self.losses = losses or (lambda cell: [4.0 - 0.2 * i for i in range(10)]
+                                 + [40.0] * (cell.recipe.range_steps - 10))
+        self.score = score or (lambda cell, lr: 0.6)
         self.calls: list[dict] = []
 
-    def __call__(self, folder, train_file, eval_files, out, steps, seed, lr, recipe):
-        dev, held_out = eval_files
-        train = _lines(train_file)
-        self.calls.append({"start": folder.name, "size": len(train), "seed": seed, "lr": lr, "steps": steps,
-                           "train": train, "dev": _lines(dev), "heldout": _lines(held_out)})
-        return dict(zip(("dev", "heldout"), self.score(folder.name, len(train), seed, lr)))
+    def __call__(self, cell: Cell, lr: float, steps: int, **settings):
+        call = {"cell": cell, "lr": lr, "steps": steps, "settings": settings,
+                "train": _read_examples(Path(cell.train_file))}
+        self.calls.append(call)
+        out = Path(cell.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if settings.get("schedule") == "range":
+            records = [{"split": "train", "step": k + 1, "loss": loss, "lr": 0.0}
+                       for k, loss in enumerate(self.losses(cell))]
+            records.insert(len(records) // 2, {"split": "eval", "step": 5, "loss": -100.0})
+            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            return SimpleNamespace(eval_metrics={}, train=SimpleNamespace(interrupted=False))
+        call["heldout"] = _read_examples(Path(settings["dev_file"]))
+        return SimpleNamespace(eval_metrics={"accuracy": self.score(cell, lr)},
+                               train=SimpleNamespace(interrupted=False, step=steps))
+
+    def runs(self) -> list[dict]:
+        """The real fine-tunings (not the range tests)."""
+        return [c for c in self.calls if c["settings"].get("schedule") != "range"]
+
+
+def _cell(tmp_path: Path, recipe: Recipe = RECIPE) -> Cell:
+    task = CurveTask("toy", "classification", [], [])
+    train = task.write(tmp_path / "train.jsonl", [(f"train {i}", i % 2) for i in range(40)])
+    heldout = task.write(tmp_path / "heldout.jsonl", [(f"heldout {i}", i % 2) for i in range(10)])
+    return Cell("own", 40, 3, str(tmp_path / "model"), str(train), str(heldout), 100, task.settings(), recipe,
+                str(tmp_path / "run-0"))
+
+
+def test_a_cell_fine_tunes_at_the_rate_its_range_test_picks_and_scores_the_held_out_file(tmp_path, monkeypatch):
+    at = 12  # the smoothed loss falls to step 12, then the loss blows up (past 4 x at once)
+    fake = FakeFinetune(losses=lambda cell: [5.0 - 0.3 * i for i in range(at + 1)] + [80.0] * (20 - at - 1),
+                        score=lambda cell, lr: 0.75)
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    cell = _cell(tmp_path)
+    got = run_cell(cell)
+    range_test, run = fake.calls
+    # the range test: range_steps steps on the subset, the rate rising to range_top, no warmup, every loss logged
+    assert range_test["settings"]["schedule"] == "range" and range_test["settings"]["warmup_steps"] == 0
+    assert (range_test["lr"], range_test["steps"], range_test["settings"]["log_every"]) == (0.1, 20, 1)
+    assert "dev_file" not in range_test["settings"]  # it sees no held-out label
+    # the real run: the rate of the smoothed minimum, divided by lr_divisor; the cell's steps; scored on the held-out
+    rate_at = 0.1 * lr_factor(at, total_steps=20, warmup_steps=0, schedule="range")
+    assert run["lr"] == pytest.approx(rate_at / 10) and run["steps"] == 100
+    assert run["settings"]["dev_file"] == cell.heldout_file and run["settings"]["eval_every"] == 100
+    assert run["train"] == range_test["train"] == [(f"train {i}", i % 2) for i in range(40)]
+    assert run["heldout"] == [(f"heldout {i}", i % 2) for i in range(10)]
+    assert got["accuracy"] == 0.75 and got["lr"] == pytest.approx(rate_at / 10)
+    assert got["minimum_at"] == pytest.approx(rate_at) and (got["start"], got["size"], got["seed"]) == ("own", 40, 3)
+    assert not Path(cell.out).exists()  # the run folder goes once it is scored
+
+
+def test_the_divisor_is_the_recipe_s(tmp_path, monkeypatch):
+    fake = FakeFinetune()
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    a = run_cell(_cell(tmp_path / "a"))
+    b = run_cell(_cell(tmp_path / "b", replace(RECIPE, lr_divisor=2.5)))
+    assert a["minimum_at"] == b["minimum_at"] and b["lr"] == pytest.approx(4 * a["lr"])
+
+
+def test_cells_in_one_process_come_back_in_their_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(curve_module, "_finetune", FakeFinetune(score=lambda cell, lr: cell.seed / 10))
+    cells = [replace(_cell(tmp_path), seed=s, out=str(tmp_path / f"run-{s}")) for s in (2, 0, 1)]
+    assert [r["accuracy"] for r in run_cells(cells, workers=1)] == [0.2, 0.0, 0.1]
+
+
+# ---------------------------------------------------------------------------- a curve, with the fine-tuning faked
+def _task(n_train: int, n_heldout: int, family: str = "classification") -> CurveTask:
+    if family == "tagging":
+        return CurveTask("tags", "tagging", [([f"w{i}", "runs"], ["NOUN", "VERB"]) for i in range(n_train)],
+                         [([f"h{i}", "runs"], ["NOUN", "VERB"]) for i in range(n_heldout)], "tagged sentences")
+    return CurveTask("toy", "classification",
+                     [(f"train sentence {i} {'good' if i % 2 else 'bad'}", i % 2) for i in range(n_train)],
+                     [(f"heldout sentence {i} {'good' if i % 2 else 'bad'}", i % 2) for i in range(n_heldout)])
 
 
 def _starts(tmp_path: Path, published_seeds: int | None = None) -> list[Start]:
-    return [Start("random", lambda seed: tmp_path / "random"), Start("own", lambda seed: tmp_path / "own"),
+    return [Start("random", lambda seed: tmp_path / f"random-seed{seed}"), Start("own", lambda seed: tmp_path / "own"),
             Start("published", lambda seed: tmp_path / "published", max_seeds=published_seeds)]
 
 
-def test_the_development_split_stays_apart_from_every_subset_and_the_held_out_set(tmp_path, monkeypatch):
-    fake = _Recorder(lambda start, size, seed, lr: (0.6, 0.6))
+@pytest.mark.parametrize("family", ["classification", "tagging"])
+def test_every_start_sees_the_same_subset_files_per_seed_and_every_cell_the_same_held_out_file(tmp_path, monkeypatch,
+                                                                                                family):
+    fake = FakeFinetune()
     monkeypatch.setattr(curve_module, "_finetune", fake)
-    train, held_out = _texts(2000, "train"), _texts(300, "heldout")
-    c = run_curve(_starts(tmp_path, 1), train, held_out, [100, 300, 1800], lambda n: [0, 1, 2] if n <= 300 else [0],
-                  RECIPE, tmp_path / "curve", FAR, dev_examples=200)
-    assert c.sizes == [100, 300, 1800] and c.cut == [] and (c.dev_examples, c.pool) == (200, 1800)
-    dev = set(fake.calls[0]["dev"])
-    assert len(dev) == 200 and dev <= set(train[0])
-    for call in fake.calls:
-        assert set(call["dev"]) == dev and call["heldout"] == held_out[0]  # every run scores the same two files
-        assert not dev & set(call["train"]) and not dev & set(held_out[0])
-    assert max(len(call["train"]) for call in fake.calls) == 1800  # "all": the whole training set but the split
-    seen = {(call["start"], call["seed"], call["size"]): set(call["train"]) for call in fake.calls}
-    assert seen["random", 0, 100] <= seen["random", 0, 300] and seen["random", 0, 100] != seen["random", 1, 100]
-    assert seen["random", 1, 300] == seen["own", 1, 300]  # the same subsets for every start
+    task = _task(600, 50, family)
+    c = run_curve(_starts(tmp_path, 1), task, [100, 300, 600], lambda n: [0, 1, 2] if n <= 300 else [0], RECIPE,
+                  tmp_path / "curve", FAR, workers=1)
+    assert c.sizes == [100, 300, 600] and c.cut == [] and (c.pool, c.heldout) == (600, 50)
+    runs = fake.runs()
+    assert len(runs) == len(fake.calls) // 2 == (3 + 3 + 1) * 2 + 3  # a range test before each run
+    files, seen = {}, {}
+    for call in runs:
+        cell = call["cell"]
+        files.setdefault((cell.size, cell.seed), set()).add(cell.train_file)
+        seen[cell.start, cell.size, cell.seed] = set(call["train"])
+        assert cell.folder == str(tmp_path / (f"random-seed{cell.seed}" if cell.start == "random" else cell.start))
+        assert cell.steps == call["steps"] == finetune_steps(cell.size, RECIPE) and cell.task == task.settings()
+        assert len(call["train"]) == cell.size
+    assert all(len(paths) == 1 for paths in files.values())  # one file per size and seed, whatever the start
+    for (start, size, seed), examples in seen.items():
+        assert examples == seen["random", size, seed]  # every start: the same examples ...
+        assert examples == {_example(task.train[i]) for i in subset(600, size, seed)}  # ... the seed's subset
+    assert seen["own", 100, 1] <= seen["own", 300, 1] and seen["own", 100, 0] != seen["own", 100, 1]
+    assert len(seen["own", 600, 0]) == 600  # the largest size is the whole training set
+    # the range test and the run of a cell read the same subset file
+    for range_test, run in zip(fake.calls[::2], fake.calls[1::2]):
+        assert range_test["settings"]["schedule"] == "range" and range_test["cell"] == run["cell"]
+    # one held-out file for every cell, holding the held-out examples as given; no subset example in it (the
+    # inputs do not overlap, and the curve adds none)
+    assert len({call["settings"]["dev_file"] for call in runs}) == 1
+    expected = [_example(x) for x in task.heldout]
+    for call in runs:
+        assert call["heldout"] == expected
+        assert not set(expected) & set(call["train"])
+    assert not list((tmp_path / "curve").glob("train-*"))  # the subset files go once their size is done
 
 
-def test_each_start_takes_the_rate_best_on_the_development_split_and_the_other_seeds_run_only_at_it(tmp_path,
-                                                                                                     monkeypatch):
-    best = {"random": 1e-3, "own": 1e-4, "published": 3e-4}
-
-    def score(start, size, seed, lr):
-        dev = 0.9 if lr == best[start] else 0.7
-        return dev, 0.5 + seed / 100 + lr  # held-out accuracy: higher at other rates, and never chosen on
-    fake = _Recorder(score)
+def test_the_curve_records_each_cell_s_rate_and_accuracy_by_seed(tmp_path, monkeypatch):
+    # each start's range test finds its minimum at a different step; the held-out score tells the seeds apart
+    minimum = {"random": 4, "own": 8, "published": 12}
+    fake = FakeFinetune(
+        losses=lambda cell: [5.0 - 0.3 * i for i in range(minimum[cell.start] + 1)]
+        + [80.0] * (19 - minimum[cell.start]),
+        score=lambda cell, lr: 0.5 + cell.seed / 100 + (cell.start == "own") / 10)
     monkeypatch.setattr(curve_module, "_finetune", fake)
-    c = run_curve(_starts(tmp_path, 2), _texts(2000, "train"), _texts(100, "heldout"), [100, 300, 1000],
-                  lambda n: [0, 1, 2] if n <= 300 else [0], RECIPE, tmp_path / "curve", FAR, dev_examples=200,
-                  bag_of_words=False)
-    seeds = {"random": [0, 1, 2], "own": [0, 1, 2], "published": [0, 1]}
-    for start in best:
-        for size in (100, 300, 1000):
-            calls = [call for call in fake.calls if (call["start"], call["size"]) == (start, size)]
-            size_seeds = seeds[start] if size <= 300 else [0]
-            assert len(calls) == len(RECIPE.lrs) + len(size_seeds) - 1 == c.runs[start][size]
-            assert len(calls) == planned_runs(RECIPE, _starts(tmp_path, 2)[list(best).index(start)].seeds(size_seeds))
-            grid = [call for call in calls if call["seed"] == size_seeds[0]]
-            assert sorted(call["lr"] for call in grid) == list(RECIPE.lrs)  # the grid on the first seed only
-            assert [(call["seed"], call["lr"]) for call in calls if call not in grid] == \
-                   [(seed, best[start]) for seed in size_seeds[1:]]  # the others at the chosen rate only
-            assert c.lr[start][size] == best[start]
-            assert c.dev_accuracy[start][size] == {lr: 0.9 if lr == best[start] else 0.7 for lr in RECIPE.lrs}
-            # the first seed's held-out score is the chosen run's, then the others' in seed order
-            assert c.accuracy[start][size] == [pytest.approx(0.5 + s / 100 + best[start]) for s in size_seeds]
-    assert all(call["steps"] == finetune_steps(call["size"], RECIPE) for call in fake.calls)
-    assert c.to_json()["lr"]["own"] == {"100": 1e-4, "300": 1e-4, "1000": 1e-4}
-    assert c.to_json()["dev_accuracy"]["random"]["100"] == {"1e-4": 0.7, "3e-4": 0.7, "1e-3": 0.9}
-
-
-def test_a_tie_on_the_development_split_goes_to_the_smaller_rate(tmp_path, monkeypatch):
-    monkeypatch.setattr(curve_module, "_finetune", _Recorder(lambda start, size, seed, lr: (0.8 if lr > 1e-4 else 0.7,
-                                                                                           0.6)))
-    c = run_curve(_starts(tmp_path), _texts(500, "train"), _texts(50, "heldout"), [100], lambda n: [0], RECIPE,
-                  tmp_path / "curve", FAR, dev_examples=100, bag_of_words=False)
-    assert c.lr == {"random": {100: 3e-4}, "own": {100: 3e-4}, "published": {100: 3e-4}}
+    c = run_curve(_starts(tmp_path, 2), _task(500, 20), [100, 300], lambda n: [0, 1, 2], RECIPE, tmp_path / "curve",
+                  FAR, bag_of_words=False)
+    for start, at in minimum.items():
+        rate = 0.1 * lr_factor(at, total_steps=20, warmup_steps=0, schedule="range") / 10
+        seeds = [0, 1] if start == "published" else [0, 1, 2]
+        for size in (100, 300):
+            assert c.lr[start][size] == [pytest.approx(rate)] * len(seeds)
+            assert c.accuracy[start][size] == [pytest.approx(0.5 + s / 100 + (start == "own") / 10) for s in seeds]
+    assert c.seeds == {100: [0, 1, 2], 300: [0, 1, 2]} and c.steps == {100: 100, 300: 100}
+    assert set(c.accuracy) == {"random", "own", "published"}  # no bag of words asked for
+    assert all(c.seconds[s] >= 0 for s in minimum) and set(c.size_seconds) == {100, 300}
 
 
 def test_required_sizes_always_run_and_larger_ones_only_if_they_fit(tmp_path, monkeypatch):
-    fake = _Recorder(lambda start, size, seed, lr: (0.7, 0.6))
+    fake = FakeFinetune()
     monkeypatch.setattr(curve_module, "_finetune", fake)
     starts = _starts(tmp_path, 1)
     past = time.perf_counter() - 1  # a deadline already gone
-    c = run_curve(starts, _texts(2000, "train"), _texts(50, "heldout"), [100, 300, 1000, 1800],
-                  lambda n: [0, 1], RECIPE, tmp_path / "curve", past, dev_examples=200, required_up_to=1000)
-    assert c.sizes == [100, 300, 1000] and c.cut == [1800] and c.required == [100, 300, 1000]
-    assert {call["size"] for call in fake.calls} == {100, 300, 1000}
+    c = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0, 1], RECIPE, tmp_path / "curve", past,
+                  required_up_to=60, bag_of_words=True)
+    assert c.sizes == [20, 60] and c.cut == [400] and c.required == [20, 60]
+    assert {call["cell"].size for call in fake.calls} == {20, 60}
     assert set(c.accuracy) == {"random", "own", "published", BAG_OF_WORDS}
-    assert [len(c.accuracy[BAG_OF_WORDS][n]) for n in c.sizes] == [2, 2, 2]
-    none = run_curve(starts, _texts(2000, "train"), _texts(50, "heldout"), [100, 300, 1000], lambda n: [0], RECIPE,
-                     tmp_path / "curve2", past, dev_examples=200, bag_of_words=False)
-    assert none.sizes == [100] and none.cut == [300, 1000]  # nothing required: the smallest size still runs
-    everything = run_curve(starts, _texts(2000, "train"), _texts(50, "heldout"), [100, 300, 1800], lambda n: [0],
-                           RECIPE, tmp_path / "curve3", FAR, dev_examples=200, bag_of_words=False)
-    assert everything.sizes == [100, 300, 1800] and everything.cut == []  # optional sizes run when they fit
-    with pytest.raises(ValueError, match="outside the development split"):
-        run_curve(starts, _texts(2000, "train"), _texts(50, "heldout"), [1900], lambda n: [0], RECIPE,
-                  tmp_path / "curve4", FAR, dev_examples=200)
+    assert [len(c.accuracy[BAG_OF_WORDS][n]) for n in c.sizes] == [2, 2]  # the same subsets, one per seed
+    assert all(0 <= a <= 1 for n in c.sizes for a in c.accuracy[BAG_OF_WORDS][n])
+    none = run_curve(starts, _task(400, 50), [20, 60, 200], lambda n: [0], RECIPE, tmp_path / "curve2", past)
+    assert none.sizes == [20] and none.cut == [60, 200] and none.required == [20]  # the smallest still runs
+    everything = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0], RECIPE, tmp_path / "curve3", FAR)
+    assert everything.sizes == [20, 60, 400] and everything.cut == []  # optional sizes run when they fit
+    with pytest.raises(ValueError, match="more than the 400 training examples"):
+        run_curve(starts, _task(400, 50), [401], lambda n: [0], RECIPE, tmp_path / "curve4", FAR)
 
 
-def test_the_estimate_counts_every_planned_run_at_each_start_s_speed():
-    starts = [Start("random", Path), Start("published", Path, max_seeds=1)]
-    seeds = lambda n: [0, 1, 2]  # noqa: E731
-    one = {"random": 0.1, "published": 0.0}
-    # random: 3 rates + 2 more seeds = 5 runs of 100 steps at each of two sizes; published, at no cost, its runs' rest
-    run = 100 * 0.1 + 1000 * curve_module.EVAL_COST * 0.1 / 32 + curve_module.RUN_SECONDS
-    expected = curve_module.CURVE_MARGIN * (2 * 5 * run + 2 * 3 * curve_module.RUN_SECONDS)
-    assert estimate_seconds(one, starts, [100, 300], seeds, RECIPE, 1000) == pytest.approx(expected)
-    slower = estimate_seconds({"random": 0.1, "published": 0.3}, starts, [100, 300], seeds, RECIPE, 1000)
-    assert slower > estimate_seconds(one, starts, [100, 300], seeds, RECIPE, 1000)
+# ---------------------------------------------------------------------------- paired differences
+def _curve() -> Curve:
+    return Curve(task="toy", sizes=[100, 300], cut=[], seeds={100: [0, 1, 2], 300: [0, 1, 2]},
+                 accuracy={"own": {100: [0.71, 0.70, 0.72], 300: [0.80, 0.70, 0.76]},
+                           "random": {100: [0.63, 0.64, 0.62], 300: [0.78, 0.74, 0.73]},
+                           "published": {100: [0.90], 300: [0.91]}})
 
 
-def test_the_plot_is_a_png(tmp_path):
-    c = Curve(sizes=[100, 1000], cut=[], accuracy={"own": {100: [0.6, 0.62], 1000: [0.7]},
-                                                   BAG_OF_WORDS: {100: [0.55], 1000: [0.68]}})
-    path = plot_curve(c, tmp_path / "curve.png", "test")
+def test_a_difference_is_paired_seed_by_seed_over_the_seeds_both_ran():
+    c = _curve()
+    assert c.difference("own", "random", 100) == paired_difference([0.71, 0.70, 0.72], [0.63, 0.64, 0.62])
+    d = c.difference("own", "random", 100)
+    assert d.resolved and d.mean == pytest.approx(0.08) and d.n == 3
+    noisy = c.difference("own", "random", 300)
+    assert not noisy.resolved and noisy.mean == pytest.approx(0.01 / 3) and noisy.low < 0 < noisy.high
+    one = c.difference("published", "random", 100)  # one seed of the published checkpoint: its pair with seed 0
+    assert one == paired_difference([0.90], [0.63]) and one.n == 1 and one.low is None and not one.resolved
+
+
+def test_to_json_gives_the_paired_intervals_of_the_comparisons_asked_for():
+    c = _curve()
+    got = c.to_json([("own", "random"), ("published", "random"), ("bag of words", "random")])
+    assert set(got["differences"]) == {"own - random", "published - random"}  # a line not on the curve: skipped
+    for n in (100, 300):
+        d = paired_difference(c.accuracy["own"][n], c.accuracy["random"][n])
+        assert got["differences"]["own - random"][str(n)] == {**d.to_json(), "resolved": d.resolved}
+    assert got["differences"]["own - random"]["100"]["resolved"] is True
+    assert got["differences"]["own - random"]["300"]["resolved"] is False
+    assert got["differences"]["published - random"]["100"]["n"] == 1
+    assert got["interval"]["own"]["100"]["mean"] == pytest.approx(0.71) and got["interval"]["own"]["100"]["n"] == 3
+    assert got["accuracy"]["random"]["300"] == [0.78, 0.74, 0.73] and got["seeds"] == {"100": [0, 1, 2],
+                                                                                        "300": [0, 1, 2]}
+    assert c.to_json()["differences"] == {}
+    json.dumps(got)  # plain JSON
+
+
+# ---------------------------------------------------------------------------- the budget, the files, the plot
+def test_the_estimate_counts_range_test_and_fine_tuning_steps_of_every_cell_and_divides_by_the_speedup():
+    def seeds(size: int) -> list[int]:
+        return [0, 1, 2]
+
+    starts = [Start("random", Path, step_seconds=0.1), Start("published", Path, max_seeds=1, step_seconds=0.3)]
+    m = curve_module
+
+    def cell(size: int, step: float) -> float:
+        steps = RECIPE.range_steps + max(math.ceil(3 * size / 32), 100)  # 20 + 100 at 100 examples, 20 + 282 at 3,000
+        return steps * step + 1000 * m.EVAL_COST * step / 32 + 2 * m.RUN_SECONDS
+
+    expected = m.CURVE_MARGIN * sum(3 * cell(n, 0.1) + 1 * cell(n, 0.3) for n in (100, 3000))
+    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000) == pytest.approx(expected)
+    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000, workers=2, speedup=1.6) == \
+           pytest.approx(expected / 1.6)
+    free = [Start("random", Path), Start("own", Path)]  # no step timed: each cell costs its two runs' overhead
+    assert estimate_seconds(free, [100], seeds, RECIPE, 1000) == pytest.approx(m.CURVE_MARGIN * 6 * 2 * m.RUN_SECONDS)
+    longer = replace(RECIPE, range_steps=120)  # a longer range test costs its steps
+    assert estimate_seconds(starts, [100], seeds, longer, 0) - estimate_seconds(starts, [100], seeds, RECIPE, 0) == \
+           pytest.approx(m.CURVE_MARGIN * 100 * (3 * 0.1 + 0.3))
+
+
+def test_a_tagging_task_writes_conll_the_tagging_family_reads(tmp_path):
+    task = CurveTask("pos", "tagging", [(["The", "cat", "sat", "."], ["DET", "NOUN", "VERB", "."]),
+                                        (["It", "ran"], ["PRON", "VERB"])], [], "tagged sentences")
+    path = task.write(tmp_path / f"train{task.suffix}", task.train)
+    assert path.suffix == ".conll" and task.settings() == {"task": "tagging"}
+    assert path.read_text() == "The DET\ncat NOUN\nsat VERB\n. .\n\nIt PRON\nran VERB\n\n"
+    sentences, report = read_sentences(path)
+    assert [(s.tokens, s.tags) for s in sentences] == [(list(w), list(t)) for w, t in task.train]
+    assert report.num_skipped == 0
+    text = CurveTask("mr", "classification", [("a good film", 1), ("dull", 0)], [])
+    file = text.write(tmp_path / f"train{text.suffix}", text.train)
+    assert file.suffix == ".jsonl" and [json.loads(line) for line in file.read_text().splitlines()] == \
+           [{"text": "a good film", "label": 1}, {"text": "dull", "label": 0}]
+    assert text.settings() == {"task": "classification", "text_column": "text", "label_column": "label"}
+
+
+def test_the_plot_is_a_png_with_a_panel_per_task(tmp_path):
+    a = Curve(task="movie reviews", sizes=[100, 1000], cut=[],
+              accuracy={"own": {100: [0.6, 0.62, 0.65], 1000: [0.7]}, BAG_OF_WORDS: {100: [0.55], 1000: [0.68]}})
+    b = Curve(task="pos", sizes=[100], cut=[], accuracy={"own": {100: [0.8, 0.82]}})
+    path = plot_curve([a, b], tmp_path / "curve.png", ["reviews", "tags"], {"own": "tab:blue"})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

@@ -13,23 +13,25 @@ import torch
 
 from bertforge import cli
 from bertforge.console import show_logs
-from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Recipe, Start
-from bertforge.demo.run import MIN_PRETRAIN_STEPS, DemoConfig, _random_init, plan_time, run_demo, \
-    time_finetuning_step, time_pretraining_step
+from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, CurveTask, Recipe, Start
+from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
+    _figure_points, _random_init, _Run, _Step, plan_time, run_demo, time_finetuning_step, time_pretraining_step
+from bertforge.stats import paired_difference
+from bertforge.train.state import STATE_JSON, STATE_PT
 
 pytestmark = pytest.mark.real_data
 
 
 def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     # A budget of 3 seconds is gone before pre-training: the plan says the demo will take longer, pre-training runs
-    # the fewest steps, the curve runs its required size (40) whatever the time and leaves the optional one out. On
-    # a CPU without native bf16 (as here, patched) the demo does not time bf16 at all, and trains in fp32.
+    # the fewest steps, each task's curve runs its required size (40) whatever the time and leaves the optional one
+    # out. On a CPU without native bf16 (as here, patched) the demo does not time bf16 at all, and trains in fp32.
     monkeypatch.setattr("bertforge.train.precision.native_bf16", lambda device: False)
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
-                     max_seq_length=32, dupe_factor=1, finetune_min_steps=4,
+                     max_seq_length=32, dupe_factor=1, finetune_epochs=3, finetune_min_steps=4,
                      finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, pretrain_min_share=0.01,
-                     curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, dev_examples=60,
-                     finetune_lrs="1e-4,1e-3", inference_sentences=40)
+                     curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, range_steps=8, figure_size=40,
+                     pos_heldout=50, workers=1, inference_sentences=40)
     show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
@@ -40,37 +42,67 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     plan = report["time_plan"]
     assert plan["required_sizes"] == [40] and plan["pretrain_minutes"] < 0.01
     assert set(plan["finetune_step_seconds"]) == {"random initialisation", "own pre-training", "all-MiniLM-L6-v2"}
-    assert all(0 < t < 10 for t in plan["finetune_step_seconds"].values())
-    curve = report["curve"]
-    assert curve["sizes"] == [40] and curve["cut"] == [240] and curve["steps"] == {"40": 8}
-    assert (curve["dev_examples"], curve["pool"]) == (60, 240)  # "all": the training sentences outside the split
+    assert all(0 < t < 30 for t in plan["finetune_step_seconds"].values())
+    assert isinstance(report["cpu"], str) and report["cpu"] and report["cores"] >= 1
+    assert "curve" not in report and {"dev_examples", "finetune_lrs"}.isdisjoint(report["config"])
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
-    assert set(curve["accuracy"]) == {*starts, "bag of words"}
-    # two seeds at the small size, one for the published checkpoint (published_seeds), each a held-out accuracy
-    for line, by_size in curve["accuracy"].items():
-        assert len(by_size["40"]) == (1 if line == "all-MiniLM-L6-v2" else 2), line
-        assert all(0 <= a <= 1 for a in by_size["40"]), line
-    assert curve["runs"] == {"random initialisation": {"40": 3}, "own pre-training": {"40": 3},
-                             "all-MiniLM-L6-v2": {"40": 2}, "bag of words": {"40": 2}}
-    for line in starts:  # each start's rate: the grid's best on the development split (ties: the smaller)
-        dev = curve["dev_accuracy"][line]["40"]
-        assert set(dev) == {"1e-4", "1e-3"}
-        best = max(dev.values())
-        assert curve["lr"][line]["40"] == (1e-4 if dev["1e-4"] == best else 1e-3)
+    rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / 10 for k in range(8)]  # what an 8-step range test can pick
+    for task, heldout, lines in (("movie reviews", 300, {*starts, "bag of words"}), ("pos", 50, set(starts))):
+        curve = report[task]
+        assert curve["sizes"] == [40] and curve["cut"] == [300] and curve["required"] == [40], task
+        assert curve["steps"] == {"40": 8} and curve["seeds"] == {"40": [0, 1]}  # 3 passes over 40 in batches of 16
+        assert (curve["pool"], curve["heldout"]) == (300, heldout)  # "all": every training example of the task
+        assert set(curve["accuracy"]) == lines, task
+        # two seeds at the small size, one for the published checkpoint (published_seeds), each a held-out accuracy
+        for line, by_size in curve["accuracy"].items():
+            assert len(by_size["40"]) == (1 if line == "all-MiniLM-L6-v2" else 2), (task, line)
+            assert all(0 <= a <= 1 for a in by_size["40"]), (task, line)
+        # each fine-tuning's rate: one of the range test's rates over lr_divisor, chosen on its own subset
+        assert set(curve["lr"]) == set(starts)
+        for line, by_size in curve["lr"].items():
+            assert len(by_size["40"]) == len(curve["accuracy"][line]["40"])
+            assert all(any(lr == pytest.approx(r) for r in rates) for lr in by_size["40"]), (task, line, by_size)
+        diffs = curve["differences"]
+        assert set(diffs) == {"own pre-training - random initialisation", "all-MiniLM-L6-v2 - random initialisation"}
+        own = diffs["own pre-training - random initialisation"]["40"]
+        acc = curve["accuracy"]
+        d = paired_difference(acc["own pre-training"]["40"], acc["random initialisation"]["40"])
+        assert own == {**d.to_json(), "resolved": d.resolved} and own["n"] == 2
+        assert diffs["all-MiniLM-L6-v2 - random initialisation"]["40"]["n"] == 1
+    fig = report["figure5"]  # the own model from three of its checkpoints, with random initialisation and the final one
+    assert fig["size"] == 40 and set(fig["accuracy"]) == {"movie reviews", "pos"}
+    assert len(fig["minutes"]) == 5 and fig["minutes"][0] == 0 and fig["minutes"] == sorted(fig["minutes"])
+    for task, by_minutes in fig["accuracy"].items():
+        assert len(by_minutes) == 5 and all(len(accs) == 2 for accs in by_minutes.values())
+        assert by_minutes["0"] == report[task]["accuracy"]["random initialisation"]["40"]
+        assert list(by_minutes.values())[-1] == report[task]["accuracy"]["own pre-training"]["40"]
+        assert set(fig["differences"][task]) == set(by_minutes) - {"0"}
+    assert "movie reviews (" in report["headline"] and "pos (" in report["headline"]
     assert (out / "random-init" / "seed0").is_dir() and (out / "random-init" / "seed1").is_dir()
-    assert not (out / "curve" / "run").exists()  # each fine-tuning's folder goes once it is scored
+    for folder in ("curve/movie-reviews", "curve/pos", "figure/movie-reviews", "figure/pos"):
+        left = sorted(p.name for p in (out / folder).iterdir())
+        assert left in (["heldout.jsonl"], ["heldout.conll"]), left  # run folders and subsets go once scored
     assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])
     assert (out / "pretrain" / "curves.png").stat().st_size > 1000
-    assert (out / "curve.png").stat().st_size > 10_000
-    assert json.loads((out / "report.json").read_text())["config"]["articles"] == 200
-    assert set(report["time_split_minutes"]) >= {"pre-training", "curve: own pre-training", "curve: all-MiniLM-L6-v2"}
+    assert (out / "curve.png").stat().st_size > 10_000 and (out / "figure5.png").stat().st_size > 10_000
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["config"]["articles"] == 200 and saved["config"]["range_steps"] == 8
+    assert set(saved) >= {"movie reviews", "pos", "figure5", "headline", "cpu"}
+    assert set(report["time_split_minutes"]) >= {
+        "pre-training", "curve, movie reviews: own pre-training (compute)", "curve, pos: all-MiniLM-L6-v2 (compute)",
+        "curve, movie reviews (wall)", "curve, pos (wall)", "figure 5, movie reviews (wall)", "figure 5, pos (wall)"}
     text = (out / "report.md").read_text()
-    assert text.startswith("# bertforge demo report\n\n![label-efficiency curve](curve.png)\n\nWith 40 labelled "
-                           "sentences, the demo's own pre-training scores")
-    assert "| own pre-training |" in text and "Left out to stay within 0.05 minutes: 240 examples" in text
-    assert "## Learning rates chosen on the development split" in text
-    assert re.search(r"\| all-MiniLM-L6-v2 \| 1e-[34] \(0\.\d{3}\) \|", text)
-    assert "60 training sentences are set aside as a development split" in text
+    assert text.startswith(f"# bertforge demo report\n\n{report['headline']}\n\n![label-efficiency curves](curve.png)")
+    assert "## Movie-review polarity (sentence accuracy)" in text
+    assert "## Part-of-speech tagging, Brown corpus (token accuracy)" in text
+    assert text.count("| **own pre-training - random initialisation** |") == 2
+    assert text.count("Left out to stay within 0.05 minutes: 300 examples") == 2
+    assert "## Accuracy against minutes of pre-training (the paper's Figure 5)" in text
+    assert "![figure 5](figure5.png)" in text
+    assert "## Learning rates the range tests chose" in text
+    assert re.search(r"\| all-MiniLM-L6-v2 \| \d(\.\d)?e-\d \|", text)
+    assert "(8 steps, the rate rising from 1e-5 to 1e-1;" in text
+    assert "set aside as a development split" not in text
     assert "## Where the time went" in text and "100k steps of 1,024 pairs" in text
     inference = report["inference"]  # no native bf16 here (patched): fp32 and int8
     assert inference["model"] == "all-MiniLM-L6-v2" and inference["sentences"] == 40
@@ -78,43 +110,103 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert inference["precisions"]["fp32"]["cosine_min"] == pytest.approx(1.0, abs=1e-5)
     assert 0.98 < inference["precisions"]["int8"]["cosine_min"] < 1.0
     assert "## Inference on this CPU" in text and re.search(r"\| int8 \| [\d,]+ \| [\d.]+x \| 0\.9\d{3} / ", text)
-    assert "was estimated at" in text
+    assert "were estimated at" in text
     printed = capsys.readouterr()
     assert "bf16 not timed" in printed.out and "Demo finished" in printed.out and "## Fill-mask" in printed.out
-    assert "a fine-tuning step of 16 sentences in fp32: random initialisation" in printed.out
-    assert re.search(r"    40 examples \(8 steps, 2 seeds\): random initialisation 0\.\d{3} \(lr 1e-[34]\)",
-                     printed.out)
+    assert "a fine-tuning step of 16 sentences in fp32, one thread: random initialisation" in printed.out
+    assert re.search(r"    movie reviews, 40 sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}, own "
+                     r"pre-training 0\.\d{3}, all-MiniLM-L6-v2 0\.\d{3}, bag of words 0\.\d{3}", printed.out)
+    assert re.search(r"    pos, 40 tagged sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}", printed.out)
     assert "newly initialised" not in printed.err  # the curve's fine-tunings are quiet
-    assert re.search(r"the curve's sizes up to 40 need about [\d.]+ minutes on this machine: the demo will take about",
+    assert re.search(r"the curves' sizes up to 40 need about [\d.]+ minutes on this machine: the demo will take about",
                      printed.err)  # a warning
     assert re.search(rf"0.05 minutes leave this machine time for \d+ pre-training steps; running {MIN_PRETRAIN_STEPS}",
                      printed.err)  # a warning
 
 
-def test_the_plan_gives_pre_training_what_the_curve_leaves_within_its_bounds():
-    cfg = DemoConfig()  # 19 minutes; pre-training between 0.2 and 0.5 of them
-    starts = [Start("random initialisation", Path), Start("own pre-training", Path),
-              Start("all-MiniLM-L6-v2", Path, max_seeds=cfg.published_seeds)]
-    recipe = Recipe(epochs=3, min_steps=100, lrs=(5e-5, 1e-4, 3e-4), batch_size=32, max_seq_length=64, dropout=0.1,
-                    precision="bf16")
+def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
+    cfg = DemoConfig(workers=2)  # 19 minutes; pre-training between 0.2 and 0.5 of them; two cells at once
+    recipe = Recipe(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="bf16",
+                    range_steps=50)
+    tasks = [(1066, 9596), (1000, 40000)]  # (held-out, pool): movie reviews and part-of-speech tagging
+
+    def starts(seconds: float, published: float) -> list[Start]:
+        return [Start("random initialisation", Path, step_seconds=seconds),
+                Start("own pre-training", Path, step_seconds=seconds),
+                Start("all-MiniLM-L6-v2", Path, max_seeds=cfg.published_seeds, step_seconds=published)]
 
     def plan(seconds: float, published: float):
-        step_seconds = {"random initialisation": seconds, "own pre-training": seconds, "all-MiniLM-L6-v2": published}
-        return plan_time(cfg, step_seconds, starts, [100, 300, 1000, 3000, 9011], recipe, 1557)
+        return plan_time(cfg, starts(seconds, published), [100, 300, 1000, 3000, 9011], recipe, tasks)
 
-    fast, here, slow = plan(0.02, 0.05), plan(0.08, 0.2), plan(0.1, 0.25)
-    assert here.required_sizes == [100, 300, 1000]  # 3,000 and all are optional: not planned for
+    fast, here, slow = plan(0.002, 0.005), plan(0.05, 0.125), plan(0.06, 0.15)
+    assert here.required_sizes == [100, 300, 1000]  # 3,000 and 9,011 are optional: not planned for
+    assert here.finetune_step_seconds == {"random initialisation": 0.05, "own pre-training": 0.05,
+                                          "all-MiniLM-L6-v2": 0.125}
     assert fast.curve_seconds < here.curve_seconds < slow.curve_seconds
     assert fast.pretrain_seconds == pytest.approx(0.5 * 19 * 60)  # at most pretrain_share
     assert 0.2 * 19 * 60 < slow.pretrain_seconds < here.pretrain_seconds < fast.pretrain_seconds
-    assert here.total_seconds == pytest.approx(19 * 60)  # what the curve leaves: the budget is spent
+    assert here.total_seconds == pytest.approx(19 * 60)  # what the curves leave: the budget is spent
     slowest = plan(1.0, 2.5)  # an estimate over the whole budget: pre-training keeps its least share, the demo overruns
     assert slowest.pretrain_seconds == pytest.approx(0.2 * 19 * 60) and slowest.total_seconds > 19 * 60
-    # the estimate counts the protocol's runs: 3 rates + 2 more seeds for each own-model start, 3 for the published
-    # (one seed), at each of the three sizes; with steps and evaluation free, each run costs its overhead
-    nothing = plan_time(cfg, {name: 0.0 for name in ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")},
-                        starts, [100, 300, 1000], recipe, 0)
-    assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * RUN_SECONDS * 3 * (5 + 5 + 3))
+    # with steps and evaluation free, each cell costs its two runs' overhead; per task, at each of the three sizes,
+    # 5 seeds of each own-model start and 1 of the published, and the Figure 5 points: 5 seeds at each of 3 shares
+    nothing = plan(0.0, 0.0)
+    cells = 2 * (3 * (5 + 5 + 1) + 3 * 5)
+    assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * RUN_SECONDS * cells / 2)
+    one_task = plan_time(cfg, starts(0.05, 0.125), [100, 300, 1000], recipe, tasks[:1])
+    assert 0.4 * here.curve_seconds < one_task.curve_seconds < 0.6 * here.curve_seconds
+    alone = plan_time(DemoConfig(workers=1), starts(0.05, 0.125), [100, 300, 1000], recipe, tasks)
+    assert alone.curve_seconds == pytest.approx(2 * here.curve_seconds)  # one cell at a time: twice as long
+
+
+def test_figure_5_fine_tunes_from_the_checkpoints_nearest_each_share_and_pairs_them_with_the_curve(tmp_path,
+                                                                                                    monkeypatch):
+    # checkpoints of a short pre-training: minutes 0.01, 0.011, 0.012, 0.024 and the final 0.048 (two round alike)
+    folder = tmp_path / "checkpoints"
+    for name, seconds in (("step-a", 0.6), ("step-b", 0.66), ("step-c", 0.72), ("step-d", 1.44), ("step-e", 2.88)):
+        (folder / name).mkdir(parents=True)
+        (folder / name / STATE_JSON).write_text(json.dumps({"elapsed_seconds": seconds}))
+        (folder / name / STATE_PT).write_bytes(b"")
+    picked, final = _checkpoints_at(folder, [0.125, 0.25, 0.5])  # 0.36, 0.72 and 1.44 of 2.88 seconds
+    assert [(round(m, 4), p.name) for m, p in picked] == [(0.01, "step-a"), (0.012, "step-c"), (0.024, "step-d")]
+    assert final == pytest.approx(0.048)
+    assert [p.name for _, p in _checkpoints_at(folder, [0.245, 0.25, 0.26])[0]] == ["step-c"]  # one nearest: once
+    assert _checkpoints_at(folder, [0.99])[0][0][1].name == "step-d"  # never the final model: it is on the curve
+
+    runs = []
+
+    def fake_run_curve(starts, task, sizes, seeds, recipe, out, deadline, **settings):
+        runs.append({"starts": starts, "task": task.name, "sizes": sizes, "deadline": deadline})
+        score = {"step-a": 0.55, "step-c": 0.6, "step-d": 0.65}
+        return Curve(task=task.name, sizes=list(sizes), cut=[], size_seconds={sizes[0]: 6.0},
+                     accuracy={s.name: {sizes[0]: [score[s.folder(k).name] + k / 100 for k in seeds(sizes[0])]}
+                               for s in starts})
+
+    monkeypatch.setattr("bertforge.demo.run.run_curve", fake_run_curve)
+    cfg = DemoConfig(out=str(tmp_path), figure_size=40, curve_seeds=2, workers=1)
+    demo = _Run(cfg, tmp_path, _Step(), {}, {})
+    reviews = CurveTask(MOVIE_REVIEWS, "classification", [(f"s{i}", i % 2) for i in range(100)], [("h", 0)])
+    tags = CurveTask(POS, "tagging", [(["w"], ["NOUN"])] * 100, [(["h"], ["NOUN"])])
+    curves = [Curve(task=MOVIE_REVIEWS, sizes=[40, 100], cut=[],
+                    accuracy={RANDOM_INIT: {40: [0.5, 0.52]}, OWN: {40: [0.7, 0.75]}}),
+              Curve(task=POS, sizes=[100], cut=[40], accuracy={RANDOM_INIT: {100: [0.9]}, OWN: {100: [0.95]}})]
+    points = _figure_points(demo, folder, [reviews, tags], curves, Recipe(3, 4, 16, 32, 0.1, "fp32"))
+    assert len(runs) == 1 and runs[0]["task"] == MOVIE_REVIEWS and runs[0]["sizes"] == [40]  # pos: 40 not on its curve
+    assert [s.folder(0).name for s in runs[0]["starts"]] == ["step-a", "step-c", "step-d"]
+    assert runs[0]["deadline"] == math.inf
+    expected = {0.0: [0.5, 0.52], 0.01: [0.55, 0.56], 0.012: [0.6, 0.61], 0.024: [0.65, 0.66], 0.05: [0.7, 0.75]}
+    got = points[MOVIE_REVIEWS]
+    assert [round(m, 4) for m in got] == list(expected)
+    assert [got[m] for m in got] == [pytest.approx(accs) for accs in expected.values()]
+    fig = demo.report["figure5"]
+    assert fig["size"] == 40 and [round(m, 4) for m in fig["minutes"]] == list(expected)
+    assert set(fig["accuracy"]) == {MOVIE_REVIEWS} and list(fig["accuracy"][MOVIE_REVIEWS]) == \
+           ["0", "0.01", "0.012", "0.024", "0.05"]
+    for key, accs in fig["differences"][MOVIE_REVIEWS].items():  # each checkpoint minus random initialisation
+        d = paired_difference(fig["accuracy"][MOVIE_REVIEWS][key], [0.5, 0.52])
+        assert accs == {**d.to_json(), "resolved": d.resolved}
+    assert fig["differences"][MOVIE_REVIEWS]["0.05"]["resolved"] and "0" not in fig["differences"][MOVIE_REVIEWS]
+    assert demo.minutes == {f"figure 5, {MOVIE_REVIEWS} (wall)": 0.1}
 
 
 def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
@@ -122,8 +214,7 @@ def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
     texts = ["the cat sat on the mat", "a dog", "the the the cat"] * 4
     times = {}
     for precision in ("fp32", "bf16"):
-        recipe = Recipe(epochs=3, min_steps=4, lrs=(1e-4,), batch_size=4, max_seq_length=16, dropout=0.1,
-                        precision=precision)
+        recipe = Recipe(epochs=3, min_steps=4, batch_size=4, max_seq_length=16, dropout=0.1, precision=precision)
         times[precision] = time_finetuning_step(folder, texts, recipe, torch.device("cpu"), batches=2)
     assert all(0 < t < 10 for t in times.values())
 
@@ -144,9 +235,10 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
     cfg = seen["cfg"]
     assert (cfg.minutes, cfg.model, cfg.vocab_size, cfg.pretrain_steps) == (3.0, "tiny", 4000, 0)
     for bad in ({"pretrain_steps": -1}, {"minutes": 0}, {"precision": "fp16"}, {"pretrain_recipe": "fast"},
-                {"curve_seeds": 0}, {"pretrain_share": 1.0}, {"curve_sizes": "100,lots"}, {"finetune_lrs": "fast"},
-                {"dev_examples": 0}, {"published_seeds": 0}, {"pretrain_min_share": 0.6},
-                {"curve_required_up_to": -1}):
+                {"curve_seeds": 0}, {"pretrain_share": 1.0}, {"curve_sizes": "100,lots"}, {"published_seeds": 0},
+                {"pretrain_min_share": 0.6}, {"curve_required_up_to": -1}, {"range_steps": 4}, {"range_top": 0},
+                {"range_top": math.nan}, {"workers": -1}, {"pos_heldout": 0}, {"figure_size": 0},
+                {"figure_shares": "0.5,1"}, {"figure_shares": "half"}, {"published_seeds": 6}):
         with pytest.raises(ValueError):
             DemoConfig(**bad)
 

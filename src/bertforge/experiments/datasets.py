@@ -36,7 +36,7 @@ import numpy as np
 from bertforge import resources
 from bertforge.io import atomic_path
 
-__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text"]
+__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "brown_split"]
 
 logger = logging.getLogger("bertforge")
 
@@ -65,7 +65,7 @@ def task_files(source: str, folder: Path, *, seed: int = 0, dev_share: float = 0
     if train_file.is_file() and dev_file.is_file():
         logger.info("%s: using the files already written (%s, %s)", source, train_file.name, dev_file.name)
     elif source == "brown-pos":
-        train, dev = _brown_split(seed, dev_share)
+        train, dev = brown_split(seed, dev_share)
         _write_conll(train_file, _first(train, seed, max_train))
         _write_conll(dev_file, _first(dev, seed, max_dev))
     else:
@@ -97,8 +97,9 @@ def _split_order(n: int, seed: int, dev_share: float) -> tuple[np.ndarray, np.nd
     return order[:n_dev], order[n_dev:]
 
 
-def _brown_split(seed: int, dev_share: float) -> tuple[list[Sentence], list[Sentence]]:
-    """(train sentences, dev sentences) of the Brown corpus, the dev set a seeded share of its texts."""
+def brown_split(seed: int, dev_share: float) -> tuple[list[Sentence], list[Sentence]]:
+    """(train sentences, dev sentences) of the Brown corpus, the dev set a seeded share of its texts, whole:
+    no text gives sentences to both sides."""
     texts = resources.brown_tagged()
     dev, train = _split_order(len(texts), seed, dev_share)
     dev_ids = sorted(texts[i][0] for i in dev)

@@ -1,9 +1,15 @@
-"""A study's report in the paper's layout: one row per variant, one column per task, the mean and
-spread over seeds; the pre-training each row had; the plots (``scores.png``, and ``figure.png``:
-score against pre-training steps, the paper's Figure 5).
+"""A study's report in the paper's layout: one row per variant, one column per task, the mean over
+seeds and its 95% interval; each row's difference from the baseline row, paired by seed; the
+pre-training each row had; the plots (``scores.png``, and ``figure.png``: score against pre-training
+steps, the paper's Figure 5).
 
-Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), as the mean over seeds ±
-their sample standard deviation; a cell with fewer finished seeds than the study's says how many.
+Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), as the mean over seeds and
+its 95% Student t interval (`bertforge.stats.mean_interval`); a cell with fewer finished seeds than
+the study's says how many. The baseline is the study's first row, as the paper's tables read (BERT
+first). A row is compared with it seed by seed, over the seeds both rows finished: the same seed gives
+both the same data order (and the same initial weights of a head they share), so the paired
+difference (`bertforge.stats.paired_difference`) drops what the seeds share. It is called resolved
+only where its interval excludes 0.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from bertforge.experiments.study import StudyFolder
 from bertforge.io import atomic_path, atomic_write_text
+from bertforge.stats import CONFIDENCE, Interval, mean_interval, paired_difference
 
 __all__ = ["write_report", "summarise", "study_cells"]
 
@@ -33,11 +40,49 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
 
 
-def _fmt(s: dict[str, float], seeds: int) -> str:
-    if not s.get("n"):
+def _cell(by_seed: dict[int, float], seeds: Sequence[int]) -> dict[str, Any]:
+    """A cell of report.json's table: `summarise`'s figures, the finished seeds (in the study's order)
+    with their scores (None for a run that gave none: JSON has no NaN), and the mean's interval."""
+    done = [s for s in seeds if s in by_seed]
+    values = [by_seed[s] for s in done]
+    return {**summarise(values), "seeds": done, "values": [None if math.isnan(v) else v for v in values],
+            "interval": mean_interval(values).to_json()}
+
+
+def _difference(row: dict[int, float], baseline: dict[int, float], seeds: Sequence[int]) -> tuple[dict[str, Any],
+                                                                                                 Interval]:
+    """``row`` minus ``baseline`` seed by seed (seed -> score each), over the seeds both scored: as
+    report.json keeps it (the seeds, the differences, the interval of their mean and whether it
+    excludes 0), and the interval."""
+    both = [s for s in seeds if s in row and s in baseline and not math.isnan(row[s]) and not math.isnan(baseline[s])]
+    d = paired_difference([row[s] for s in both], [baseline[s] for s in both])
+    return {"seeds": both, "differences": [row[s] - baseline[s] for s in both], "interval": d.to_json(),
+            "resolved": d.resolved}, d
+
+
+def _paired(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> dict[tuple[str, str],
+                                                                                tuple[dict[str, Any], Interval]]:
+    """(row, task) -> `_difference` from the baseline row (the study's first), for each later row and
+    each task both rows have."""
+    filled = {(v.name, t.name) for v, t in study.cells()}
+    baseline = study.variants[0].name
+    return {(v.name, t.name): _difference(scores[v.name, t.name], scores[baseline, t.name], study.seeds)
+            for v in study.variants[1:] for t in study.tasks
+            if (v.name, t.name) in filled and (baseline, t.name) in filled}
+
+
+def _fmt(i: Interval, seeds: int, signed: bool = False) -> str:
+    """``"84.3 [82.1, 86.5]"`` (x 100), and how many seeds where fewer than the study's."""
+    if not i.n:
         return "—"
-    text = f"{100 * s['mean']:.1f} ± {100 * s['sd']:.1f}" if s["n"] > 1 else f"{100 * s['mean']:.1f}"
-    return text + (f" (n={s['n']})" if s["n"] < seeds else "")
+    return i.format(signed=signed) + (f" (n={i.n})" if i.n < seeds else "")
+
+
+def _fmt_difference(d: Interval, seeds: int) -> str:
+    """``"+2.7 [+1.2, +4.1] resolved"``: a paired difference x 100 and whether its interval excludes 0."""
+    if not d.n:
+        return "—"
+    return f"{_fmt(d, seeds, signed=True)} {'resolved' if d.resolved else 'not resolved'}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -79,8 +124,15 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     grid: dict[tuple[str, str], list[Any]] = {}
     for c in cells:
         grid.setdefault((c.variant, c.task), []).append(c)
-    table = {v.name: {t.name: summarise([c.value for c in grid.get((v.name, t.name), [])]) for t in study.tasks}
-             for v in study.variants}
+    scores = {(v.name, t.name): {c.seed: c.value for c in grid.get((v.name, t.name), [])}
+              for v in study.variants for t in study.tasks}  # seed -> score
+    table = {v.name: {t.name: _cell(scores[v.name, t.name], study.seeds) for t in study.tasks} for v in study.variants}
+    intervals = {key: mean_interval(list(by_seed.values())) for key, by_seed in scores.items()}
+    baseline = study.variants[0].name
+    paired = _paired(study, scores)
+    differences: dict[str, dict[str, dict[str, Any]]] = {}
+    for (row, task), (entry, _) in paired.items():
+        differences.setdefault(row, {})[task] = entry
     metric = {t.name: t.metric or next((c.metric for c in cells if c.task == t.name and c.metric), "score")
               for t in study.tasks}
     machine = _machine()
@@ -94,10 +146,17 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
               f"{', ' + machine['gpu'] if machine['gpu'] else ''}), torch {machine['torch']}, bertforge "
               f"{machine['bertforge']}. Fine-tuning seeds {', '.join(map(str, study.seeds))}; compute "
               f"{pre_minutes + ft_minutes:.0f} minutes (pre-training {pre_minutes:.0f}, fine-tuning {ft_minutes:.0f}).",
-              "", "Dev-set scores x 100, mean ± standard deviation over the seeds:", ""]
+              "", f"Dev-set scores x 100: the mean over the seeds and its {CONFIDENCE:.0%} interval (Student's t):", ""]
     header = ["", *(f"{t.name} ({metric[t.name]})" for t in study.tasks)]
-    lines += _table(header, [[v.name, *(_fmt(table[v.name][t.name], seeds) for t in study.tasks)]
+    lines += _table(header, [[v.name, *(_fmt(intervals[v.name, t.name], seeds) for t in study.tasks)]
                              for v in study.variants])
+    if len(study.variants) > 1:
+        lines += ["", f"Difference from {baseline}, paired by seed: each row's score minus {baseline}'s on the "
+                      f"same seed (the seeds both rows finished), x 100, the mean and its {CONFIDENCE:.0%} interval; "
+                      "resolved where the interval excludes 0:", ""]
+        lines += _table(header, [[v.name, *(_fmt_difference(paired[v.name, t.name][1], seeds)
+                                            if (v.name, t.name) in paired else "—" for t in study.tasks)]
+                                 for v in study.variants[1:]])
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]
         lines += _table(header, [[v.name, *(f"{study.paper.get(v.name, {}).get(t.name, '—')}" for t in study.tasks)]
@@ -135,6 +194,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
         _plot_figure(study, figure, metric[study.figure.task], folder.figure_plot)
     data = {"study": study.name, "file": str(study.path), "machine": machine, "seeds": list(study.seeds),
             "minutes": {"pretraining": pre_minutes, "finetuning": ft_minutes}, "metric": metric, "table": table,
+            "differences": {"baseline": baseline, "paired_by": "seed", "table": differences},
             "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
             "figure": [dataclasses.asdict(c) for c in figure_cells], "paper": study.paper}
     atomic_write_text(folder.report_data, json.dumps(data, indent=1, default=str) + "\n")
@@ -203,7 +263,7 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dict[str, str], path: Path) -> None:
-    """One panel per task: each variant's seeds as dots, their mean as a tick."""
+    """One panel per task: each variant's seeds as dots, their mean as a tick, its 95% interval as a line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -213,17 +273,21 @@ def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dic
     names = [v.name for v in study.variants]
     for k, t in enumerate(study.tasks):
         ax = fig.add_subplot(1, n, k + 1)
+        shown = []  # every seed's score and interval end, for the panel's limits
         for i, name in enumerate(names):
             values = [100 * c.value for c in grid.get((name, t.name), []) if not math.isnan(c.value)]
             if values:
-                mean = statistics.fmean(values)
-                ax.plot([mean, mean], [i - 0.3, i + 0.3], color="tab:blue", linewidth=2.5)
+                interval = mean_interval(values)
+                ax.plot([interval.mean, interval.mean], [i - 0.3, i + 0.3], color="tab:blue", linewidth=2.5)
+                if interval.low is not None and interval.high is not None:
+                    ax.plot([interval.low, interval.high], [i, i], color="tab:blue", linewidth=1.0)
+                    shown += [interval.low, interval.high]
                 ax.scatter(values, [i] * len(values), color="tab:blue", s=14, alpha=0.6, zorder=3)
+                shown += values
         ax.set_yticks(range(len(names)), names if k == 0 else [""] * len(names))
         ax.invert_yaxis()
-        lows = [100 * c.value for cs in grid.values() for c in cs if c.task == t.name and not math.isnan(c.value)]
-        if lows:
-            lo, hi = min(lows), max(lows)
+        if shown:
+            lo, hi = min(shown), max(shown)
             pad = max(1.0, 0.15 * (hi - lo))
             ax.set_xlim(lo - pad, hi + pad)
         ax.set_title(f"{t.name} ({metric[t.name]} x 100)", fontsize=9)

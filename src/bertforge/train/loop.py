@@ -100,7 +100,8 @@ class TrainConfig:
     warmup_ratio: float | None = None
     """Warmup over this share of max_steps, instead of --warmup-steps (give one, not both)."""
     schedule: str = "linear"
-    """Decay after warmup: linear (the paper), polynomial, cosine or constant."""
+    """Decay after warmup: linear (the paper), polynomial, cosine or constant; or range, a learning-rate range
+    test: the rate rises geometrically from 1/10,000 of --lr to --lr over the run (no warmup)."""
     power: float = 1.0
     """Exponent of the polynomial decay."""
     end_lr_ratio: float = 0.0

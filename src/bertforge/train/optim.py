@@ -27,7 +27,9 @@ from torch import nn
 __all__ = ["Lamb", "param_groups", "build_optimizer", "lr_factor", "build_schedule", "OPTIMIZERS", "SCHEDULES"]
 
 OPTIMIZERS = ("adamw", "lamb")
-SCHEDULES = ("linear", "polynomial", "cosine", "constant")
+SCHEDULES = ("linear", "polynomial", "cosine", "constant", "range")
+RANGE_DECADES = 4
+"""The ``range`` schedule's span: the rate rises from the peak / 10 ** RANGE_DECADES to the peak."""
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -124,10 +126,14 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str =
 
     Warmup rises linearly from 1/warmup to 1 over ``warmup_steps``; then the factor decays from 1
     to ``end_factor`` at ``total_steps``: linearly, as ``(1 - progress) ** power``, along a half
-    cosine, or not at all (constant).
+    cosine, or not at all (constant). ``range`` is a learning-rate range test (Smith, 2017): the factor
+    rises geometrically from 10 ** -`RANGE_DECADES` to 1 over the run, so each step's loss tells how
+    the model trains at that rate.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if schedule == "range":  # no warmup: the rise is its own
+        return 10.0 ** (-RANGE_DECADES * (1.0 - min(1.0, step / max(1, total_steps - 1))))
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
