@@ -58,38 +58,49 @@ def test_learning_rates_print_as_written_with_two_significant_digits():
 RATES = [0.001 * (i + 1) for i in range(30)]  # easy to read: the rate at step i is (i + 1) / 1000
 
 
-def test_choose_lr_takes_the_smoothed_minimum_not_the_first_raw_one():
-    # The raw loss first reaches its minimum at step 2; the moving average (weights 0.8 ** age, normalised)
-    # still carries the early 2.0s there and keeps falling while the loss stays at 1.0, until step 5:
-    # (2 x (0.8 ** 5 + 0.8 ** 4) + 0.8 ** 3 + 0.8 ** 2 + 0.8 + 1) / (sum of the weights) = 1.2, then the 3.0s.
-    losses = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
-    lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
-    assert at == 5 and lr == pytest.approx(0.006 / 10)
-    assert choose_lr(RATES[:len(losses)], losses, divisor=4.0)[0] == pytest.approx(0.006 / 4)
-
-
 def _smoothed(losses: list[float]) -> list[float]:
     """The bias-corrected moving average, written out: each step a weighted mean with weights 0.8 ** age."""
     return [sum(0.8 ** (i - j) * x for j, x in enumerate(losses[:i + 1])) / sum(0.8 ** k for k in range(i + 1))
             for i in range(len(losses))]
 
 
-@pytest.mark.parametrize("bump, stops", [(15.0, False), (22.0, True)])
-def test_choose_lr_stops_reading_once_the_smoothed_loss_passes_four_times_its_minimum(bump, stops):
-    # The smoothed loss has its minimum 1.852 at step 2; a bump of 15 lifts it to 3.4 x that, one of 22 to 4.7 x.
-    # Past the bump the loss falls far below: read on, the minimum is the last step; stopped, it stays at step 2.
-    losses = [3.0, 2.0, 1.0, bump] + [0.1] * 12
+def test_choose_lr_takes_the_rate_where_the_smoothed_loss_starts_to_diverge():
+    # The loss falls to 1.0, stays, then rises: the smoothed loss (2.0, 1.72, 1.43, 1.28, 1.20, 1.14, 1.11, then
+    # 1.32, 1.94) passes 1.25 x its lowest (1.11 -> 1.39) at step 8, not yet at step 7 where the raw loss rises.
+    losses = [2.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0, 16.0]
     smooth = _smoothed(losses)
-    assert min(smooth[:3]) == smooth[2] and (smooth[3] > 4 * smooth[2]) == stops  # the sequence does what it says
+    expected = next(i for i, x in enumerate(smooth) if x > 1.25 * min(smooth[:i + 1]))
+    assert expected == 8  # the sequence does what it says: the first rise past 1.25 x
     lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
-    expected = 2 if stops else len(losses) - 1
+    assert at == expected and lr == pytest.approx(RATES[expected] / 10)
+    assert choose_lr(RATES[:len(losses)], losses, divisor=4.0)[0] == pytest.approx(RATES[expected] / 4)
+
+
+def test_a_flat_loss_with_noise_is_read_at_its_divergence_not_at_its_noisy_minimum():
+    # A random model on a large subset: the loss stays at ln 2 with noise until it blows up; the lowest smoothed
+    # loss is an accident of the first steps, the divergence is not.
+    noise = [0.01, -0.012, 0.008, -0.02, 0.015, -0.005, 0.011, -0.009, 0.004, -0.014] * 3
+    losses = [0.693 + e for e in noise] + [0.9, 1.4, 2.2, 3.0]
+    rates = [0.001 * (i + 1) for i in range(len(losses))]
+    lr, at = choose_lr(rates, losses, divisor=30.0)
+    assert at >= 30 and lr == pytest.approx(rates[at] / 30)
+
+
+@pytest.mark.parametrize("bump, stops", [(1.15, False), (1.4, True)])
+def test_choose_lr_reads_on_below_the_divergence_line_and_stops_above_it(bump, stops):
+    # One step at 1 + 5 (bump - 1): the smoothed loss rises to bump x its lowest, under 1.25 x or over it.
+    losses = [1.0] * 6 + [1.0 + 5 * (bump - 1.0)] + [1.0] * 8
+    smooth = _smoothed(losses)
+    assert (smooth[6] > 1.25 * min(smooth[:7])) == stops  # the sequence does what it says
+    lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
+    expected = 6 if stops else len(losses) - 1  # never diverging: the top rate
     assert at == expected and lr == pytest.approx(RATES[expected] / 10)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_choose_lr_stops_at_a_loss_that_is_not_a_number(bad):
     losses = [3.0, 2.0, 1.0, bad, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01]
-    assert choose_lr(RATES[:len(losses)], losses, divisor=10.0) == (pytest.approx(0.003 / 10), 2)
+    assert choose_lr(RATES[:len(losses)], losses, divisor=10.0) == (pytest.approx(RATES[3] / 10), 3)
 
 
 def test_choose_lr_needs_one_loss_per_rate():
@@ -100,8 +111,8 @@ def test_choose_lr_needs_one_loss_per_rate():
 
 def test_the_range_schedule_and_choose_lr_agree_on_the_rate_of_each_step():
     # run_cell maps the k-th logged loss to the rate the k-th step trained at: range_top x lr_factor(k, "range")
-    n, at = 20, 13
-    losses = [5.0 - 0.3 * i for i in range(at + 1)] + [50.0] * (n - at - 1)
+    n, at = 20, 14
+    losses = [5.0 - 0.3 * i for i in range(at)] + [50.0] * (n - at)
     rates = [0.1 * lr_factor(k, total_steps=n, warmup_steps=0, schedule="range") for k in range(n)]
     assert choose_lr(rates, losses, divisor=10.0) == (pytest.approx(rates[at] / 10), at)
 
@@ -162,8 +173,8 @@ def _cell(tmp_path: Path, recipe: Recipe = RECIPE) -> Cell:
 
 
 def test_a_cell_fine_tunes_at_the_rate_its_range_test_picks_and_scores_the_held_out_file(tmp_path, monkeypatch):
-    at = 12  # the smoothed loss falls to step 12, then the loss blows up (past 4 x at once)
-    fake = FakeFinetune(losses=lambda cell: [5.0 - 0.3 * i for i in range(at + 1)] + [80.0] * (20 - at - 1),
+    at = 13  # the loss falls to step 12, then blows up at step 13 (past 1.25 x at once)
+    fake = FakeFinetune(losses=lambda cell: [5.0 - 0.3 * i for i in range(at)] + [80.0] * (20 - at),
                         score=lambda cell, lr: 0.75)
     monkeypatch.setattr(curve_module, "_finetune", fake)
     cell = _cell(tmp_path)
@@ -173,14 +184,14 @@ def test_a_cell_fine_tunes_at_the_rate_its_range_test_picks_and_scores_the_held_
     assert range_test["settings"]["schedule"] == "range" and range_test["settings"]["warmup_steps"] == 0
     assert (range_test["lr"], range_test["steps"], range_test["settings"]["log_every"]) == (0.1, 20, 1)
     assert "dev_file" not in range_test["settings"]  # it sees no held-out label
-    # the real run: the rate of the smoothed minimum, divided by lr_divisor; the cell's steps; scored on the held-out
+    # the real run: the rate where the range test diverged, divided by lr_divisor; the cell's steps; scored on the held-out
     rate_at = 0.1 * lr_factor(at, total_steps=20, warmup_steps=0, schedule="range")
     assert run["lr"] == pytest.approx(rate_at / 10) and run["steps"] == 100
     assert run["settings"]["dev_file"] == cell.heldout_file and run["settings"]["eval_every"] == 100
     assert run["train"] == range_test["train"] == [(f"train {i}", i % 2) for i in range(40)]
     assert run["heldout"] == [(f"heldout {i}", i % 2) for i in range(10)]
     assert got["accuracy"] == 0.75 and got["lr"] == pytest.approx(rate_at / 10)
-    assert got["minimum_at"] == pytest.approx(rate_at) and (got["start"], got["size"], got["seed"]) == ("own", 40, 3)
+    assert got["diverged_at"] == pytest.approx(rate_at) and (got["start"], got["size"], got["seed"]) == ("own", 40, 3)
     assert not Path(cell.out).exists()  # the run folder goes once it is scored
 
 
@@ -189,7 +200,7 @@ def test_the_divisor_is_the_recipe_s(tmp_path, monkeypatch):
     monkeypatch.setattr(curve_module, "_finetune", fake)
     a = run_cell(_cell(tmp_path / "a"))
     b = run_cell(_cell(tmp_path / "b", replace(RECIPE, lr_divisor=2.5)))
-    assert a["minimum_at"] == b["minimum_at"] and b["lr"] == pytest.approx(4 * a["lr"])
+    assert a["diverged_at"] == b["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
 
 
 def test_cells_in_one_process_come_back_in_their_order(tmp_path, monkeypatch):
@@ -252,11 +263,11 @@ def test_every_start_sees_the_same_subset_files_per_seed_and_every_cell_the_same
 
 
 def test_the_curve_records_each_cell_s_rate_and_accuracy_by_seed(tmp_path, monkeypatch):
-    # each start's range test finds its minimum at a different step; the held-out score tells the seeds apart
+    # each start's range test diverges at a different step; the held-out score tells the seeds apart
     minimum = {"random": 4, "own": 8, "published": 12}
     fake = FakeFinetune(
-        losses=lambda cell: [5.0 - 0.3 * i for i in range(minimum[cell.start] + 1)]
-        + [80.0] * (19 - minimum[cell.start]),
+        losses=lambda cell: [5.0 - 0.3 * i for i in range(minimum[cell.start])]
+        + [80.0] * (20 - minimum[cell.start]),
         score=lambda cell, lr: 0.5 + cell.seed / 100 + (cell.start == "own") / 10)
     monkeypatch.setattr(curve_module, "_finetune", fake)
     c = run_curve(_starts(tmp_path, 2), _task(500, 20), [100, 300], lambda n: [0, 1, 2], RECIPE, tmp_path / "curve",

@@ -5,7 +5,8 @@ subsets, under the true few-shot protocol.
 - **True few-shot (Perez et al., 2021).** A point at ``n`` examples uses those ``n`` labels and no
   other: there is no development split. The one choice a fine-tuning needs, its peak learning rate, is
   made by a rule fixed in advance that reads only the ``n`` examples: a learning-rate range test
-  (Smith, 2017) on them (`range_test`, `choose_lr`). Nothing is chosen on the held-out set, which is
+  (Smith, 2017) on them, the rate a factor below the one where training diverges (`run_cell`,
+  `choose_lr`). Nothing is chosen on the held-out set, which is
   only ever scored, once, after the last step.
 - **Nested subsets, paired seeds.** Seed ``s`` permutes the training set once; the subset of size ``n``
   is the first ``n`` examples of that permutation, so one seed's subsets are nested (its 300 hold its
@@ -65,8 +66,8 @@ CURVE_MARGIN = 1.1
 faster than in a run)."""
 SMOOTHING = 0.8
 """Weight of the past in the range test's smoothed loss (an exponential moving average, bias-corrected)."""
-DIVERGED = 4.0
-"""The range test stops reading its losses once the smoothed loss exceeds this multiple of its minimum."""
+DIVERGED = 1.25
+"""The range test's training has diverged once its smoothed loss exceeds this multiple of its lowest so far."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,10 @@ class Recipe:
     (`bertforge.train.optim.RANGE_DECADES`)."""
     range_steps: int = 50
     """Steps of the range test."""
-    lr_divisor: float = 10.0
-    """The chosen rate is the rate of the range test's lowest smoothed loss divided by this (the rule of
-    Howard & Gugger's fastai: at the minimum itself the loss is already about to diverge)."""
+    lr_divisor: float = 30.0
+    """The chosen rate is the rate at which the range test diverges divided by this (Smith (2017) takes the
+    peak a factor of 3 to 10 below the divergence for a cyclic schedule; a fine-tuning of hundreds of steps
+    at its peak for longer wants a wider margin)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class Start:
     """Run at most this many of a size's seeds, the first ones (None: all)."""
     step_seconds: float = 0.0
     """A timed training step (the plan's estimate; 0: unknown)."""
+    min_steps: int | None = None
+    """This start's floor on fine-tuning steps, where it learns in fewer than the recipe's (None: the
+    recipe's): a costly published checkpoint that converges early."""
 
     def seeds(self, size_seeds: Sequence[int]) -> list[int]:
         """The seeds this start runs of a size's ``size_seeds``."""
@@ -188,14 +193,16 @@ def subset(total: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(total)[:size])
 
 
-def finetune_steps(size: int, recipe: Recipe) -> int:
-    """Optimizer steps of a fine-tuning on ``size`` examples: ``epochs`` passes, at least ``min_steps``."""
-    return max(math.ceil(recipe.epochs * size / recipe.batch_size), recipe.min_steps)
+def finetune_steps(size: int, recipe: Recipe, min_steps: int | None = None) -> int:
+    """Optimizer steps of a fine-tuning on ``size`` examples: ``epochs`` passes, at least ``min_steps``
+    (None: the recipe's)."""
+    floor = recipe.min_steps if min_steps is None else min_steps
+    return max(math.ceil(recipe.epochs * size / recipe.batch_size), floor)
 
 
-def planned_steps(size: int, recipe: Recipe) -> int:
+def planned_steps(size: int, recipe: Recipe, min_steps: int | None = None) -> int:
     """Training steps of a cell at ``size``: the range test's and the fine-tuning's."""
-    return recipe.range_steps + finetune_steps(size, recipe)
+    return recipe.range_steps + finetune_steps(size, recipe, min_steps)
 
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
@@ -208,29 +215,33 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
     for size in sizes:
         for start in starts:
             step = start.step_seconds
-            cell = (planned_steps(size, recipe) * step + eval_examples * EVAL_COST * step / recipe.batch_size
+            cell = (planned_steps(size, recipe, start.min_steps) * step + eval_examples * EVAL_COST * step / recipe.batch_size
                     + 2 * RUN_SECONDS)
             total += len(start.seeds(seeds(size))) * cell
     return CURVE_MARGIN * total / max(speedup, 1e-9)
 
 
 def choose_lr(lrs: Sequence[float], losses: Sequence[float], divisor: float) -> tuple[float, int]:
-    """The range test's rule: smooth the losses (bias-corrected moving average, `SMOOTHING`), stop reading
-    once the smoothed loss passes `DIVERGED` x its minimum, and take the rate at the lowest smoothed loss
-    divided by ``divisor``. Returns the rate and the step of the minimum."""
+    """The range test's rule: smooth the losses (a bias-corrected moving average, `SMOOTHING`), find the
+    first step where the smoothed loss has risen past `DIVERGED` x its lowest value so far (or is not
+    finite): training at that rate has started to diverge; take that step's rate divided by ``divisor``.
+    A test that never diverges gives its top rate divided by ``divisor``. Returns the rate and the step.
+
+    Divergence, not the lowest loss, is what the rule reads: on a subset where no rate lowers the loss
+    within the test (a randomly initialised model on a thousand sentences stays at ln 2 until it
+    diverges), the lowest loss is noise at the test's first steps, while the rise is unmistakable."""
     if not losses or len(lrs) != len(losses):
         raise ValueError(f"a range test needs one loss per rate, got {len(losses)} losses and {len(lrs)} rates")
-    avg, best, best_at = 0.0, math.inf, 0
+    avg, best = 0.0, math.inf
     for i, loss in enumerate(losses):
         if not math.isfinite(loss):
-            break
+            return lrs[i] / divisor, i
         avg = SMOOTHING * avg + (1 - SMOOTHING) * loss
         smooth = avg / (1 - SMOOTHING ** (i + 1))
-        if smooth < best:
-            best, best_at = smooth, i
-        elif smooth > DIVERGED * best:
-            break
-    return lrs[best_at] / divisor, best_at
+        best = min(best, smooth)
+        if smooth > DIVERGED * best:
+            return lrs[i] / divisor, i
+    return lrs[-1] / divisor, len(losses) - 1
 
 
 def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
@@ -267,7 +278,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
                     log_every=max(1, cell.steps // 5))
     shutil.rmtree(cell.out, ignore_errors=True)
     return {"start": cell.start, "size": cell.size, "seed": cell.seed, "accuracy": float(res.eval_metrics["accuracy"]),
-            "lr": lr, "minimum_at": rates[at], "seconds": time.perf_counter() - t0}
+            "lr": lr, "diverged_at": rates[at], "seconds": time.perf_counter() - t0}
 
 
 def _one_thread() -> None:
@@ -308,7 +319,9 @@ class Curve:
     size_seconds: dict[int, float] = field(default_factory=dict)
     """Wall time of each size, every line's cells."""
     steps: dict[int, int] = field(default_factory=dict)
-    """Fine-tuning steps at each size."""
+    """Fine-tuning steps at each size (the recipe's; a start with its own floor: `start_steps`)."""
+    start_steps: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Fine-tuning steps of the starts with a floor of their own, by size."""
     pool: int = 0
     """Training examples the subsets are drawn from."""
     heldout: int = 0
@@ -332,6 +345,7 @@ class Curve:
         out: dict[str, Any] = {
             "sizes": self.sizes, "cut": self.cut, "required": self.required, "pool": self.pool,
             "heldout": self.heldout, "steps": {str(k): v for k, v in self.steps.items()},
+            "start_steps": {s: {str(k): v for k, v in by.items()} for s, by in self.start_steps.items()},
             "seeds": {str(k): v for k, v in self.seeds.items()},
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
@@ -351,8 +365,8 @@ class Curve:
 
 def _cells_at(starts: Sequence[Start], task: CurveTask, size: int, seeds: Sequence[int], files: Mapping[int, Path],
               heldout: Path, recipe: Recipe, out: Path) -> list[Cell]:
-    steps = finetune_steps(size, recipe)
-    return [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout), steps,
+    return [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
+                 finetune_steps(size, recipe, start.min_steps),
                  task.settings(), recipe, str(out / f"run-{k}"))
             for k, (start, seed) in enumerate((s, seed) for s in starts for seed in s.seeds(seeds))]
 
@@ -380,7 +394,8 @@ def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], se
     for size in sizes:
         size_seeds = seeds(size)
         if curve.sizes and size > required_up_to:
-            estimate = sum(per_step[s.name] * planned_steps(size, recipe) * len(s.seeds(size_seeds)) for s in starts)
+            estimate = sum(per_step[s.name] * planned_steps(size, recipe, s.min_steps) * len(s.seeds(size_seeds))
+                           for s in starts)
             if time.perf_counter() + estimate > deadline:
                 curve.cut = [n for n in sizes if n >= size]
                 logger.info(f"    {task.name}: sizes {', '.join(f'{n:,}' for n in curve.cut)} left out: {size:,} "
@@ -390,6 +405,9 @@ def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], se
         started = time.perf_counter()
         curve.sizes.append(size)
         curve.steps[size] = finetune_steps(size, recipe)
+        for start in starts:
+            if start.min_steps is not None:
+                curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, recipe, start.min_steps)
         curve.seeds[size] = list(size_seeds)
         files, subsets = {}, {}
         for seed in size_seeds:
@@ -404,7 +422,7 @@ def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], se
             curve.lr[start.name][size] = [r["lr"] for r in got]
             curve.seconds[start.name] += sum(r["seconds"] for r in got)
             share = sum(r["seconds"] for r in got) / max(1e-9, sum(r["seconds"] for r in results))
-            per_step[start.name] = took * share / max(1, len(got) * planned_steps(size, recipe))
+            per_step[start.name] = took * share / max(1, len(got) * planned_steps(size, recipe, start.min_steps))
         if bag_of_words:
             t0 = time.perf_counter()
             texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
