@@ -46,7 +46,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert isinstance(report["cpu"], str) and report["cpu"] and report["cores"] >= 1
     assert "curve" not in report and {"dev_examples", "finetune_lrs"}.isdisjoint(report["config"])
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
-    rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / 10 for k in range(8)]  # what an 8-step range test can pick
+    divisor = Recipe.__dataclass_fields__["lr_divisor"].default
+    rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / divisor for k in range(8)]  # what an 8-step range test can pick
     for task, heldout, lines in (("movie reviews", 300, {*starts, "bag of words"}), ("pos", 50, set(starts))):
         curve = report[task]
         assert curve["sizes"] == [40] and curve["cut"] == [300] and curve["required"] == [40], task

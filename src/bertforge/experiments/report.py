@@ -165,20 +165,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     if study.figure and figure_cells:
         lines += [f"Fine-tuning score on {study.figure.task} against pre-training steps (the paper's Figure 5):", "",
                   "![figure](figure.png)", ""]
-    lines += ["## Pre-training", ""]
-    rows = []
-    for v in study.variants:
-        r = pretraining.get(v.name)
-        if v.checkpoint:
-            rows.append([v.name, f"checkpoint `{v.checkpoint}`", "", "", "", ""])
-        elif r is None:
-            rows.append([v.name, "not run yet", "", "", "", ""])
-        else:
-            held = _held_out(r.get("eval_metrics", {}))
-            rows.append([v.name, r["objective"], r.get("model_description", ""), f"{r['steps']:,} × {r['batch_size']}",
-                         held, f"{r['minutes']:.1f}"])
-    lines += _table(["", "objective", "model", "steps × batch", "held-out accuracy x 100 (perplexity)", "minutes"],
-                    rows)
+    lines += ["## Pre-training", "", *_pretraining_table(study, pretraining)]
     lines += ["", "## Tasks", ""]
     lines += _table(["", "data", "recipe"], [[t.name, _task_data(t), _recipe(t, study)] for t in study.tasks])
     changed = [v for v in study.variants if v.finetune or v.tasks]
@@ -200,6 +187,22 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     atomic_write_text(folder.report_data, json.dumps(data, indent=1, default=str) + "\n")
     atomic_write_text(folder.report, "\n".join(lines))
     return folder.report
+
+
+def _pretraining_table(study: Any, pretraining: dict[str, dict[str, Any]]) -> list[str]:
+    """The pre-training each row had: objective, model, steps, held-out accuracy, minutes."""
+    rows = []
+    for v in study.variants:
+        r = pretraining.get(v.name)
+        if v.checkpoint:
+            rows.append([v.name, f"checkpoint `{v.checkpoint}`", "", "", "", ""])
+        elif r is None:
+            rows.append([v.name, "not run yet", "", "", "", ""])
+        else:
+            held = _held_out(r.get("eval_metrics", {}))
+            rows.append([v.name, r["objective"], r.get("model_description", ""), f"{r['steps']:,} × {r['batch_size']}",
+                         held, f"{r['minutes']:.1f}"])
+    return _table(["", "objective", "model", "steps × batch", "held-out accuracy x 100 (perplexity)", "minutes"], rows)
 
 
 def _held_out(ev: dict[str, float]) -> str:
