@@ -34,7 +34,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from bertforge.stats import Interval, mean_interval, paired_difference
 
 __all__ = ["Recipe", "Start", "CurveTask", "Curve", "Cell", "parse_sizes", "format_lr", "subset", "finetune_steps",
            "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curve", "plot_curve",
-           "BAG_OF_WORDS"]
+           "plot_minutes", "BAG_OF_WORDS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -504,6 +504,3 @@ def plot_minutes(points: Mapping[str, Mapping[float, list[float]]], path: Path, 
         fig.savefig(tmp, format="png", dpi=110)
     return path
 
-
-def recipe_json(recipe: Recipe) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(recipe).items()}
