@@ -136,7 +136,7 @@ def main() -> None:
     ref = settings[0][0]
     summary: dict[str, Any] = {
         "mlm_accuracy": {n: mean_interval(a).to_json() for n, a in acc.items()},
-        f"minus {ref}": {n: paired_difference(a, acc[ref]).to_json() | {"resolved": paired_difference(a, acc[ref]).resolved}
+        f"minus {ref}": {n: (d := paired_difference(a, acc[ref])).to_json() | {"resolved": d.resolved}
                          for n, a in acc.items() if n != ref}}
     names = [n for n, _ in settings]
     if len(names) == 4:  # a 2 x 2 design: reference, change A, change B, both

@@ -353,7 +353,7 @@ def test_the_estimate_counts_range_test_and_fine_tuning_steps_of_every_cell_and_
 
     expected = m.CURVE_MARGIN * sum(3 * cell(n, 0.1) + 1 * cell(n, 0.3) for n in (100, 3000))
     assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000) == pytest.approx(expected)
-    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000, workers=2, speedup=1.6) == \
+    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000, speedup=1.6) == \
            pytest.approx(expected / 1.6)
     free = [Start("random", Path), Start("own", Path)]  # no step timed: each cell costs its two runs' overhead
     assert estimate_seconds(free, [100], seeds, RECIPE, 1000) == pytest.approx(m.CURVE_MARGIN * 6 * 2 * m.RUN_SECONDS)

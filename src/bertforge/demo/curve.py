@@ -206,17 +206,17 @@ def planned_steps(size: int, recipe: Recipe, min_steps: int | None = None) -> in
 
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
-                     recipe: Recipe, eval_examples: int, workers: int = 1, speedup: float = 1.0) -> float:
+                     recipe: Recipe, eval_examples: int, speedup: float = 1.0) -> float:
     """Wall time the cells of ``starts`` at ``sizes`` should take, from each start's timed step
     (`Start.step_seconds`): each cell's steps, its evaluation of ``eval_examples`` examples (`EVAL_COST`)
-    and 2 x `RUN_SECONDS`, divided by ``speedup`` (what ``workers`` processes gain over one), times
+    and 2 x `RUN_SECONDS`, divided by ``speedup`` (what the worker processes gain over one), times
     `CURVE_MARGIN`."""
     total = 0.0
     for size in sizes:
         for start in starts:
             step = start.step_seconds
-            cell = (planned_steps(size, recipe, start.min_steps) * step + eval_examples * EVAL_COST * step / recipe.batch_size
-                    + 2 * RUN_SECONDS)
+            cell = (planned_steps(size, recipe, start.min_steps) * step
+                    + eval_examples * EVAL_COST * step / recipe.batch_size + 2 * RUN_SECONDS)
             total += len(start.seeds(seeds(size))) * cell
     return CURVE_MARGIN * total / max(speedup, 1e-9)
 
@@ -262,17 +262,16 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     """A cell: the range test on the subset (its losses from the run's metrics), the rate `choose_lr`
     picks, then the fine-tuning at that rate, scored once on the held-out file after its last step.
     The run folders are removed (a curve is hundreds of runs); the figures are returned."""
+    from bertforge.train.optim import lr_factor
+
     recipe = cell.recipe
     t0 = time.perf_counter()
-    from bertforge.train.optim import RANGE_DECADES
-
-    high = recipe.range_top
-    low = high / 10 ** RANGE_DECADES
-    _finetune(cell, high, recipe.range_steps, schedule="range", warmup_steps=0, log_every=1, eval_every=0)
+    _finetune(cell, recipe.range_top, recipe.range_steps, schedule="range", warmup_steps=0, log_every=1,
+              eval_every=0)
     records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
     losses = [float(r["loss"]) for r in records if r.get("split") == "train"]
-    steps = len(losses)
-    rates = [low * (high / low) ** (i / max(1, steps - 1)) for i in range(steps)]
+    rates = [recipe.range_top * lr_factor(i, total_steps=recipe.range_steps, warmup_steps=0, schedule="range")
+             for i in range(len(losses))]  # the rate each logged step trained at
     lr, at = choose_lr(rates, losses, recipe.lr_divisor)
     res = _finetune(cell, lr, cell.steps, dev_file=cell.heldout_file, eval_every=cell.steps,
                     log_every=max(1, cell.steps // 5))

@@ -425,8 +425,9 @@ def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: 
     logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences in {precision}, one thread: "
                 + ", ".join(f"{s.name} {step_s[s.name]:.3f} s" for s in starts))
     cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
+    cells += tasks * len(cfg.shares()) * len(cfg.seeds(cfg.figure_size))  # the Figure 5 points
     logger.info(f"    the curves at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples on {tasks} task"
-                f"{'s' * (tasks > 1)} and the Figure 5 points: {cells + tasks * len(cfg.shares()) * len(cfg.seeds(cfg.figure_size))} "
+                f"{'s' * (tasks > 1)} and the Figure 5 points: {cells} "
                 f"fine-tunings, each after a {recipe.range_steps}-step range test, {cfg.worker_count()} at once: "
                 f"about {plan.curve_seconds / 60:.1f} minutes")
     logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
@@ -459,19 +460,16 @@ def _recipe(cfg: DemoConfig, precision: str) -> Recipe:
                   range_top=cfg.range_top, range_steps=cfg.range_steps)
 
 
-def _gain_text(curve: Curve, n: int) -> str:
-    d = curve.difference(OWN, RANDOM_INIT, n)
-    return f"{d.format(signed=True)} at {n:,}" + ("" if d.resolved else " (not resolved)")
-
-
 def _headline(curves: Sequence[Curve], minutes: float) -> str:
     """The report's first sentence: own pre-training minus random initialisation on each task and size, with
     the paired 95% intervals, split into where it pays (every size resolved above 0) and where not yet."""
     pays, not_yet = [], []
     for curve in curves:
         sizes = [n for n in curve.sizes if n in curve.accuracy[OWN] and n in curve.accuracy[RANDOM_INIT]]
-        text = f"{curve.task} ({', '.join(_gain_text(curve, n) for n in sizes)})"
         diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in sizes]
+        text = f"{curve.task} (" + ", ".join(f"{d.format(signed=True)} at {n:,}" + ("" if d.resolved else
+                                                                                    " (not resolved)")
+                                             for n, d in zip(sizes, diffs)) + ")"
         (pays if diffs and all(d.resolved and d.mean > 0 for d in diffs) else not_yet).append(text)
     parts = []
     if pays:
