@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from bertforge.demo import curve as curve_module
-from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveTask, Recipe, Start, choose_lr, estimate_seconds, \
-    finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, run_cells, run_curve, subset
+from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveSpec, CurveTask, Recipe, Start, choose_lr, \
+    estimate_seconds, finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, run_cells, \
+    run_curve, run_curves, subset
 from bertforge.stats import paired_difference
 from bertforge.tasks.tagging import read_sentences
 from bertforge.train.optim import lr_factor
@@ -39,6 +40,11 @@ def test_fine_tuning_runs_its_epochs_but_at_least_the_floor_and_a_cell_adds_the_
     assert finetune_steps(3000, RECIPE) == 282
     assert finetune_steps(9511, RECIPE) == 892
     assert planned_steps(100, RECIPE) == 120 and planned_steps(9511, RECIPE) == 912
+    # a start with epochs and a floor of its own: 1 pass over 9,511 in batches of 32 is 298 steps
+    published = Start("published", Path, epochs=1.0, min_steps=50)
+    assert finetune_steps(100, RECIPE, published) == 50 and finetune_steps(9511, RECIPE, published) == 298
+    assert planned_steps(9511, RECIPE, published) == 318
+    assert finetune_steps(9511, RECIPE, Start("own", Path)) == 892  # none of its own: the recipe's
 
 
 def test_sizes_parse_with_all_and_cap_at_the_training_set():
@@ -203,10 +209,39 @@ def test_the_divisor_is_the_recipe_s(tmp_path, monkeypatch):
     assert a["diverged_at"] == b["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
 
 
-def test_cells_in_one_process_come_back_in_their_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(curve_module, "_finetune", FakeFinetune(score=lambda cell, lr: cell.seed / 10))
-    cells = [replace(_cell(tmp_path), seed=s, out=str(tmp_path / f"run-{s}")) for s in (2, 0, 1)]
-    assert [r["accuracy"] for r in run_cells(cells, workers=1)] == [0.2, 0.0, 0.1]
+def test_cells_run_costliest_first_and_come_back_in_their_order(tmp_path, monkeypatch):
+    fake = FakeFinetune(score=lambda cell, lr: cell.seed / 10)
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    cells = [replace(_cell(tmp_path), seed=s, out=str(tmp_path / f"run-{s}"), cost=c)
+             for s, c in ((2, 1.0), (0, 5.0), (1, 3.0), (3, 3.0))]
+    ended = []
+    got = run_cells(cells, workers=1, done=lambda i, r: ended.append((i, r["seed"])))
+    assert [r["accuracy"] for r in got] == [0.2, 0.0, 0.1, 0.3]  # the cells' order
+    assert [c["cell"].seed for c in fake.runs()] == [0, 1, 3, 2]  # the costliest first; equal costs in their order
+    assert ended == [(1, 0), (2, 1), (3, 3), (0, 2)]  # each reported as it ends, by its index
+
+
+def test_curves_run_their_required_cells_in_one_pool_then_the_optional_sizes(tmp_path, monkeypatch):
+    monkeypatch.setattr(curve_module, "_finetune", FakeFinetune())
+    pools = []
+    real = curve_module.run_cells
+
+    def spy(cells, workers=1, done=None):
+        pools.append(sorted({(Path(c.out).parent.name, c.size) for c in cells}))
+        return real(cells, workers, done)
+
+    monkeypatch.setattr(curve_module, "run_cells", spy)
+    starts = [replace(s, step_seconds=t) for s, t in zip(_starts(tmp_path, 1), (0.1, 0.1, 2.0))]
+    specs = [CurveSpec(starts, _task(400, 20), [20, 60, 400], tmp_path / "a", bag_of_words=True),
+             CurveSpec(starts[1:2], _task(400, 20, "tagging"), [20], tmp_path / "b")]
+    a, b = run_curves(specs, lambda n: [0, 1], RECIPE, FAR, required_up_to=60)
+    assert pools == [[("a", 20), ("a", 60), ("b", 20)], [("a", 400)]]  # one pool for the required, then 400
+    assert a.sizes == [20, 60, 400] and b.sizes == [20] and a.required == [20, 60] and b.required == [20]
+    assert set(a.accuracy) == {"random", "own", "published", BAG_OF_WORDS} and set(b.accuracy) == {"own"}
+    assert [len(a.accuracy["own"][n]) for n in a.sizes] == [2, 2, 2] and len(a.accuracy["published"][20]) == 1
+    assert a.size_seconds[20] == pytest.approx(sum(a.seconds[s.name] for s in starts) - a.size_seconds[60]
+                                               - a.size_seconds[400])  # compute seconds, by size
+    assert not list((tmp_path / "a").glob("train-*")) and not list((tmp_path / "b").glob("train-*"))
 
 
 # ---------------------------------------------------------------------------- a curve, with the fine-tuning faked

@@ -3,6 +3,7 @@ every step runs and the report holds what the README promises."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -31,7 +32,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
                      max_seq_length=32, dupe_factor=1, finetune_epochs=3, finetune_min_steps=4,
                      finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, pretrain_min_share=0.01,
                      curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, range_steps=8, figure_size=40,
-                     pos_heldout=50, published_min_steps=4, workers=1, inference_sentences=40)
+                     pos_heldout=50, published_epochs=1, published_min_steps=4, workers=1, inference_sentences=40)
     show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
@@ -41,8 +42,10 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert 0 <= report["pretraining"]["heldout_mlm_accuracy"] <= 1
     plan = report["time_plan"]
     assert plan["required_sizes"] == [40] and plan["pretrain_minutes"] < 0.01
-    assert set(plan["finetune_step_seconds"]) == {"random initialisation", "own pre-training", "all-MiniLM-L6-v2"}
-    assert all(0 < t < 30 for t in plan["finetune_step_seconds"].values())
+    assert set(plan["finetune_step_seconds"]) == {"movie reviews", "pos"}  # a step timed on each task
+    for by_start in plan["finetune_step_seconds"].values():
+        assert set(by_start) == {"random initialisation", "own pre-training", "all-MiniLM-L6-v2"}
+        assert all(0 < t < 30 for t in by_start.values())
     assert isinstance(report["cpu"], str) and report["cpu"] and report["cores"] >= 1
     assert "curve" not in report and {"dev_examples", "finetune_lrs"}.isdisjoint(report["config"])
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
@@ -52,7 +55,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
         curve = report[task]
         assert curve["sizes"] == [40] and curve["cut"] == [300] and curve["required"] == [40], task
         assert curve["steps"] == {"40": 8} and curve["seeds"] == {"40": [0, 1]}  # 3 passes over 40 in batches of 16
-        assert curve["start_steps"] == {"all-MiniLM-L6-v2": {"40": 8}}  # its floor of 4 is below the 3 passes
+        assert curve["start_steps"] == {"all-MiniLM-L6-v2": {"40": 4}}  # its 1 pass is 3 steps: its floor of 4
         assert (curve["pool"], curve["heldout"]) == (300, heldout)  # "all": every training example of the task
         assert set(curve["accuracy"]) == lines, task
         # two seeds at the small size, one for the published checkpoint (published_seeds), each a held-out accuracy
@@ -93,7 +96,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert set(saved) >= {"movie reviews", "pos", "figure5", "headline", "cpu"}
     assert set(report["time_split_minutes"]) >= {
         "pre-training", "curve, movie reviews: own pre-training (compute)", "curve, pos: all-MiniLM-L6-v2 (compute)",
-        "curve, movie reviews (wall)", "curve, pos (wall)", "figure 5, movie reviews (wall)", "figure 5, pos (wall)"}
+        "curves and figure 5 (wall)", "figure 5, movie reviews (compute)", "figure 5, pos (compute)"}
     text = (out / "report.md").read_text()
     assert text.startswith(f"# bertforge demo report\n\n{report['headline']}\n\n![label-efficiency curves](curve.png)")
     assert "## Movie-review polarity (sentence accuracy)" in text
@@ -116,7 +119,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "were estimated at" in text
     printed = capsys.readouterr()
     assert "bf16 not timed" in printed.out and "Demo finished" in printed.out and "## Fill-mask" in printed.out
-    assert "a fine-tuning step of 16 sentences in fp32, one thread: random initialisation" in printed.out
+    assert "a fine-tuning step of 16 sentences, pos, in fp32, one thread: random initialisation" in printed.out
     assert re.search(r"    movie reviews, 40 sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}, own "
                      r"pre-training 0\.\d{3}, all-MiniLM-L6-v2 0\.\d{3}, bag of words 0\.\d{3}", printed.out)
     assert re.search(r"    pos, 40 tagged sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}", printed.out)
@@ -130,24 +133,32 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
 def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
     # 19 minutes; pre-training between 0.2 and 0.5 of them; 5 seeds (the published checkpoint 1); two cells at once
     settings = dict(minutes=19.0, pretrain_share=0.5, pretrain_min_share=0.2, curve_seeds=5, curve_seeds_up_to=1000,
-                    published_seeds=1, curve_required_up_to=1000, figure_size=100, figure_shares="0.125,0.25,0.5")
+                    published_seeds=1, curve_required_up_to=1000, figure_size=100, figure_shares="0.125,0.25,0.5",
+                    figure_seeds=3, published_epochs=3.0, published_min_steps=100)
     cfg = DemoConfig(workers=2, **settings)
     recipe = Recipe(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="bf16",
                     range_steps=50)
-    tasks = [(1066, 9596), (1000, 40000)]  # (held-out, pool): movie reviews and part-of-speech tagging
-
     def starts(seconds: float, published: float) -> list[Start]:
         return [Start("random initialisation", Path, step_seconds=seconds),
                 Start("own pre-training", Path, step_seconds=seconds),
-                Start("all-MiniLM-L6-v2", Path, max_seeds=cfg.published_seeds, step_seconds=published)]
+                Start("all-MiniLM-L6-v2", Path, max_seeds=cfg.published_seeds, step_seconds=published,
+                      epochs=cfg.published_epochs, min_steps=cfg.published_min_steps)]
+
+    def tasks(seconds: float, published: float, tagging: float = 1.0) -> dict:
+        # (starts, held-out, pool): movie reviews and part-of-speech tagging, whose steps cost ``tagging`` x more
+        return {"movie reviews": (starts(seconds, published), 1066, 9596),
+                "pos": (starts(tagging * seconds, tagging * published), 1000, 40000)}
 
     def plan(seconds: float, published: float):
-        return plan_time(cfg, starts(seconds, published), [100, 300, 1000, 3000, 9011], recipe, tasks)
+        return plan_time(cfg, [100, 300, 1000, 3000, 9011], recipe, tasks(seconds, published))
 
-    fast, here, slow = plan(0.002, 0.005), plan(0.05, 0.125), plan(0.06, 0.15)
+    fast, here, slow = plan(0.002, 0.005), plan(0.08, 0.2), plan(0.1, 0.25)
     assert here.required_sizes == [100, 300, 1000]  # 3,000 and 9,011 are optional: not planned for
-    assert here.finetune_step_seconds == {"random initialisation": 0.05, "own pre-training": 0.05,
-                                          "all-MiniLM-L6-v2": 0.125}
+    assert here.finetune_step_seconds == {task: {"random initialisation": 0.08, "own pre-training": 0.08,
+                                                 "all-MiniLM-L6-v2": 0.2} for task in ("movie reviews", "pos")}
+    dearer = plan_time(cfg, [100, 300, 1000], recipe, tasks(0.08, 0.2, tagging=1.6))
+    assert dearer.finetune_step_seconds["pos"]["own pre-training"] == pytest.approx(0.128)
+    assert here.curve_seconds < dearer.curve_seconds < 1.6 * here.curve_seconds  # a task's own steps count
     assert fast.curve_seconds < here.curve_seconds < slow.curve_seconds
     assert fast.pretrain_seconds == pytest.approx(0.5 * 19 * 60)  # at most pretrain_share
     assert 0.2 * 19 * 60 < slow.pretrain_seconds < here.pretrain_seconds < fast.pretrain_seconds
@@ -155,52 +166,58 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
     slowest = plan(1.0, 2.5)  # an estimate over the whole budget: pre-training keeps its least share, the demo overruns
     assert slowest.pretrain_seconds == pytest.approx(0.2 * 19 * 60) and slowest.total_seconds > 19 * 60
     # with steps and evaluation free, each cell costs its two runs' overhead; per task, at each of the three sizes,
-    # 5 seeds of each own-model start and 1 of the published, and the Figure 5 points: 5 seeds at each of 3 shares
+    # 5 seeds of each own-model start and 1 of the published, and the Figure 5 points: figure_seeds at each of 3 shares
     nothing = plan(0.0, 0.0)
-    cells = 2 * (3 * (5 + 5 + 1) + 3 * 5)
+    cells = 2 * (3 * (5 + 5 + 1) + 3 * 3)
     assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * RUN_SECONDS * cells / 2)
-    one_task = plan_time(cfg, starts(0.05, 0.125), [100, 300, 1000], recipe, tasks[:1])
+    one_task = plan_time(cfg, [100, 300, 1000], recipe, {"movie reviews": tasks(0.08, 0.2)["movie reviews"]})
     assert 0.4 * here.curve_seconds < one_task.curve_seconds < 0.6 * here.curve_seconds
-    alone = plan_time(DemoConfig(workers=1, **settings), starts(0.05, 0.125), [100, 300, 1000], recipe, tasks)
+    alone = plan_time(DemoConfig(workers=1, **settings), [100, 300, 1000], recipe, tasks(0.08, 0.2))
     assert alone.curve_seconds == pytest.approx(2 * here.curve_seconds)  # one cell at a time: twice as long
+    # the published checkpoint runs its own epochs (3 passes over 1,000 in batches of 32: 94 steps, so its floor of
+    # 100) where everyone else runs the recipe's; its steps cost it, not its neighbours
+    longer = {name: ([dataclasses.replace(s, epochs=30.0) if s.name == "all-MiniLM-L6-v2" else s for s in starts_],
+                     heldout, pool) for name, (starts_, heldout, pool) in tasks(0.08, 0.2).items()}
+    many = plan_time(cfg, [100, 300, 1000], recipe, longer)
+    extra = (math.ceil(30 * 1000 / 32) - 100) * 0.2 + (math.ceil(30 * 300 / 32) - 100) * 0.2
+    assert many.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * extra / 2)
 
 
-def test_figure_5_fine_tunes_from_the_checkpoints_nearest_each_share_and_pairs_them_with_the_curve(tmp_path,
-                                                                                                    monkeypatch):
+def test_figure_5_reads_the_checkpoints_nearest_each_share_and_pairs_them_with_the_curve(tmp_path):
     # checkpoints of a short pre-training: minutes 0.01, 0.011, 0.012, 0.024 and the final 0.048 (two round alike)
     folder = tmp_path / "checkpoints"
-    for name, seconds in (("step-a", 0.6), ("step-b", 0.66), ("step-c", 0.72), ("step-d", 1.44), ("step-e", 2.88)):
-        (folder / name).mkdir(parents=True)
-        (folder / name / STATE_JSON).write_text(json.dumps({"elapsed_seconds": seconds}))
-        (folder / name / STATE_PT).write_bytes(b"")
+    seconds = {"step-a": 0.6, "step-b": 0.66, "step-c": 0.72, "step-d": 1.44, "step-e": 2.88}
+
+    def save(*names: str) -> None:
+        for name in names:
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            (folder / name / STATE_JSON).write_text(json.dumps({"elapsed_seconds": seconds[name]}))
+            (folder / name / STATE_PT).write_bytes(b"")
+
+    save(*seconds)
+    assert [p.name for _, p in _checkpoints_at(folder, [0.245, 0.25, 0.26])[0]] == ["step-c"]  # one nearest: once
+    assert sorted(p.name for p in folder.iterdir()) == ["step-c", "step-e"]  # the rest removed, the last kept
+    save(*seconds)
+    assert _checkpoints_at(folder, [0.99])[0][0][1].name == "step-d"  # never the final model: it is on the curve
+    save(*seconds)
     picked, final = _checkpoints_at(folder, [0.125, 0.25, 0.5])  # 0.36, 0.72 and 1.44 of 2.88 seconds
     assert [(round(m, 4), p.name) for m, p in picked] == [(0.01, "step-a"), (0.012, "step-c"), (0.024, "step-d")]
     assert final == pytest.approx(0.048)
-    assert [p.name for _, p in _checkpoints_at(folder, [0.245, 0.25, 0.26])[0]] == ["step-c"]  # one nearest: once
-    assert _checkpoints_at(folder, [0.99])[0][0][1].name == "step-d"  # never the final model: it is on the curve
+    assert sorted(p.name for p in folder.iterdir()) == ["step-a", "step-c", "step-d", "step-e"]
+    assert _checkpoints_at(tmp_path / "none", [0.5]) == ([], 0.0)
 
-    runs = []
-
-    def fake_run_curve(starts, task, sizes, seeds, recipe, out, deadline, **settings):
-        runs.append({"starts": starts, "task": task.name, "sizes": sizes, "deadline": deadline})
-        score = {"step-a": 0.55, "step-c": 0.6, "step-d": 0.65}
-        return Curve(task=task.name, sizes=list(sizes), cut=[], size_seconds={sizes[0]: 6.0},
-                     accuracy={s.name: {sizes[0]: [score[s.folder(k).name] + k / 100 for k in seeds(sizes[0])]}
-                               for s in starts})
-
-    monkeypatch.setattr("bertforge.demo.run.run_curve", fake_run_curve)
     cfg = DemoConfig(out=str(tmp_path), figure_size=40, curve_seeds=2, workers=1)
     demo = _Run(cfg, tmp_path, _Step(), {}, {})
-    reviews = CurveTask(MOVIE_REVIEWS, "classification", [(f"s{i}", i % 2) for i in range(100)], [("h", 0)])
-    tags = CurveTask(POS, "tagging", [(["w"], ["NOUN"])] * 100, [(["h"], ["NOUN"])])
     curves = [Curve(task=MOVIE_REVIEWS, sizes=[40, 100], cut=[],
                     accuracy={RANDOM_INIT: {40: [0.5, 0.52]}, OWN: {40: [0.7, 0.75]}}),
               Curve(task=POS, sizes=[100], cut=[40], accuracy={RANDOM_INIT: {100: [0.9]}, OWN: {100: [0.95]}})]
-    points = _figure_points(demo, folder, [reviews, tags], curves, Recipe(3, 4, 16, 32, 0.1, "fp32"))
-    assert len(runs) == 1 and runs[0]["task"] == MOVIE_REVIEWS and runs[0]["sizes"] == [40]  # pos: 40 not on its curve
-    assert [s.folder(0).name for s in runs[0]["starts"]] == ["step-a", "step-c", "step-d"]
-    assert runs[0]["deadline"] == math.inf
+    score = {"step-a": 0.55, "step-c": 0.6, "step-d": 0.65}
+    fig_curve = Curve(task=MOVIE_REVIEWS, sizes=[40], cut=[], seconds={"a": 3.0, "b": 3.0},
+                      accuracy={f"{p.name} ({m:.2f} min)": {40: [score[p.name] + k / 100 for k in (0, 1)]}
+                                for m, p in picked})
+    points = _figure_points(demo, picked, final, curves, [fig_curve])
     expected = {0.0: [0.5, 0.52], 0.01: [0.55, 0.56], 0.012: [0.6, 0.61], 0.024: [0.65, 0.66], 0.05: [0.7, 0.75]}
+    assert set(points) == {MOVIE_REVIEWS}  # pos: no figure curve
     got = points[MOVIE_REVIEWS]
     assert [round(m, 4) for m in got] == list(expected)
     assert [got[m] for m in got] == [pytest.approx(accs) for accs in expected.values()]
@@ -212,7 +229,11 @@ def test_figure_5_fine_tunes_from_the_checkpoints_nearest_each_share_and_pairs_t
         d = paired_difference(fig["accuracy"][MOVIE_REVIEWS][key], [0.5, 0.52])
         assert accs == {**d.to_json(), "resolved": d.resolved}
     assert fig["differences"][MOVIE_REVIEWS]["0.05"]["resolved"] and "0" not in fig["differences"][MOVIE_REVIEWS]
-    assert demo.minutes == {f"figure 5, {MOVIE_REVIEWS} (wall)": 0.1}
+    assert demo.minutes == {f"figure 5, {MOVIE_REVIEWS} (compute)": 0.1}
+    # fewer Figure 5 seeds than the curve's: paired with the curve's first ones
+    one_seed = dataclasses.replace(fig_curve, accuracy={k: {40: v[40][:1]} for k, v in fig_curve.accuracy.items()})
+    few = _figure_points(demo, picked, final, curves, [one_seed])[MOVIE_REVIEWS]
+    assert few[0.0] == [0.5] and few[0.05] == [0.7] and all(len(v) == 1 for v in few.values())
 
 
 def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
@@ -222,6 +243,7 @@ def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
     for precision in ("fp32", "bf16"):
         recipe = Recipe(epochs=3, min_steps=4, batch_size=4, max_seq_length=16, dropout=0.1, precision=precision)
         times[precision] = time_finetuning_step(folder, texts, recipe, torch.device("cpu"), batches=2)
+    times["tagger"] = time_finetuning_step(folder, texts, recipe, torch.device("cpu"), batches=2, tags=7)
     assert all(0 < t < 10 for t in times.values())
 
 

@@ -18,7 +18,9 @@ subsets, under the true few-shot protocol.
   measure how little training happened rather than what the starting point knew.
 - **Cells run side by side.** A cell (a start, a size, a seed: the range test, then the fine-tuning) is
   a function of files only, so ``workers`` processes of one thread each run cells at once: a tiny
-  model does not use two cores well in one process.
+  model does not use two cores well in one process. `run_curves` puts the required cells of several
+  curves into one pool, the costliest first (longest-processing-time order), so that no worker idles
+  while another finishes a long cell.
 - **A budget.** The sizes up to ``required_up_to`` always run (`estimate_seconds` lets a caller plan for
   them before anything trains). A larger size runs only if it fits: before it, its time is estimated
   from the runs so far, and it and the larger sizes are left out when it would not end within the
@@ -44,9 +46,9 @@ from bertforge.console import errors_only
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.stats import Interval, mean_interval, paired_difference
 
-__all__ = ["Recipe", "Start", "CurveTask", "Curve", "Cell", "parse_sizes", "format_lr", "subset", "finetune_steps",
-           "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curve", "plot_curve",
-           "plot_minutes", "BAG_OF_WORDS"]
+__all__ = ["Recipe", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
+           "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curves",
+           "run_curve", "plot_curve", "plot_minutes", "BAG_OF_WORDS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -58,9 +60,10 @@ HELD_OUT = "heldout"
 EVAL_COST = 0.3
 """Time to score an example, as a share of a training step's time per example (a forward pass without
 gradients, on the faster inference path)."""
-RUN_SECONDS = 1.5
+RUN_SECONDS = 0.5
 """A fine-tuning's time beside its steps and its evaluation: reading the checkpoint and the subset,
-building the optimizer, saving the final model (twice a cell: the range test and the run)."""
+building the optimizer, saving the final model (twice a cell: the range test and the run; measured in a
+worker that has run a cell before, as the pool's workers have)."""
 CURVE_MARGIN = 1.1
 """`estimate_seconds` is this much over the sum of its parts (steps timed in isolation run a little
 faster than in a run)."""
@@ -106,6 +109,9 @@ class Start:
     min_steps: int | None = None
     """This start's floor on fine-tuning steps, where it learns in fewer than the recipe's (None: the
     recipe's): a costly published checkpoint that converges early."""
+    epochs: float | None = None
+    """This start's passes over a subset (None: the recipe's): a published checkpoint gets the paper's
+    fine-tuning length of a few epochs."""
 
     def seeds(self, size_seeds: Sequence[int]) -> list[int]:
         """The seeds this start runs of a size's ``size_seeds``."""
@@ -160,6 +166,9 @@ class Cell:
     task: dict[str, str]
     recipe: Recipe
     out: str
+    cost: float = 0.0
+    """Its expected seconds (planned steps x the start's timed step): `run_cells` starts the costliest
+    first."""
 
 
 def parse_sizes(spec: str, total: int) -> list[int]:
@@ -193,16 +202,17 @@ def subset(total: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(total)[:size])
 
 
-def finetune_steps(size: int, recipe: Recipe, min_steps: int | None = None) -> int:
-    """Optimizer steps of a fine-tuning on ``size`` examples: ``epochs`` passes, at least ``min_steps``
-    (None: the recipe's)."""
-    floor = recipe.min_steps if min_steps is None else min_steps
-    return max(math.ceil(recipe.epochs * size / recipe.batch_size), floor)
+def finetune_steps(size: int, recipe: Recipe, start: Start | None = None) -> int:
+    """Optimizer steps of a fine-tuning on ``size`` examples: the recipe's ``epochs`` passes, at least its
+    ``min_steps`` (or the ``start``'s own, where it has them)."""
+    floor = recipe.min_steps if start is None or start.min_steps is None else start.min_steps
+    epochs = recipe.epochs if start is None or start.epochs is None else start.epochs
+    return max(math.ceil(epochs * size / recipe.batch_size), floor)
 
 
-def planned_steps(size: int, recipe: Recipe, min_steps: int | None = None) -> int:
+def planned_steps(size: int, recipe: Recipe, start: Start | None = None) -> int:
     """Training steps of a cell at ``size``: the range test's and the fine-tuning's."""
-    return recipe.range_steps + finetune_steps(size, recipe, min_steps)
+    return recipe.range_steps + finetune_steps(size, recipe, start)
 
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
@@ -215,7 +225,7 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
     for size in sizes:
         for start in starts:
             step = start.step_seconds
-            cell = (planned_steps(size, recipe, start.min_steps) * step
+            cell = (planned_steps(size, recipe, start) * step
                     + eval_examples * EVAL_COST * step / recipe.batch_size + 2 * RUN_SECONDS)
             total += len(start.seeds(seeds(size))) * cell
     return CURVE_MARGIN * total / max(speedup, 1e-9)
@@ -286,16 +296,30 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def run_cells(cells: Sequence[Cell], workers: int = 1) -> list[dict[str, Any]]:
-    """``cells`` in this process (``workers`` 1) or in ``workers`` processes of one thread each; the
-    results in the cells' order."""
+def run_cells(cells: Sequence[Cell], workers: int = 1,
+              done: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """``cells`` in this process (``workers`` 1) or in ``workers`` processes of one thread each, the
+    costliest first (`Cell.cost`: the longest cells start early, the short ones fill the gaps at the end);
+    ``done(index, result)`` is called as each ends. The results in the cells' order."""
+    order = sorted(range(len(cells)), key=lambda i: -cells[i].cost)  # stable: equal costs keep their order
+    results: dict[int, dict[str, Any]] = {}
     if workers <= 1 or len(cells) <= 1:
-        return [run_cell(c) for c in cells]
+        for i in order:
+            results[i] = run_cell(cells[i])
+            if done:
+                done(i, results[i])
+        return [results[i] for i in range(len(cells))]
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_one_thread) as pool:
-        return list(pool.map(run_cell, cells))
+        futures = {pool.submit(run_cell, cells[i]): i for i in order}  # the pool takes them in this order
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if done:
+                done(i, results[i])
+    return [results[i] for i in range(len(cells))]
 
 
 @dataclass
@@ -316,7 +340,7 @@ class Curve:
     seconds: dict[str, float] = field(default_factory=dict)
     """Compute seconds of each line's cells (summed over the processes that ran them)."""
     size_seconds: dict[int, float] = field(default_factory=dict)
-    """Wall time of each size, every line's cells."""
+    """Compute seconds of each size, every line's cells (summed over the processes that ran them)."""
     steps: dict[int, int] = field(default_factory=dict)
     """Fine-tuning steps at each size (the recipe's; a start with its own floor: `start_steps`)."""
     start_steps: dict[str, dict[int, int]] = field(default_factory=dict)
@@ -362,79 +386,154 @@ class Curve:
         return out
 
 
-def _cells_at(starts: Sequence[Start], task: CurveTask, size: int, seeds: Sequence[int], files: Mapping[int, Path],
-              heldout: Path, recipe: Recipe, out: Path) -> list[Cell]:
+@dataclass(frozen=True)
+class CurveSpec:
+    """A curve to run: its starts, its task and sizes, its folder, and whether the bag-of-words baseline
+    (classification) goes on it."""
+
+    starts: Sequence[Start]
+    task: CurveTask
+    sizes: Sequence[int]
+    out: Path
+    bag_of_words: bool = False
+
+
+def _cells_at(spec: CurveSpec, size: int, seeds: Sequence[int], files: Mapping[int, Path], heldout: Path,
+              recipe: Recipe) -> list[Cell]:
     return [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
-                 finetune_steps(size, recipe, start.min_steps),
-                 task.settings(), recipe, str(out / f"run-{k}"))
-            for k, (start, seed) in enumerate((s, seed) for s in starts for seed in s.seeds(seeds))]
+                 finetune_steps(size, recipe, start), spec.task.settings(), recipe,
+                 str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, recipe, start) * start.step_seconds)
+            for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds))]
+
+
+class _Runner:
+    """`run_curves`' state: the specs, their curves and held-out files, and each start's compute seconds
+    per planned step so far (what an optional size's estimate reads)."""
+
+    def __init__(self, specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], recipe: Recipe,
+                 required_up_to: int, workers: int) -> None:
+        self.specs, self.seeds, self.recipe, self.workers = specs, seeds, recipe, workers
+        self.curves, self.heldout = [], []
+        self.per_step: dict[tuple[int, str], float] = {}
+        for spec in specs:
+            task = spec.task
+            if spec.sizes and spec.sizes[-1] > len(task.train):
+                raise ValueError(f"curve size {spec.sizes[-1]:,} is more than the {len(task.train):,} training "
+                                 "examples")
+            spec.out.mkdir(parents=True, exist_ok=True)
+            self.heldout.append(task.write(spec.out / f"{HELD_OUT}{task.suffix}", task.heldout))
+            lines = [s.name for s in spec.starts] + ([BAG_OF_WORDS] if spec.bag_of_words else [])
+            self.curves.append(Curve(
+                task=task.name, sizes=[], cut=[], accuracy={name: {} for name in lines},
+                lr={s.name: {} for s in spec.starts}, seconds={name: 0.0 for name in lines}, pool=len(task.train),
+                heldout=len(task.heldout),
+                required=[n for n in spec.sizes if n <= required_up_to] or list(spec.sizes[:1])))
+
+    def estimate(self, k: int, size: int) -> float:
+        """Wall seconds spec ``k``'s cells at ``size`` should take, from its starts' compute so far."""
+        spec = self.specs[k]
+        return sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.recipe, s)
+                   * len(s.seeds(self.seeds(size))) for s in spec.starts) / max(1, self.workers)
+
+    def run(self, items: Sequence[tuple[int, int]]) -> None:
+        """The cells of (spec, size) ``items``, in one pool; each curve filled in as its size ends."""
+        started = time.perf_counter()
+        cells: list[Cell] = []
+        owner: list[int] = []  # the item of each cell
+        files: dict[int, dict[int, Path]] = {}
+        subsets: dict[int, dict[int, list[Any]]] = {}
+        for j, (k, size) in enumerate(items):
+            spec, curve = self.specs[k], self.curves[k]
+            size_seeds = self.seeds(size)
+            curve.sizes.append(size)
+            curve.steps[size] = finetune_steps(size, self.recipe)
+            for start in spec.starts:
+                if start.min_steps is not None or start.epochs is not None:
+                    curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, self.recipe, start)
+            curve.seeds[size] = list(size_seeds)
+            subsets[j] = {seed: [spec.task.train[i] for i in subset(len(spec.task.train), size, seed)]
+                          for seed in size_seeds}
+            files[j] = {seed: spec.task.write(spec.out / f"train-{size}-seed{seed}{spec.task.suffix}", examples)
+                        for seed, examples in subsets[j].items()}
+            new = _cells_at(spec, size, size_seeds, files[j], self.heldout[k], self.recipe)
+            cells += new
+            owner += [j] * len(new)
+        left = {j: owner.count(j) for j in range(len(items))}
+        got: dict[int, list[tuple[int, dict[str, Any]]]] = {j: [] for j in range(len(items))}
+
+        def done(i: int, result: dict[str, Any]) -> None:
+            j = owner[i]
+            got[j].append((i, result))
+            left[j] -= 1
+            if not left[j]:
+                self._fill(*items[j], [r for _, r in sorted(got[j], key=lambda ir: ir[0])], subsets[j], files[j])
+
+        run_cells(cells, self.workers, done)
+        for j, item in enumerate(items):
+            if not left[j] and not got[j]:  # a size without cells (no start): only its baseline
+                self._fill(*item, [], subsets[j], files[j])
+        logger.debug(f"    {len(cells)} fine-tunings in {time.perf_counter() - started:.0f} s")
+
+    def _fill(self, k: int, size: int, results: list[dict[str, Any]], subsets: Mapping[int, list[Any]],
+              files: Mapping[int, Path]) -> None:
+        spec, curve = self.specs[k], self.curves[k]
+        task = spec.task
+        for start in spec.starts:
+            mine = [r for r in results if r["start"] == start.name]
+            curve.accuracy[start.name][size] = [r["accuracy"] for r in mine]
+            curve.lr[start.name][size] = [r["lr"] for r in mine]
+            seconds = sum(r["seconds"] for r in mine)
+            curve.seconds[start.name] += seconds
+            self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.recipe, start))
+        curve.size_seconds[size] = sum(r["seconds"] for r in results)
+        if spec.bag_of_words:
+            from bertforge.demo.baselines import bow_logistic_regression
+
+            t0 = time.perf_counter()
+            texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
+            curve.accuracy[BAG_OF_WORDS][size] = [
+                bow_logistic_regression([t for t, _ in subsets[s]], [y for _, y in subsets[s]], texts, labels,
+                                        seed=s)["accuracy"] for s in curve.seeds[size]]
+            curve.seconds[BAG_OF_WORDS] += time.perf_counter() - t0
+        for file in files.values():
+            file.unlink()
+        logger.info(f"    {task.name}, {size:,} {task.unit} ({curve.steps[size]} steps, {len(curve.seeds[size])} "
+                    "seeds): " + ", ".join(f"{name} {curve.mean(name, size):.3f}" for name in curve.accuracy
+                                           if curve.accuracy[name].get(size)))
+
+
+def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], recipe: Recipe, deadline: float, *,
+               required_up_to: int = 0, workers: int = 1) -> list[Curve]:
+    """Fine-tune every start of each spec on each size's subsets of its task's training set (one per seed
+    of ``seeds(size)``, or the first ``Start.max_seeds``), at the rate its range test on the subset picks;
+    score each on the held-out set; with ``bag_of_words``, fit the bag-of-words baseline on the same
+    subsets. The sizes up to ``required_up_to`` (and each spec's smallest) of every spec run first, in one
+    pool; then each larger size, smallest first, unless it would end after ``deadline`` (a
+    `time.perf_counter` value): it is left out then, with every size above it on its curve."""
+    runner = _Runner(specs, seeds, recipe, required_up_to, workers)
+    runner.run([(k, n) for k, curve in enumerate(runner.curves) for n in curve.required])
+    optional = sorted((n, k) for k, spec in enumerate(specs) for n in spec.sizes if n not in runner.curves[k].required)
+    for size, k in optional:
+        curve = runner.curves[k]
+        if curve.cut:
+            curve.cut.append(size)
+            continue
+        estimate = runner.estimate(k, size)
+        if time.perf_counter() + estimate > deadline:
+            curve.cut = [size]
+            logger.info(f"    {curve.task}: {size:,} {specs[k].task.unit} and larger left out: about "
+                        f"{estimate / 60:.1f} minutes, {max(0.0, deadline - time.perf_counter()) / 60:.1f} are left")
+            continue
+        runner.run([(k, size)])
+    return runner.curves
 
 
 def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], seeds: Callable[[int], list[int]],
               recipe: Recipe, out: Path, deadline: float, *, required_up_to: int = 0, workers: int = 1,
               bag_of_words: bool = False) -> Curve:
-    """Fine-tune every start on each size's subsets of ``task``'s training set (one per seed of
-    ``seeds(size)``, or the first ``Start.max_seeds``), at the rate its range test on the subset picks;
-    score each on the held-out set; with ``bag_of_words``, fit the bag-of-words baseline on the same
-    subsets (classification). The sizes up to ``required_up_to`` (and the smallest) always run; a larger
-    one is left out, with every size above it, when it would end after ``deadline`` (a
-    `time.perf_counter` value)."""
-    from bertforge.demo.baselines import bow_logistic_regression
-
-    if sizes and sizes[-1] > len(task.train):
-        raise ValueError(f"curve size {sizes[-1]:,} is more than the {len(task.train):,} training examples")
-    out.mkdir(parents=True, exist_ok=True)
-    heldout = task.write(out / f"{HELD_OUT}{task.suffix}", task.heldout)
-    lines = [s.name for s in starts] + ([BAG_OF_WORDS] if bag_of_words else [])
-    curve = Curve(task=task.name, sizes=[], cut=[], accuracy={name: {} for name in lines},
-                  lr={s.name: {} for s in starts}, seconds={name: 0.0 for name in lines}, pool=len(task.train),
-                  heldout=len(task.heldout), required=[n for n in sizes if n <= required_up_to] or list(sizes[:1]))
-    per_step: dict[str, float] = {}  # wall seconds per planned step at the last size, by start
-    for size in sizes:
-        size_seeds = seeds(size)
-        if curve.sizes and size > required_up_to:
-            estimate = sum(per_step[s.name] * planned_steps(size, recipe, s.min_steps) * len(s.seeds(size_seeds))
-                           for s in starts)
-            if time.perf_counter() + estimate > deadline:
-                curve.cut = [n for n in sizes if n >= size]
-                logger.info(f"    {task.name}: sizes {', '.join(f'{n:,}' for n in curve.cut)} left out: {size:,} "
-                            f"would take about {estimate / 60:.1f} minutes, "
-                            f"{max(0.0, deadline - time.perf_counter()) / 60:.1f} are left")
-                break
-        started = time.perf_counter()
-        curve.sizes.append(size)
-        curve.steps[size] = finetune_steps(size, recipe)
-        for start in starts:
-            if start.min_steps is not None:
-                curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, recipe, start.min_steps)
-        curve.seeds[size] = list(size_seeds)
-        files, subsets = {}, {}
-        for seed in size_seeds:
-            subsets[seed] = [task.train[i] for i in subset(len(task.train), size, seed)]
-            files[seed] = task.write(out / f"train-{size}-seed{seed}{task.suffix}", subsets[seed])
-        cells = _cells_at(starts, task, size, size_seeds, files, heldout, recipe, out)
-        results = run_cells(cells, workers)
-        took = time.perf_counter() - started
-        for start in starts:
-            got = [r for r in results if r["start"] == start.name]
-            curve.accuracy[start.name][size] = [r["accuracy"] for r in got]
-            curve.lr[start.name][size] = [r["lr"] for r in got]
-            curve.seconds[start.name] += sum(r["seconds"] for r in got)
-            share = sum(r["seconds"] for r in got) / max(1e-9, sum(r["seconds"] for r in results))
-            per_step[start.name] = took * share / max(1, len(got) * planned_steps(size, recipe, start.min_steps))
-        if bag_of_words:
-            t0 = time.perf_counter()
-            texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
-            curve.accuracy[BAG_OF_WORDS][size] = [
-                bow_logistic_regression([t for t, _ in subsets[s]], [y for _, y in subsets[s]], texts, labels,
-                                        seed=s)["accuracy"] for s in size_seeds]
-            curve.seconds[BAG_OF_WORDS] += time.perf_counter() - t0
-        for file in files.values():
-            file.unlink()
-        curve.size_seconds[size] = time.perf_counter() - started
-        logger.info(f"    {task.name}, {size:,} {task.unit} ({curve.steps[size]} steps, {len(size_seeds)} seeds): "
-                    + ", ".join(f"{name} {curve.mean(name, size):.3f}" for name in lines))
-    return curve
+    """One curve (`run_curves` of one `CurveSpec`)."""
+    return run_curves([CurveSpec(starts, task, sizes, out, bag_of_words)], seeds, recipe, deadline,
+                      required_up_to=required_up_to, workers=workers)[0]
 
 
 def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],

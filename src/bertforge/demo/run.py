@@ -11,14 +11,15 @@ data from nothing in about 20 minutes on a CPU.
      curves at their required sizes (up to ``curve_required_up_to``) and the Figure 5 points, and give
      pre-training what the budget leaves (between ``pretrain_min_share`` and ``pretrain_share`` of it);
   6. pre-train the demo's model (tiny, L2 / H128) for that time with ``bertforge pretrain``'s budget
-     recipe, keeping evenly spaced checkpoints, with held-out MLM accuracy and the curves in
+     recipe, keeping `CHECKPOINTS` evenly spaced checkpoints, with held-out MLM accuracy and the curves in
      ``pretrain/curves.png``, and show a few fill-mask predictions;
   7. the label-efficiency curves (`bertforge.demo.curve`), movie reviews and part-of-speech tagging:
      fine-tune the same model from random initialisation, the demo's own pre-training and
      all-MiniLM-L6-v2 with one recipe on nested subsets of each training set, paired by seed, each at
      the learning rate a range test on its own subset picks (true few-shot: no labels outside the
      subset), score each on the held-out set; on movie reviews also a bag-of-words logistic regression;
-  8. the paper's Figure 5 at this scale: the own model from its checkpoints, fine-tuned at one size;
+  8. the paper's Figure 5 at this scale: the own model from its checkpoints, fine-tuned at one size
+     (its fine-tunings share one pool of worker processes with the curves', the costliest first);
   9. the inference table (fp32, bf16, int8 sentence vectors);
   10. write ``report.md`` / ``report.json`` (every per-seed score, means with 95% intervals, own minus
      random paired by seed) and the plots ``curve.png`` and ``figure5.png``.
@@ -39,7 +40,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,8 +49,8 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveTask, Recipe, Start, estimate_seconds, format_lr, \
-    parse_sizes, plot_curve, plot_minutes, run_curve
+from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, Recipe, Start, estimate_seconds, \
+    format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
@@ -136,16 +137,20 @@ class DemoConfig:
     """Labelled examples of the Figure 5 points: fine-tuning from the pre-training's checkpoints."""
     figure_shares: str = "0.125,0.25,0.5"
     """The checkpoints of Figure 5, as shares of the pre-training time (1 is the final model, on the curve)."""
+    figure_seeds: int = 3
+    """Paired seeds of each Figure 5 checkpoint: the curve's first ones (all of them where it has fewer)."""
     published_checkpoint: bool = True
     """Put the published all-MiniLM-L6-v2 checkpoint on the curve (about 84 MB, fetched once)."""
     published_seeds: int = 1
     """Seeds of the published checkpoint at each size (at most ``curve_seeds``): its line is the costliest
     (6 layers, hidden 384)."""
+    published_epochs: float = 3.0
+    """The published checkpoint's passes over a subset: the paper's fine-tuning length (2 to 4 epochs). Trained
+    at scale, it converges in a few passes, and it is the costliest line."""
     published_min_steps: int = 100
-    """The published checkpoint's floor on fine-tuning steps (its epochs are everyone's): pre-trained at scale,
-    it converges in fewer steps, and it is the costliest line."""
+    """... but at least this many optimizer steps (a hundred examples are four batches)."""
     finetune_epochs: float = 10.0
-    """Fine-tuning passes over each subset (every starting point alike) ..."""
+    """Fine-tuning passes over each subset (every starting point but the published checkpoint) ..."""
     finetune_min_steps: int = 300
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
     range_steps: int = 50
@@ -170,7 +175,7 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         # `not x > 0` rather than `x <= 0`: NaN fails every comparison, so it must fail the check too
-        for name in ("minutes", "finetune_epochs"):
+        for name in ("minutes", "finetune_epochs", "published_epochs"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number above 0, got {value}")
@@ -195,6 +200,8 @@ class DemoConfig:
             raise ValueError("published_seeds, pos_heldout and figure_size must be >= 1, inference_sentences >= 0")
         if self.published_seeds > self.curve_seeds:
             raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds})")
+        if self.figure_seeds < 1:
+            raise ValueError(f"figure_seeds must be >= 1, got {self.figure_seeds}")
         if self.range_steps < 5 or self.workers < 0 or not (0 < self.range_top < 10 and math.isfinite(self.range_top)):
             raise ValueError("range_steps must be >= 5, workers >= 0 and range_top in (0, 10)")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
@@ -317,17 +324,18 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
 
 
 def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, device: torch.device,
-                         batches: int = FINETUNE_TIMER_BATCHES) -> float:
+                         batches: int = FINETUNE_TIMER_BATCHES, tags: int = 0) -> float:
     """Seconds of a fine-tuning step (forward, loss, backward, gradient clipping, AdamW update) of a sentence
-    classifier of the shape of the checkpoint in ``folder``, on ``batches`` batches of ``texts`` cut by its
-    tokenizer to the recipe's length, in the recipe's precision on ``device``: the median over a pass through
-    them after an untimed pass. The untimed pass matters: each padded length is a new shape, slow the first
-    time, and a run of a hundred steps meets its shapes again and again. The weights are drawn afresh (the
-    shape, not the weights, sets the time)."""
+    classifier (``tags`` 0) or a tagger over ``tags`` tags, of the shape of the checkpoint in ``folder``, on
+    ``batches`` batches of ``texts`` cut by its tokenizer to the recipe's length, in the recipe's precision on
+    ``device``: the median over a pass through them after an untimed pass. The untimed pass matters: each
+    padded length is a new shape, slow the first time, and a run of a hundred steps meets its shapes again
+    and again. The weights are drawn afresh (the shape, not the weights, sets the time)."""
     from bertforge.fast import speed_up
     from bertforge.model.config import BertConfig, dropout_overrides
-    from bertforge.model.heads import BertForSequenceClassification
+    from bertforge.model.heads import BertForSequenceClassification, BertForTokenClassification
     from bertforge.tasks.classification import ClassificationObjective
+    from bertforge.tasks.tagging import TaggingObjective
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.loop import keep_freed_memory
     from bertforge.train.optim import build_optimizer
@@ -335,17 +343,21 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, dev
     if device.type == "cpu":
         keep_freed_memory()  # as the trainer does
     tok = BertTokenizer.from_pretrained(folder)
-    config = BertConfig.load(folder).replace(num_labels=2, **dropout_overrides(recipe.dropout))
-    model = speed_up(BertForSequenceClassification(config).to(device)).train()  # the trainer's model: its speed
+    config = BertConfig.load(folder).replace(num_labels=tags or 2, **dropout_overrides(recipe.dropout))
+    head = BertForTokenClassification if tags else BertForSequenceClassification
+    model = speed_up(head(config).to(device)).train()  # the trainer's model: its speed
     optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
-    task = ClassificationObjective()
+    task = TaggingObjective() if tags else ClassificationObjective()
     B = recipe.batch_size
     data = []
     for k in range(batches):  # each batch its own sentences: the padded length varies as in a run
         enc = tok([texts[(k * B + i) % len(texts)] for i in range(B)], max_length=recipe.max_seq_length,
                   truncation=True, padding=True, return_tensors="pt")
-        batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                 "token_type_ids": enc["token_type_ids"], "labels": torch.arange(B) % 2}
+        mask = enc["attention_mask"]
+        labels = (torch.arange(mask.numel()).view_as(mask) % tags).masked_fill(mask == 0, -100) if tags \
+            else torch.arange(B) % 2  # a tag on every token: a little more than one per word costs
+        batch = {"input_ids": enc["input_ids"], "attention_mask": mask, "token_type_ids": enc["token_type_ids"],
+                 "labels": labels}
         data.append({name: t.to(device) for name, t in batch.items()})
     times = []
     for batch in data + data:
@@ -372,8 +384,8 @@ class TimePlan:
     Figure 5 points are planned from fine-tuning steps timed on this machine, and pre-training gets what
     is left."""
 
-    finetune_step_seconds: dict[str, float]
-    """A timed fine-tuning step of each starting point, in one of the curve's worker processes."""
+    finetune_step_seconds: dict[str, dict[str, float]]
+    """A timed fine-tuning step of each task and starting point, in one of the curve's worker processes."""
     required_sizes: list[int]
     """The curve's sizes that run whatever the time."""
     curve_seconds: float
@@ -389,43 +401,53 @@ class TimePlan:
         return self.pretrain_seconds + self.curve_seconds + REPORT_SECONDS
 
     def to_json(self) -> dict[str, Any]:
-        return {"finetune_step_seconds": {k: round(v, 4) for k, v in self.finetune_step_seconds.items()},
+        return {"finetune_step_seconds": {task: {k: round(v, 4) for k, v in by.items()}
+                                          for task, by in self.finetune_step_seconds.items()},
                 "required_sizes": self.required_sizes, "curve_minutes": round(self.curve_seconds / 60, 2),
                 "pretrain_minutes": round(self.pretrain_seconds / 60, 2),
                 "expected_minutes": round(self.total_seconds / 60, 2)}
 
 
-def plan_time(cfg: DemoConfig, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe,
-              tasks: Sequence[tuple[int, int]]) -> TimePlan:
-    """The time plan after setup. ``tasks``: each task's held-out examples and training pool. The curves at
-    the sizes up to ``curve_required_up_to`` (the smallest at least) and the Figure 5 points (the demo's own
-    model from each of its checkpoints at ``figure_size``) are estimated from each start's timed step
-    (`bertforge.demo.curve.estimate_seconds`, `workers` cells at once); pre-training gets what ``minutes``
-    leaves after them and the report, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+def plan_time(cfg: DemoConfig, sizes: Sequence[int], recipe: Recipe,
+              tasks: Mapping[str, tuple[Sequence[Start], int, int]]) -> TimePlan:
+    """The time plan after setup. ``tasks``: by name, each task's starts (with their steps timed on it), its
+    held-out examples and its training pool. The curves at the sizes up to ``curve_required_up_to`` (the
+    smallest at least) and the Figure 5 points (the demo's own model from each of its checkpoints at
+    ``figure_size``) are estimated from each start's timed step (`bertforge.demo.curve.estimate_seconds`,
+    `workers` cells at once); pre-training gets what ``minutes`` leaves after them and the report, between
+    ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
     required = [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
     workers = cfg.worker_count()
     curve = 0.0
-    for heldout, pool in tasks:
+    for starts, heldout, pool in tasks.values():
         task_sizes = [min(n, pool) for n in required]
         curve += estimate_seconds(starts, task_sizes, cfg.seeds, recipe, heldout, speedup=workers)
-        figure = [dataclasses.replace(s, max_seeds=None) for s in starts if s.name == OWN] * len(cfg.shares())
+        figure = [_figure_start(cfg, s) for s in starts if s.name == OWN] * len(cfg.shares())
         curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, recipe, heldout, speedup=workers)
     budget = cfg.minutes * 60
     rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
-    return TimePlan(finetune_step_seconds={s.name: s.step_seconds for s in starts}, required_sizes=required,
-                    curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget)
+    return TimePlan(finetune_step_seconds={name: {s.name: s.step_seconds for s in starts}
+                                           for name, (starts, _, _) in tasks.items()},
+                    required_sizes=required, curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget)
+
+
+def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | None = None) -> Start:
+    """A Figure 5 line: the own model's start (its timed step) from a checkpoint ``folder``, on
+    ``figure_seeds`` seeds."""
+    return dataclasses.replace(own, name=name, folder=(lambda seed: folder) if folder else own.folder,
+                               max_seeds=cfg.figure_seeds)
 
 
 def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str,
               tasks: int) -> None:
     """The plan in a few lines: the timed steps, the curves' estimate, pre-training's time; a warning when the
     required sizes will take the demo past its budget."""
-    step_s = plan.finetune_step_seconds
-    logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences in {precision}, one thread: "
-                + ", ".join(f"{s.name} {step_s[s.name]:.3f} s" for s in starts))
+    for task, step_s in plan.finetune_step_seconds.items():
+        logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences, {task}, in {precision}, one thread: "
+                    + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in step_s.items()))
     cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
-    cells += tasks * len(cfg.shares()) * len(cfg.seeds(cfg.figure_size))  # the Figure 5 points
+    cells += tasks * len(cfg.shares()) * min(cfg.figure_seeds, len(cfg.seeds(cfg.figure_size)))  # Figure 5
     logger.info(f"    the curves at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples on {tasks} task"
                 f"{'s' * (tasks > 1)} and the Figure 5 points: {cells} "
                 f"fine-tunings, each after a {recipe.range_steps}-step range test, {cfg.worker_count()} at once: "
@@ -528,16 +550,14 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     recipe = _recipe(cfg, precision)
     tasks = _tasks(data)
     sizes = parse_sizes(cfg.curve_sizes, min(len(t.train) for t in tasks))
-    starts = _starts(demo, tok, data.published)
-    starts, plan = _plan(demo, starts, sizes, recipe, device, precision, data, tasks)
+    starts, plan = _plan(demo, _starts(demo, tok, data.published), sizes, recipe, device, precision, data, tasks)
     demo.minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - demo.step.start) / 60
     budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
     own, checkpoints = _pretrain(demo, tok, plan, step_seconds[precision], precision, data_dir, eval_dir)
     _fill_mask_probes(demo, own, tok)
     deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
-    curves = _label_efficiency_curves(demo, starts, tasks, sizes, recipe, deadline)
-    figure = _figure_points(demo, checkpoints, tasks, curves, recipe)
+    curves, figure = _curves_and_figure(demo, starts, tasks, sizes, recipe, checkpoints, deadline)
     _inference_figures(demo, data.published or own, data, device)
     _write_report(demo, curves, figure, tok, data)
     return demo.report
@@ -694,33 +714,39 @@ def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
               Start(OWN, lambda seed: demo.out / "pretrain" / "model")]
     if published:
         starts.append(Start(PUBLISHED, lambda seed: published, max_seeds=demo.cfg.published_seeds,
-                            min_steps=demo.cfg.published_min_steps))
+                            min_steps=demo.cfg.published_min_steps, epochs=demo.cfg.published_epochs))
     return starts
 
 
 def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe, device: torch.device,
-          precision: str, data: _DemoData, tasks: Sequence[CurveTask]) -> tuple[list[Start], TimePlan]:
-    """Step 5: a fine-tuning step of each start's model timed (in one thread, as a worker of the curve
-    runs it), and the time plan (`plan_time`) made and logged. ``starts`` begins with the random
-    initialisation; they are returned with their timed steps."""
+          precision: str, data: _DemoData, tasks: Sequence[CurveTask]) -> tuple[dict[str, list[Start]], TimePlan]:
+    """Step 5: a fine-tuning step of each start's model on each task timed (in one thread, as a worker of the
+    curve runs it: a tagger's step, scoring every token, costs more than a classifier's), and the time plan
+    (`plan_time`) made and logged. ``starts`` begins with the random initialisation; they are returned by
+    task, with their timed steps."""
     cfg = demo.cfg
     with demo.step("Plan the time: fine-tuning steps timed, the curves' required sizes estimated, pre-training gets "
                    "the rest"):
         threads = torch.get_num_threads()
         if cfg.worker_count() > 1:
             torch.set_num_threads(1)
+        by_task: dict[str, list[Start]] = {}
         try:
-            timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), data.mr_train, recipe, device)}
-            timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
-            if data.published:
-                timed[PUBLISHED] = time_finetuning_step(data.published, data.mr_train, recipe, device)
+            for task in tasks:
+                tags = len({t for _, tag_list in task.train for t in tag_list}) if task.family == "tagging" else 0
+                texts = [" ".join(words) for words, _ in task.train[:2000]] if tags else [t for t, _ in task.train]
+                timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), texts, recipe, device,
+                                                           tags=tags)}
+                timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
+                if data.published:
+                    timed[PUBLISHED] = time_finetuning_step(data.published, texts, recipe, device, tags=tags)
+                by_task[task.name] = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
         finally:
             torch.set_num_threads(threads)
-        starts = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
-        plan = plan_time(cfg, starts, sizes, recipe, [(len(t.heldout), len(t.train)) for t in tasks])
+        plan = plan_time(cfg, sizes, recipe, {t.name: (by_task[t.name], len(t.heldout), len(t.train)) for t in tasks})
         _log_plan(cfg, plan, starts, recipe, precision, len(tasks))
         demo.report["time_plan"] = plan.to_json()
-    return starts, plan
+    return by_task, plan
 
 
 PRETRAIN_EVALS, PRETRAIN_EVAL_BATCHES = 6, 10
@@ -791,17 +817,21 @@ def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precisi
     return run / "model", run / "checkpoints"
 
 
-CHECKPOINTS = 8
-"""Checkpoints the demo's pre-training keeps, evenly spaced: Figure 5 fine-tunes from some of them."""
+CHECKPOINTS = 32
+"""Checkpoints the demo's pre-training saves, evenly spaced in its expected steps: many, so that one lies near
+each share of Figure 5 in training time however far the steps fall short of the expectation (the ones
+Figure 5 does not read are removed once it has picked)."""
 
 
 def _checkpoints_at(folder: Path, shares: Sequence[float]) -> tuple[list[tuple[float, Path]], float]:
-    """For each share of the pre-training's time, the checkpoint before the last nearest to it: (its
-    training minutes, its folder), shares nearest the same checkpoint giving it once; and the training
-    minutes of the last checkpoint (the final model's)."""
+    """For each share of the pre-training's time, the checkpoint before the last nearest to it in training
+    time: (its training minutes, its folder), shares nearest the same checkpoint giving it once; and the
+    training minutes of the last checkpoint (the final model's). The checkpoints neither picked nor last are
+    removed."""
     from bertforge.train.state import read_info
 
-    found = sorted((float(read_info(p)["elapsed_seconds"]), p) for p in folder.iterdir() if p.is_dir())
+    found = sorted((float(read_info(p)["elapsed_seconds"]), p) for p in folder.iterdir() if p.is_dir()) \
+        if folder.is_dir() else []
     if not found:
         return [], 0.0
     total = found[-1][0]
@@ -809,6 +839,9 @@ def _checkpoints_at(folder: Path, shares: Sequence[float]) -> tuple[list[tuple[f
     for share in shares:
         seconds, path = min(found[:-1] or found, key=lambda sp: abs(sp[0] - share * total))
         picked[path] = seconds / 60
+    for _, path in found[:-1]:
+        if path not in picked:
+            shutil.rmtree(path, ignore_errors=True)
     return sorted(((m, p) for p, m in picked.items()), key=lambda mp: mp[0]), total / 60
 
 
@@ -826,57 +859,65 @@ def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
         demo.report["fill_mask"] = examples
 
 
-def _label_efficiency_curves(demo: _Run, starts: Sequence[Start], tasks: Sequence[CurveTask], sizes: Sequence[int],
-                             recipe: Recipe, deadline: float) -> list[Curve]:
-    """Step 7: the label-efficiency curve of each task (`bertforge.demo.curve.run_curve`); optional sizes run
-    only if they fit before ``deadline`` (a `time.perf_counter` time)."""
+def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks: Sequence[CurveTask],
+                       sizes: Sequence[int], recipe: Recipe, checkpoints: Path, deadline: float
+                       ) -> tuple[list[Curve], dict[str, dict[float, list[float]]]]:
+    """Steps 7 and 8: the label-efficiency curve of each task (``starts`` by task: their timed steps) and the
+    Figure 5 points (`bertforge.demo.curve.run_curves`: every required fine-tuning in one pool, the costliest
+    first); optional sizes run only if they fit before ``deadline`` (a `time.perf_counter` time)."""
     cfg = demo.cfg
-    curves = []
+    picked, final_minutes = _checkpoints_at(checkpoints, cfg.shares())
+    specs, figure_specs = [], []
     for task in tasks:
+        task_starts = starts[task.name]
         task_sizes = sorted({min(n, len(task.train)) for n in sizes})
-        with demo.step(f"The label-efficiency curve, {task.name}: " + ", ".join(s.name for s in starts)
-                       + (f" and {BAG_OF_WORDS}" if task.family == "classification" else "")
-                       + f", on {', '.join(f'{n:,}' for n in task_sizes)} {task.unit}"):
-            curve = run_curve(starts, task, task_sizes, cfg.seeds, recipe, demo.out / "curve" / task.name.replace(" ", "-"),
-                              deadline, required_up_to=cfg.curve_required_up_to, workers=cfg.worker_count(),
-                              bag_of_words=task.family == "classification")
+        specs.append(CurveSpec(task_starts, task, task_sizes, demo.out / "curve" / task.name.replace(" ", "-"),
+                               bag_of_words=task.family == "classification"))
+        size = min(cfg.figure_size, len(task.train))
+        required = [n for n in task_sizes if n <= cfg.curve_required_up_to] or task_sizes[:1]
+        if picked and size in required:  # named by folder: two checkpoints of a short run can round alike
+            own = next(s for s in task_starts if s.name == OWN)
+            figure_specs.append(CurveSpec([_figure_start(cfg, own, f"{p.name} ({m:.2f} min)", p) for m, p in picked],
+                                          task, [size], demo.out / "figure" / task.name.replace(" ", "-")))
+    lines = ", ".join(s.name for s in next(iter(starts.values())))
+    with demo.step(f"The label-efficiency curves ({lines}; on movie reviews also {BAG_OF_WORDS}) and Figure 5 (the "
+                   f"own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its {final_minutes:.1f} minutes of "
+                   f"pre-training, fine-tuned on {cfg.figure_size:,} examples), {cfg.worker_count()} fine-tunings at "
+                   "once"):
+        t0 = time.perf_counter()
+        done = run_curves(specs + figure_specs, cfg.seeds, recipe, deadline, required_up_to=cfg.curve_required_up_to,
+                          workers=cfg.worker_count())
+        demo.minutes["curves and figure 5 (wall)"] = (time.perf_counter() - t0) / 60
+    curves, figure_curves = done[:len(specs)], done[len(specs):]
+    for curve in curves:
         for name, seconds in curve.seconds.items():
-            demo.minutes[f"curve, {task.name}: {name} (compute)"] = seconds / 60
-        demo.minutes[f"curve, {task.name} (wall)"] = sum(curve.size_seconds.values()) / 60
-        demo.report[task.name] = curve.to_json([(OWN, RANDOM_INIT), (PUBLISHED, RANDOM_INIT)])
-        curves.append(curve)
-    return curves
+            demo.minutes[f"curve, {curve.task}: {name} (compute)"] = seconds / 60
+        demo.report[curve.task] = curve.to_json([(OWN, RANDOM_INIT), (PUBLISHED, RANDOM_INIT)])
+    return curves, _figure_points(demo, picked, final_minutes, curves, figure_curves)
 
 
-def _figure_points(demo: _Run, checkpoints: Path, tasks: Sequence[CurveTask], curves: Sequence[Curve],
-                   recipe: Recipe) -> dict[str, dict[float, list[float]]]:
-    """Step 8: the paper's Figure 5 at the demo's scale. The demo's own model from its checkpoints at
-    ``figure_shares`` of the pre-training, fine-tuned at ``figure_size`` examples on the curve's subsets
-    and seeds (paired with the curve's lines); with random initialisation (0 minutes) and the final model
-    from the curve: accuracy against minutes of pre-training, by task."""
+def _figure_points(demo: _Run, picked: Sequence[tuple[float, Path]], final_minutes: float, curves: Sequence[Curve],
+                   figure_curves: Sequence[Curve]) -> dict[str, dict[float, list[float]]]:
+    """The paper's Figure 5 at the demo's scale, from the fine-tunings of the own model's checkpoints
+    ``picked`` (their training minutes and folders) at ``figure_size`` examples on the curve's subsets and
+    first seeds (paired with the curve's lines), with random initialisation (0 minutes) and the final model
+    (``final_minutes``) from the curve: accuracy against minutes of pre-training, by task, into the report."""
     cfg = demo.cfg
     points: dict[str, dict[float, list[float]]] = {}
-    picked, final_minutes = _checkpoints_at(checkpoints, cfg.shares())
     report: dict[str, Any] = {"size": cfg.figure_size, "minutes": {}, "accuracy": {}, "differences": {}}
-    for task, curve in zip(tasks, curves):
-        size = min(cfg.figure_size, len(task.train))
-        if size not in curve.sizes:
-            continue
-        # named by folder: two checkpoints of a short pre-training can round to the same minutes
-        starts = [Start(f"{p.name} ({m:.2f} min)", lambda seed, p=p: p) for m, p in picked]
-        with demo.step(f"Figure 5, {task.name}: the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} "
-                       f"minutes of pre-training, fine-tuned on {size:,} {task.unit}"):
-            fig = run_curve(starts, task, [size], cfg.seeds, recipe,
-                            demo.out / "figure" / task.name.replace(" ", "-"), math.inf, workers=cfg.worker_count())
-        by_minutes = {0.0: curve.accuracy[RANDOM_INIT][size]}
-        by_minutes.update({m: fig.accuracy[s.name][size] for (m, _), s in zip(picked, starts)})
-        by_minutes[round(final_minutes, 2)] = curve.accuracy[OWN][size]
-        points[task.name] = by_minutes
-        report["accuracy"][task.name] = {f"{m:g}": accs for m, accs in by_minutes.items()}
-        report["differences"][task.name] = {
-            f"{m:g}": {**(d := paired_difference(accs, by_minutes[0.0][:len(accs)])).to_json(), "resolved": d.resolved}
+    by_task = {c.task: c for c in curves}
+    for fig in figure_curves:
+        curve, size = by_task[fig.task], fig.sizes[0]
+        n = len(fig.accuracy[next(iter(fig.accuracy))][size])
+        by_minutes = {0.0: curve.accuracy[RANDOM_INIT][size][:n]}
+        by_minutes.update({m: fig.accuracy[f"{p.name} ({m:.2f} min)"][size] for m, p in picked})
+        by_minutes[max(round(final_minutes, 2), 0.01)] = curve.accuracy[OWN][size][:n]
+        points[fig.task] = by_minutes
+        report["accuracy"][fig.task] = {f"{m:g}": accs for m, accs in by_minutes.items()}
+        report["differences"][fig.task] = {
+            f"{m:g}": {**(d := paired_difference(accs, by_minutes[0.0])).to_json(), "resolved": d.resolved}
             for m, accs in by_minutes.items() if m > 0}
-        demo.minutes[f"figure 5, {task.name} (wall)"] = sum(fig.size_seconds.values()) / 60
+        demo.minutes[f"figure 5, {fig.task} (compute)"] = sum(fig.seconds.values()) / 60
     report["minutes"] = sorted({m for by in points.values() for m in by})
     demo.report["figure5"] = report
     return points
@@ -1052,16 +1093,17 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
     lines += [f"- **{BAG_OF_WORDS}** (movie reviews): unigram and bigram counts, L2-regularised logistic regression, "
               "its strength chosen on a tenth of the subset.", "",
               f"Every model is fine-tuned alike: {cfg.finetune_epochs:g} passes over the subset but at least "
-              f"{cfg.finetune_min_steps} steps of {cfg.finetune_batch_size} ({PUBLISHED}: at least "
-              f"{cfg.published_min_steps}), dropout {cfg.finetune_dropout:g}, 10% warmup and linear decay, scored once "
-              "after the last step.", "",
+              f"{cfg.finetune_min_steps} steps of {cfg.finetune_batch_size} ({PUBLISHED}: {cfg.published_epochs:g} "
+              f"passes, the paper's fine-tuning length, but at least {cfg.published_min_steps} steps), dropout "
+              f"{cfg.finetune_dropout:g}, 10% warmup and linear decay, scored once after the last step.", "",
               "## Where the time went", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {name} | {m:.1f} |" for name, m in report["time_split_minutes"].items()]
     plan = report["time_plan"]
     lines += ["", f"Before pre-training, the curves at {', '.join(f'{n:,}' for n in plan['required_sizes'])} examples "
                   f"and the Figure 5 points were estimated at {plan['curve_minutes']:.1f} minutes from a fine-tuning "
                   "step timed on this machine in one thread ("
-                  + ", ".join(f"{name} {sec:.3f} s" for name, sec in plan["finetune_step_seconds"].items())
+                  + "; ".join(f"{task}: " + ", ".join(f"{name} {sec:.3f} s" for name, sec in by.items())
+                              for task, by in plan["finetune_step_seconds"].items())
                   + f"; {cfg.worker_count()} fine-tunings at once), and pre-training was given "
                   f"{plan['pretrain_minutes']:.1f} minutes: what the budget left, between {cfg.pretrain_min_share:g} "
                   f"and {cfg.pretrain_share:g} of it."]

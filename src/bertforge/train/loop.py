@@ -752,7 +752,7 @@ class Trainer:
                 if self.step % cfg.log_every == 0:  # a partial window stays open: a resumed run continues it
                     self._window = LogWindow()
                 if bar is not None:
-                    bar.update(dt if cfg.budget_minutes else 1)
+                    bar.update(min(dt, max(0.0, bar.total - bar.n)) if cfg.budget_minutes else 1)  # never past 100%
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                     eval_metrics = self.run_evaluation()
                 if self.step % cfg.checkpoint_every == 0 or done:
