@@ -365,6 +365,50 @@ def test_the_report_gives_intervals_and_differences_paired_by_seed(tmp_path):
     assert "| 100/0/0 | — | — | — |" in differences_table
 
 
+def test_the_papers_orderings_are_tested_on_every_task_both_rows_have(tmp_path):
+    """"A > B": A minus B seed by seed; holds where the interval lies above 0, reversed where below."""
+    from bertforge.experiments.report import write_report
+
+    files = {k: tmp_path / k for k in ("vocab", "corpus", "cls_train", "cls_dev", "tag_train", "tag_dev")}
+    study = load_study(_study(tmp_path, files, seeds=[0, 1, 2], figure=None,
+                              orderings=["BERT > No NSP", "No NSP > LTR & No NSP", " BERT >  100/0/0 "]))
+    assert study.orderings == (("BERT", "No NSP"), ("No NSP", "LTR & No NSP"), ("BERT", "100/0/0"))
+    scores = {("BERT", "CLS"): {0: 0.60, 1: 0.70, 2: 0.80},
+              ("No NSP", "CLS"): {0: 0.63, 1: 0.72, 2: 0.83},  # above BERT on every seed: reversed
+              ("LTR & No NSP", "CLS"): {0: 0.50, 1: 0.61, 2: 0.70},  # below No NSP on every seed: holds
+              ("BERT", "TAG"): {0: 0.50, 1: 0.55, 2: 0.60},
+              ("No NSP", "TAG"): {0: 0.52, 1: 0.54, 2: 0.61}}  # BERT -2, +1, -1 below it: not resolved
+    report = write_report(study, tmp_path / "out", _cells(scores), [], {})
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    got = {(e["above"], e["below"], e["task"]): e for e in data["orderings"]}
+    assert set(got) == {("BERT", "No NSP", "CLS"), ("BERT", "No NSP", "TAG"), ("No NSP", "LTR & No NSP", "CLS"),
+                        ("BERT", "No NSP", "TAG features"), ("BERT", "100/0/0", "TAG features")}  # the filled cells
+    assert got["BERT", "100/0/0", "TAG features"]["seeds"] == [] and \
+           got["BERT", "100/0/0", "TAG features"]["verdict"] == "not resolved"  # no scores yet
+    assert got["BERT", "No NSP", "CLS"]["verdict"] == "reversed"
+    assert got["BERT", "No NSP", "CLS"]["differences"] == pytest.approx([-0.03, -0.02, -0.03])
+    assert got["BERT", "No NSP", "TAG"]["verdict"] == "not resolved"
+    assert got["No NSP", "LTR & No NSP", "CLS"]["verdict"] == "holds"
+    assert got["No NSP", "LTR & No NSP", "CLS"]["interval"]["mean"] == pytest.approx((0.13 + 0.11 + 0.13) / 3, abs=1e-5)
+    text = report.read_text()
+    assert "| BERT > No NSP | -2.7 [-4.1, -1.2] reversed | -0.7 [-4.5, +3.1] not resolved | — |" in text
+    assert "| No NSP > LTR & No NSP | +12.3 [+9.5, +15.2] holds | — | — |" in text
+    assert "| BERT > 100/0/0 | — | — | — |" in text  # no score to pair on the one task both rows have
+
+
+@pytest.mark.parametrize("orderings, message", [
+    ("BERT > No NSP", r"orderings: expected a list"),
+    (["BERT >> No NSP"], r"orderings\[0\]: expected \"A > B\""),
+    (["BERT > Nope"], r"orderings\[0\]: 'Nope' is not a variant of the study"),
+    (["BERT > BERT"], r"orderings\[0\]: 'BERT > BERT' orders a row against itself"),
+    ([3], r"orderings\[0\]: expected \"A > B\""),
+])
+def test_bad_orderings_name_the_file_and_field(tmp_path, orderings, message):
+    files = {k: tmp_path / k for k in ("vocab", "corpus", "cls_train", "cls_dev", "tag_train", "tag_dev")}
+    with pytest.raises(StudyError, match=message):
+        load_study(_study(tmp_path, files, orderings=orderings))
+
+
 # ---------------------------------------------------------------------------- checked before any work
 @pytest.fixture
 def no_work(monkeypatch):

@@ -10,6 +10,10 @@ first). A row is compared with it seed by seed, over the seeds both rows finishe
 both the same data order (and the same initial weights of a head they share), so the paired
 difference (`bertforge.stats.paired_difference`) drops what the seeds share. It is called resolved
 only where its interval excludes 0.
+
+A study's ``orderings`` (the paper's findings, "A > B") are tested the same way on every task both rows
+have: A minus B, paired by seed; the ordering *holds* where the interval lies above 0, is *reversed*
+where it lies below, and is *not resolved* otherwise.
 """
 
 from __future__ import annotations
@@ -69,6 +73,26 @@ def _paired(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> dict
     return {(v.name, t.name): _difference(scores[v.name, t.name], scores[baseline, t.name], study.seeds)
             for v in study.variants[1:] for t in study.tasks
             if (v.name, t.name) in filled and (baseline, t.name) in filled}
+
+
+def _verdict(d: Interval) -> str:
+    """An ordering's verdict from its paired difference (above minus below)."""
+    if not d.resolved:
+        return "not resolved"
+    return "holds" if d.mean > 0 else "reversed"
+
+
+def _orderings(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> list[tuple[dict[str, Any], Interval]]:
+    """For each of the study's orderings (above, below) and each task both rows have: report.json's entry
+    (the rows, the task, `_difference`'s figures and the verdict) and the interval."""
+    filled = {(v.name, t.name) for v, t in study.cells()}
+    out = []
+    for above, below in study.orderings:
+        for t in study.tasks:
+            if (above, t.name) in filled and (below, t.name) in filled:
+                entry, d = _difference(scores[above, t.name], scores[below, t.name], study.seeds)
+                out.append(({"above": above, "below": below, "task": t.name, **entry, "verdict": _verdict(d)}, d))
+    return out
 
 
 def _fmt(i: Interval, seeds: int, signed: bool = False) -> str:
@@ -157,6 +181,17 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
         lines += _table(header, [[v.name, *(_fmt_difference(paired[v.name, t.name][1], seeds)
                                             if (v.name, t.name) in paired else "—" for t in study.tasks)]
                                  for v in study.variants[1:]])
+    orderings = _orderings(study, scores)
+    if orderings:
+        lines += ["", "The paper's orderings at this scale: the upper row minus the lower on the same seed, x 100, "
+                      f"the mean and its {CONFIDENCE:.0%} interval; *holds* where the interval lies above 0, "
+                      "*reversed* where below:", ""]
+        found = {(e["above"], e["below"], e["task"]): (e, d) for e, d in orderings}
+        lines += _table(["paper", *(t.name for t in study.tasks)],
+                        [[f"{a} > {b}", *(f"{_fmt(found[a, b, t.name][1], seeds, signed=True)} "
+                                          f"{found[a, b, t.name][0]['verdict']}"
+                                          if (a, b, t.name) in found and found[a, b, t.name][1].n else "—"
+                                          for t in study.tasks)] for a, b in study.orderings])
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]
         lines += _table(header, [[v.name, *(f"{study.paper.get(v.name, {}).get(t.name, '—')}" for t in study.tasks)]
@@ -182,6 +217,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     data = {"study": study.name, "file": str(study.path), "machine": machine, "seeds": list(study.seeds),
             "minutes": {"pretraining": pre_minutes, "finetuning": ft_minutes}, "metric": metric, "table": table,
             "differences": {"baseline": baseline, "paired_by": "seed", "table": differences},
+            "orderings": [e for e, _ in orderings],
             "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
             "figure": [dataclasses.asdict(c) for c in figure_cells], "paper": study.paper}
     atomic_write_text(folder.report_data, json.dumps(data, indent=1, default=str) + "\n")

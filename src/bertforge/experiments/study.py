@@ -32,6 +32,9 @@ folder), so that the bundled studies run from the folder holding a user's data::
       task: MR
       variants: [BERT, "LTR & No NSP"]
       every: 500                      # a checkpoint every this many pre-training steps is fine-tuned too
+    orderings:                        # optional: what the paper found, "A > B": row A above row B; the
+      - "BERT > No NSP"               # report says on each task whether it holds, is reversed or neither
+      - "No NSP > LTR & No NSP"       # is resolved (paired by seed)
 
 A variant may instead start from an existing checkpoint (``checkpoint: PATH``) and skip pre-training.
 Variants whose data and pre-training settings are the same share one pre-training run.
@@ -312,6 +315,9 @@ class Study:
     description: str = ""
     paper: dict[str, dict[str, float]] = field(default_factory=dict, metadata=AS_GIVEN)
     """The paper's figures for the same rows and columns (variant -> task -> value), shown beside the measured."""
+    orderings: tuple[tuple[str, str], ...] = field(default=(), metadata=AS_GIVEN)
+    """The paper's findings as (above, below) pairs of rows, from ``"A > B"`` strings: the report tests each on
+    every task both rows have."""
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -436,6 +442,7 @@ def load_study(spec: str | Path) -> Study:
     study = _with_variant_tasks(study)
     study = _with_figure_variants(study)
     study = _with_paper(study)
+    study = _with_orderings(study)
     _check_configs(study)
     return study
 
@@ -533,6 +540,30 @@ def _with_paper(study: Study) -> Study:
     except FieldError as e:
         raise StudyError(f"{study.path}: {e}") from None
     return dataclasses.replace(study, paper=paper)
+
+
+def _with_orderings(study: Study) -> Study:
+    """``orderings``: a list of ``"A > B"`` strings, A and B two different rows of the study, as (A, B) pairs."""
+    given = study.orderings
+    if not isinstance(given, (list, tuple)):
+        raise study.error("orderings", f'expected a list of "A > B" strings (A, B rows of the study), got {given!r}')
+    names = {v.name for v in study.variants}
+    pairs = []
+    for i, item in enumerate(given):
+        where = f"orderings[{i}]"
+        if isinstance(item, (list, tuple)) and len(item) == 2:  # already parsed (a study rebuilt from one)
+            above, below = item
+        elif isinstance(item, str) and item.count(" > ") == 1:
+            above, below = (part.strip() for part in item.split(" > "))
+        else:
+            raise study.error(where, f'expected "A > B" (A above B, two rows of the study), got {item!r}')
+        for name in (above, below):
+            if name not in names:
+                raise study.error(where, f"{name!r} is not a variant of the study ({', '.join(sorted(names))})")
+        if above == below:
+            raise study.error(where, f"{item!r} orders a row against itself")
+        pairs.append((above, below))
+    return dataclasses.replace(study, orderings=tuple(pairs))
 
 
 def _check_configs(study: Study) -> None:
