@@ -85,15 +85,23 @@ DEVICE = torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------- data
-def corpus(cache: Path, vocab_size: int, dupe_factor: int) -> tuple[Path, Path, Path]:
-    """(vocab folder, prepared training folder, prepared held-out folder): the demo's corpus, built once."""
+def corpus(cache: Path, vocab_size: int, dupe_factor: int, max_seq_length: int = 128, max_predictions: int = 20,
+           heldout_dupe_factor: int = 1, name: str = "quality") -> tuple[Path, Path, Path]:
+    """(vocab folder, prepared training folder, prepared held-out folder): the demo's corpus as instances of
+    ``max_seq_length`` tokens, built once under ``cache/name-...`` (a held-out set of another dupe_factor is
+    added beside the first)."""
     from bertforge import resources
     from bertforge.text.vocab import learn_vocab
 
-    root = cache / f"quality-v{vocab_size}-d{dupe_factor}"
-    vocab, train, held = root / "vocab", root / "train", root / "heldout"
-    done = all(_complete(p) for p in (train, held))
-    if done:
+    root = cache / (f"{name}-v{vocab_size}-d{dupe_factor}" + (f"-t{max_seq_length}" if max_seq_length != 128 else ""))
+    vocab, train = root / "vocab", root / "train"
+    held = root / ("heldout" if heldout_dupe_factor == 1 else f"heldout-d{heldout_dupe_factor}")
+    settings = dict(format="text", max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions, seed=0,
+                    shard_chars=1_000_000)
+    if _complete(train) and not _complete(held):  # another held-out dupe_factor than the one built
+        prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=heldout_dupe_factor, **settings),
+                workers=2, progress=False)
+    if all(_complete(p) for p in (train, held)):
         return vocab, train, held
     print(f"# building the corpus, vocab and instances in {root} ...", flush=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -101,13 +109,13 @@ def corpus(cache: Path, vocab_size: int, dupe_factor: int) -> tuple[Path, Path, 
     (mr_train, _), _ = resources.movie_review_split(2005)
     documents = [a for i, a in enumerate(articles) if i % 20]
     documents += [" ".join(mr_train[i:i + 8]) for i in range(0, len(mr_train), 8)]
-    for name, docs in (("train.txt", documents), ("heldout.txt", articles[::20])):
-        (root / name).write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
+    for file, docs in (("train.txt", documents), ("heldout.txt", articles[::20])):
+        (root / file).write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
     learn_vocab([root / "train.txt"], vocab, vocab_size=vocab_size, show_progress=False)
-    settings = dict(format="text", max_seq_length=128, max_predictions_per_seq=20, seed=0, shard_chars=1_000_000)
     prepare([root / "train.txt"], train, vocab, PrepareConfig(dupe_factor=dupe_factor, **settings), workers=2,
             progress=False)
-    prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=1, **settings), workers=2, progress=False)
+    prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=heldout_dupe_factor, **settings),
+            workers=2, progress=False)
     return vocab, train, held
 
 

@@ -95,6 +95,25 @@ def _orderings(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> l
     return out
 
 
+def _orderings_table(study: Any, orderings: list[tuple[dict[str, Any], Interval]], seeds: int) -> list[str]:
+    """report.md's lines on the paper's orderings: a row per ordering, a column per task (none without any)."""
+    if not orderings:
+        return []
+    found = {(e["above"], e["below"], e["task"]): (e, d) for e, d in orderings}
+
+    def cell(a: str, b: str, task: str) -> str:
+        if (a, b, task) not in found or not found[a, b, task][1].n:
+            return "—"
+        entry, d = found[a, b, task]
+        return f"{_fmt(d, seeds, signed=True)} {entry['verdict']}"
+
+    return ["", "The paper's orderings at this scale: the upper row minus the lower on the same seed, x 100, the "
+                f"mean and its {CONFIDENCE:.0%} interval; *holds* where the interval lies above 0, *reversed* where "
+                "below:", "",
+            *_table(["paper", *(t.name for t in study.tasks)],
+                    [[f"{a} > {b}", *(cell(a, b, t.name) for t in study.tasks)] for a, b in study.orderings])]
+
+
 def _fmt(i: Interval, seeds: int, signed: bool = False) -> str:
     """``"84.3 [82.1, 86.5]"`` (x 100), and how many seeds where fewer than the study's."""
     if not i.n:
@@ -182,16 +201,7 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
                                             if (v.name, t.name) in paired else "—" for t in study.tasks)]
                                  for v in study.variants[1:]])
     orderings = _orderings(study, scores)
-    if orderings:
-        lines += ["", "The paper's orderings at this scale: the upper row minus the lower on the same seed, x 100, "
-                      f"the mean and its {CONFIDENCE:.0%} interval; *holds* where the interval lies above 0, "
-                      "*reversed* where below:", ""]
-        found = {(e["above"], e["below"], e["task"]): (e, d) for e, d in orderings}
-        lines += _table(["paper", *(t.name for t in study.tasks)],
-                        [[f"{a} > {b}", *(f"{_fmt(found[a, b, t.name][1], seeds, signed=True)} "
-                                          f"{found[a, b, t.name][0]['verdict']}"
-                                          if (a, b, t.name) in found and found[a, b, t.name][1].n else "—"
-                                          for t in study.tasks)] for a, b in study.orderings])
+    lines += _orderings_table(study, orderings, seeds)
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]
         lines += _table(header, [[v.name, *(f"{study.paper.get(v.name, {}).get(t.name, '—')}" for t in study.tasks)]

@@ -350,8 +350,9 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: StudyFolder
     if isinstance(model, dict):
         model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
     objective = pcfg.resolve_objective(load_manifest(data)["config"]["nsp"])
-    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {objective}, "
-                f"{pcfg.max_steps:,} steps of {pcfg.batch_size}")
+    length = (f"{pcfg.budget_minutes:g} minutes of training of batches of {pcfg.batch_size}" if pcfg.budget_minutes
+              else f"{pcfg.max_steps:,} steps of {pcfg.batch_size}")
+    logger.info(f"ablate: {what} {' / '.join(run.variants)}: {model} model, objective {objective}, {length}")
     spent = _minutes_spent(folder)
     t0 = time.perf_counter()
     try:

@@ -1,0 +1,864 @@
+"""Time to quality against transformers: minutes of pre-training until held-out MLM accuracy 0.1, 0.2, 0.3.
+
+The question a user with a CPU and a deadline asks: how long until a model is as good as X, with
+bertforge, and with transformers as its users would run it, each side at its best. Three arms, on the
+same corpus, vocab and held-out instances:
+
+* ``bertforge (recipe)``: ``bertforge pretrain --recipe budget --budget-minutes B`` (tiny BERT, MLM
+  only, 15 % fresh masks every pass, dropout 0, lr 2e-3, AdamW (0.9, 0.98), 6 % warmup then linear
+  decay laid over the B minutes of training clock, batch 32; `bertforge.train.pretrain.RECIPES`), in
+  the precision ``--precision auto`` gives (bf16 where the CPU computes it natively and it is the
+  faster). Driven step by step through bertforge's own `bertforge.train.loop.Trainer` (``train_step``
+  and ``advance_clock``: what ``Trainer.fit`` does per step, without its checkpoints and log lines),
+  so the schedule follows the run's training clock.
+* ``transformers Trainer (best of grid)``: transformers' ``Trainer`` + ``TrainingArguments`` +
+  ``BertForMaskedLM`` + ``DataCollatorForLanguageModeling(mlm_probability=0.15)``, as its
+  ``run_mlm.py`` example runs them: the Trainer's AdamW (``adamw_torch_fused``, its default; betas
+  (0.9, 0.999), eps 1e-8), weight decay 0.01 (its exclusions: biases and LayerNorm), linear schedule
+  with warmup over ``--hf-warmup`` (0.06) of ``max_steps``, ``max_grad_norm`` 1.0, ``bf16=True`` with
+  ``use_cpu=True`` where the CPU has native bf16 (else fp32), ``dataloader_num_workers=0``, its
+  default dropout 0.1, sdpa attention. No checkpoints (``save_strategy="no"``), no progress bar. Its
+  examples are the same prepared training instances, unmasked ([CLS] A [SEP] B [SEP] with token type
+  ids), which the collator masks afresh in every batch (80 / 10 / 10). A transformers user sets
+  ``max_steps``, not minutes: each configuration is calibrated first (``--calibration-steps`` 20
+  steps after 2 of warm-up, on a throw-away model) and ``max_steps = budget seconds / seconds per
+  step``; a `transformers.TrainerCallback` stops the run when its training clock reaches the budget
+  (``control.should_training_stop``), or the Trainer stops at ``max_steps`` if that comes first. The
+  setting (model, batch, learning rate) is the best of a grid (below).
+* ``transformers (same recipe)``: the same Trainer, collator and model class at bertforge's budget
+  recipe exactly: tiny, dropout 0 (hidden and attention), batch 32, lr 2e-3, AdamW betas (0.9, 0.98)
+  and eps 1e-6 (bertforge's ``adam_eps``), weight decay 0.01 with transformers' exclusions, clip 1.0,
+  and bertforge's schedule laid over the training clock: its AdamW is the one the Trainer builds from
+  these arguments (``create_optimizer``) and its scheduler a ``LambdaLR`` whose factor is
+  `bertforge.train.optim.lr_factor` (6 % warmup, linear decay to 0) at the callback's training clock,
+  set on the Trainer before training (what passing ``optimizers=(AdamW, LambdaLR)`` does). Arms 2
+  and 3 differ in the recipe; arms 3 and 1 in the library.
+
+Corpus (``bertforge demo``'s): 95 % of the 10,033 Wikipedia lead sections plus the movie-review
+training sentences without labels (8 to a document), an 8,192-piece WordPiece vocab learned from
+them, instances of 64 tokens prepared with Google's algorithm (`bertforge.data.prepare.prepare`:
+sentence pairs, static 15 % masks, at most 10 predictions, dupe_factor 5; both libraries undo the
+static masks and mask afresh). The other 5 % of the leads, prepared the same way with dupe_factor 1
+and kept with Google's static masks, are the held-out instances, split by instance index: the even
+ones are the **selection** half (used only to choose the grid's setting), the odd ones the **report**
+half (every reported number): 591 instances and about 5,700 masked positions each
+(``--heldout-dupe-factor`` prepares more passes over the same held-out text). Built once, cached under
+``$TMPDIR/bertforge-bench``.
+
+Evaluation: each library's own model, eval mode, float32 (autocast off), no gradient, on the whole
+report half (``--eval-instances`` caps it, for smoke runs): MLM accuracy (argmax at the static masked
+positions) and perplexity (exp of the mean cross-entropy there). transformers' model is evaluated as
+its encoder (``model.bert``) and its MLM head (``model.cls``) at the masked positions, which gives the
+full forward's logits there (checked on a batch before training) without the (B, T, V) logits no one
+reads. Every run reports the same count of masked positions, or the script stops.
+
+Clock: a run's clock counts training only (steps and batch loading, the collator's masking
+included); evaluations pause it, model building and calibration precede it. A run is evaluated at
+clock 0 (the initial weights), every 5 s of clock during the first minute, every 30 s after, and at
+its end (`eval_times`); each point records the clock, the step, the learning rate of the next step,
+report-half accuracy and perplexity (grid runs: selection-half accuracy too). The minutes to a level
+are where a seed's curve first reaches it, linear between evaluations (``minutes_to_reach``); an arm's
+figure is the mean over its seeds (``--seeds``, default 0, 1, 2: each seed sets model init, data order
+and masks), null where a seed never reaches the level (the JSON says how many did), with the seeds'
+range and a 95 % t interval (`bertforge.stats.mean_interval`).
+
+Grid (``transformers Trainer (best of grid)``), shared with no arm's knowledge of the report half:
+model tiny / mini (bertforge's presets: 2 layers of 128, 4 of 256; the transformers ``BertConfig``
+built with the same sizes, vocab 8,192, 512 positions), batch 32 / 128, learning rate 1e-4 / 5e-4 /
+2e-3: 12 points, each trained with seed 0 for ``--grid-minutes`` (default 3) of training clock, its
+max_steps calibrated for those minutes, and the point with the best final selection-half accuracy
+is the arm's setting, then run with ``--budget-minutes``. The grid runs 3 minutes per point rather
+than the full budget, to fit the measurement into a working day on 2 cores: a setting best at 3
+minutes need not be best at 10 (a larger model or smaller learning rate may catch up later), so the
+arm's figure is the grid's best guess for transformers, not a proven optimum. Every grid point's
+settings, final accuracies, steps and curve are in the JSON.
+
+Run (from the repository root), as the committed figures were made: one single-threaded process per
+core, each pinned with taskset, so that a run on one core does not slow the other::
+
+    .venv/bin/python benchmarks/time_to_quality.py --corpus-only        # the corpus, once (under a minute)
+    # the grid, about 25 minutes: tiny on core 0, mini on core 1
+    taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --grid-only --grid-models tiny \\
+        --json /tmp/ttq-grid-tiny.json &
+    taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --grid-only --grid-models mini \\
+        --json /tmp/ttq-grid-mini.json; wait
+    # the arms, 3 seeds of 10 minutes each, about 55 minutes
+    (taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "bertforge (recipe)" \\
+        --json /tmp/ttq-ours.json &&
+     taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "transformers (same recipe)" \\
+        --seeds 0 --json /tmp/ttq-same-0.json) &
+    (taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 \\
+        --only "transformers Trainer (best of grid)" --grid-json /tmp/ttq-grid-tiny.json /tmp/ttq-grid-mini.json \\
+        --json /tmp/ttq-trainer.json &&
+     taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "transformers (same recipe)" \\
+        --seeds 1,2 --json /tmp/ttq-same-12.json); wait
+    .venv/bin/python benchmarks/time_to_quality.py --merge /tmp/ttq-ours.json /tmp/ttq-trainer.json \\
+        /tmp/ttq-same-0.json /tmp/ttq-same-12.json \\
+        --json docs/results/time_to_quality.json --plot docs/images/time_to_quality.png
+
+About 1 h 25 min in all on 2 cores (grid 25 min, arms 55 min: each run's evaluations, about half a
+minute per 10-minute run, and the calibrations, up to 70 s for mini at batch 128, add to its training
+minutes). transformers' Trainer needs ``accelerate``: install the ``bench`` extra first
+(``.venv/bin/python -m pip install -e '.[bench]'``).
+
+Without ``--only`` a process runs the grid (unless ``--grid-json`` gives it) and then all three arms,
+one after the other (the transformers arms first: bertforge's trainer tunes the process's allocator,
+`bertforge.train.loop.keep_freed_memory`, which would speed up transformers' steps after it too).
+
+Writes a table (each arm's minutes to 0.10 / 0.20 / 0.30 and best accuracy with the seeds' ranges,
+and the ratios of transformers' minutes to bertforge's), the JSON (``--json``) and the curves
+(``--plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pretrain_quality import corpus as quality_corpus, minutes_to_reach  # noqa: E402
+from pretrain_throughput import bench_cache, run_meta  # noqa: E402
+from step_time import _loadavg  # noqa: E402
+
+from bertforge.data.instances import InstanceBatch  # noqa: E402
+from bertforge.data.loader import IGNORE_INDEX, PretrainingDataset, PretrainingLoader  # noqa: E402
+from bertforge.data.prepare import load_manifest, special_ids  # noqa: E402
+from bertforge.model.config import BertConfig  # noqa: E402
+from bertforge.stats import mean_interval  # noqa: E402
+from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
+from bertforge.train.distributed import Distributed  # noqa: E402
+from bertforge.train.loop import Trainer  # noqa: E402
+from bertforge.train.optim import lr_factor  # noqa: E402
+from bertforge.train.precision import cpu_name, native_bf16  # noqa: E402
+from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
+from bertforge.train.recipe import ready_model  # noqa: E402
+
+OURS, TRAINER, SAME = "bertforge (recipe)", "transformers Trainer (best of grid)", "transformers (same recipe)"
+ARMS = (OURS, TRAINER, SAME)
+LEVELS = (0.1, 0.2, 0.3)
+FIRST_MINUTE_EVERY, LATER_EVERY = 5, 30
+"""Seconds of training clock between evaluations: in the first minute, and after it."""
+MAX_SEQ_LENGTH, MAX_PREDICTIONS = 64, 10
+EVAL_BATCH = 128
+CLOCK_UNITS = 1_000_000  # the clock-laid schedule's resolution, as bertforge's
+DEVICE = torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- data
+def corpus(cache: Path, vocab_size: int, dupe_factor: int, heldout_dupe_factor: int = 1) -> tuple[Path, Path, Path]:
+    """(vocab folder, prepared training folder, prepared held-out folder): the demo's corpus at 64 tokens,
+    built once (`pretrain_quality.corpus`)."""
+    return quality_corpus(cache, vocab_size, dupe_factor, MAX_SEQ_LENGTH, MAX_PREDICTIONS, heldout_dupe_factor,
+                          name="ttq")
+
+
+@dataclass
+class EvalSet:
+    """Held-out batches with their static masks: one half of the held-out instances."""
+
+    name: str
+    batches: list[dict[str, torch.Tensor]]
+    instances: int
+    positions: int
+
+    def describe(self) -> dict[str, int]:
+        return {"instances": self.instances, "masked_positions": self.positions}
+
+
+def heldout_halves(held: Path, limit: int = 0) -> tuple[EvalSet, EvalSet]:
+    """(selection, report): the held-out instances in prepared order, the even-indexed ones and the odd
+    ones (each cut to its first ``limit`` instances if given), in batches of `EVAL_BATCH`."""
+    dataset = PretrainingDataset(held)
+    collate = PretrainingLoader(dataset, 1).collate
+    instances = [dataset.shard(s).instance(i) for s in range(len(dataset.shards)) for i in range(len(dataset.shard(s)))]
+    halves = []
+    for name, part in (("selection", instances[0::2]), ("report", instances[1::2])):
+        part = part[:limit] if limit else part
+        batches = [collate(part[i:i + EVAL_BATCH]) for i in range(0, len(part), EVAL_BATCH)]
+        positions = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+        halves.append(EvalSet(name, batches, len(part), positions))
+    return halves[0], halves[1]
+
+
+def unmasked_ids(batch: InstanceBatch) -> np.ndarray:
+    """The instances' token ids with their static masks undone: each label written back at its position."""
+    ids = batch.input_ids.astype(np.int64)
+    owner = np.repeat(np.arange(len(batch)), np.diff(batch.mask_offsets))  # the instance of each prediction
+    ids[batch.offsets[:-1][owner] + batch.masked_positions.astype(np.int64)] = batch.masked_labels
+    return ids
+
+
+class UnmaskedInstances(torch.utils.data.Dataset):
+    """The prepared training instances, unmasked, as a transformers user's tokenized examples: ``input_ids``
+    ([CLS] A [SEP] B [SEP]), ``token_type_ids`` and ``attention_mask``, which the collator pads and masks."""
+
+    def __init__(self, folder: Path):
+        dataset = PretrainingDataset(folder)
+        ids, lengths, num_a = [], [], []
+        for s in range(len(dataset.shards)):
+            shard = dataset.shard(s)
+            ids.append(unmasked_ids(shard))
+            lengths.append(shard.lengths())
+            num_a.append(shard.num_a.astype(np.int64))
+        self.ids = np.concatenate(ids)
+        self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
+        self.num_a = np.concatenate(num_a)
+
+    def __len__(self) -> int:
+        return len(self.num_a)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        ids = self.ids[self.offsets[i]:self.offsets[i + 1]].tolist()
+        a = int(self.num_a[i])
+        return {"input_ids": ids, "token_type_ids": [0] * a + [1] * (len(ids) - a), "attention_mask": [1] * len(ids)}
+
+
+# ---------------------------------------------------------------------------- clock and evaluation
+def next_eval_time(seconds: float) -> float:
+    """The first scheduled evaluation after ``seconds`` of clock: every `FIRST_MINUTE_EVERY` s up to a minute,
+    then every `LATER_EVERY` s."""
+    if seconds < 60:
+        return float((math.floor(seconds / FIRST_MINUTE_EVERY) + 1) * FIRST_MINUTE_EVERY)
+    return float(60 + (math.floor((seconds - 60) / LATER_EVERY) + 1) * LATER_EVERY)
+
+
+def eval_times(budget: float) -> list[float]:
+    """The nominal evaluation times of a run of ``budget`` seconds: 0, the schedule, and the end."""
+    times = [0.0]
+    while (t := next_eval_time(times[-1])) < budget:
+        times.append(t)
+    return times + [float(budget)]
+
+
+class Clock:
+    """Training seconds: counts between `resume` and `pause`."""
+
+    def __init__(self) -> None:
+        self.elapsed = 0.0
+        self._since: float | None = None
+
+    def resume(self) -> None:
+        self._since = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self.elapsed += time.perf_counter() - self._since
+            self._since = None
+
+    def now(self) -> float:
+        return self.elapsed + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+Logits = Callable[[torch.nn.Module, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def ours_logits(model: torch.nn.Module, b: dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+    """bertforge's MLM logits (M, V) at the batch's filled prediction slots."""
+    return model(b["input_ids"], b["attention_mask"], b["token_type_ids"], masked_positions=b["masked_positions"],
+                 prediction_mask=valid).logits
+
+
+def hf_logits(model: torch.nn.Module, b: dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+    """transformers' MLM logits (M, V) at the filled prediction slots: its encoder, then its MLM head there."""
+    hidden = model.bert(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                        token_type_ids=b["token_type_ids"]).last_hidden_state
+    at = hidden.gather(1, b["masked_positions"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return model.cls(at[valid])
+
+
+def check_hf_logits(model: torch.nn.Module, b: dict[str, torch.Tensor]) -> float:
+    """The largest difference between `hf_logits` and the full forward's logits at the same positions."""
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        valid = b["labels"] != IGNORE_INDEX
+        full = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                     token_type_ids=b["token_type_ids"]).logits
+        ref = full.gather(1, b["masked_positions"].unsqueeze(-1).expand(-1, -1, full.shape[-1]))[valid]
+        diff = float((hf_logits(model, b, valid) - ref).abs().max())
+    model.train()
+    if diff > 1e-4:
+        raise SystemExit(f"transformers' encoder + MLM head at the masked positions differ from its forward by {diff}")
+    return diff
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, logits: Logits, evalset: EvalSet) -> dict[str, float]:
+    """MLM accuracy and perplexity at the static masks; eval mode, float32."""
+    was = model.training
+    model.eval()
+    correct = total = 0
+    loss = 0.0
+    with torch.autocast("cpu", enabled=False):
+        for b in evalset.batches:
+            valid = b["labels"] != IGNORE_INDEX
+            out, labels = logits(model, b, valid).float(), b["labels"][valid]
+            correct += int((out.argmax(-1) == labels).sum())
+            total += int(valid.sum())
+            loss += float(torch.nn.functional.cross_entropy(out, labels, reduction="sum"))
+    model.train(was)
+    if total != evalset.positions:
+        raise SystemExit(f"{evalset.name} half: evaluated {total} masked positions, it has {evalset.positions}")
+    return {"mlm_accuracy": correct / total, "perplexity": math.exp(loss / total)}
+
+
+class Recorder:
+    """A run's curve: evaluations on the schedule of `next_eval_time`, each a point."""
+
+    def __init__(self, name: str, model: torch.nn.Module, logits: Logits, report: EvalSet,
+                 selection: EvalSet | None, budget: float):
+        self.name, self.model, self.logits = name, model, logits
+        self.report, self.selection, self.budget = report, selection, budget
+        self.points: list[dict[str, Any]] = []
+        self.due = 0.0
+        self.eval_seconds = 0.0
+
+    def record(self, seconds: float, step: int, lr: float) -> None:
+        t0 = time.perf_counter()
+        ev = evaluate(self.model, self.logits, self.report)
+        point = {"seconds": round(seconds, 2), "step": step, "lr": float(f"{lr:.4g}"),
+                 "mlm_accuracy": round(ev["mlm_accuracy"], 5), "perplexity": round(ev["perplexity"], 3)}
+        if self.selection is not None:
+            point["selection_accuracy"] = round(evaluate(self.model, self.logits, self.selection)["mlm_accuracy"], 5)
+        self.points.append(point)
+        self.due = next_eval_time(seconds)
+        self.eval_seconds += time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------- bertforge
+def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Path, data: Path, report: EvalSet,
+             out: str) -> dict[str, Any]:
+    """bertforge's budget recipe for ``--budget-minutes``, step by step through its Trainer."""
+    budget = args.budget_minutes * 60
+    cfg = PretrainConfig.from_recipe("budget", budget_minutes=args.budget_minutes, data=str(data), tokenizer=str(vocab),
+                                     seed=seed, progress=False, device="cpu", precision=args.precision, out=out)
+    manifest = load_manifest(data)["config"]
+    objective = cfg.resolve_objective(bool(manifest["nsp"]))
+    torch.manual_seed(cfg.seed)  # as the recipe builds it (`bertforge.train.recipe.Recipe.run`)
+    model = build_pretraining_model(cfg, tok.vocab_size, bool(manifest["nsp"]), int(manifest["max_seq_length"]),
+                                    objective)
+    loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed, special=special_ids(tok),
+                               masking=cfg.masking(manifest))
+    trainer = Trainer(ready_model(model, Distributed(), cfg.strategy), PretrainingObjective(nsp=objective == "mlm+nsp"),
+                      loader, cfg, out, tokenizer=tok)
+    rec = Recorder(OURS, trainer.model, ours_logits, report, None, budget)
+    lr = lambda: trainer.optimizer.param_groups[0]["lr"]  # noqa: E731 - the next step's rate
+    rec.record(0.0, 0, lr())
+    it = iter(loader)
+    started = time.perf_counter()
+    while not trainer.budget_spent():
+        t0 = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:  # the next epoch
+            it = iter(loader)
+            b = next(it)
+        trainer.train_step([b])
+        trainer.advance_clock(time.perf_counter() - t0)  # the schedule follows it
+        trainer.step += 1
+        if trainer.elapsed >= rec.due and not trainer.budget_spent():
+            rec.record(trainer.elapsed, trainer.step, lr())
+    rec.record(trainer.elapsed, trainer.step, lr())
+    settings = {k: getattr(cfg, k) for k in ("recipe", "model", "objective", "masked_lm_prob", "batch_size", "lr",
+                                              "adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "warmup_ratio",
+                                              "dropout", "max_grad_norm", "budget_minutes")}
+    return {"settings": {**settings, "objective": objective, "schedule": "linear over the training clock"},
+            "precision": trainer.precision, "points": rec.points, "steps": trainer.step,
+            "train_seconds": round(trainer.elapsed, 2), "eval_seconds": round(rec.eval_seconds, 1),
+            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": "budget"}
+
+
+# ---------------------------------------------------------------------------- transformers
+@dataclass(frozen=True)
+class HFSetting:
+    """A transformers run's settings: the model preset, batch and learning rate, and what the recipe changes."""
+
+    model: str
+    batch_size: int
+    lr: float
+    dropout: float = 0.1  # transformers' default
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    clock_schedule: bool = False
+    """bertforge's schedule laid over the training clock (else the Trainer's linear one over max_steps)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self), "optimizer": "Trainer's AdamW (adamw_torch_fused), transformers' decay exclusions",
+                "schedule": "linear over the training clock (bertforge's lr_factor)" if self.clock_schedule
+                else "Trainer's linear with warmup over max_steps"}
+
+
+def same_recipe_setting() -> HFSetting:
+    """bertforge's budget recipe in transformers' terms."""
+    cfg = PretrainConfig.from_recipe("budget")
+    return HFSetting(model=cfg.model, batch_size=cfg.batch_size, lr=cfg.lr, dropout=cfg.dropout,
+                     adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, warmup_ratio=cfg.warmup_ratio,
+                     weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, clock_schedule=True)
+
+
+def hf_model(setting: HFSetting, vocab_size: int, seed: int) -> Any:
+    """transformers' BertForMaskedLM of bertforge's preset size, initialised under ``seed`` (as run_mlm.py: set_seed,
+    then the model)."""
+    import transformers
+
+    config = BertConfig.preset(setting.model, vocab_size=vocab_size, hidden_dropout_prob=setting.dropout,
+                               attention_probs_dropout_prob=setting.dropout).to_dict()
+    config.pop("bertforge_version")
+    transformers.set_seed(seed)
+    return transformers.BertForMaskedLM(transformers.BertConfig(**config))
+
+
+class HFData:
+    """What every transformers run shares: the tokenizer the collator needs and the training examples."""
+
+    def __init__(self, vocab: Path, data: Path):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(vocab))
+        self.train = UnmaskedInstances(data)
+
+
+def training_arguments(setting: HFSetting, seed: int, max_steps: int, precision: str, out: str) -> Any:
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=out, per_device_train_batch_size=setting.batch_size, max_steps=max_steps,
+        learning_rate=setting.lr, warmup_steps=setting.warmup_ratio,  # transformers 5: a float below 1 is a ratio
+        lr_scheduler_type="linear", weight_decay=setting.weight_decay, adam_beta1=0.9, adam_beta2=setting.adam_beta2,
+        adam_epsilon=setting.adam_eps, max_grad_norm=setting.max_grad_norm, bf16=precision == "bf16", use_cpu=True,
+        dataloader_num_workers=0, seed=seed, save_strategy="no", report_to="none", disable_tqdm=True)
+
+
+def hf_trainer(setting: HFSetting, seed: int, max_steps: int, precision: str, hf: HFData, model: Any, out: str,
+               callback: Any, clock: Clock | None = None, budget: float = 0.0) -> Any:
+    """transformers' Trainer for ``setting``; with ``setting.clock_schedule`` its scheduler is a LambdaLR of
+    bertforge's schedule at ``clock`` over ``budget`` seconds."""
+    from transformers import DataCollatorForLanguageModeling, PrinterCallback
+    from transformers import Trainer as HFTrainer
+
+    collator = DataCollatorForLanguageModeling(hf.tokenizer, mlm=True, mlm_probability=0.15)
+    trainer = HFTrainer(model=model, args=training_arguments(setting, seed, max_steps, precision, out),
+                        train_dataset=hf.train, data_collator=collator, callbacks=[callback])
+    trainer.remove_callback(PrinterCallback)  # the log lines, printed with disable_tqdm
+    if setting.clock_schedule:
+        assert clock is not None and budget > 0
+        warm = int(setting.warmup_ratio * CLOCK_UNITS)
+        optimizer = trainer.create_optimizer()  # the Trainer's AdamW from the arguments, its exclusions
+        trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: lr_factor(
+            min(CLOCK_UNITS, int(clock.now() / budget * CLOCK_UNITS)), total_steps=CLOCK_UNITS, warmup_steps=warm))
+    return trainer
+
+
+def _callback_class() -> type:
+    from transformers import TrainerCallback
+
+    class BudgetCallback(TrainerCallback):
+        """The run's training clock (paused while it evaluates), its evaluations, and the stop at the budget."""
+
+        def __init__(self, rec: Recorder | None, clock: Clock, budget: float, threads: int):
+            self.rec, self.clock, self.budget, self.threads = rec, clock, budget, threads
+            self.stopped_by = "max_steps"
+            self.step_ends: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if torch.get_num_threads() != self.threads:
+                print(f"# transformers changed the thread count to {torch.get_num_threads()}; back to {self.threads}",
+                      flush=True)
+                torch.set_num_threads(self.threads)
+            if self.rec is not None:
+                self.rec.record(0.0, 0, kwargs["optimizer"].param_groups[0]["lr"])
+            self.clock.resume()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.clock.pause()
+            self.step_ends.append(self.clock.elapsed)
+            end = self.clock.elapsed >= self.budget > 0 or state.global_step >= state.max_steps
+            if end and self.clock.elapsed >= self.budget > 0:
+                self.stopped_by = "budget"
+                control.should_training_stop = True
+            if self.rec is not None and (end or self.clock.elapsed >= self.rec.due):
+                self.rec.record(self.clock.elapsed, state.global_step, kwargs["optimizer"].param_groups[0]["lr"])
+            if not end:  # the clock stops with the last step: what the Trainer does after it is not training
+                self.clock.resume()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.clock.pause()
+
+    return BudgetCallback
+
+
+def calibrate(setting: HFSetting, precision: str, hf: HFData, threads: int, steps: int, warmup: int = 2) -> float:
+    """Seconds per training step of ``setting`` (batch loading included): ``steps`` steps after ``warmup``, on a
+    throw-away model, as a user would time them before choosing max_steps."""
+    clock = Clock()
+    callback = _callback_class()(None, clock, 0.0, threads)
+    model = hf_model(setting, len(hf.tokenizer), 0)
+    with tempfile.TemporaryDirectory(prefix="ttq-cal-") as out:
+        trainer = hf_trainer(setting, 0, warmup + steps, precision, hf, model, out, callback)
+        trainer.train()
+    ends = callback.step_ends
+    return (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup)
+
+
+def hf_run(name: str, setting: HFSetting, seed: int, minutes: float, precision: str, hf: HFData, report: EvalSet,
+           selection: EvalSet | None, args: argparse.Namespace, calibrations: dict[tuple[str, int], float]
+           ) -> dict[str, Any]:
+    """One transformers run of ``minutes`` of training clock."""
+    budget = minutes * 60
+    if setting.clock_schedule:
+        step_seconds, max_steps = None, 10 ** 9  # the clock ends it; max_steps only caps
+    else:
+        key = (setting.model, setting.batch_size)
+        if key not in calibrations:
+            calibrations[key] = calibrate(setting, precision, hf, args.threads or torch.get_num_threads(),
+                                          args.calibration_steps)
+        step_seconds = calibrations[key]
+        max_steps = max(1, int(budget / step_seconds))
+    clock = Clock()
+    model = hf_model(setting, len(hf.tokenizer), seed)
+    check_hf_logits(model, report.batches[0])
+    rec = Recorder(name, model, hf_logits, report, selection, budget)
+    callback = _callback_class()(rec, clock, budget, args.threads or torch.get_num_threads())
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ttq-hf-") as out:
+        trainer = hf_trainer(setting, seed, max_steps, precision, hf, model, out, callback, clock, budget)
+        trainer.train()
+    steps = rec.points[-1]["step"]
+    return {"settings": setting.describe(), "precision": precision, "points": rec.points, "steps": steps,
+            "max_steps": max_steps if not setting.clock_schedule else None,
+            "calibration_s_per_step": round(step_seconds, 5) if step_seconds else None,
+            "train_seconds": round(clock.elapsed, 2), "eval_seconds": round(rec.eval_seconds, 1),
+            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": callback.stopped_by}
+
+
+# ---------------------------------------------------------------------------- the grid
+def grid_settings(args: argparse.Namespace) -> list[HFSetting]:
+    return [HFSetting(model=m, batch_size=b, lr=lr, warmup_ratio=args.hf_warmup)
+            for m in _split(args.grid_models) for b in map(int, _split(args.grid_batches))
+            for lr in map(float, _split(args.grid_lrs))]
+
+
+def run_grid(args: argparse.Namespace, precision: str, hf: HFData, selection: EvalSet, report: EvalSet,
+             calibrations: dict) -> list[dict[str, Any]]:
+    points = []
+    for setting in grid_settings(args):
+        run = hf_run(TRAINER, setting, args.grid_seed, args.grid_minutes, precision, hf, report, selection, args,
+                     calibrations)
+        last = run["points"][-1]
+        points.append({"model": setting.model, "batch_size": setting.batch_size, "lr": setting.lr,
+                       "selection_accuracy": last["selection_accuracy"], "report_accuracy": last["mlm_accuracy"],
+                       **{k: run[k] for k in ("steps", "max_steps", "calibration_s_per_step", "stopped_by",
+                                              "train_seconds", "precision")},
+                       "curve": run["points"]})
+        print(f"#   grid {setting.model}, batch {setting.batch_size}, lr {setting.lr:g}: selection accuracy "
+              f"{last['selection_accuracy']:.4f} after {run['steps']} steps (max_steps {run['max_steps']}, "
+              f"{run['stopped_by']}); load {_loadavg()}", flush=True)
+    return points
+
+
+def grid_choice(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The grid point with the best final selection-half accuracy."""
+    best = max(points, key=lambda p: p["selection_accuracy"])
+    return {k: best[k] for k in ("model", "batch_size", "lr", "selection_accuracy")}
+
+
+def load_grid(files: list[str]) -> dict[str, Any]:
+    """The grid measured by ``--grid-only`` runs (their points together), and its choice."""
+    parts = [json.loads(Path(f).read_text())["grid"] for f in files]
+    minutes = {p["minutes"] for p in parts}
+    if len(minutes) != 1:
+        raise SystemExit(f"the grid files were run for different minutes per point: {sorted(minutes)}")
+    points = [pt for p in parts for pt in p["points"]]
+    return {**parts[0], "points": points, "choice": grid_choice(points), "files": files}
+
+
+# ---------------------------------------------------------------------------- summary
+def summarize(arm: dict[str, Any], levels: tuple[float, ...] = LEVELS) -> dict[str, Any]:
+    """Add an arm's minutes to each level (mean over seeds, null unless every seed reaches it), their range and
+    95 % interval, how many seeds reached it, and its best and final accuracy."""
+    curves = [arm["seeds"][s] for s in sorted(arm["seeds"], key=int)]
+    arm["minutes_to"], arm["minutes_to_range"], arm["minutes_to_interval"], arm["reached_by"] = {}, {}, {}, {}
+    for level in levels:
+        key = f"{level:g}"
+        reached = [m for m in (minutes_to_reach(c, level) for c in curves) if m is not None]
+        arm["reached_by"][key] = len(reached)
+        every = len(reached) == len(curves) and bool(curves)
+        arm["minutes_to"][key] = round(statistics.mean(reached), 3) if every else None
+        arm["minutes_to_range"][key] = [min(reached), max(reached)] if reached else None
+        arm["minutes_to_interval"][key] = mean_interval(reached).to_json(3) if every else None
+    best = [max(p["mlm_accuracy"] for p in c) for c in curves]
+    final = [c[-1]["mlm_accuracy"] for c in curves]
+    arm["best"], arm["best_range"] = round(statistics.mean(best), 5), [min(best), max(best)]
+    arm["final"], arm["final_range"] = round(statistics.mean(final), 5), [min(final), max(final)]
+    arm["final_perplexity"] = round(statistics.mean(c[-1]["perplexity"] for c in curves), 3)
+    return arm
+
+
+def ratios(arms: dict[str, dict[str, Any]], levels: tuple[float, ...] = LEVELS) -> dict[str, dict[str, float | None]]:
+    """Each transformers arm's mean minutes to a level over bertforge's (null where either is)."""
+    out = {}
+    if OURS not in arms:
+        return out
+    ours = arms[OURS]["minutes_to"]
+    for name in (TRAINER, SAME):
+        if name in arms:
+            theirs = arms[name]["minutes_to"]
+            out[f"{name} / {OURS}"] = {f"{lv:g}": (round(theirs[f"{lv:g}"] / ours[f"{lv:g}"], 2)
+                                                   if theirs[f"{lv:g}"] and ours[f"{lv:g}"] else None) for lv in levels}
+    return out
+
+
+def _reach(arm: dict[str, Any], key: str) -> str:
+    n = len(arm["seeds"])
+    m, rng = arm["minutes_to"][key], arm["minutes_to_range"][key]
+    if m is not None:
+        return f"{m:.2f} [{rng[0]:.2f}-{rng[1]:.2f}]" if n > 1 else f"{m:.2f}"
+    return f"not reached ({arm['reached_by'][key]}/{n})"
+
+
+def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Summaries, the table and ratios, the JSON and the plot."""
+    arms = {name: summarize(arm) for name, arm in result["arms"].items()}
+    result["arms"] = {name: arms[name] for name in ARMS if name in arms}
+    result["ratios"] = ratios(result["arms"])
+    levels = [f"{lv:g}" for lv in LEVELS]
+    head = ["arm", "setting", "precision", "steps", *[f"minutes to {lv}" for lv in levels], "best accuracy"]
+    if result["arms"]:
+        print("\n| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
+    for name, arm in result["arms"].items():
+        steps = "/".join(str(arm["steps"][s]) for s in sorted(arm["steps"], key=int))
+        best = f"{arm['best']:.4f}" + (f" [{arm['best_range'][0]:.4f}-{arm['best_range'][1]:.4f}]"
+                                       if len(arm["seeds"]) > 1 else "")
+        print(f"| {name} | {_short(arm['settings'])} | {arm['precision']} | {steps} | "
+              + " | ".join(_reach(arm, lv) for lv in levels) + f" | {best} |")
+    for pair, by_level in result["ratios"].items():
+        print(f"\n{pair}, minutes: " + ", ".join(f"to {lv}: {'-' if r is None else f'{r:.2f}x'}"
+                                                 for lv, r in by_level.items()))
+    grid = result.get("grid")
+    if grid:
+        c = grid["choice"]
+        print(f"\ngrid ({len(grid['points'])} points, {grid['minutes']:g} min each, seed {grid['seed']}): chose "
+              f"{c['model']}, batch {c['batch_size']}, lr {c['lr']:g} "
+              f"(selection accuracy {c['selection_accuracy']:.4f})")
+    for meta in result["sources"]:
+        print(f"{meta.get('command')}: wall {meta.get('wall_s', 0) / 60:.1f} min; load {meta.get('loadavg_before')} -> "
+              f"{meta.get('loadavg_after')}; {meta.get('threads')} thread(s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(result, Path(args.plot))
+        print(f"wrote {args.plot}")
+
+
+def _short(settings: dict[str, Any]) -> str:
+    return f"{settings['model']}, batch {settings['batch_size']}, lr {settings['lr']:g}"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colours = {OURS: "tab:blue", TRAINER: "tab:red", SAME: "tab:orange"}
+    for name, arm in result["arms"].items():
+        curves = [arm["seeds"][s] for s in sorted(arm["seeds"], key=int)]
+        end = max(c[-1]["seconds"] for c in curves)
+        xs = np.linspace(0.0, end, 400)
+        ys = np.array([np.interp(xs, [p["seconds"] for p in c], [p["mlm_accuracy"] for p in c]) for c in curves])
+        label = f"{name}: {_short(arm['settings'])}, {arm['precision']}, {len(curves)} seed(s)"
+        ax.plot(xs / 60, ys.mean(0), color=colours.get(name), label=label)
+        if len(curves) > 1:
+            ax.fill_between(xs / 60, ys.min(0), ys.max(0), color=colours.get(name), alpha=0.2, linewidth=0)
+    for level in LEVELS:
+        ax.axhline(level, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("training minutes (evaluations excluded)")
+    ax.set_ylabel("held-out MLM accuracy (report half)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    threads = sorted({m.get("threads") for m in result["sources"]})
+    ax.set_title(f"Time to quality: mean over seeds, band = their range\n{result['cpu']}, "
+                 f"{'/'.join(map(str, threads))} thread(s) per run", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------------- main
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Minutes of pre-training until held-out MLM accuracy 0.1 / 0.2 / 0.3: "
+                                            "bertforge's budget recipe, transformers' Trainer at the best of a grid, "
+                                            "and transformers at bertforge's recipe. See the module docstring.")
+    p.add_argument("--budget-minutes", type=float, default=10.0, help="each arm's training time; default %(default)s")
+    p.add_argument("--seeds", default="0,1,2", help="the arms' seeds (comma-separated); default %(default)s")
+    p.add_argument("--only", action="append", choices=ARMS, metavar="ARM",
+                   help=f"run this arm only (repeatable): {', '.join(repr(a) for a in ARMS)}")
+    p.add_argument("--grid-minutes", type=float, default=3.0, help="training time of each grid point")
+    p.add_argument("--grid-models", default="tiny,mini", help="grid: model presets; default %(default)s")
+    p.add_argument("--grid-batches", default="32,128", help="grid: batch sizes; default %(default)s")
+    p.add_argument("--grid-lrs", default="1e-4,5e-4,2e-3", help="grid: learning rates; default %(default)s")
+    p.add_argument("--grid-seed", type=int, default=0, help="grid runs' seed; default %(default)s")
+    p.add_argument("--grid-only", action="store_true", help="run the grid only and write it to --json")
+    p.add_argument("--grid-json", nargs="+", metavar="JSON",
+                   help="the grid measured by --grid-only runs (their points together): the Trainer arm's setting")
+    p.add_argument("--hf-warmup", type=float, default=0.06,
+                   help="the Trainer arm's warmup, a share of max_steps; default %(default)s")
+    p.add_argument("--calibration-steps", type=int, default=20, help="timed steps that set max_steps")
+    p.add_argument("--precision", default="auto", help="bertforge's precision; default %(default)s")
+    p.add_argument("--eval-instances", type=int, default=0,
+                   help="evaluate the first this many instances of each held-out half (0: all)")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--dupe-factor", type=int, default=5)
+    p.add_argument("--heldout-dupe-factor", type=int, default=1,
+                   help="passes over the held-out text (1, the demo's: about 5,700 masked positions per half; more "
+                        "passes give more positions of the same text, each with its own masks and pairs)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--corpus-only", action="store_true", help="build the cached corpus and stop")
+    p.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    p.add_argument("--plot", metavar="PATH", help="draw the curves into this PNG")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="instead of running: one table, JSON and plot of arms measured by earlier invocations")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    vocab, data, held = corpus(bench_cache(), args.vocab_size, args.dupe_factor, args.heldout_dupe_factor)
+    if args.corpus_only:
+        return 0
+    import transformers
+
+    transformers.logging.set_verbosity_warning()
+    meta = {**run_meta(), "settings": vars(args).copy()}
+    tok = BertTokenizer.from_pretrained(vocab)
+    selection, report_half = heldout_halves(held, args.eval_instances)
+    hf_precision = "bf16" if native_bf16(DEVICE) else "fp32"
+    arms = [a for a in (TRAINER, SAME, OURS) if a in (args.only or ARMS)]  # bertforge's last (module docstring)
+    seeds = [int(s) for s in _split(args.seeds)]
+    result: dict[str, Any] = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "bertforge": meta["bertforge"], "budget_minutes": args.budget_minutes,
+        "levels": list(LEVELS),
+        "corpus": {"description": "bertforge demo's: 95% of the 10,033 Wikipedia leads + the movie-review training "
+                                  "sentences (no labels); Google's prepare (sentence pairs, static 15% masks undone "
+                                  "and masked afresh by both libraries)", "vocab_size": tok.vocab_size,
+                   "max_seq_length": MAX_SEQ_LENGTH, "max_predictions_per_seq": MAX_PREDICTIONS,
+                   "dupe_factor": args.dupe_factor, "training_instances": len(PretrainingDataset(data)),
+                   "data": str(data)},
+        "heldout": {"description": f"the other 5% of the leads, dupe_factor {args.heldout_dupe_factor}, Google's "
+                                   "static masks; selection = even instance index, report = odd",
+                    "selection": selection.describe(),
+                    "report": report_half.describe(), "eval_instances_cap": args.eval_instances or None},
+        "hf_precision": hf_precision, "grid": None, "arms": {}, "sources": [meta]}
+    print(f"# torch {meta['torch']}, transformers {meta['transformers']}; {meta['threads']} thread(s); {meta['nproc']} "
+          f"CPUs: {result['cpu']} (native bf16: {native_bf16(DEVICE)}); load {meta['loadavg_before']}", flush=True)
+    print(f"# {result['corpus']['training_instances']:,} training instances; held-out halves: selection "
+          f"{selection.describe()}, report {report_half.describe()}", flush=True)
+
+    hf = HFData(vocab, data) if args.grid_only or TRAINER in arms or SAME in arms else None
+    if hf is not None and len(hf.tokenizer) != tok.vocab_size:
+        raise SystemExit(f"transformers' tokenizer has {len(hf.tokenizer)} tokens, the vocab {tok.vocab_size}")
+    calibrations: dict[tuple[str, int], float] = {}
+    if args.grid_only or (TRAINER in arms and not args.grid_json):
+        assert hf is not None
+        print(f"# grid: {len(grid_settings(args))} points of {args.grid_minutes:g} min, seed {args.grid_seed}; "
+              f"transformers in {hf_precision}", flush=True)
+        points = run_grid(args, hf_precision, hf, selection, report_half, calibrations)
+        result["grid"] = {"minutes": args.grid_minutes, "seed": args.grid_seed, "warmup_ratio": args.hf_warmup,
+                          "selected_by": "final selection-half MLM accuracy", "points": points,
+                          "choice": grid_choice(points)}
+        if args.grid_only:
+            arms = []
+    elif TRAINER in arms:
+        result["grid"] = load_grid(args.grid_json)
+    for name in arms:
+        arm: dict[str, Any] = {"seeds": {}, "runs": {}, "steps": {}}
+        for seed in seeds:
+            print(f"# {name}, seed {seed} ...", flush=True)
+            if name == OURS:
+                with tempfile.TemporaryDirectory(prefix="ttq-ours-") as out:  # the trainer writes nothing there
+                    run = ours_run(args, seed, tok, vocab, data, report_half, out)
+            else:
+                assert hf is not None
+                if name == TRAINER:
+                    c = result["grid"]["choice"]
+                    setting = HFSetting(model=c["model"], batch_size=c["batch_size"], lr=c["lr"],
+                                        warmup_ratio=args.hf_warmup)
+                else:
+                    setting = same_recipe_setting()
+                run = hf_run(name, setting, seed, args.budget_minutes, hf_precision, hf, report_half, None, args,
+                             calibrations)
+            arm["settings"], arm["precision"] = run["settings"], run["precision"]
+            arm["seeds"][str(seed)] = run.pop("points")
+            arm["steps"][str(seed)] = run["steps"]
+            arm["runs"][str(seed)] = {k: v for k, v in run.items() if k not in ("settings", "precision")}
+            first, last = arm["seeds"][str(seed)][0], arm["seeds"][str(seed)][-1]
+            print(f"#   initial accuracy {first['mlm_accuracy']:.5f}, perplexity {first['perplexity']:,.0f}; final "
+                  f"{last['mlm_accuracy']:.4f} after {run['steps']} steps, {run['train_seconds']:.0f} s of clock "
+                  f"({run['stopped_by']}), {run['eval_seconds']:.0f} s evaluating; load {_loadavg()}", flush=True)
+        result["arms"][name] = arm
+    meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg())
+    report(result, args)
+    return 0
+
+
+def merge(files: list[str], args: argparse.Namespace) -> int:
+    """Arms (or seeds of one arm) measured in separate processes, e.g. one pinned to each core: one table,
+    JSON and plot."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    result = {k: v for k, v in parts[0].items() if k not in ("arms", "grid", "sources", "ratios")}
+    for key in ("cpu", "budget_minutes", "heldout", "torch", "transformers"):
+        if any(p[key] != result[key] for p in parts):
+            raise SystemExit(f"the files differ in {key}: {[p[key] for p in parts]}")
+    grids = [p["grid"] for p in parts if p.get("grid")]
+    if any(g["choice"] != grids[0]["choice"] for g in grids):
+        raise SystemExit(f"the files chose different grid settings: {[g['choice'] for g in grids]}")
+    result["grid"] = grids[0] if grids else None
+    result["sources"] = [m for p in parts for m in p["sources"]]
+    result["threads"] = sorted({p["threads"] for p in parts})
+    arms: dict[str, dict[str, Any]] = {}
+    for p in parts:
+        for name, arm in p["arms"].items():
+            into = arms.setdefault(name, {"settings": arm["settings"], "precision": arm["precision"], "seeds": {},
+                                          "runs": {}, "steps": {}})
+            if arm["settings"] != into["settings"] or arm["precision"] != into["precision"]:
+                raise SystemExit(f"{name}: the files ran it with different settings or precision")
+            for seed in arm["seeds"]:
+                if seed in into["seeds"]:
+                    raise SystemExit(f"{name}: seed {seed} is in more than one file")
+                for key in ("seeds", "runs", "steps"):
+                    into[key][seed] = arm[key][seed]
+    result["arms"] = arms
+    report(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
