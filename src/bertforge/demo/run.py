@@ -880,10 +880,11 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
             figure_specs.append(CurveSpec([_figure_start(cfg, own, f"{p.name} ({m:.2f} min)", p) for m, p in picked],
                                           task, [size], demo.out / "figure" / task.name.replace(" ", "-")))
     lines = ", ".join(s.name for s in next(iter(starts.values())))
-    with demo.step(f"The label-efficiency curves ({lines}; on movie reviews also {BAG_OF_WORDS}) and Figure 5 (the "
-                   f"own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its {final_minutes:.1f} minutes of "
-                   f"pre-training, fine-tuned on {cfg.figure_size:,} examples), {cfg.worker_count()} fine-tunings at "
-                   "once"):
+    figure = (f" and Figure 5 (the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its "
+              f"{final_minutes:.1f} minutes of pre-training, fine-tuned on {cfg.figure_size:,} examples)"
+              if figure_specs else "")
+    with demo.step(f"The label-efficiency curves ({lines}; on movie reviews also {BAG_OF_WORDS}){figure}, "
+                   f"{cfg.worker_count()} fine-tunings at once"):
         t0 = time.perf_counter()
         done = run_curves(specs + figure_specs, cfg.seeds, recipe, deadline, required_up_to=cfg.curve_required_up_to,
                           workers=cfg.worker_count())
