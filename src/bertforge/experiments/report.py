@@ -44,13 +44,13 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
 
 
-def _cell(by_seed: dict[int, float], seeds: Sequence[int]) -> dict[str, Any]:
+def _cell(by_seed: dict[int, float], seeds: Sequence[int], interval: Interval) -> dict[str, Any]:
     """A cell of report.json's table: `summarise`'s figures, the finished seeds (in the study's order)
-    with their scores (None for a run that gave none: JSON has no NaN), and the mean's interval."""
+    with their scores (None for a run that gave none: JSON has no NaN), and the mean's ``interval``."""
     done = [s for s in seeds if s in by_seed]
     values = [by_seed[s] for s in done]
     return {**summarise(values), "seeds": done, "values": [None if math.isnan(v) else v for v in values],
-            "interval": mean_interval(values).to_json()}
+            "interval": interval.to_json()}
 
 
 def _difference(row: dict[int, float], baseline: dict[int, float], seeds: Sequence[int]) -> tuple[dict[str, Any],
@@ -169,8 +169,9 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
         grid.setdefault((c.variant, c.task), []).append(c)
     scores = {(v.name, t.name): {c.seed: c.value for c in grid.get((v.name, t.name), [])}
               for v in study.variants for t in study.tasks}  # seed -> score
-    table = {v.name: {t.name: _cell(scores[v.name, t.name], study.seeds) for t in study.tasks} for v in study.variants}
     intervals = {key: mean_interval(list(by_seed.values())) for key, by_seed in scores.items()}
+    table = {v.name: {t.name: _cell(scores[v.name, t.name], study.seeds, intervals[v.name, t.name])
+                      for t in study.tasks} for v in study.variants}
     baseline = study.variants[0].name
     paired = _paired(study, scores)
     differences: dict[str, dict[str, dict[str, Any]]] = {}
