@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.console import errors_only
-from bertforge.io import atomic_path, atomic_write_text
+from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
 __all__ = ["Recipe", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
@@ -137,11 +137,9 @@ class CurveTask:
 
     def write(self, path: Path, examples: Sequence[tuple[Any, Any]]) -> Path:
         """``examples`` as the family's file format: JSON Lines ``{"text", "label"}`` or CoNLL columns."""
-        if self.family == "tagging":
-            text = "".join("".join(f"{w} {t}\n" for w, t in zip(words, tags)) + "\n" for words, tags in examples)
-        else:
-            text = "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in examples)
-        atomic_write_text(path, text)
+        from bertforge.experiments.datasets import write_conll, write_jsonl
+
+        (write_conll if self.family == "tagging" else write_jsonl)(path, examples)
         return path
 
     def settings(self) -> dict[str, str]:
@@ -436,12 +434,13 @@ class _Runner:
                    * len(s.seeds(self.seeds(size))) for s in spec.starts) / max(1, self.workers)
 
     def run(self, items: Sequence[tuple[int, int]]) -> None:
-        """The cells of (spec, size) ``items``, in one pool; each curve filled in as its size ends."""
+        """The cells of (spec, size) ``items``, in one pool; each curve filled in as its size ends. The
+        bag-of-words baselines are fitted first, in this process, so that they do not take a core from the
+        pool's workers."""
         started = time.perf_counter()
         cells: list[Cell] = []
         owner: list[int] = []  # the item of each cell
         files: dict[int, dict[int, Path]] = {}
-        subsets: dict[int, dict[int, list[Any]]] = {}
         for j, (k, size) in enumerate(items):
             spec, curve = self.specs[k], self.curves[k]
             size_seeds = self.seeds(size)
@@ -451,10 +450,12 @@ class _Runner:
                 if start.min_steps is not None or start.epochs is not None:
                     curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, self.recipe, start)
             curve.seeds[size] = list(size_seeds)
-            subsets[j] = {seed: [spec.task.train[i] for i in subset(len(spec.task.train), size, seed)]
-                          for seed in size_seeds}
+            subsets = {seed: [spec.task.train[i] for i in subset(len(spec.task.train), size, seed)]
+                       for seed in size_seeds}
             files[j] = {seed: spec.task.write(spec.out / f"train-{size}-seed{seed}{spec.task.suffix}", examples)
-                        for seed, examples in subsets[j].items()}
+                        for seed, examples in subsets.items()}
+            if spec.bag_of_words:
+                self._bag_of_words(k, size, subsets)
             new = _cells_at(spec, size, size_seeds, files[j], self.heldout[k], self.recipe)
             cells += new
             owner += [j] * len(new)
@@ -466,16 +467,27 @@ class _Runner:
             got[j].append((i, result))
             left[j] -= 1
             if not left[j]:
-                self._fill(*items[j], [r for _, r in sorted(got[j], key=lambda ir: ir[0])], subsets[j], files[j])
+                self._fill(*items[j], [r for _, r in sorted(got[j], key=lambda ir: ir[0])], files[j])
 
         run_cells(cells, self.workers, done)
         for j, item in enumerate(items):
             if not left[j] and not got[j]:  # a size without cells (no start): only its baseline
-                self._fill(*item, [], subsets[j], files[j])
+                self._fill(*item, [], files[j])
         logger.debug(f"    {len(cells)} fine-tunings in {time.perf_counter() - started:.0f} s")
 
-    def _fill(self, k: int, size: int, results: list[dict[str, Any]], subsets: Mapping[int, list[Any]],
-              files: Mapping[int, Path]) -> None:
+    def _bag_of_words(self, k: int, size: int, subsets: Mapping[int, list[Any]]) -> None:
+        """The bag-of-words baseline of spec ``k`` at ``size``, one fit per seed's subset."""
+        from bertforge.demo.baselines import bow_logistic_regression
+
+        task, curve = self.specs[k].task, self.curves[k]
+        t0 = time.perf_counter()
+        texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
+        curve.accuracy[BAG_OF_WORDS][size] = [
+            bow_logistic_regression([t for t, _ in subsets[s]], [y for _, y in subsets[s]], texts, labels,
+                                    seed=s)["accuracy"] for s in curve.seeds[size]]
+        curve.seconds[BAG_OF_WORDS] += time.perf_counter() - t0
+
+    def _fill(self, k: int, size: int, results: list[dict[str, Any]], files: Mapping[int, Path]) -> None:
         spec, curve = self.specs[k], self.curves[k]
         task = spec.task
         for start in spec.starts:
@@ -486,15 +498,6 @@ class _Runner:
             curve.seconds[start.name] += seconds
             self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.recipe, start))
         curve.size_seconds[size] = sum(r["seconds"] for r in results)
-        if spec.bag_of_words:
-            from bertforge.demo.baselines import bow_logistic_regression
-
-            t0 = time.perf_counter()
-            texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
-            curve.accuracy[BAG_OF_WORDS][size] = [
-                bow_logistic_regression([t for t, _ in subsets[s]], [y for _, y in subsets[s]], texts, labels,
-                                        seed=s)["accuracy"] for s in curve.seeds[size]]
-            curve.seconds[BAG_OF_WORDS] += time.perf_counter() - t0
         for file in files.values():
             file.unlink()
         logger.info(f"    {task.name}, {size:,} {task.unit} ({curve.steps[size]} steps, {len(curve.seeds[size])} "

@@ -36,7 +36,8 @@ import numpy as np
 from bertforge import resources
 from bertforge.io import atomic_path
 
-__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "brown_split"]
+__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "brown_split", "write_jsonl",
+           "write_conll"]
 
 logger = logging.getLogger("bertforge")
 
@@ -66,12 +67,15 @@ def task_files(source: str, folder: Path, *, seed: int = 0, dev_share: float = 0
         logger.info("%s: using the files already written (%s, %s)", source, train_file.name, dev_file.name)
     elif source == "brown-pos":
         train, dev = brown_split(seed, dev_share)
-        _write_conll(train_file, _first(train, seed, max_train))
-        _write_conll(dev_file, _first(dev, seed, max_dev))
+        for path, sentences in ((train_file, _first(train, seed, max_train)), (dev_file, _first(dev, seed, max_dev))):
+            write_conll(path, sentences)
+            logger.info("wrote %s (%d sentences)", path, len(sentences))
     else:
         (train_x, train_y), (dev_x, dev_y) = _labelled_split(source, seed, dev_share)
-        _write_jsonl(train_file, _first(list(zip(train_x, train_y)), seed, max_train))
-        _write_jsonl(dev_file, _first(list(zip(dev_x, dev_y)), seed, max_dev))
+        for path, examples in ((train_file, _first(list(zip(train_x, train_y)), seed, max_train)),
+                               (dev_file, _first(list(zip(dev_x, dev_y)), seed, max_dev))):
+            write_jsonl(path, examples)
+            logger.info("wrote %s (%d examples)", path, len(examples))
     files = {"train_file": str(train_file), "dev_file": str(dev_file)}
     if source == "brown-pos":
         return {"task": "tagging", **files}
@@ -113,18 +117,20 @@ def _first(items: Sequence[Any], seed: int, n: int) -> list[Any]:
     return [items[i] for i in order[:n or len(items)]]
 
 
-def _write_jsonl(path: Path, examples: Sequence[tuple[str, Any]]) -> None:
+def write_jsonl(path: Path, examples: Sequence[tuple[str, Any]]) -> None:
+    """``(text, label)`` examples as JSON Lines ``{"text", "label"}`` (atomically), as classification and
+    regression fine-tuning read them with ``text_column text``, ``label_column label``."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for text, label in examples:
             f.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
-    logger.info("wrote %s (%d examples)", path, len(examples))
 
 
-def _write_conll(path: Path, sentences: Sequence[Sentence]) -> None:
+def write_conll(path: Path, sentences: Sequence[Sentence]) -> None:
+    """``(words, tags)`` sentences as CoNLL columns, a blank line after each (atomically), as tagging reads
+    them."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for words, tags in sentences:
             f.write("".join(f"{word} {tag}\n" for word, tag in zip(words, tags)) + "\n")
-    logger.info("wrote %s (%d sentences)", path, len(sentences))
 
 
 # ---------------------------------------------------------------------------- pre-training
