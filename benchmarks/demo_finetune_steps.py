@@ -49,7 +49,7 @@ def main() -> None:
     import torch
 
     from bertforge import resources
-    from bertforge.demo.curve import CurveTask, Recipe, Start, run_curve
+    from bertforge.demo.curve import CurveTask, FinetuneSettings, Start, run_curve
     from bertforge.demo.run import DemoConfig, _random_init
     from bertforge.experiments.datasets import brown_split
     from bertforge.stats import mean_interval, paired_difference
@@ -83,7 +83,7 @@ def main() -> None:
     for task in tasks:
         for epochs, min_steps in lengths:
             key = f"{epochs:g} epochs, at least {min_steps:g} steps"
-            recipe = Recipe(epochs=epochs, min_steps=int(min_steps), batch_size=demo.finetune_batch_size,
+            recipe = FinetuneSettings(epochs=epochs, min_steps=int(min_steps), batch_size=demo.finetune_batch_size,
                             max_seq_length=demo.finetune_max_seq_length, dropout=demo.finetune_dropout,
                             precision=precision, range_top=demo.range_top, range_steps=demo.range_steps)
             t0 = time.perf_counter()

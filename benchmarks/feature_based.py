@@ -100,7 +100,7 @@ def main() -> None:
                   max_seq_length=args.max_seq_length, keep_best=False, progress=False, overwrite=True,
                   checkpoint_every=10**9)
 
-    steps = len(recipe.prepare_data(FinetuneConfig(**common, out=str(out / "probe"))).train.features) // args.batch_size
+    steps = len(recipe.prepare_data(FinetuneConfig(**common, out=str(out / "probe"))).train.encoded) // args.batch_size
     finetune(FinetuneConfig(**common, out=str(out / "finetune"), epochs=args.finetune_epochs, log_every=steps))
     tuned_epochs = epoch_times(out / "finetune")
     tuned = mean(tuned_epochs[1:] or tuned_epochs)

@@ -327,7 +327,7 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
                  args: argparse.Namespace, steps: int, warmup: int = 3, profile: int = 0) -> dict[str, Any]:
     """Per-step time of both stacks on the same batches, interleaved step by step (load hits both alike).
 
-    bertforge: `Trainer.train_step` with `ClassificationObjective` on `FeatureBatches`, the step ``finetune``
+    bertforge: `Trainer.train_step` with `ClassificationObjective` on `EncodedBatches`, the step ``finetune``
     runs; transformers: `HFLoop.step`. Batches come from bertforge's loader (seeded shuffle of the
     training split) and feed both stacks; the first ``warmup`` steps are not timed."""
     from transformers import BertForSequenceClassification
@@ -335,21 +335,21 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
     from bertforge.tasks.finetune import FinetuneConfig
     from bertforge.model.heads import BertForSequenceClassification as OurModel
     from bertforge.tasks.classification import ClassificationObjective, Example, encode_examples
-    from bertforge.tasks.encoding import FeatureBatches
+    from bertforge.tasks.encoding import EncodedBatches
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.distributed import Distributed
     from bertforge.train.loop import Trainer
-    from bertforge.train.recipe import ready_model
+    from bertforge.train.run import ready_model
 
     tok = BertTokenizer.from_pretrained(str(model_dir))
     examples = [Example(t, None, str(int(y)), i + 2) for i, (t, y) in enumerate(zip(*train))]
-    features = encode_examples(examples, tok, args.max_length).with_labels(train[1])
+    encoded = encode_examples(examples, tok, args.max_length).with_labels(train[1])
     batches: list[dict[str, torch.Tensor]] = []
-    for b in FeatureBatches(features, args.batch_size, seed=args.seed):
+    for b in EncodedBatches(encoded, args.batch_size, seed=args.seed):
         batches.append(b)
         if len(batches) == max(steps, profile) + warmup:
             break
-    total = max(1, math.ceil(args.epochs * (len(features) // args.batch_size)))
+    total = max(1, math.ceil(args.epochs * (len(encoded) // args.batch_size)))
     torch.manual_seed(args.seed)
     ours = OurModel.from_pretrained(str(model_dir), num_labels=2)
     cfg = FinetuneConfig(task="classification", model=str(model_dir), max_steps=total, lr=args.lr,

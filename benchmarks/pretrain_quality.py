@@ -76,7 +76,7 @@ from bertforge.data.prepare import PrepareConfig, load_manifest, prepare, specia
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
 from bertforge.train.distributed import Distributed  # noqa: E402
 from bertforge.train.loop import Trainer  # noqa: E402
-from bertforge.train.recipe import ready_model  # noqa: E402
+from bertforge.train.run import ready_model  # noqa: E402
 from bertforge.train.precision import native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
 
@@ -208,7 +208,7 @@ class HFRun(Run):
 
     def __init__(self, name: str, cfg: PretrainConfig, model: Any, data: Path, precision: str):
         super().__init__(name, "transformers", cfg.budget_minutes * 60, settings=_settings(cfg), precision=precision)
-        from bertforge.train.loop import BUDGET_WARMUP_SHARE
+        from bertforge.train.config import BUDGET_WARMUP_SHARE
         from bertforge.train.optim import lr_factor
 
         if cfg.weight_decay != WEIGHT_DECAY:

@@ -93,8 +93,9 @@ import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge 
 import transformers  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
 from bertforge.train.distributed import Distributed  # noqa: E402
-from bertforge.train.loop import TrainConfig, Trainer  # noqa: E402
-from bertforge.train.recipe import ready_model  # noqa: E402
+from bertforge.train.config import TrainConfig  # noqa: E402
+from bertforge.train.loop import Trainer  # noqa: E402
+from bertforge.train.run import ready_model  # noqa: E402
 from bertforge.train.pretrain import PretrainingObjective  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")

@@ -103,7 +103,7 @@ minutes). transformers' Trainer needs ``accelerate``: install the ``bench`` extr
 
 Without ``--only`` a process runs the grid (unless ``--grid-json`` gives it) and then all three arms,
 one after the other (the transformers arms first: bertforge's trainer tunes the process's allocator,
-`bertforge.train.loop.keep_freed_memory`, which would speed up transformers' steps after it too).
+`bertforge.fast.allocator.keep_freed_memory`, which would speed up transformers' steps after it too).
 
 Writes a table (each arm's minutes to 0.10 / 0.20 / 0.30 and best accuracy with the seeds' ranges,
 and the ratios of transformers' minutes to bertforge's), the JSON (``--json``) and the curves
@@ -144,7 +144,7 @@ from bertforge.train.loop import Trainer  # noqa: E402
 from bertforge.train.optim import lr_factor  # noqa: E402
 from bertforge.train.precision import cpu_name, native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
-from bertforge.train.recipe import ready_model  # noqa: E402
+from bertforge.train.run import ready_model  # noqa: E402
 
 OURS, TRAINER, SAME = "bertforge (recipe)", "transformers Trainer (best of grid)", "transformers (same recipe)"
 ARMS = (OURS, TRAINER, SAME)
@@ -346,7 +346,7 @@ def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Pat
                                      seed=seed, progress=False, device="cpu", precision=args.precision, out=out)
     manifest = load_manifest(data)["config"]
     objective = cfg.resolve_objective(bool(manifest["nsp"]))
-    torch.manual_seed(cfg.seed)  # as the recipe builds it (`bertforge.train.recipe.Recipe.run`)
+    torch.manual_seed(cfg.seed)  # as the recipe builds it (`bertforge.train.run.TrainingRun.run`)
     model = build_pretraining_model(cfg, tok.vocab_size, bool(manifest["nsp"]), int(manifest["max_seq_length"]),
                                     objective)
     loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed, special=special_ids(tok),

@@ -232,7 +232,7 @@ def test_report_only_reads_the_finished_cells(toy, tmp_path):
     ({"pretraining": {"pretrain": {"model": {"hidden_size": 30, "num_attention_heads": 4}}}},
      r"pretraining.pretrain.model: .*hidden_size"),
     ({"pretraining": {"pretrain": {"out": "x"}}}, r"pretraining.pretrain.out: set by the runner, not the study"),
-    ({"pretraining": {"pretrain": {"recipe": "fast"}}}, r"pretraining.pretrain.recipe: expected one of paper, budget"),
+    ({"pretraining": {"pretrain": {"recipe": "fast"}}}, r"pretraining.pretrain.recipe: expected one of 'paper', 'budget'"),
     ({"variants": [{"name": "A", "pretrain": {"recipe": "fast"}}]}, r"variants\[0\] \(A\)\.pretrain.recipe: expected"),
 ])
 def test_bad_study_files_name_the_file_and_field(tmp_path, change, message):

@@ -13,7 +13,7 @@ from pretrain_fixtures import no_plots, nsp_data, one_thread, root, tok  # noqa:
 
 from bertforge import cli
 from bertforge.train import loop
-from bertforge.train.loop import TrainConfig
+from bertforge.train.config import BUDGET_WARMUP_SHARE, TrainConfig
 from bertforge.train.rundir import STOP_MARKER, latest_checkpoint
 from bertforge.train.optim import lr_factor
 from bertforge.train.pretrain import RECIPES, PretrainConfig, pretrain
@@ -85,7 +85,7 @@ def test_budget_settings_are_checked():
         PretrainConfig(recipe="fast")
     with pytest.raises(ValueError, match="unknown recipe 'fast'"):
         PretrainConfig.from_recipe("fast")
-    assert TrainConfig(budget_minutes=5).budget_warmup_share == loop.BUDGET_WARMUP_SHARE
+    assert TrainConfig(budget_minutes=5).budget_warmup_share == BUDGET_WARMUP_SHARE
     assert TrainConfig(budget_minutes=5, warmup_ratio=0.3).budget_warmup_share == 0.3
 
 

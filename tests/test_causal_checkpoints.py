@@ -222,3 +222,12 @@ def test_a_multiple_choice_request_counts_its_context_once_per_choice(root):
     assert got.status_code == 413 and "31 tokens" in got.json()["error"]
     embedded = TestClient(create_app(p, max_request_tokens=9)).post("/embed", json={"inputs": ["a ||| b"]})
     assert embedded.status_code == 200  # embeddings run [CLS] a [SEP] b [SEP]: 5 tokens
+
+
+def test_serve_refuses_to_start_with_a_default_pooling_the_model_cannot_take(ltr_classifier):
+    """Every request without its own pooling would be refused: the service is refused instead, at start."""
+    p = Predictor.from_pretrained(ltr_classifier, device="cpu")
+    with pytest.raises(InputError, match=r"left-to-right .*use pooling mean"):
+        create_app(p, pooling="cls")
+    health = TestClient(create_app(p)).get("/health").json()
+    assert (health["precision"], health["dtype"]) == ("fp32", "float32")

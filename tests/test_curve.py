@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from bertforge.demo import curve as curve_module
-from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveSpec, CurveTask, Recipe, Start, choose_lr, \
+from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, choose_lr, \
     estimate_seconds, finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, run_cells, \
     run_curve, run_curves, subset
 from bertforge.stats import paired_difference
 from bertforge.tasks.tagging import read_sentences
 from bertforge.train.optim import lr_factor
 
-RECIPE = Recipe(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="fp32",
+FINETUNING = FinetuneSettings(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="fp32",
                 range_top=0.1, range_steps=20, lr_divisor=10.0)
 FAR = 10**9  # a deadline no test reaches: the cuts below come from a deadline already passed
 
@@ -36,15 +36,15 @@ def test_one_seeds_subsets_are_nested_and_seeds_differ():
 
 
 def test_fine_tuning_runs_its_epochs_but_at_least_the_floor_and_a_cell_adds_the_range_test():
-    assert finetune_steps(100, RECIPE) == 100  # 3 passes over 100 are 10 steps
-    assert finetune_steps(3000, RECIPE) == 282
-    assert finetune_steps(9511, RECIPE) == 892
-    assert planned_steps(100, RECIPE) == 120 and planned_steps(9511, RECIPE) == 912
+    assert finetune_steps(100, FINETUNING) == 100  # 3 passes over 100 are 10 steps
+    assert finetune_steps(3000, FINETUNING) == 282
+    assert finetune_steps(9511, FINETUNING) == 892
+    assert planned_steps(100, FINETUNING) == 120 and planned_steps(9511, FINETUNING) == 912
     # a start with epochs and a floor of its own: 1 pass over 9,511 in batches of 32 is 298 steps
     published = Start("published", Path, epochs=1.0, min_steps=50)
-    assert finetune_steps(100, RECIPE, published) == 50 and finetune_steps(9511, RECIPE, published) == 298
-    assert planned_steps(9511, RECIPE, published) == 318
-    assert finetune_steps(9511, RECIPE, Start("own", Path)) == 892  # none of its own: the recipe's
+    assert finetune_steps(100, FINETUNING, published) == 50 and finetune_steps(9511, FINETUNING, published) == 298
+    assert planned_steps(9511, FINETUNING, published) == 318
+    assert finetune_steps(9511, FINETUNING, Start("own", Path)) == 892  # none of its own: the settings'
 
 
 def test_sizes_parse_with_all_and_cap_at_the_training_set():
@@ -145,7 +145,7 @@ class FakeFinetune:
 
     def __init__(self, losses=None, score=None):
         self.losses = losses or (lambda cell: [4.0 - 0.2 * i for i in range(10)]
-                                 + [40.0] * (cell.recipe.range_steps - 10))
+                                 + [40.0] * (cell.finetuning.range_steps - 10))
         self.score = score or (lambda cell, lr: 0.6)
         self.calls: list[dict] = []
 
@@ -170,11 +170,11 @@ class FakeFinetune:
         return [c for c in self.calls if c["settings"].get("schedule") != "range"]
 
 
-def _cell(tmp_path: Path, recipe: Recipe = RECIPE) -> Cell:
+def _cell(tmp_path: Path, finetuning: FinetuneSettings = FINETUNING) -> Cell:
     task = CurveTask("toy", "classification", [], [])
     train = task.write(tmp_path / "train.jsonl", [(f"train {i}", i % 2) for i in range(40)])
     heldout = task.write(tmp_path / "heldout.jsonl", [(f"heldout {i}", i % 2) for i in range(10)])
-    return Cell("own", 40, 3, str(tmp_path / "model"), str(train), str(heldout), 100, task.settings(), recipe,
+    return Cell("own", 40, 3, str(tmp_path / "model"), str(train), str(heldout), 100, task.settings(), finetuning,
                 str(tmp_path / "run-0"))
 
 
@@ -201,11 +201,11 @@ def test_a_cell_fine_tunes_at_the_rate_its_range_test_picks_and_scores_the_held_
     assert not Path(cell.out).exists()  # the run folder goes once it is scored
 
 
-def test_the_divisor_is_the_recipe_s(tmp_path, monkeypatch):
+def test_the_divisor_is_the_settings_own(tmp_path, monkeypatch):
     fake = FakeFinetune()
     monkeypatch.setattr(curve_module, "_finetune", fake)
     a = run_cell(_cell(tmp_path / "a"))
-    b = run_cell(_cell(tmp_path / "b", replace(RECIPE, lr_divisor=2.5)))
+    b = run_cell(_cell(tmp_path / "b", replace(FINETUNING, lr_divisor=2.5)))
     assert a["diverged_at"] == b["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
 
 
@@ -234,7 +234,7 @@ def test_curves_run_their_required_cells_in_one_pool_then_the_optional_sizes(tmp
     starts = [replace(s, step_seconds=t) for s, t in zip(_starts(tmp_path, 1), (0.1, 0.1, 2.0))]
     specs = [CurveSpec(starts, _task(400, 20), [20, 60, 400], tmp_path / "a", bag_of_words=True),
              CurveSpec(starts[1:2], _task(400, 20, "tagging"), [20], tmp_path / "b")]
-    a, b = run_curves(specs, lambda n: [0, 1], RECIPE, FAR, required_up_to=60)
+    a, b = run_curves(specs, lambda n: [0, 1], FINETUNING, FAR, required_up_to=60)
     assert pools == [[("a", 20), ("a", 60), ("b", 20)], [("a", 400)]]  # one pool for the required, then 400
     assert a.sizes == [20, 60, 400] and b.sizes == [20] and a.required == [20, 60] and b.required == [20]
     assert set(a.accuracy) == {"random", "own", "published", BAG_OF_WORDS} and set(b.accuracy) == {"own"}
@@ -265,7 +265,7 @@ def test_every_start_sees_the_same_subset_files_per_seed_and_every_cell_the_same
     fake = FakeFinetune()
     monkeypatch.setattr(curve_module, "_finetune", fake)
     task = _task(600, 50, family)
-    c = run_curve(_starts(tmp_path, 1), task, [100, 300, 600], lambda n: [0, 1, 2] if n <= 300 else [0], RECIPE,
+    c = run_curve(_starts(tmp_path, 1), task, [100, 300, 600], lambda n: [0, 1, 2] if n <= 300 else [0], FINETUNING,
                   tmp_path / "curve", FAR, workers=1)
     assert c.sizes == [100, 300, 600] and c.cut == [] and (c.pool, c.heldout) == (600, 50)
     runs = fake.runs()
@@ -276,7 +276,7 @@ def test_every_start_sees_the_same_subset_files_per_seed_and_every_cell_the_same
         files.setdefault((cell.size, cell.seed), set()).add(cell.train_file)
         seen[cell.start, cell.size, cell.seed] = set(call["train"])
         assert cell.folder == str(tmp_path / (f"random-seed{cell.seed}" if cell.start == "random" else cell.start))
-        assert cell.steps == call["steps"] == finetune_steps(cell.size, RECIPE) and cell.task == task.settings()
+        assert cell.steps == call["steps"] == finetune_steps(cell.size, FINETUNING) and cell.task_settings == task.settings()
         assert len(call["train"]) == cell.size
     assert all(len(paths) == 1 for paths in files.values())  # one file per size and seed, whatever the start
     for (start, size, seed), examples in seen.items():
@@ -305,7 +305,7 @@ def test_the_curve_records_each_cell_s_rate_and_accuracy_by_seed(tmp_path, monke
         + [80.0] * (20 - minimum[cell.start]),
         score=lambda cell, lr: 0.5 + cell.seed / 100 + (cell.start == "own") / 10)
     monkeypatch.setattr(curve_module, "_finetune", fake)
-    c = run_curve(_starts(tmp_path, 2), _task(500, 20), [100, 300], lambda n: [0, 1, 2], RECIPE, tmp_path / "curve",
+    c = run_curve(_starts(tmp_path, 2), _task(500, 20), [100, 300], lambda n: [0, 1, 2], FINETUNING, tmp_path / "curve",
                   FAR, bag_of_words=False)
     for start, at in minimum.items():
         rate = 0.1 * lr_factor(at, total_steps=20, warmup_steps=0, schedule="range") / 10
@@ -323,19 +323,19 @@ def test_required_sizes_always_run_and_larger_ones_only_if_they_fit(tmp_path, mo
     monkeypatch.setattr(curve_module, "_finetune", fake)
     starts = _starts(tmp_path, 1)
     past = time.perf_counter() - 1  # a deadline already gone
-    c = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0, 1], RECIPE, tmp_path / "curve", past,
+    c = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0, 1], FINETUNING, tmp_path / "curve", past,
                   required_up_to=60, bag_of_words=True)
     assert c.sizes == [20, 60] and c.cut == [400] and c.required == [20, 60]
     assert {call["cell"].size for call in fake.calls} == {20, 60}
     assert set(c.accuracy) == {"random", "own", "published", BAG_OF_WORDS}
     assert [len(c.accuracy[BAG_OF_WORDS][n]) for n in c.sizes] == [2, 2]  # the same subsets, one per seed
     assert all(0 <= a <= 1 for n in c.sizes for a in c.accuracy[BAG_OF_WORDS][n])
-    none = run_curve(starts, _task(400, 50), [20, 60, 200], lambda n: [0], RECIPE, tmp_path / "curve2", past)
+    none = run_curve(starts, _task(400, 50), [20, 60, 200], lambda n: [0], FINETUNING, tmp_path / "curve2", past)
     assert none.sizes == [20] and none.cut == [60, 200] and none.required == [20]  # the smallest still runs
-    everything = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0], RECIPE, tmp_path / "curve3", FAR)
+    everything = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0], FINETUNING, tmp_path / "curve3", FAR)
     assert everything.sizes == [20, 60, 400] and everything.cut == []  # optional sizes run when they fit
     with pytest.raises(ValueError, match="more than the 400 training examples"):
-        run_curve(starts, _task(400, 50), [401], lambda n: [0], RECIPE, tmp_path / "curve4", FAR)
+        run_curve(starts, _task(400, 50), [401], lambda n: [0], FINETUNING, tmp_path / "curve4", FAR)
 
 
 # ---------------------------------------------------------------------------- paired differences
@@ -383,17 +383,17 @@ def test_the_estimate_counts_range_test_and_fine_tuning_steps_of_every_cell_and_
     m = curve_module
 
     def cell(size: int, step: float) -> float:
-        steps = RECIPE.range_steps + max(math.ceil(3 * size / 32), 100)  # 20 + 100 at 100 examples, 20 + 282 at 3,000
+        steps = FINETUNING.range_steps + max(math.ceil(3 * size / 32), 100)  # 20 + 100 at 100 examples, 20 + 282 at 3,000
         return steps * step + 1000 * m.EVAL_COST * step / 32 + 2 * m.RUN_SECONDS
 
     expected = m.CURVE_MARGIN * sum(3 * cell(n, 0.1) + 1 * cell(n, 0.3) for n in (100, 3000))
-    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000) == pytest.approx(expected)
-    assert estimate_seconds(starts, [100, 3000], seeds, RECIPE, 1000, speedup=1.6) == \
+    assert estimate_seconds(starts, [100, 3000], seeds, FINETUNING, 1000) == pytest.approx(expected)
+    assert estimate_seconds(starts, [100, 3000], seeds, FINETUNING, 1000, speedup=1.6) == \
            pytest.approx(expected / 1.6)
     free = [Start("random", Path), Start("own", Path)]  # no step timed: each cell costs its two runs' overhead
-    assert estimate_seconds(free, [100], seeds, RECIPE, 1000) == pytest.approx(m.CURVE_MARGIN * 6 * 2 * m.RUN_SECONDS)
-    longer = replace(RECIPE, range_steps=120)  # a longer range test costs its steps
-    assert estimate_seconds(starts, [100], seeds, longer, 0) - estimate_seconds(starts, [100], seeds, RECIPE, 0) == \
+    assert estimate_seconds(free, [100], seeds, FINETUNING, 1000) == pytest.approx(m.CURVE_MARGIN * 6 * 2 * m.RUN_SECONDS)
+    longer = replace(FINETUNING, range_steps=120)  # a longer range test costs its steps
+    assert estimate_seconds(starts, [100], seeds, longer, 0) - estimate_seconds(starts, [100], seeds, FINETUNING, 0) == \
            pytest.approx(m.CURVE_MARGIN * 100 * (3 * 0.1 + 0.3))
 
 

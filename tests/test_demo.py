@@ -14,7 +14,7 @@ import torch
 
 from bertforge import cli
 from bertforge.console import show_logs
-from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, CurveTask, Recipe, Start
+from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
     _figure_points, _random_init, _Run, _Step, plan_time, run_demo, time_finetuning_step, time_pretraining_step
 from bertforge.stats import paired_difference
@@ -49,7 +49,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert isinstance(report["cpu"], str) and report["cpu"] and report["cores"] >= 1
     assert "curve" not in report and {"dev_examples", "finetune_lrs"}.isdisjoint(report["config"])
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
-    divisor = Recipe.__dataclass_fields__["lr_divisor"].default
+    divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
     rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / divisor for k in range(8)]  # what an 8-step range test can pick
     for task, heldout, lines in (("movie reviews", 300, {*starts, "bag of words"}), ("pos", 50, set(starts))):
         curve = report[task]
@@ -136,7 +136,7 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
                     published_seeds=1, curve_required_up_to=1000, figure_size=100, figure_shares="0.125,0.25,0.5",
                     figure_seeds=3, published_epochs=3.0, published_min_steps=100)
     cfg = DemoConfig(workers=2, **settings)
-    recipe = Recipe(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="bf16",
+    finetuning = FinetuneSettings(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="bf16",
                     range_steps=50)
     def starts(seconds: float, published: float) -> list[Start]:
         return [Start("random initialisation", Path, step_seconds=seconds),
@@ -150,13 +150,13 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
                 "pos": (starts(tagging * seconds, tagging * published), 1000, 40000)}
 
     def plan(seconds: float, published: float):
-        return plan_time(cfg, [100, 300, 1000, 3000, 9011], recipe, tasks(seconds, published))
+        return plan_time(cfg, [100, 300, 1000, 3000, 9011], finetuning, tasks(seconds, published))
 
     fast, here, slow = plan(0.002, 0.005), plan(0.08, 0.2), plan(0.1, 0.25)
     assert here.required_sizes == [100, 300, 1000]  # 3,000 and 9,011 are optional: not planned for
     assert here.finetune_step_seconds == {task: {"random initialisation": 0.08, "own pre-training": 0.08,
                                                  "all-MiniLM-L6-v2": 0.2} for task in ("movie reviews", "pos")}
-    dearer = plan_time(cfg, [100, 300, 1000], recipe, tasks(0.08, 0.2, tagging=1.6))
+    dearer = plan_time(cfg, [100, 300, 1000], finetuning, tasks(0.08, 0.2, tagging=1.6))
     assert dearer.finetune_step_seconds["pos"]["own pre-training"] == pytest.approx(0.128)
     assert here.curve_seconds < dearer.curve_seconds < 1.6 * here.curve_seconds  # a task's own steps count
     assert fast.curve_seconds < here.curve_seconds < slow.curve_seconds
@@ -170,15 +170,15 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
     nothing = plan(0.0, 0.0)
     cells = 2 * (3 * (5 + 5 + 1) + 3 * 3)
     assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * RUN_SECONDS * cells / 2)
-    one_task = plan_time(cfg, [100, 300, 1000], recipe, {"movie reviews": tasks(0.08, 0.2)["movie reviews"]})
+    one_task = plan_time(cfg, [100, 300, 1000], finetuning, {"movie reviews": tasks(0.08, 0.2)["movie reviews"]})
     assert 0.4 * here.curve_seconds < one_task.curve_seconds < 0.6 * here.curve_seconds
-    alone = plan_time(DemoConfig(workers=1, **settings), [100, 300, 1000], recipe, tasks(0.08, 0.2))
+    alone = plan_time(DemoConfig(workers=1, **settings), [100, 300, 1000], finetuning, tasks(0.08, 0.2))
     assert alone.curve_seconds == pytest.approx(2 * here.curve_seconds)  # one cell at a time: twice as long
     # the published checkpoint runs its own epochs (3 passes over 1,000 in batches of 32: 94 steps, so its floor of
-    # 100) where everyone else runs the recipe's; its steps cost it, not its neighbours
+    # 100) where everyone else runs the settings'; its steps cost it, not its neighbours
     longer = {name: ([dataclasses.replace(s, epochs=30.0) if s.name == "all-MiniLM-L6-v2" else s for s in starts_],
                      heldout, pool) for name, (starts_, heldout, pool) in tasks(0.08, 0.2).items()}
-    many = plan_time(cfg, [100, 300, 1000], recipe, longer)
+    many = plan_time(cfg, [100, 300, 1000], finetuning, longer)
     extra = (math.ceil(30 * 1000 / 32) - 100) * 0.2 + (math.ceil(30 * 300 / 32) - 100) * 0.2
     assert many.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * extra / 2)
 
@@ -241,9 +241,9 @@ def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
     texts = ["the cat sat on the mat", "a dog", "the the the cat"] * 4
     times = {}
     for precision in ("fp32", "bf16"):
-        recipe = Recipe(epochs=3, min_steps=4, batch_size=4, max_seq_length=16, dropout=0.1, precision=precision)
-        times[precision] = time_finetuning_step(folder, texts, recipe, torch.device("cpu"), batches=2)
-    times["tagger"] = time_finetuning_step(folder, texts, recipe, torch.device("cpu"), batches=2, tags=7)
+        finetuning = FinetuneSettings(epochs=3, min_steps=4, batch_size=4, max_seq_length=16, dropout=0.1, precision=precision)
+        times[precision] = time_finetuning_step(folder, texts, finetuning, torch.device("cpu"), batches=2)
+    times["tagger"] = time_finetuning_step(folder, texts, finetuning, torch.device("cpu"), batches=2, tags=7)
     assert all(0 < t < 10 for t in times.values())
 
 

@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 from bertforge import cli
 from bertforge.train import loop as trainer
+from bertforge.train.config import TrainConfig
 from bertforge.train.rundir import STOP_MARKER
 from bertforge.tasks import TaskSettings
 from bertforge.tasks.finetune import (FinetuneConfig, evaluate, finetune, finetune_grid, load_finetuned, parse_grid,
@@ -50,7 +51,7 @@ from bertforge.tasks.classification import (
     read_examples,
     targets,
 )
-from bertforge.tasks.encoding import FeatureBatches, Windows
+from bertforge.tasks.encoding import EncodedBatches, Windows
 from bertforge.text.tokenizer import BertTokenizer
 
 
@@ -261,23 +262,23 @@ def test_batches_are_seeded_per_epoch_split_by_rank_and_resume_exactly(base):
     tok = BertTokenizer.from_pretrained(base)
     f = encode_examples([Example(" ".join(FILLER[:i % 7 + 1]), None, None, i) for i in range(20)], tok, 32)
     f.with_labels(np.arange(20))
-    one = FeatureBatches(f, 4, seed=1)
+    one = EncodedBatches(f, 4, seed=1)
     epochs = [[b["labels"].tolist() for b in one] for _ in range(2)]
     assert sorted(sum(epochs[0], [])) == list(range(20)) and epochs[0] != epochs[1]
-    ranks = [FeatureBatches(f, 2, seed=1, rank=r, world_size=2) for r in (0, 1)]
+    ranks = [EncodedBatches(f, 2, seed=1, rank=r, world_size=2) for r in (0, 1)]
     assert [a["labels"].tolist() + b["labels"].tolist() for a, b in zip(*ranks)] == epochs[0]
-    again = FeatureBatches(f, 4, seed=1)
+    again = EncodedBatches(f, 4, seed=1)
     it = iter(again)
     next(it), next(it)
     state = again.state_dict()
-    resumed = FeatureBatches(f, 4, seed=1)
+    resumed = EncodedBatches(f, 4, seed=1)
     resumed.load_state_dict(state)
     assert [b["labels"].tolist() for b in resumed] == epochs[0][2:]
-    first = next(iter(FeatureBatches(f, 4, seed=1)))
+    first = next(iter(EncodedBatches(f, 4, seed=1)))
     assert first["input_ids"].shape[1] == max(len(f.input_ids[i]) for i in epochs[0][0])  # padded to the longest
 
 
-def _take(source: FeatureBatches, n: int) -> list[dict[str, torch.Tensor]]:
+def _take(source: EncodedBatches, n: int) -> list[dict[str, torch.Tensor]]:
     """The next ``n`` batches, into the following epochs as the training loop goes on (a new iter())."""
     out, it = [], iter(source)
     while len(out) < n:
@@ -295,7 +296,7 @@ def test_batches_follow_the_seeded_permutation_of_each_epoch():
     f = Windows([np.arange(2 + i % 5) for i in range(n)], np.ones(n, dtype=np.int64), np.arange(n), n)
     f.with_labels(np.arange(n))
     for seed, batch, world in ((0, 4, 1), (7, 2, 2), (12345, 3, 1)):
-        ranks = [FeatureBatches(f, batch, seed=seed, rank=r, world_size=world) for r in range(world)]
+        ranks = [EncodedBatches(f, batch, seed=seed, rank=r, world_size=world) for r in range(world)]
         steps = n // (batch * world)  # the last incomplete global batch is dropped
         assert all(len(b) == steps for b in ranks)
         for epoch in range(3):
@@ -311,19 +312,19 @@ def test_resuming_anywhere_gives_the_uninterrupted_batches(stop):
     n = 23  # 5 batches of 4 per epoch, 3 items dropped
     f = Windows([np.arange(2 + i % 7) for i in range(n)], np.full(n, 2, dtype=np.int64), np.arange(n), n)
     f.with_labels(np.arange(n))
-    uninterrupted = _take(FeatureBatches(f, 4, seed=5), 15)
-    first = FeatureBatches(f, 4, seed=5)
+    uninterrupted = _take(EncodedBatches(f, 4, seed=5), 15)
+    first = EncodedBatches(f, 4, seed=5)
     seen = _take(first, stop)
     state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
     assert state == {"epoch": stop // 5, "position": 4 * (stop % 5), "seed": 5, "global_batch": 4}
-    resumed = FeatureBatches(f, 4, seed=5)
+    resumed = EncodedBatches(f, 4, seed=5)
     resumed.load_state_dict(state)
     together = seen + _take(resumed, 15 - stop)
     assert all(torch.equal(a[k], b[k]) for a, b in zip(together, uninterrupted) for k in a)
     with pytest.raises(ValueError, match="seed 5"):
-        FeatureBatches(f, 4, seed=6).load_state_dict(state)
+        EncodedBatches(f, 4, seed=6).load_state_dict(state)
     with pytest.raises(ValueError, match="fewer than one global batch"):
-        next(iter(FeatureBatches(f, 8, world_size=3, name="tiny.csv")))
+        next(iter(EncodedBatches(f, 8, world_size=3, name="tiny.csv")))
 
 
 def test_families_read_task_settings_and_never_import_the_recipe():
@@ -333,7 +334,7 @@ def test_families_read_task_settings_and_never_import_the_recipe():
 
     import bertforge.tasks as tasks
 
-    assert issubclass(FinetuneConfig, TaskSettings) and issubclass(FinetuneConfig, trainer.TrainConfig)
+    assert issubclass(FinetuneConfig, TaskSettings) and issubclass(FinetuneConfig, TrainConfig)
     folder = Path(tasks.__file__).parent
     families = {"classification", "tagging", "squad", "multiple_choice"}
     for name in [*families, "base", "encoding"]:

@@ -20,7 +20,7 @@ from bertforge.fast import int8 as int8_module
 from bertforge.fast import speed_up, quantize_int8
 from bertforge.fast.int8 import full_range_int8, int8_linear, int8_weights, is_quantized, quantized_layers
 from bertforge.train import precision as prec
-from bertforge.train.loop import TrainConfig
+from bertforge.train.config import TrainConfig
 
 
 def _layers(*shapes: tuple[int, int]) -> list[nn.Linear]:
@@ -195,6 +195,11 @@ def test_predictor_and_features_run_int8_and_leave_other_precisions_alone(classi
     assert not any(is_quantized(m) for m in quantized_layers(encoder))  # int8 for that call only
     with pytest.raises(ValueError, match="int8 runs on CPU"):
         Predictor(fp32.model, fp32.tokenizer, "classification", device="meta", precision="int8")
+    from starlette.testclient import TestClient
+
+    from bertforge.serving.http import create_app
+
+    assert TestClient(create_app(int8)).get("/health").json()["precision"] == "int8"  # /health says so
 
 
 def test_evaluate_and_the_command_line_take_int8(classifier, tmp_path, capsys):
@@ -210,5 +215,7 @@ def test_evaluate_and_the_command_line_take_int8(classifier, tmp_path, capsys):
     assert cli.main(["predict", str(classifier), TEXTS[0], "--precision", "int8", "--format", "jsonl"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["label"] in ("neg", "pos")
-    assert cli.main(["finetune", "--precision", "int8"]) != 0
-    assert "precision int8 is for inference" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # training's precisions are the flag's choices
+        cli.main(["finetune", "--precision", "int8"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "int8" in err and "bf16" in err

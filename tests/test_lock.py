@@ -29,7 +29,6 @@ from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForPreTraining
 from bertforge.tasks import finetune as finetune_module
 from bertforge.tasks.finetune import FinetuneConfig, finetune, finetune_grid
-from bertforge.train import lock as lock_module
 from bertforge.train import loop as trainer
 from bertforge.train import pretrain as pretrain_module
 from bertforge.train.lock import LOCK_FILE, FolderInUse, FolderLock, folder_user, run_lock
@@ -41,8 +40,6 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and for
 _HOLDER = """
 import os, sys, time
 from bertforge.train import lock
-if {no_fcntl}:
-    lock.fcntl = None
 held = lock.FolderLock(sys.argv[1]).acquire()
 child = 0
 if {fork}:
@@ -56,9 +53,9 @@ held.release()
 """
 
 
-def _hold(folder: Path, *, no_fcntl: bool = False, fork: bool = False) -> tuple[subprocess.Popen, int]:
+def _hold(folder: Path, *, fork: bool = False) -> tuple[subprocess.Popen, int]:
     """Another process holding ``folder``'s lock (until its stdin closes); and its forked child's pid (0: none)."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(no_fcntl=no_fcntl, fork=fork), str(folder)],
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(fork=fork), str(folder)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=subprocess_env())
     line = proc.stdout.readline()
@@ -72,13 +69,11 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _lock_elsewhere(folder: Path, *, no_fcntl: bool = False) -> tuple[int, str]:
+def _lock_elsewhere(folder: Path) -> tuple[int, str]:
     """Whether another process can take ``folder``'s lock: (0, "") if it can, (2, the message) if refused."""
     script = textwrap.dedent(f"""
         import sys
         from bertforge.train import lock
-        if {no_fcntl}:
-            lock.fcntl = None
         try:
             lock.FolderLock(sys.argv[1]).acquire().release()
         except lock.FolderInUse as e:
@@ -100,15 +95,12 @@ def _in_use_by(folder: Path, pid: int, before: str = "") -> str:
 # ------------------------------------------------------------------------------ the lock
 
 
-@pytest.mark.parametrize("no_fcntl", [False, True], ids=["flock", "exclusive-file"])
-def test_a_second_process_is_refused_until_the_holder_is_killed(tmp_path, monkeypatch, no_fcntl):
+def test_a_second_process_is_refused_until_the_holder_is_killed(tmp_path):
     """Refused with one line naming the folder, the holder's pid and start time, and the lock file as
-    it was; after a SIGKILL of the holder the next process takes the lock (with flock the kernel let
-    go of it; without, the recorded process is found dead), and letting go removes the file."""
-    if no_fcntl:
-        monkeypatch.setattr(lock_module, "fcntl", None)
+    it was; after a SIGKILL of the holder the next process takes the lock (the kernel let go of it), and
+    letting go removes the file."""
     folder = tmp_path / "run"
-    holder, _ = _hold(folder, no_fcntl=no_fcntl)
+    holder, _ = _hold(folder)
     try:
         before = (folder / LOCK_FILE).read_bytes()
         assert json.loads(before)["pid"] == holder.pid
@@ -125,9 +117,23 @@ def test_a_second_process_is_refused_until_the_holder_is_killed(tmp_path, monkey
     assert folder_user(folder) is None
     with FolderLock(folder) as taken:
         assert json.loads(taken.path.read_text())["pid"] == os.getpid()
-        assert _lock_elsewhere(folder, no_fcntl=no_fcntl)[0] == 2
+        assert _lock_elsewhere(folder)[0] == 2
     assert not (folder / LOCK_FILE).exists() and folder.is_dir()
-    assert _lock_elsewhere(folder, no_fcntl=no_fcntl) == (0, "")
+    assert _lock_elsewhere(folder) == (0, "")
+
+
+def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_its_target_kept(tmp_path):
+    """A run.lock planted as a link to another file is neither followed nor removed: the run is refused
+    with one line, the target's content and the link stay as they were."""
+    folder, target = tmp_path / "run", tmp_path / "precious.txt"
+    folder.mkdir()
+    target.write_text("keep me\n")
+    (folder / LOCK_FILE).symlink_to(target)
+    with pytest.raises(ValueError, match=r"run\.lock is a symbolic link; a run's lock file must be a plain file"):
+        with run_lock(folder):
+            pass
+    assert target.read_text() == "keep me\n" and (folder / LOCK_FILE).is_symlink()
+    assert folder_user(folder) is None
 
 
 def test_a_forked_child_does_not_keep_its_killed_parents_lock(tmp_path):

@@ -14,7 +14,7 @@ from torch import nn
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForPreTraining
 from bertforge.train.optim import Lamb, build_optimizer, build_schedule, lr_factor, param_groups
-from bertforge.train.loop import TrainConfig
+from bertforge.train.config import TrainConfig
 
 LR, BETAS, EPS, WD = 0.01, (0.9, 0.99), 1e-6, 0.1
 STEPS = 5

@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from bertforge.train import precision as prec
-from bertforge.train.loop import PRECISIONS, TrainConfig, Trainer
+from bertforge.train.config import TrainConfig
+from bertforge.train.loop import Trainer
+from bertforge.train.precision import PRECISIONS
 
 REAL_PROBE = prec.probe_timings
 

@@ -6,7 +6,6 @@ what is left; SIGINT saves a checkpoint, marks the partial model/ and exits 130 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys

@@ -23,7 +23,9 @@ from bertforge import cli
 from bertforge.data.loader import PretrainingDataset
 from bertforge.data.prepare import PrepareConfig, prepare
 from bertforge.text.tokenizer import BertTokenizer
-from bertforge.train.loop import TrainConfig, Trainer
+from bertforge.train.config import TrainConfig
+from bertforge.train.loop import Trainer
+from bertforge.train.state import check_compatible
 from bertforge.train.rundir import latest_checkpoint
 from bertforge.train.pretrain import pretrain
 
@@ -137,9 +139,9 @@ def test_an_earlier_record_of_a_ratio_default_recipe_resumes_on_its_default(tmp_
     cfg = _TenPercentWarmup(device="cpu", batch_size=1, max_steps=10, progress=False)
     trainer = Trainer(nn.Linear(2, 2), None, None, cfg, tmp_path)
     earlier = {**trainer.run_config, "warmup_steps": 10_000, "warmup_ratio": 0.1}  # its default then
-    trainer._check_compatible(earlier, tmp_path)
+    check_compatible(earlier, trainer.run_config, trainer.resume_rules, tmp_path)
     with pytest.raises(ValueError, match=r"pass --warmup-ratio 0.2 to resume this run"):
-        trainer._check_compatible({**earlier, "warmup_ratio": 0.2}, tmp_path)
+        check_compatible({**earlier, "warmup_ratio": 0.2}, trainer.run_config, trainer.resume_rules, tmp_path)
 
 
 # ------------------------------------------------------------------------------ data of earlier versions

@@ -76,25 +76,21 @@ from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
 from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
-from bertforge.serving import features as _features
-from bertforge.serving import predictor as _predictor
-from bertforge.serving.features import FeatureSettings
+from bertforge.serving.features import Combine, FeaturePooling, FeatureSettings
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
+from bertforge.serving.predictor import Pooling
 from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.rundir import STOP_MARKER, read_stop_marker
-from bertforge.train.precision import INFERENCE_PRECISIONS
+from bertforge.train.precision import InferencePrecision as Precision
 from bertforge.train.pretrain import PretrainConfig
 
 __all__ = ["main", "run", "COMMANDS", "read_config_file", "config_from_file"]
 
-# Choices as types: tyro shows them as {a,b,c} and refuses anything else.
-Precision = Literal[INFERENCE_PRECISIONS]  # type: ignore[valid-type]
+# Choices as types (the settings' own, declared where they are used): tyro shows them as {a,b,c} and refuses
+# anything else.
 ModelClass = Literal[tuple(sorted(MODEL_CLASSES))]  # type: ignore[valid-type]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Pooling = Literal[_predictor.POOLINGS]  # type: ignore[valid-type]
-FeaturePooling = Literal[_features.POOLINGS]  # type: ignore[valid-type]
-Combine = Literal[_features.COMBINES]  # type: ignore[valid-type]
 
 _PRECISION_HELP = ("the model's number format: auto (the faster of fp32 and bf16 on this CPU or GPU), fp32, bf16, "
                    "fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")

@@ -38,6 +38,16 @@ class SettingValueError(ValueError):
         super().__init__(f"expected {expected}, got {value!r}")
 
 
+class _Digits:
+    """A huge integer as a message shows it: "a 401-digit number", not its 401 digits."""
+
+    def __init__(self, value: int):
+        self.digits = len(str(abs(value)))
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit number"
+
+
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -78,8 +88,12 @@ def check_value(value: Any, annotation: Any, *, ints_as_floats: bool = False) ->
                 raise SettingValueError(_describe(float), value) from None
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SettingValueError(_describe(float), value)
-        if not math.isfinite(number):
-            raise SettingValueError("a finite number", value)
+        try:
+            finite = math.isfinite(number)
+        except OverflowError:  # an integer beyond any float
+            finite = False
+        if not finite:
+            raise SettingValueError("a finite number", _Digits(value) if isinstance(value, int) else value)
         return float(number) if isinstance(value, str) or ints_as_floats else number
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -261,8 +275,8 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
 
 
 def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
-    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values,
-    or the defaults). Each value is held to its field's type (`check_value`); numbers for float fields
+    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values, or
+    those of the ``recipe`` the file names, or the defaults). Each value is held to its field's type (`check_value`); numbers for float fields
     become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON ``1`` is an int)."""
     values = read_config_file(file)
     kinds = field_types(cls)
@@ -277,8 +291,12 @@ def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
             simple = [k for k in typing.get_args(kinds[name]) if k is not type(None)] or [kinds[name]]
             if len(simple) == 1 and simple[0] in _KINDS:  # "vocab_size must be int, got 'many'"
                 kind = "a number" if simple[0] is float else simple[0].__name__
+                if e.expected == "a finite number":  # nan, inf, an integer beyond any float
+                    kind, value = e.expected, e.value
                 raise ValueError(f"{file}: {name} must be {kind}, got {value!r}") from None
             raise ValueError(f"{file}: {name}: {e}") from None
+    if base is None and "recipe" in checked and hasattr(cls, "from_recipe"):  # a named recipe's settings first
+        base = cls.from_recipe(checked["recipe"])
     return dataclasses.replace(base, **checked) if base is not None else cls(**checked)
 
 

@@ -15,7 +15,7 @@ batches.
 
 `EpochCursor` (the epoch / position bookkeeping, rank slices and resume state) and
 `epoch_permutation` (the seeded order) are what any epoch-by-epoch loader shares: fine-tuning's
-loader over features in memory (`bertforge.tasks.encoding.FeatureBatches`) is built on them too.
+loader over encoded inputs in memory (`bertforge.tasks.encoding.EncodedBatches`) is built on them too.
 
 Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
 generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same

@@ -1,5 +1,5 @@
 """The label-efficiency curve, the demo's main result: held-out accuracy against the number of
-labelled training examples, one line per starting point, each fine-tuned with one recipe on the same
+labelled training examples, one line per starting point, each fine-tuned with the same settings on the same
 subsets, under the true few-shot protocol.
 
 - **True few-shot (Perez et al., 2021).** A point at ``n`` examples uses those ``n`` labels and no
@@ -46,7 +46,7 @@ from bertforge.console import errors_only
 from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
-__all__ = ["Recipe", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
+__all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
            "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curves",
            "run_curve", "plot_curve", "plot_minutes", "BAG_OF_WORDS"]
 
@@ -74,8 +74,8 @@ DIVERGED = 1.25
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """The one fine-tuning recipe every starting point gets; its peak learning rate is chosen per start,
+class FinetuneSettings:
+    """The one set of fine-tuning settings every starting point gets; its peak learning rate is chosen per start,
     size and seed by the range test (`choose_lr`)."""
 
     epochs: float
@@ -107,10 +107,10 @@ class Start:
     step_seconds: float = 0.0
     """A timed training step (the plan's estimate; 0: unknown)."""
     min_steps: int | None = None
-    """This start's floor on fine-tuning steps, where it learns in fewer than the recipe's (None: the
-    recipe's): a costly published checkpoint that converges early."""
+    """This start's floor on fine-tuning steps, where it learns in fewer than the settings' (None: the
+    settings'): a costly published checkpoint that converges early."""
     epochs: float | None = None
-    """This start's passes over a subset (None: the recipe's): a published checkpoint gets the paper's
+    """This start's passes over a subset (None: the settings'): a published checkpoint gets the paper's
     fine-tuning length of a few epochs."""
 
     def seeds(self, size_seeds: Sequence[int]) -> list[int]:
@@ -161,8 +161,9 @@ class Cell:
     train_file: str
     heldout_file: str
     steps: int
-    task: dict[str, str]
-    recipe: Recipe
+    task_settings: dict[str, str]
+    """The task's fine-tuning settings (`CurveTask.settings`: its name, columns)."""
+    finetuning: FinetuneSettings
     out: str
     cost: float = 0.0
     """Its expected seconds (planned steps x the start's timed step): `run_cells` starts the costliest
@@ -200,21 +201,21 @@ def subset(total: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(total)[:size])
 
 
-def finetune_steps(size: int, recipe: Recipe, start: Start | None = None) -> int:
-    """Optimizer steps of a fine-tuning on ``size`` examples: the recipe's ``epochs`` passes, at least its
+def finetune_steps(size: int, finetuning: FinetuneSettings, start: Start | None = None) -> int:
+    """Optimizer steps of a fine-tuning on ``size`` examples: the settings' ``epochs`` passes, at least its
     ``min_steps`` (or the ``start``'s own, where it has them)."""
-    floor = recipe.min_steps if start is None or start.min_steps is None else start.min_steps
-    epochs = recipe.epochs if start is None or start.epochs is None else start.epochs
-    return max(math.ceil(epochs * size / recipe.batch_size), floor)
+    floor = finetuning.min_steps if start is None or start.min_steps is None else start.min_steps
+    epochs = finetuning.epochs if start is None or start.epochs is None else start.epochs
+    return max(math.ceil(epochs * size / finetuning.batch_size), floor)
 
 
-def planned_steps(size: int, recipe: Recipe, start: Start | None = None) -> int:
+def planned_steps(size: int, finetuning: FinetuneSettings, start: Start | None = None) -> int:
     """Training steps of a cell at ``size``: the range test's and the fine-tuning's."""
-    return recipe.range_steps + finetune_steps(size, recipe, start)
+    return finetuning.range_steps + finetune_steps(size, finetuning, start)
 
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
-                     recipe: Recipe, eval_examples: int, speedup: float = 1.0) -> float:
+                     finetuning: FinetuneSettings, eval_examples: int, speedup: float = 1.0) -> float:
     """Wall time the cells of ``starts`` at ``sizes`` should take, from each start's timed step
     (`Start.step_seconds`): each cell's steps, its evaluation of ``eval_examples`` examples (`EVAL_COST`)
     and 2 x `RUN_SECONDS`, divided by ``speedup`` (what the worker processes gain over one), times
@@ -223,8 +224,8 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
     for size in sizes:
         for start in starts:
             step = start.step_seconds
-            cell = (planned_steps(size, recipe, start) * step
-                    + eval_examples * EVAL_COST * step / recipe.batch_size + 2 * RUN_SECONDS)
+            cell = (planned_steps(size, finetuning, start) * step
+                    + eval_examples * EVAL_COST * step / finetuning.batch_size + 2 * RUN_SECONDS)
             total += len(start.seeds(seeds(size))) * cell
     return CURVE_MARGIN * total / max(speedup, 1e-9)
 
@@ -257,9 +258,9 @@ def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
 
     with errors_only():
         res = finetune(FinetuneConfig(
-            **cell.task, model=cell.folder, train_file=cell.train_file, out=cell.out, overwrite=True, max_steps=steps,
-            lr=lr, batch_size=cell.recipe.batch_size, max_seq_length=cell.recipe.max_seq_length,
-            dropout=cell.recipe.dropout, precision=cell.recipe.precision, seed=cell.seed, keep_best=False,
+            **cell.task_settings, model=cell.folder, train_file=cell.train_file, out=cell.out, overwrite=True, max_steps=steps,
+            lr=lr, batch_size=cell.finetuning.batch_size, max_seq_length=cell.finetuning.max_seq_length,
+            dropout=cell.finetuning.dropout, precision=cell.finetuning.precision, seed=cell.seed, keep_best=False,
             checkpoint_every=10**9, progress=False, **settings))
     if res.train.interrupted:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step} ({cell.out})")
@@ -272,15 +273,15 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     The run folders are removed (a curve is hundreds of runs); the figures are returned."""
     from bertforge.train.optim import lr_factor
 
-    recipe = cell.recipe
+    finetuning = cell.finetuning
     t0 = time.perf_counter()
-    _finetune(cell, recipe.range_top, recipe.range_steps, schedule="range", warmup_steps=0, log_every=1,
+    _finetune(cell, finetuning.range_top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1,
               eval_every=0)
     records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
     losses = [float(r["loss"]) for r in records if r.get("split") == "train"]
-    rates = [recipe.range_top * lr_factor(i, total_steps=recipe.range_steps, warmup_steps=0, schedule="range")
+    rates = [finetuning.range_top * lr_factor(i, total_steps=finetuning.range_steps, warmup_steps=0, schedule="range")
              for i in range(len(losses))]  # the rate each logged step trained at
-    lr, at = choose_lr(rates, losses, recipe.lr_divisor)
+    lr, at = choose_lr(rates, losses, finetuning.lr_divisor)
     res = _finetune(cell, lr, cell.steps, dev_file=cell.heldout_file, eval_every=cell.steps,
                     log_every=max(1, cell.steps // 5))
     shutil.rmtree(cell.out, ignore_errors=True)
@@ -340,7 +341,7 @@ class Curve:
     size_seconds: dict[int, float] = field(default_factory=dict)
     """Compute seconds of each size, every line's cells (summed over the processes that ran them)."""
     steps: dict[int, int] = field(default_factory=dict)
-    """Fine-tuning steps at each size (the recipe's; a start with its own floor: `start_steps`)."""
+    """Fine-tuning steps at each size (the settings'; a start with its own floor: `start_steps`)."""
     start_steps: dict[str, dict[int, int]] = field(default_factory=dict)
     """Fine-tuning steps of the starts with a floor of their own, by size."""
     pool: int = 0
@@ -397,10 +398,10 @@ class CurveSpec:
 
 
 def _cells_at(spec: CurveSpec, size: int, seeds: Sequence[int], files: Mapping[int, Path], heldout: Path,
-              recipe: Recipe) -> list[Cell]:
+              finetuning: FinetuneSettings) -> list[Cell]:
     return [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
-                 finetune_steps(size, recipe, start), spec.task.settings(), recipe,
-                 str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, recipe, start) * start.step_seconds)
+                 finetune_steps(size, finetuning, start), spec.task.settings(), finetuning,
+                 str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, finetuning, start) * start.step_seconds)
             for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds))]
 
 
@@ -408,9 +409,9 @@ class _Runner:
     """`run_curves`' state: the specs, their curves and held-out files, and each start's compute seconds
     per planned step so far (what an optional size's estimate reads)."""
 
-    def __init__(self, specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], recipe: Recipe,
+    def __init__(self, specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], finetuning: FinetuneSettings,
                  required_up_to: int, workers: int) -> None:
-        self.specs, self.seeds, self.recipe, self.workers = specs, seeds, recipe, workers
+        self.specs, self.seeds, self.finetuning, self.workers = specs, seeds, finetuning, workers
         self.curves, self.heldout = [], []
         self.per_step: dict[tuple[int, str], float] = {}
         for spec in specs:
@@ -430,7 +431,7 @@ class _Runner:
     def estimate(self, k: int, size: int) -> float:
         """Wall seconds spec ``k``'s cells at ``size`` should take, from its starts' compute so far."""
         spec = self.specs[k]
-        return sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.recipe, s)
+        return sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.finetuning, s)
                    * len(s.seeds(self.seeds(size))) for s in spec.starts) / max(1, self.workers)
 
     def run(self, items: Sequence[tuple[int, int]]) -> None:
@@ -445,10 +446,10 @@ class _Runner:
             spec, curve = self.specs[k], self.curves[k]
             size_seeds = self.seeds(size)
             curve.sizes.append(size)
-            curve.steps[size] = finetune_steps(size, self.recipe)
+            curve.steps[size] = finetune_steps(size, self.finetuning)
             for start in spec.starts:
                 if start.min_steps is not None or start.epochs is not None:
-                    curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, self.recipe, start)
+                    curve.start_steps.setdefault(start.name, {})[size] = finetune_steps(size, self.finetuning, start)
             curve.seeds[size] = list(size_seeds)
             subsets = {seed: [spec.task.train[i] for i in subset(len(spec.task.train), size, seed)]
                        for seed in size_seeds}
@@ -456,7 +457,7 @@ class _Runner:
                         for seed, examples in subsets.items()}
             if spec.bag_of_words:
                 self._bag_of_words(k, size, subsets)
-            new = _cells_at(spec, size, size_seeds, files[j], self.heldout[k], self.recipe)
+            new = _cells_at(spec, size, size_seeds, files[j], self.heldout[k], self.finetuning)
             cells += new
             owner += [j] * len(new)
         left = {j: owner.count(j) for j in range(len(items))}
@@ -496,7 +497,7 @@ class _Runner:
             curve.lr[start.name][size] = [r["lr"] for r in mine]
             seconds = sum(r["seconds"] for r in mine)
             curve.seconds[start.name] += seconds
-            self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.recipe, start))
+            self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.finetuning, start))
         curve.size_seconds[size] = sum(r["seconds"] for r in results)
         for file in files.values():
             file.unlink()
@@ -505,15 +506,15 @@ class _Runner:
                                            if curve.accuracy[name].get(size)))
 
 
-def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], recipe: Recipe, deadline: float, *,
-               required_up_to: int = 0, workers: int = 1) -> list[Curve]:
+def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], finetuning: FinetuneSettings,
+               deadline: float, *, required_up_to: int = 0, workers: int = 1) -> list[Curve]:
     """Fine-tune every start of each spec on each size's subsets of its task's training set (one per seed
     of ``seeds(size)``, or the first ``Start.max_seeds``), at the rate its range test on the subset picks;
     score each on the held-out set; with ``bag_of_words``, fit the bag-of-words baseline on the same
     subsets. The sizes up to ``required_up_to`` (and each spec's smallest) of every spec run first, in one
     pool; then each larger size, smallest first, unless it would end after ``deadline`` (a
     `time.perf_counter` value): it is left out then, with every size above it on its curve."""
-    runner = _Runner(specs, seeds, recipe, required_up_to, workers)
+    runner = _Runner(specs, seeds, finetuning, required_up_to, workers)
     runner.run([(k, n) for k, curve in enumerate(runner.curves) for n in curve.required])
     optional = sorted((n, k) for k, spec in enumerate(specs) for n in spec.sizes if n not in runner.curves[k].required)
     for size, k in optional:
@@ -532,10 +533,10 @@ def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], re
 
 
 def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], seeds: Callable[[int], list[int]],
-              recipe: Recipe, out: Path, deadline: float, *, required_up_to: int = 0, workers: int = 1,
+              finetuning: FinetuneSettings, out: Path, deadline: float, *, required_up_to: int = 0, workers: int = 1,
               bag_of_words: bool = False) -> Curve:
     """One curve (`run_curves` of one `CurveSpec`)."""
-    return run_curves([CurveSpec(starts, task, sizes, out, bag_of_words)], seeds, recipe, deadline,
+    return run_curves([CurveSpec(starts, task, sizes, out, bag_of_words)], seeds, finetuning, deadline,
                       required_up_to=required_up_to, workers=workers)[0]
 
 

@@ -15,7 +15,7 @@ data from nothing in about 20 minutes on a CPU.
      ``pretrain/curves.png``, and show a few fill-mask predictions;
   7. the label-efficiency curves (`bertforge.demo.curve`), movie reviews and part-of-speech tagging:
      fine-tune the same model from random initialisation, the demo's own pre-training and
-     all-MiniLM-L6-v2 with one recipe on nested subsets of each training set, paired by seed, each at
+     all-MiniLM-L6-v2 with the same settings on nested subsets of each training set, paired by seed, each at
      the learning rate a range test on its own subset picks (true few-shot: no labels outside the
      subset), score each on the held-out set; on movie reviews also a bag-of-words logistic regression;
   8. the paper's Figure 5 at this scale: the own model from its checkpoints, fine-tuned at one size
@@ -49,12 +49,12 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, Recipe, Start, estimate_seconds, \
+from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, estimate_seconds, \
     format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
-from bertforge.train.precision import PRECISIONS, autocast, cpu_name
+from bertforge.train.precision import PRECISIONS, cpu_name
 from bertforge.train.pretrain import RECIPES, PretrainConfig
 
 __all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "plan_time"]
@@ -282,22 +282,49 @@ FINETUNE_TIMER_BATCHES = 4
 """Batches of `time_finetuning_step` (each run twice: untimed, then timed)."""
 
 
+def _step_trainer(model: torch.nn.Module, objective: Any, batch_size: int, precision: str,
+                  device: torch.device) -> Any:
+    """The shared loop's `bertforge.train.loop.Trainer` around ``model``, as a run builds it (the speed layer,
+    the optimizer, the allocator's settings), to time its ``train_step``; it writes nothing."""
+    from bertforge.train.config import TrainConfig
+    from bertforge.train.distributed import Distributed
+    from bertforge.train.loop import Trainer
+    from bertforge.train.run import ready_model
+
+    cfg = TrainConfig(batch_size=batch_size, precision=precision, device=str(device), progress=False)
+    dist = Distributed(device=device)
+    return Trainer(ready_model(model, dist, cfg.strategy), objective, None, cfg, "unused", dist=dist)
+
+
+def _median_step(trainer: Any, batches: Sequence[dict[str, torch.Tensor]], untimed: int,
+                 give_up_after: float = math.inf) -> float:
+    """The median seconds of ``trainer.train_step`` over ``batches`` after the first ``untimed``; inf once the
+    steps so far took over ``give_up_after`` seconds."""
+    times = []
+    for batch in batches:
+        t0 = time.perf_counter()
+        trainer.train_step([batch])
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+        times.append(time.perf_counter() - t0)
+        if sum(times) > give_up_after:
+            return math.inf
+    return statistics.median(times[untimed:])
+
+
 def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, device: torch.device,
                           repeats: int = STEP_TIMER_REPEATS, warmup: int = STEP_TIMER_WARMUP,
                           give_up_after: float = math.inf) -> float:
-    """Seconds of a pre-training step (forward, the recipe's losses, backward) of the demo's model and batch
-    shape in ``precision`` on ``device``: the median of ``repeats`` after ``warmup`` untimed steps; inf
-    once the steps so far took over ``give_up_after`` seconds (a precision slower than one already timed)."""
+    """Seconds of a pre-training step of the demo's model and batch shape in ``precision`` on ``device``, as
+    the shared loop takes it (`bertforge.train.loop.Trainer.train_step`): the median of ``repeats`` after
+    ``warmup`` untimed steps; inf once the steps so far took over ``give_up_after`` seconds (a precision
+    slower than one already timed)."""
     from bertforge.train.pretrain import PretrainingObjective, build_pretraining_model
-    from bertforge.fast import speed_up
-    from bertforge.train.loop import keep_freed_memory
 
-    if device.type == "cpu":
-        keep_freed_memory()  # as the trainer will: without it, every step here pays page faults it will not
     g = torch.Generator().manual_seed(cfg.seed)
     pcfg = cfg.pretraining()
     objective = pcfg.resolve_objective(nsp_data=True)
-    model = speed_up(build_pretraining_model(pcfg, vocab_size, True, cfg.max_seq_length, objective).to(device)).train()
+    model = build_pretraining_model(pcfg, vocab_size, True, cfg.max_seq_length, objective)
     B, T = pcfg.batch_size, cfg.max_seq_length
     P = max(1, math.ceil(T * (pcfg.masked_lm_prob or 0.15)))
     batch = {"input_ids": torch.randint(5, vocab_size, (B, T), generator=g),
@@ -306,72 +333,41 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
              "masked_positions": torch.randint(1, T, (B, P), generator=g),
              "labels": torch.randint(5, vocab_size, (B, P), generator=g),
              "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
-    batch = {k: v.to(device) for k, v in batch.items()}
-    task = PretrainingObjective(nsp=objective == "mlm+nsp")
-    times = []
-    for _ in range(warmup + repeats):
-        t0 = time.perf_counter()
-        with autocast(precision, device):
-            terms, _ = task.forward(model, batch)
-        sum(terms.values()).backward()
-        model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        if sum(times) > give_up_after:
-            return math.inf
-    return statistics.median(times[warmup:])
+    trainer = _step_trainer(model, PretrainingObjective(nsp=objective == "mlm+nsp"), B, precision, device)
+    return _median_step(trainer, [batch] * (warmup + repeats), warmup, give_up_after)
 
 
-def time_finetuning_step(folder: Path, texts: Sequence[str], recipe: Recipe, device: torch.device,
+def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: FinetuneSettings, device: torch.device,
                          batches: int = FINETUNE_TIMER_BATCHES, tags: int = 0) -> float:
-    """Seconds of a fine-tuning step (forward, loss, backward, gradient clipping, AdamW update) of a sentence
-    classifier (``tags`` 0) or a tagger over ``tags`` tags, of the shape of the checkpoint in ``folder``, on
-    ``batches`` batches of ``texts`` cut by its tokenizer to the recipe's length, in the recipe's precision on
-    ``device``: the median over a pass through them after an untimed pass. The untimed pass matters: each
-    padded length is a new shape, slow the first time, and a run of a hundred steps meets its shapes again
-    and again. The weights are drawn afresh (the shape, not the weights, sets the time)."""
-    from bertforge.fast import speed_up
+    """Seconds of a fine-tuning step (`bertforge.train.loop.Trainer.train_step`: forward, loss, backward,
+    gradient clipping, AdamW update) of a sentence classifier (``tags`` 0) or a tagger over ``tags`` tags, of
+    the shape of the checkpoint in ``folder``, on ``batches`` batches of ``texts`` cut by its tokenizer to the
+    settings' length, in the settings' precision on ``device``: the median over a pass through them after an
+    untimed pass. The untimed pass matters: each padded length is a new shape, slow the first time, and a run
+    of a hundred steps meets its shapes again and again. The weights are drawn afresh (the shape, not the
+    weights, sets the time)."""
     from bertforge.model.config import BertConfig, dropout_overrides
     from bertforge.model.heads import BertForSequenceClassification, BertForTokenClassification
     from bertforge.tasks.classification import ClassificationObjective
     from bertforge.tasks.tagging import TaggingObjective
     from bertforge.text.tokenizer import BertTokenizer
-    from bertforge.train.loop import keep_freed_memory
-    from bertforge.train.optim import build_optimizer
 
-    if device.type == "cpu":
-        keep_freed_memory()  # as the trainer does
     tok = BertTokenizer.from_pretrained(folder)
-    config = BertConfig.load(folder).replace(num_labels=tags or 2, **dropout_overrides(recipe.dropout))
+    config = BertConfig.load(folder).replace(num_labels=tags or 2, **dropout_overrides(finetuning.dropout))
     head = BertForTokenClassification if tags else BertForSequenceClassification
-    model = speed_up(head(config).to(device)).train()  # the trainer's model: its speed
-    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
-    task = TaggingObjective() if tags else ClassificationObjective()
-    B = recipe.batch_size
+    objective = TaggingObjective() if tags else ClassificationObjective()
+    B = finetuning.batch_size
     data = []
     for k in range(batches):  # each batch its own sentences: the padded length varies as in a run
-        enc = tok([texts[(k * B + i) % len(texts)] for i in range(B)], max_length=recipe.max_seq_length,
+        enc = tok([texts[(k * B + i) % len(texts)] for i in range(B)], max_length=finetuning.max_seq_length,
                   truncation=True, padding=True, return_tensors="pt")
         mask = enc["attention_mask"]
         labels = (torch.arange(mask.numel()).view_as(mask) % tags).masked_fill(mask == 0, -100) if tags \
             else torch.arange(B) % 2  # a tag on every token: a little more than one per word costs
-        batch = {"input_ids": enc["input_ids"], "attention_mask": mask, "token_type_ids": enc["token_type_ids"],
-                 "labels": labels}
-        data.append({name: t.to(device) for name, t in batch.items()})
-    times = []
-    for batch in data + data:
-        t0 = time.perf_counter()
-        with autocast(recipe.precision, device):
-            terms, _ = task.forward(model, batch)
-        (sum(terms.values()) / B).backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True if device.type == "cpu" else None)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[batches:])
+        data.append({"input_ids": enc["input_ids"], "attention_mask": mask, "token_type_ids": enc["token_type_ids"],
+                     "labels": labels})
+    trainer = _step_trainer(head(config), objective, B, finetuning.precision, device)
+    return _median_step(trainer, data + data, batches)
 
 
 REPORT_SECONDS = 45
@@ -408,7 +404,7 @@ class TimePlan:
                 "expected_minutes": round(self.total_seconds / 60, 2)}
 
 
-def plan_time(cfg: DemoConfig, sizes: Sequence[int], recipe: Recipe,
+def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSettings,
               tasks: Mapping[str, tuple[Sequence[Start], int, int]]) -> TimePlan:
     """The time plan after setup. ``tasks``: by name, each task's starts (with their steps timed on it), its
     held-out examples and its training pool. The curves at the sizes up to ``curve_required_up_to`` (the
@@ -421,9 +417,9 @@ def plan_time(cfg: DemoConfig, sizes: Sequence[int], recipe: Recipe,
     curve = 0.0
     for starts, heldout, pool in tasks.values():
         task_sizes = [min(n, pool) for n in required]
-        curve += estimate_seconds(starts, task_sizes, cfg.seeds, recipe, heldout, speedup=workers)
+        curve += estimate_seconds(starts, task_sizes, cfg.seeds, finetuning, heldout, speedup=workers)
         figure = [_figure_start(cfg, s) for s in starts if s.name == OWN] * len(cfg.shares())
-        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, recipe, heldout, speedup=workers)
+        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, finetuning, heldout, speedup=workers)
     budget = cfg.minutes * 60
     rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
@@ -439,18 +435,18 @@ def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | N
                                max_seeds=cfg.figure_seeds)
 
 
-def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], recipe: Recipe, precision: str,
+def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], finetuning: FinetuneSettings, precision: str,
               tasks: int) -> None:
     """The plan in a few lines: the timed steps, the curves' estimate, pre-training's time; a warning when the
     required sizes will take the demo past its budget."""
     for task, step_s in plan.finetune_step_seconds.items():
-        logger.info(f"    a fine-tuning step of {recipe.batch_size} sentences, {task}, in {precision}, one thread: "
+        logger.info(f"    a fine-tuning step of {finetuning.batch_size} sentences, {task}, in {precision}, one thread: "
                     + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in step_s.items()))
     cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
     cells += tasks * len(cfg.shares()) * min(cfg.figure_seeds, len(cfg.seeds(cfg.figure_size)))  # Figure 5
     logger.info(f"    the curves at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples on {tasks} task"
                 f"{'s' * (tasks > 1)} and the Figure 5 points: {cells} "
-                f"fine-tunings, each after a {recipe.range_steps}-step range test, {cfg.worker_count()} at once: "
+                f"fine-tunings, each after a {finetuning.range_steps}-step range test, {cfg.worker_count()} at once: "
                 f"about {plan.curve_seconds / 60:.1f} minutes")
     logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
                 f"setup, less the curves' {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
@@ -476,10 +472,11 @@ def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
     return Start(RANDOM_INIT, at)
 
 
-def _recipe(cfg: DemoConfig, precision: str) -> Recipe:
-    return Recipe(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps, batch_size=cfg.finetune_batch_size,
-                  max_seq_length=cfg.finetune_max_seq_length, dropout=cfg.finetune_dropout, precision=precision,
-                  range_top=cfg.range_top, range_steps=cfg.range_steps)
+def _finetuning(cfg: DemoConfig, precision: str) -> FinetuneSettings:
+    return FinetuneSettings(epochs=cfg.finetune_epochs, min_steps=cfg.finetune_min_steps,
+                            batch_size=cfg.finetune_batch_size, max_seq_length=cfg.finetune_max_seq_length,
+                            dropout=cfg.finetune_dropout, precision=precision, range_top=cfg.range_top,
+                            range_steps=cfg.range_steps)
 
 
 def _headline(curves: Sequence[Curve], minutes: float) -> str:
@@ -547,17 +544,17 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     tok = _learn_vocab(demo, corpus, data)
     data_dir, eval_dir = _prepare_instances(demo, corpus, held_out_file)
     device, step_seconds, precision = _choose_precision(demo, tok.vocab_size)
-    recipe = _recipe(cfg, precision)
+    finetuning = _finetuning(cfg, precision)
     tasks = _tasks(data)
     sizes = parse_sizes(cfg.curve_sizes, min(len(t.train) for t in tasks))
-    starts, plan = _plan(demo, _starts(demo, tok, data.published), sizes, recipe, device, precision, data, tasks)
+    starts, plan = _plan(demo, _starts(demo, tok, data.published), sizes, finetuning, device, precision, data, tasks)
     demo.minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - demo.step.start) / 60
     budget_start = time.perf_counter()  # the budget, `minutes`, counts from here: setup aside
 
     own, checkpoints = _pretrain(demo, tok, plan, step_seconds[precision], precision, data_dir, eval_dir)
     _fill_mask_probes(demo, own, tok)
     deadline = budget_start + cfg.minutes * 60 - REPORT_SECONDS
-    curves, figure = _curves_and_figure(demo, starts, tasks, sizes, recipe, checkpoints, deadline)
+    curves, figure = _curves_and_figure(demo, starts, tasks, sizes, finetuning, checkpoints, deadline)
     _inference_figures(demo, data.published or own, data, device)
     _write_report(demo, curves, figure, tok, data)
     return demo.report
@@ -718,7 +715,7 @@ def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
     return starts
 
 
-def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Recipe, device: torch.device,
+def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], finetuning: FinetuneSettings, device: torch.device,
           precision: str, data: _DemoData, tasks: Sequence[CurveTask]) -> tuple[dict[str, list[Start]], TimePlan]:
     """Step 5: a fine-tuning step of each start's model on each task timed (in one thread, as a worker of the
     curve runs it: a tagger's step, scoring every token, costs more than a classifier's), and the time plan
@@ -735,16 +732,17 @@ def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], recipe: Rec
             for task in tasks:
                 tags = len({t for _, tag_list in task.train for t in tag_list}) if task.family == "tagging" else 0
                 texts = [" ".join(words) for words, _ in task.train[:2000]] if tags else [t for t, _ in task.train]
-                timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), texts, recipe, device,
+                timed = {RANDOM_INIT: time_finetuning_step(starts[0].folder(cfg.seed), texts, finetuning, device,
                                                            tags=tags)}
                 timed[OWN] = timed[RANDOM_INIT]  # the same model, pre-trained or not
                 if data.published:
-                    timed[PUBLISHED] = time_finetuning_step(data.published, texts, recipe, device, tags=tags)
+                    timed[PUBLISHED] = time_finetuning_step(data.published, texts, finetuning, device, tags=tags)
                 by_task[task.name] = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
         finally:
             torch.set_num_threads(threads)
-        plan = plan_time(cfg, sizes, recipe, {t.name: (by_task[t.name], len(t.heldout), len(t.train)) for t in tasks})
-        _log_plan(cfg, plan, starts, recipe, precision, len(tasks))
+        plan = plan_time(cfg, sizes, finetuning,
+                         {t.name: (by_task[t.name], len(t.heldout), len(t.train)) for t in tasks})
+        _log_plan(cfg, plan, starts, finetuning, precision, len(tasks))
         demo.report["time_plan"] = plan.to_json()
     return by_task, plan
 
@@ -860,7 +858,7 @@ def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
 
 
 def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks: Sequence[CurveTask],
-                       sizes: Sequence[int], recipe: Recipe, checkpoints: Path, deadline: float
+                       sizes: Sequence[int], finetuning: FinetuneSettings, checkpoints: Path, deadline: float
                        ) -> tuple[list[Curve], dict[str, dict[float, list[float]]]]:
     """Steps 7 and 8: the label-efficiency curve of each task (``starts`` by task: their timed steps) and the
     Figure 5 points (`bertforge.demo.curve.run_curves`: every required fine-tuning in one pool, the costliest
@@ -886,8 +884,8 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
     with demo.step(f"The label-efficiency curves ({lines}; on movie reviews also {BAG_OF_WORDS}){figure}, "
                    f"{cfg.worker_count()} fine-tunings at once"):
         t0 = time.perf_counter()
-        done = run_curves(specs + figure_specs, cfg.seeds, recipe, deadline, required_up_to=cfg.curve_required_up_to,
-                          workers=cfg.worker_count())
+        done = run_curves(specs + figure_specs, cfg.seeds, finetuning, deadline,
+                          required_up_to=cfg.curve_required_up_to, workers=cfg.worker_count())
         demo.minutes["curves and figure 5 (wall)"] = (time.perf_counter() - t0) / 60
     curves, figure_curves = done[:len(specs)], done[len(specs):]
     for curve in curves:
@@ -1046,7 +1044,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
     from bertforge.model.config import BertConfig
 
     pt = report["pretraining"]
-    recipe_divisor = Recipe.__dataclass_fields__["lr_divisor"].default
+    lr_divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
     own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
     lines = ["# bertforge demo report", "", report["headline"], "", "![label-efficiency curves](curve.png)", "",
              f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting and every "
@@ -1068,7 +1066,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
     lines += [f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes "
               f"from a learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
               f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate at which the smoothed "
-              f"training loss starts to diverge, divided by {recipe_divisor:g}), the true few-shot protocol of Perez et "
+              f"training loss starts to diverge, divided by {lr_divisor:g}), the true few-shot protocol of Perez et "
               "al. (2021).", ""]
     lines += ["## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "

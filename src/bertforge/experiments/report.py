@@ -278,7 +278,7 @@ def _value(v: Any) -> str:
 
 
 def _settings(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {_value(v)}" for k, v in settings.items()) or "the study's recipe"
+    return ", ".join(f"{k} {_value(v)}" for k, v in settings.items()) or "the study's settings"
 
 
 def _task_data(t: Any) -> str:

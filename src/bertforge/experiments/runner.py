@@ -620,7 +620,7 @@ def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: Abla
                     data = prepare_data(fcfg)
             except (ValueError, OSError) as e:
                 raise study.error(study.field(t), str(e)) from None
-            read[key] = (len(data.train.features), _reported_metrics(data))
+            read[key] = (len(data.train.encoded), _reported_metrics(data))
         count, metrics = read[key]
         if count < fcfg.batch_size:
             where = f"{study.field(v)}.finetune (with task {t.name})" if "batch_size" in v.finetune else study.field(t)

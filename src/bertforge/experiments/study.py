@@ -13,7 +13,7 @@ folder), so that the bundled studies run from the folder holding a user's data::
       vocab: ""                       # ... an existing vocab / checkpoint folder
       prepare: {max_seq_length: 128}  # `bertforge prepare` settings (PrepareConfig)
       pretrain: {model: mini, max_steps: 2000, batch_size: 32, lr: 1e-3}   # `bertforge pretrain` (PretrainConfig)
-    finetune: {epochs: 3, lr: 1e-4}   # every task's recipe (FinetuneConfig), before each task's own
+    finetune: {epochs: 3, lr: 1e-4}   # every task's fine-tuning settings (FinetuneConfig), before each task's own
     tasks:                            # the report's columns
       - name: MR
         source: movie-reviews         # built-in labelled data; or task / train_file / dev_file as for finetune
@@ -192,11 +192,30 @@ def _none_if_empty(value: Any, where: str) -> Any:
     return value or None
 
 
+def _model_mapping(value: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``model:`` mapping of BertConfig fields, each name one of its fields and each value of its type, the
+    whole a valid config (with a stand-in vocab size where it gives none: the study's vocab sets it)."""
+    from bertforge.model.config import BertConfig
+
+    kinds = {k: v for k, v in field_types(BertConfig).items() if k != "extra"}
+    check_keys(value, set(kinds), where)
+    for key, item in value.items():
+        try:
+            check_value(item, kinds[key])
+        except SettingValueError as e:
+            raise FieldError(f"{where}.{key}", str(e)) from None
+    try:
+        BertConfig(**{"vocab_size": 30522, **value})
+    except (ValueError, TypeError) as e:
+        raise FieldError(where, str(e)) from None
+    return value
+
+
 class _Settings:
     """A mapping of settings of the config dataclass ``config`` ("module:Class", imported when first
-    needed): each name one of its fields, each value of that field's type (``mappings``: fields that may
-    instead hold a mapping, checked elsewhere). A setting the runner makes itself (``owned``: name -> why)
-    is refused."""
+    needed): each name one of its fields, each value of that field's type and range (``mappings``: fields
+    that may instead hold a mapping of model settings, `_model_mapping`). A setting the runner makes itself
+    (``owned``: name -> why) is refused."""
 
     def __init__(self, config: str, owned: dict[str, str] | None = None, mappings: tuple[str, ...] = ()):
         self.config = config
@@ -204,8 +223,11 @@ class _Settings:
         self.mappings = mappings
 
     def __call__(self, value: Any, where: str) -> dict[str, Any]:
+        from bertforge.train.config import out_of_range
+
         module, name = self.config.split(":")
-        kinds = field_types(getattr(importlib.import_module(module), name))
+        config_class = getattr(importlib.import_module(module), name)
+        kinds = field_types(config_class)
         data = read_mapping(value, where)
         for key in data:
             if key in self.owned:
@@ -214,16 +236,15 @@ class _Settings:
         checked = {}
         for key, value in data.items():
             if key in self.mappings and isinstance(value, dict):
-                checked[key] = value
+                checked[key] = _model_mapping(value, f"{where}.{key}")
                 continue
             try:
                 value = check_value(value, kinds[key])
             except SettingValueError as e:
                 raise FieldError(f"{where}.{key}", str(e)) from None
-            if key == "lr" and value <= 0:
-                raise FieldError(f"{where}.lr", f"expected a learning rate > 0, got {value!r}")
-            if key == "seed" and value < 0:  # numpy's generators take none below 0
-                raise FieldError(f"{where}.seed", f"expected an integer >= 0, got {value!r}")
+            problem = out_of_range(config_class, key, value)
+            if problem:
+                raise FieldError(f"{where}.{key}", problem)
             if key == "device":
                 try:
                     check_device(value)
@@ -245,11 +266,11 @@ FinetuneSettings = Annotated[dict[str, Any], _Settings("bertforge.tasks.finetune
 # ---------------------------------------------------------------------------- the study's parts
 @dataclass(frozen=True)
 class TaskSpec:
-    """A column: a fine-tuning task and its recipe."""
+    """A column: a fine-tuning task and its settings."""
 
     name: Name
     settings: FinetuneSettings = field(metadata=OTHER_KEYS)
-    """FinetuneConfig fields: the files (or ``source``'s) and the recipe, the study's defaults merged in.
+    """FinetuneConfig fields: the files (or ``source``'s) and the training settings, the study's defaults merged in.
     In the file they stand beside the other keys of the task."""
     source: Annotated[str, _builtin_data] = ""
     """Built-in labelled data (`bertforge.experiments.datasets.SOURCES`), or "" for the files in settings."""
@@ -306,7 +327,7 @@ class Study:
     seeds: Annotated[tuple[int, ...], _seeds] = (0,)
     pretraining: Pretraining = field(default_factory=Pretraining)
     finetune: FinetuneSettings = field(default_factory=dict)
-    """Every task's recipe, before each task's own (already merged into each task's settings)."""
+    """Every task's fine-tuning settings, before each task's own (already merged into each task's settings)."""
     tasks: Annotated[tuple[TaskSpec, ...], _NonEmptyList("tasks (the report's columns)")]
     variants: Annotated[tuple[Variant, ...], _NonEmptyList("variants (the report's rows)")]
     figure: Annotated[FigureSpec | None, _none_if_empty] = None
@@ -448,7 +469,7 @@ def load_study(spec: str | Path) -> Study:
 
 
 def _with_task_files(study: Study) -> Study:
-    """Each task's data: a built-in source, or a task and its files (as paths); the study's recipe under
+    """Each task's data: a built-in source, or a task and its files (as paths); the study's fine-tuning settings under
     its own settings, and its metric one the task reports."""
     tasks = []
     for i, t in enumerate(study.tasks):

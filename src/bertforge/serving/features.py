@@ -81,10 +81,11 @@ import logging
 import os
 import struct
 import sys
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -104,8 +105,10 @@ logger = logging.getLogger("bertforge")
 
 DEFAULT_LAYERS = (-1, -2, -3, -4)
 DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's positions when it has fewer
-COMBINES = ("concat", "sum")
-POOLINGS = ("cls", "mean")
+Combine = Literal["concat", "sum"]
+FeaturePooling = Literal["cls", "mean"]
+COMBINES: tuple[str, ...] = typing.get_args(Combine)
+POOLINGS: tuple[str, ...] = typing.get_args(FeaturePooling)
 _EMBED_POOLINGS = (*POOLINGS, "last")
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
@@ -122,7 +125,7 @@ class FeatureSettings:
 
     layers: tuple[int, ...] | None = None
     """Hidden-state indexes, in the order given (None: -1,-2,-3,-4, or -1 alone with pooling)."""
-    combine: str = "concat"
+    combine: Combine = "concat"
     """"concat" puts the layers side by side, "sum" adds them up."""
     pooling: str | None = None
     """None: a vector per token; "cls": the vector at [CLS]; "mean": the mean over the input's tokens;

@@ -7,7 +7,7 @@ and out, for programs that want to call a model.
 
 Routes:
 
-    GET  /health     {"status": "ok", "model", "head", "device", "dtype", "labels", "routes", "limits"}
+    GET  /health     {"status": "ok", "model", "head", "device", "precision", "dtype", "labels", "routes", "limits"}
     POST /predict    {"inputs": [...], "top_k": 5, "pooling": "mean"} -> {"head", "predictions": [...]}
     POST /fill-mask, /classify, /tag, /answer, /choose    the same, on the route of the model's own head
     POST /embed      pooled sentence embeddings of any checkpoint ("pooling": mean, cls or pooler)
@@ -228,6 +228,7 @@ class _Service:
 
         p = self.predictor
         return JSONResponse({"status": "ok", "model": p.name, "head": p.head, "device": str(p.device),
+                             "precision": p.precision,  # int8: the dense layers; dtype: the rest's
                              "dtype": str(p.autocast or torch.float32).removeprefix("torch."),
                              "labels": p.labels, "routes": ["GET /health", *(f"POST {r}" for r in self.posts)],
                              "limits": {"max_batch": self.max_batch, "max_request_bytes": self.max_request_bytes,
@@ -260,6 +261,7 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
+    predictor.check_pooling(pooling)  # the default every request without its own pooling gets: refused now
     service = _Service(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes,
                        max_request_tokens=max_request_tokens, top_k=top_k, pooling=pooling)
     take_turns(predictor)

@@ -62,9 +62,10 @@ import dataclasses
 import json
 import logging
 import threading
+import typing
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -80,7 +81,8 @@ __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_i
 logger = logging.getLogger("bertforge")
 
 HEADS = ("fill-mask", "classification", "tagging", "qa", "multiple-choice", "embeddings")
-POOLINGS = ("mean", "cls", "pooler")
+Pooling = Literal["mean", "cls", "pooler"]
+POOLINGS: tuple[str, ...] = typing.get_args(Pooling)
 SEPARATOR = " ||| "
 """Between the texts of one input line (the TF release's extract_features convention)."""
 
@@ -417,13 +419,8 @@ class Predictor:
                 raise InputError(f"{len(t) - 1} choices where input 0 has {len(items[0]) - 1}", i)
         return self._predict_texts(items)
 
-    def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
-        """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
-        into windows, each token taken from the window where it has the most context
-        (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
-        last window."""
-        from bertforge.serving.features import FeatureSettings, embed
-
+    def check_pooling(self, pooling: str) -> None:
+        """An `InputError` if this model's embeddings cannot pool as ``pooling`` says (module docstring)."""
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         bert = getattr(self.model, "bert", self.model)
@@ -438,6 +435,17 @@ class Predictor:
         if pooling == "pooler" and not pooler:
             raise InputError(f"{self.name or 'this checkpoint'} has no trained pooler (a "
                              f"{type(self.model).__name__}); use pooling mean" + ("" if causal else " or cls"))
+
+    def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
+        """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
+        into windows, each token taken from the window where it has the most context
+        (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
+        last window."""
+        from bertforge.serving.features import FeatureSettings, embed
+
+        self.check_pooling(pooling)
+        bert = getattr(self.model, "bert", self.model)
+        causal = bert.config.is_decoder
         items = self._pairs(inputs)
         at = "last" if causal else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
         settings = FeatureSettings(pooling=at if pooling == "pooler" else pooling, max_seq_length=self.max_seq_length,

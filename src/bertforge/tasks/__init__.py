@@ -1,7 +1,7 @@
-"""Fine-tuning tasks: how a task's files become examples, features, batches, losses, metrics and
+"""Fine-tuning tasks: how a task's files become examples, encoded inputs, batches, losses, metrics and
 prediction files. Each family fulfils `bertforge.tasks.base.TaskFamily` and reads its settings from
 `bertforge.tasks.base.TaskSettings`; what the families share once their files are read (windows,
-batches, prediction over features) is `bertforge.tasks.encoding`. The recipe that drives them
+batches, prediction over encoded inputs) is `bertforge.tasks.encoding`. The fine-tuning run that drives them
 through the shared loop is `bertforge.tasks.finetune`, which no family imports.
 
     classification   single sentence or pair -> one label, or a score (regression); GLUE's files
@@ -21,7 +21,7 @@ from bertforge.tasks.classification import (
     glue_files,
     read_examples,
 )
-from bertforge.tasks.encoding import FeatureBatches, Windows
+from bertforge.tasks.encoding import EncodedBatches, Windows
 from bertforge.tasks.multiple_choice import MultipleChoiceFamily
 from bertforge.tasks.squad import SquadFamily
 from bertforge.tasks.tagging import TaggingFamily
@@ -43,6 +43,6 @@ def family_for(task: str) -> TaskFamily:
 
 
 __all__ = ["FAMILIES", "family_for", "task_names", "TaskFamily", "TaskSettings", "TrainData", "EvalData",
-           "EvalResult", "FeatureBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily",
+           "EvalResult", "EncodedBatches", "Windows", "ReadReport", "GLUE_TASKS", "ClassificationFamily",
            "ClassificationObjective", "Example", "GlueDataset", "encode_examples", "glue_files", "read_examples",
            "TaggingFamily", "MultipleChoiceFamily", "SquadFamily"]

@@ -1,4 +1,4 @@
-"""The contract between the fine-tuning recipe and a task family, the settings a family reads, and
+"""The contract between the fine-tuning run and a task family, the settings a family reads, and
 reading task files.
 
 A *family* (`TaskFamily`) is one of the paper's fine-tuning setups: sequence classification /
@@ -7,10 +7,10 @@ through the shared loop the same way:
 
     family = family_for(cfg.task)                        # the registry in bertforge.tasks
     cfg = family.configure(cfg)                          # the family's defaults, once (SQuAD: max_seq_length 384)
-    train = family.train_data(cfg, tokenizer)            # TrainData: features with targets, head kwargs, label set
+    train = family.train_data(cfg, tokenizer)            # TrainData: encoded inputs with targets, head kwargs, label set
     dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
-    Trainer(model, family.objective(model.config), FeatureBatches(train.features, ...), ...)
+    Trainer(model, family.objective(model.config), EncodedBatches(train.encoded, ...), ...)
     result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, prediction files
     records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
     text = family.format_predictions(records, out_path)            # the family's native prediction file
@@ -18,12 +18,12 @@ through the shared loop the same way:
 
 Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths, windows or
 truncation, SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it
-with the training loop's settings, so the recipe hands its config to the family as is. `configure` fills in
+with the training loop's settings, so the fine-tuning run hands its config to the family as is. `configure` fills in
 what the family decides (a length, the way long inputs are handled) and checks what it cannot take; a run
 calls it once, and a configured config configures to itself.
 
-Features and batches (`bertforge.tasks.encoding`): a family's features are a `FeatureSet`;
-`FeatureBatches` makes the training batches and `predict_items` runs a model over them.
+Encoded inputs and batches (`bertforge.tasks.encoding`): a family's encoded inputs are an `EncodedSet`;
+`EncodedBatches` makes the training batches and `predict_items` runs a model over them.
 
 Reading. `ReadReport` counts what a reader kept and skipped (with line numbers): nothing is dropped
 silently. `csv_rows` and `text_lines` read (possibly compressed) UTF-8 text with errors naming the
@@ -47,7 +47,8 @@ import torch
 from torch import nn
 
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
-from bertforge.tasks.encoding import FeatureSet
+from bertforge.tasks.encoding import EncodedSet
+from bertforge.train.config import setting
 
 __all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "jsonl_records",
            "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
@@ -105,7 +106,7 @@ class TaskSettings:
     """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
     tag_scheme: str = "auto"
     """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = setting(64, resumable=True)
     """Sequences per forward pass at evaluation, per process."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
@@ -303,7 +304,7 @@ def prediction_table(records: Sequence[dict[str, Any]], sep: str = "\t") -> str:
 class TrainData:
     """What a family reads from the training files."""
 
-    features: FeatureSet
+    encoded: EncodedSet
     """With the training targets."""
     head: dict[str, Any]
     """Keyword arguments of ``model_class.from_pretrained`` for the task's head (num_labels, id2label, ...)."""
@@ -320,7 +321,7 @@ class TrainData:
 
 @dataclass
 class EvalData:
-    """One evaluation file, read and encoded; ``data`` is the family's own (features + what scoring needs)."""
+    """One evaluation file, read and encoded; ``data`` is the family's own (encoded inputs + what scoring needs)."""
 
     path: Path
     data: Any
@@ -338,7 +339,7 @@ class EvalResult:
     layout with the gold beside each prediction where the layout has room: classification,
     regression and multiple choice `PREDICTION_TABLE` (index, prediction, gold), tagging
     predictions.conll (token, gold, predicted tag), SQuAD predictions.json, nbest_predictions.json
-    and null_odds.json (the official scripts' inputs). The recipe keeps them in ``best/`` with the
+    and null_odds.json (the official scripts' inputs). The fine-tuning run keeps them in ``best/`` with the
     best model; ``evaluate --out`` writes them."""
 
 

@@ -1,4 +1,4 @@
-"""Sequence classification and regression, one sentence or a pair: files -> examples -> features ->
+"""Sequence classification and regression, one sentence or a pair: files -> examples -> encoded inputs ->
 batches -> losses, predictions and metrics.
 
 Files. `read_examples` reads GLUE's own TSV layouts, selected by task name (`GLUE_TASKS`: CoLA's
@@ -31,7 +31,7 @@ longer than ``max_seq_length`` is handled as ``long_inputs`` says:
   averages the windows' logits per example (regression: their scores).
 
 Either way one prediction comes out per example, and the examples truncated or windowed are
-counted in the features' summary and logged.
+counted in the encoded inputs' summary and logged.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
     return ids
 
 
-# ---------------------------------------------------------------------------- features
-"""Classification's features: the sequence (or windows) of every example (`bertforge.tasks.encoding.Windows`),
+# ---------------------------------------------------------------------------- encoding
+"""Classification's encoded: the sequence (or windows) of every example (`bertforge.tasks.encoding.Windows`),
 with one label per sequence (its example's) when training or evaluating."""
 
 
@@ -349,7 +349,7 @@ class ClassificationObjective:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-def predict_logits(model: nn.Module, features: Windows, batch_size: int, device: torch.device | str = "cpu",
+def predict_logits(model: nn.Module, encoded: Windows, batch_size: int, device: torch.device | str = "cpu",
                    dist: Any = None) -> np.ndarray:
     """(examples, labels) logits, each the mean over its example's windows. With ``dist``, every
     process predicts a part and all get the whole."""
@@ -357,12 +357,12 @@ def predict_logits(model: nn.Module, features: Windows, batch_size: int, device:
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
         return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
 
-    rows = predict_items(model, features, batch_size, device, run, dist)
+    rows = predict_items(model, encoded, batch_size, device, run, dist)
     C = getattr(getattr(model, "config", None), "num_labels", None) or (len(rows[0]) if rows else 1)
     per_window = np.array(rows, dtype=np.float64).reshape(len(rows), C)
-    sums = np.zeros((features.num_examples, C), dtype=np.float64)
-    np.add.at(sums, features.example, per_window)
-    counts = np.bincount(features.example, minlength=features.num_examples)
+    sums = np.zeros((encoded.num_examples, C), dtype=np.float64)
+    np.add.at(sums, encoded.example, per_window)
+    counts = np.bincount(encoded.example, minlength=encoded.num_examples)
     return sums / np.maximum(counts, 1)[:, None]
 
 
@@ -461,12 +461,12 @@ class ClassificationFamily(FamilyDefaults):
 
     @staticmethod
     def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Windows:
-        """The examples' features by ``cfg``; what was truncated or windowed is logged, naming ``what``
+        """The examples encoded by ``cfg``; what was truncated or windowed is logged, naming ``what``
         (the file; nothing is logged without it)."""
-        features = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride, cfg.long_inputs)
-        if what and (features.truncated or features.windowed):
-            logger.info("%s: %s", what, features.summary())
-        return features
+        encoded = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride, cfg.long_inputs)
+        if what and (encoded.truncated or encoded.windowed):
+            logger.info("%s: %s", what, encoded.summary())
+        return encoded
 
     def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         read = [(path, *self._read(cfg, path, True)) for path in self.files(cfg, cfg.train_file, "train")]
@@ -478,11 +478,11 @@ class ClassificationFamily(FamilyDefaults):
             raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
         label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
         y = np.concatenate([targets(got, path, label2id) for path, got, _ in read])
-        features = self._encode(cfg, tokenizer, examples, cfg.train_file).with_labels(y)
+        encoded = self._encode(cfg, tokenizer, examples, cfg.train_file).with_labels(y)
         head: dict[str, Any] = ({"num_labels": 1, "id2label": None, "problem_type": "regression"} if labels is None
                                 else {"id2label": dict(enumerate(labels)),
                                       "problem_type": "single_label_classification"})
-        return TrainData(features, head, labels, [r for _, _, r in read], features.summary())
+        return TrainData(encoded, head, labels, [r for _, _, r in read], encoded.summary())
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         examples, report = self._read(cfg, path, True)
@@ -491,8 +491,8 @@ class ClassificationFamily(FamilyDefaults):
         if label2id is not None:
             unseen_labels(path, (e.label for e in examples), label2id)
         y = targets(examples, path, label2id, unseen=UNSEEN)
-        features = self._encode(cfg, tokenizer, examples, str(path)).with_labels(y)
-        return EvalData(path, (features, y, examples), report, features.summary())
+        encoded = self._encode(cfg, tokenizer, examples, str(path)).with_labels(y)
+        return EvalData(path, (encoded, y, examples), report, encoded.summary())
 
     def objective(self, config: Any) -> ClassificationObjective:
         return ClassificationObjective(regression=config.problem_type == "regression" or config.num_labels == 1)
@@ -501,8 +501,8 @@ class ClassificationFamily(FamilyDefaults):
                  dist: Any = None) -> EvalResult:
         """The task's metrics, and ``predictions.tsv``: `format_predictions` of the file's records with
         the gold label."""
-        features, y, examples = data.data
-        logits = predict_logits(model, features, cfg.eval_batch_size, device, dist)
+        encoded, y, examples = data.data
+        logits = predict_logits(model, encoded, cfg.eval_batch_size, device, dist)
         C = logits.shape[1]
         preds = logits[:, 0] if C == 1 else logits.argmax(-1)
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
@@ -514,8 +514,8 @@ class ClassificationFamily(FamilyDefaults):
                 device: torch.device) -> list[dict[str, Any]]:
         """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
-        features = self._encode(cfg, tokenizer, examples, str(path))
-        return prediction_records(examples, predict_logits(model, features, cfg.eval_batch_size, device),
+        encoded = self._encode(cfg, tokenizer, examples, str(path))
+        return prediction_records(examples, predict_logits(model, encoded, cfg.eval_batch_size, device),
                                   model.config.id2label or {})
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
@@ -529,8 +529,8 @@ class ClassificationFamily(FamilyDefaults):
         averaged over the input's windows). A multi-label head gives sigmoids and ``labels``, those above
         0.5; a regression head ``{"index", "text", ("text_pair"), "score"}``."""
         pairs = [(t[0], t[1] if len(t) > 1 else None) for t in texts]
-        features = self._encode(cfg, tokenizer, [Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)])
-        logits = predict_logits(model, features, cfg.eval_batch_size, device)  # (N, C)
+        encoded = self._encode(cfg, tokenizer, [Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)])
+        logits = predict_logits(model, encoded, cfg.eval_batch_size, device)  # (N, C)
 
         def record(i: int, a: str, b: str | None, **fields: Any) -> dict[str, Any]:
             return {"index": i, "text": a, **({"text_pair": b} if b is not None else {}), **fields}

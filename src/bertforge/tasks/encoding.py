@@ -1,5 +1,5 @@
 """What the task families share once their files are read: the encoded windows, the rules that cut
-long inputs into windows or truncate them, training batches over features in memory and prediction
+long inputs into windows or truncate them, training batches over encoded inputs in memory and prediction
 over them.
 
 Windows. `Windows` is the encoded record every family builds on: the token ids of each window
@@ -11,9 +11,9 @@ SQuAD rule); `longest_first` truncates a pair the TF release's way. `offsets_thr
 extends token character ranges over combining marks the tokenizer drops, so an answer or a word
 keeps its accents.
 
-Features. A family's features are any object with ``len()``, ``lengths`` (tokens per item, to
+Encoded inputs. A family's encoded inputs are any object with ``len()``, ``lengths`` (tokens per item, to
 batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
-the training targets when the features have them): a `FeatureSet`. `FeatureBatches` turns them
+the training targets when they have them): an `EncodedSet`. `EncodedBatches` turns them
 into the training loop's resumable, rank-sliced, shuffled batches; `predict_items` runs a model
 over them in length-sorted batches (split across processes when distributed).
 """
@@ -32,7 +32,7 @@ from torch import nn
 from bertforge.data.loader import CursorLoader, EpochCursor, epoch_permutation
 
 __all__ = ["Windows", "window_starts", "max_context_window", "longest_first", "offsets_through_marks",
-           "FeatureSet", "FeatureBatches", "predict_items"]
+           "EncodedSet", "EncodedBatches", "predict_items"]
 
 
 # ---------------------------------------------------------------------------- windows
@@ -149,7 +149,7 @@ def offsets_through_marks(text: str, offsets: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- batches
-class FeatureSet(Protocol):
+class EncodedSet(Protocol):
     """Model inputs of a task: items (windows, sequences or sets of choices) ready to batch."""
 
     lengths: np.ndarray
@@ -162,22 +162,22 @@ class FeatureSet(Protocol):
         ...
 
 
-class FeatureBatches(CursorLoader):
-    """Training batches over features in memory, for `bertforge.train.loop.Trainer`.
+class EncodedBatches(CursorLoader):
+    """Training batches over encoded inputs in memory, for `bertforge.train.loop.Trainer`.
 
     Order: epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
-    (`bertforge.data.loader.epoch_permutation`; the 0 is the one "shard" features in memory make,
+    (`bertforge.data.loader.epoch_permutation`; the 0 is the one "shard" encoded inputs in memory make,
     so the order is the pre-training loader's over a one-shard dataset). Each ``iter()`` yields the
     rest of one epoch; the next continues with the next epoch. Ranks: every global batch of
     ``batch_size * world_size`` items is cut into rank slices, the last incomplete one dropped
     (`bertforge.data.loader.EpochCursor`). Resume: ``state_dict`` / ``load_state_dict`` (epoch and
     position) continue with the very same batches."""
 
-    def __init__(self, features: FeatureSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+    def __init__(self, encoded: EncodedSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
                  name: str = "training data"):
         """``name``: the data's name in errors (the training file)."""
-        self.features = features
-        self.cursor = EpochCursor(len(features), batch_size, seed=seed, rank=rank, world_size=world_size)
+        self.encoded = encoded
+        self.cursor = EpochCursor(len(encoded), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.name = name
         self._order: tuple[int, np.ndarray] | None = None
 
@@ -192,25 +192,25 @@ class FeatureBatches(CursorLoader):
     def order(self, epoch: int) -> np.ndarray:
         """The items in the order ``epoch`` visits them."""
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_permutation(len(self.features), self.seed, epoch, 0))
+            self._order = (epoch, epoch_permutation(len(self.encoded), self.seed, epoch, 0))
         return self._order[1]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for epoch, first in self.cursor.batches(self.name):
             items = self.order(epoch)[first:first + self.batch_size]
-            yield self.features.collate([int(i) for i in items])
+            yield self.encoded.collate([int(i) for i in items])
 
 
 @torch.no_grad()
-def predict_items(model: nn.Module, features: FeatureSet, batch_size: int, device: torch.device | str,
+def predict_items(model: nn.Module, encoded: EncodedSet, batch_size: int, device: torch.device | str,
                   run: Callable[[nn.Module, dict[str, torch.Tensor], Sequence[int]], Sequence[Any]],
                   dist: Any = None) -> list[Any]:
-    """``run(model, batch, indices)`` -> one output per item, over every item of ``features`` in
+    """``run(model, batch, indices)`` -> one output per item, over every item of ``encoded`` in
     batches of similar length; the outputs in item order. With ``dist``, each process runs a part and
     all get the whole (every process runs the same number of forward passes: a sharded model's
     forward is collective)."""
     rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
-    order = np.argsort(features.lengths, kind="stable")
+    order = np.argsort(encoded.lengths, kind="stable")
     parts = np.array_split(order, world)
     mine = parts[rank]
     outputs: list[Any] = []
@@ -218,14 +218,14 @@ def predict_items(model: nn.Module, features: FeatureSet, batch_size: int, devic
         idx = mine[k * batch_size:(k + 1) * batch_size]
         real = len(idx) > 0
         idx = idx if real else order[:1]
-        batch = {name: t.to(device) for name, t in features.collate(idx).items()}
+        batch = {name: t.to(device) for name, t in encoded.collate(idx).items()}
         got = run(model, batch, idx)
         if real:
             outputs.extend(got)
     pairs = [(mine.tolist(), outputs)]
     if world > 1:
         pairs = dist.gather_objects(pairs[0])
-    result: list[Any] = [None] * len(features)
+    result: list[Any] = [None] * len(encoded)
     for idx, outs in pairs:
         for i, o in zip(idx, outs):
             result[i] = o

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.tasks.encoding import FeatureSet, predict_items
+from bertforge.tasks.encoding import EncodedSet, predict_items
 
 __all__ = ["CachedFeatures", "cache_features", "CachedObjective"]
 
@@ -28,25 +28,25 @@ logger = logging.getLogger("bertforge")
 
 
 class CachedFeatures:
-    """A `FeatureSet` whose batches also hold ``features`` (B, n, T, H) float32: the chosen layers of
+    """An `EncodedSet` whose batches also hold ``features`` (B, n, T, H) float32: the chosen layers of
     each item, computed beforehand, padded with zeros to the batch's length."""
 
-    def __init__(self, features: FeatureSet, cache: Sequence[torch.Tensor]):
+    def __init__(self, encoded: EncodedSet, cache: Sequence[torch.Tensor]):
         """``cache``: per item, (n, t, H) with t its tokens."""
-        if len(cache) != len(features):
-            raise ValueError(f"{len(cache)} cached items for {len(features)} features")
-        self.features = features
+        if len(cache) != len(encoded):
+            raise ValueError(f"{len(cache)} cached items for {len(encoded)} encoded items")
+        self.encoded = encoded
         self.cache = cache
 
     def __len__(self) -> int:
-        return len(self.features)
+        return len(self.encoded)
 
     @property
     def lengths(self) -> np.ndarray:
-        return self.features.lengths
+        return self.encoded.lengths
 
     def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        batch = self.features.collate(indices)
+        batch = self.encoded.collate(indices)
         T = batch["input_ids"].shape[-1]
         n, _, H = self.cache[indices[0]].shape
         out = torch.zeros(len(indices), n, T, H)
@@ -58,9 +58,9 @@ class CachedFeatures:
 
 
 @torch.no_grad()
-def cache_features(model: nn.Module, features: FeatureSet, batch_size: int, device: torch.device | str,
+def cache_features(model: nn.Module, encoded: EncodedSet, batch_size: int, device: torch.device | str,
                    dist: Any = None) -> CachedFeatures:
-    """One pass of ``model``'s frozen encoder over every item of ``features`` (`predict_items`: each
+    """One pass of ``model``'s frozen encoder over every item of ``encoded`` (`predict_items`: each
     process a part, all get the whole) -> `CachedFeatures`."""
     if not getattr(model, "frozen", False):
         raise ValueError("only a frozen encoder's features can be cached (they change as it trains)")
@@ -72,13 +72,13 @@ def cache_features(model: nn.Module, features: FeatureSet, batch_size: int, devi
         lengths = batch["attention_mask"].sum(-1).tolist()
         return [states[i, :, :t].to("cpu", torch.float16) for i, t in enumerate(lengths)]
 
-    cache = predict_items(model, features, batch_size, device, run, dist)
+    cache = predict_items(model, encoded, batch_size, device, run, dist)
     model.train(was_training)
     n, _, H = cache[0].shape
     size = sum(c.numel() for c in cache) * 2
     logger.info("features: cached %d layer%s x %d values for %s items (%.1f MB, float16)", n, "s" * (n > 1), H,
                 f"{len(cache):,}", size / 2**20)
-    return CachedFeatures(features, cache)
+    return CachedFeatures(encoded, cache)
 
 
 class CachedObjective:

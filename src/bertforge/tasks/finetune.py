@@ -1,10 +1,10 @@
 """``bertforge finetune / evaluate / predict``: the paper's fine-tuning, for every task family, on
 the shared training loop.
 
-The recipe: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
+A fine-tuning run: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
 task's family (`bertforge.tasks`: classification / regression incl. GLUE, tagging, SQuAD, multiple
 choice) reading and encoding the files, the family's ``BertFor...`` head with fresh weights, and
-the run's shape every recipe shares (`FinetuneRecipe`, a `bertforge.train.recipe.Recipe`). The
+the shape every training run shares (`FinetuneRun`, a `bertforge.train.run.TrainingRun`). The
 paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched {5e-5, 3e-5, 2e-5}), 3 epochs, warmup
 over 10% of the steps then linear decay, weight decay 0.01; the dev set is evaluated at the end of each
 epoch (or every ``eval_every`` steps) and the best model by the task's main metric is kept in
@@ -60,11 +60,12 @@ from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
-from bertforge.tasks.encoding import FeatureBatches
+from bertforge.tasks.encoding import EncodedBatches
 from bertforge.tasks.feature_based import CachedObjective, cache_features
 from bertforge.train.lock import run_lock
-from bertforge.train.loop import BatchSource, Objective, TrainConfig, TrainResult
-from bertforge.train.recipe import Evaluate, Recipe
+from bertforge.train.config import TrainConfig, setting
+from bertforge.train.loop import BatchSource, Evaluation, Objective, TrainResult
+from bertforge.train.run import Evaluate, TrainingRun
 from bertforge.train.precision import autocast, resolve_precision
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
@@ -103,9 +104,9 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """Evaluate on --dev-file every this many steps (0: at the end of every epoch)."""
     model: str = ""
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
-    out: str = "runs/finetune"
+    out: str = setting("runs/finetune", resumable=True)
     """Run folder: metrics.jsonl, checkpoints/, model/ (final) and best/ (best on dev)."""
-    epochs: float = 3.0
+    epochs: float = setting(3.0, resumable=True)
     """Passes over the training data when --max-steps is 0 (the paper searched 2, 3, 4)."""
     dropout: float | None = None
     """Dropout on hidden states and attention probabilities (None: the checkpoint's, 0.1 in published BERTs);
@@ -137,8 +138,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
     """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
     STEPS_FROM_DATA: ClassVar[bool] = True
-    """max_steps 0: set from --epochs once the data is read (`FinetuneRecipe.setup_data`)."""
-    RESUMABLE: ClassVar[tuple[str, ...]] = TrainConfig.RESUMABLE + ("eval_batch_size", "out", "device", "epochs")
+    """max_steps 0: set from --epochs once the data is read (`FinetuneRun.setup_data`)."""
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)
@@ -272,7 +272,7 @@ def _better(value: float, best: float | None) -> bool:
     return math.isfinite(value) and (best is None or value > best)
 
 
-# ---------------------------------------------------------------------------- the recipe
+# ---------------------------------------------------------------------------- the run
 @dataclass
 class PreparedData:
     """A task's training and dev files, read and encoded (shared by the runs of a grid)."""
@@ -304,11 +304,11 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneR
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
     the files already read by `prepare_data` with the same task, files and encoding settings. The run
     holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files to its end."""
-    return FinetuneRecipe(cfg, data).run()
+    return FinetuneRun(cfg, data).run()
 
 
-class FinetuneRecipe(Recipe[FinetuneResult]):
-    """Fine-tuning (`bertforge.train.recipe.Recipe`): a task family's files, its head on a pre-trained
+class FinetuneRun(TrainingRun[FinetuneResult]):
+    """Fine-tuning (`bertforge.train.run.TrainingRun`): a task family's files, its head on a pre-trained
     checkpoint, steps from --epochs, and the best model on dev kept in ``OUT/best/``."""
 
     outputs = (BEST_DIR,)
@@ -326,14 +326,13 @@ class FinetuneRecipe(Recipe[FinetuneResult]):
         """{"step", "metric", "value", "metrics"} of the best evaluation so far."""
 
     def read_inputs(self) -> None:
-        """The task's files, read here unless given, and the settings with the family's defaults."""
+        """The task's files, read here unless given (then checked to have been read with this run's settings)."""
         if self.data is None:
             self.data = prepare_data(self.cfg)
-            self.cfg = self.data.cfg
         else:
-            self.cfg = self.data.family.configure(self.cfg)
+            configured = self.data.family.configure(self.cfg)
             differ = [name for name in ("task", "model", "train_file", "dev_file", *self.data.family.settings)
-                      if getattr(self.cfg, name) != getattr(self.data.cfg, name)]
+                      if getattr(configured, name) != getattr(self.data.cfg, name)]
             if differ:
                 raise ValueError(f"the prepared data was read with other settings: {', '.join(differ)}")
         self.tokenizer = self.data.tokenizer
@@ -343,16 +342,20 @@ class FinetuneRecipe(Recipe[FinetuneResult]):
         assert self.data is not None, "read_inputs reads the data"
         return self.data
 
-    def setup_data(self) -> None:
-        """The run's steps: --max-steps, or --epochs passes over the training data; an evaluation every
-        epoch unless --eval-every says otherwise."""
-        cfg, train = self.cfg, self.prepared.train
-        self.steps_per_epoch = len(train.features) // cfg.batch_size
-        if self.steps_per_epoch < 1:
-            raise ValueError(f"{cfg.train_file}: {len(train.features)} training sequences, fewer than one batch "
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.prepared.train.encoded) // self.cfg.batch_size
+
+    def settled_config(self) -> FinetuneConfig:
+        """The family's defaults filled in, and the run's steps: --max-steps, or --epochs passes over the
+        training data; an evaluation every epoch unless --eval-every says otherwise."""
+        cfg, train = self.prepared.family.configure(self.cfg), self.prepared.train
+        per_epoch = len(train.encoded) // cfg.batch_size
+        if per_epoch < 1:
+            raise ValueError(f"{cfg.train_file}: {len(train.encoded)} training sequences, fewer than one batch "
                              f"({cfg.batch_size})")
-        max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
-        self.cfg = dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or self.steps_per_epoch)
+        max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
+        return dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or per_epoch)
 
     def build_model(self) -> nn.Module:
         """The family's head on the pre-trained checkpoint (the head fresh, the same on every process), with
@@ -373,30 +376,29 @@ class FinetuneRecipe(Recipe[FinetuneResult]):
     def setup_training(self, model: nn.Module) -> tuple[Objective, BatchSource, Evaluate | None]:
         cfg, dist, data = self.cfg, self.dist, self.prepared
         objective = data.family.objective(model.config)
-        features = data.train.features
+        encoded = data.train.encoded
         if cfg.features:  # the frozen encoder's features do not change: computed once, not in every epoch
-            features = cache_features(model.to(dist.device), features, cfg.eval_batch_size, dist.device, dist)
+            encoded = cache_features(model.to(dist.device), encoded, cfg.eval_batch_size, dist.device, dist)
             objective = CachedObjective(objective)
-        batches = FeatureBatches(features, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
+        batches = EncodedBatches(encoded, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
                                  world_size=dist.world_size, name=cfg.train_file)
         if cfg.resume and (self.best_dir / BEST_METRICS).is_file():
             self.best = json.loads((self.best_dir / BEST_METRICS).read_text(encoding="utf-8"))
         return objective, batches, self.evaluate if data.dev else None
 
-    def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
-        """The dev files' metrics; a new best model is saved in ``OUT/best/`` with its prediction files."""
-        cfg, trainer = self.cfg, self.trainer
+    def evaluate(self, model: nn.Module, step: int) -> Evaluation:
+        """The dev files' metrics; a new best asks for the model in ``OUT/best/`` with its prediction files."""
+        cfg = self.cfg
         metrics, main, files = _evaluate_all(self.prepared.family, model, self.prepared.dev, cfg, self.dist.device,
                                              self.dist)
         main = cfg.metric_for_best or main
         if main not in metrics:
             raise ValueError(f"--metric-for-best {main!r} is not among the metrics ({', '.join(metrics)})")
-        if cfg.keep_best and _better(metrics[main], self.best["value"] if self.best else None):
-            self.best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
-            assert trainer is not None, "the trainer evaluates"
-            trainer.save_model(self.best_dir,
-                               extra_files={BEST_METRICS: json.dumps(self.best, indent=1) + "\n", **files})
-        return metrics
+        if not (cfg.keep_best and _better(metrics[main], self.best["value"] if self.best else None)):
+            return Evaluation(metrics)
+        self.best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
+        return Evaluation(metrics, save_to=self.best_dir,
+                          files={BEST_METRICS: json.dumps(self.best, indent=1) + "\n", **files})
 
     def run_facts(self, model: nn.Module) -> dict[str, Any]:
         return {"labels": self.prepared.train.labels}

@@ -28,7 +28,7 @@ choice on a tie). transformers' fast tokenizers agree but for one token: when bo
 cut to halves of an odd room, they leave the odd token to the longer one (the choice on a tie), the
 TF loop always to the context. A choice
 cannot be windowed like a classification text, since the C scores must be compared; cut pairs are
-counted in the features' summary and logged, never silent.
+counted in the encoded inputs' summary and logged, never silent.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, Family
                                   TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items
 
-__all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceFeatures",
+__all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceInputs",
            "encode_choices", "longest_first", "MultipleChoiceObjective", "choice_scores", "prediction_records",
            "MultipleChoiceFamily"]
 
@@ -205,9 +205,9 @@ def read_choices(
     return examples, report
 
 
-# ---------------------------------------------------------------------------- features
+# ---------------------------------------------------------------------------- encoding
 @dataclass
-class ChoiceFeatures:
+class ChoiceInputs:
     """The C sequences of every example; items (for batching, lengths) are examples."""
 
     sequences: Windows
@@ -230,7 +230,7 @@ class ChoiceFeatures:
         """Tokens of each example's longest sequence."""
         return self.sequences.lengths.reshape(len(self), self.num_choices).max(axis=1, initial=0)
 
-    def with_labels(self, labels: np.ndarray) -> "ChoiceFeatures":
+    def with_labels(self, labels: np.ndarray) -> "ChoiceInputs":
         self.labels = labels
         return self
 
@@ -252,7 +252,7 @@ class ChoiceFeatures:
         return text
 
 
-def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_length: int) -> ChoiceFeatures:
+def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_length: int) -> ChoiceInputs:
     """Tokenize every (context, choice) pair into ``[CLS] context [SEP] choice [SEP]``, cut longest-first
     to ``max_seq_length`` (module docstring). Every example must have the same number of choices."""
     if max_seq_length < 4:
@@ -274,7 +274,7 @@ def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_le
         ids.append(np.array([cls, *a[:n_a], sep, *b[:n_b], sep], dtype=np.int64))
         num_a[j], cut[j] = n_a + 2, n_a + n_b < len(a) + len(b)
     example = np.repeat(np.arange(len(examples), dtype=np.int64), C)
-    return ChoiceFeatures(Windows(ids, num_a, example, len(examples)), C, max_seq_length,
+    return ChoiceInputs(Windows(ids, num_a, example, len(examples)), C, max_seq_length,
                           cut_pairs=int(cut.sum()), cut_examples=int(cut.reshape(-1, C).any(axis=1).sum()) if C else 0)
 
 
@@ -299,7 +299,7 @@ class MultipleChoiceObjective:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, device: torch.device | str = "cpu",
+def choice_scores(model: nn.Module, encoded: ChoiceInputs, batch_size: int, device: torch.device | str = "cpu",
                   dist: Any = None) -> np.ndarray:
     """(examples, C) scores (logits). ``batch_size``: sequences per forward pass (so batch_size // C
     examples). With ``dist``, every process scores a part and all get the whole."""
@@ -307,8 +307,8 @@ def choice_scores(model: nn.Module, features: ChoiceFeatures, batch_size: int, d
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
         return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
 
-    rows = predict_items(model, features, max(1, batch_size // max(features.num_choices, 1)), device, run, dist)
-    return np.array(rows, dtype=np.float64).reshape(len(rows), features.num_choices)
+    rows = predict_items(model, encoded, max(1, batch_size // max(encoded.num_choices, 1)), device, run, dist)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), encoded.num_choices)
 
 
 # ---------------------------------------------------------------------------- predictions
@@ -357,13 +357,13 @@ class MultipleChoiceFamily(FamilyDefaults):
                             require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows, num_choices=num_choices)
 
     @staticmethod
-    def _encode(cfg: TaskSettings, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceFeatures:
-        features = encode_choices(examples, tokenizer, cfg.max_seq_length)
+    def _encode(cfg: TaskSettings, tokenizer: Any, examples: list[ChoiceExample], what: str) -> ChoiceInputs:
+        encoded = encode_choices(examples, tokenizer, cfg.max_seq_length)
         if examples and examples[0].label is not None:
-            features.with_labels(np.array([e.label for e in examples], dtype=np.int64))
-        if features.cut_pairs:
-            logger.warning("%s: %s", what, features.summary())
-        return features
+            encoded.with_labels(np.array([e.label for e in examples], dtype=np.int64))
+        if encoded.cut_pairs:
+            logger.warning("%s: %s", what, encoded.summary())
+        return encoded
 
     def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
         examples: list[ChoiceExample] = []
@@ -374,16 +374,16 @@ class MultipleChoiceFamily(FamilyDefaults):
             reports.append(report)
         if not examples:
             raise ValueError(f"{cfg.train_file}: no labelled training examples")
-        features = self._encode(cfg, tokenizer, examples, cfg.train_file)
-        return TrainData(features, {}, None, reports, features.summary())
+        encoded = self._encode(cfg, tokenizer, examples, cfg.train_file)
+        return TrainData(encoded, {}, None, reports, encoded.summary())
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         """A labelled file (``label2id`` is not used: labels are choice indexes)."""
         examples, report = self._read(cfg, path, True)
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
-        features = self._encode(cfg, tokenizer, examples, str(path))
-        return EvalData(path, (features, examples), report, features.summary())
+        encoded = self._encode(cfg, tokenizer, examples, str(path))
+        return EvalData(path, (encoded, examples), report, encoded.summary())
 
     def objective(self, config: Any) -> MultipleChoiceObjective:
         return MultipleChoiceObjective()
@@ -393,18 +393,18 @@ class MultipleChoiceFamily(FamilyDefaults):
         """Accuracy, and ``predictions.tsv``: `format_predictions` of the file's records with the gold choice."""
         from bertforge import metrics
 
-        features, examples = data.data
-        scores = choice_scores(model, features, cfg.eval_batch_size, device, dist)
+        encoded, examples = data.data
+        scores = choice_scores(model, encoded, cfg.eval_batch_size, device, dist)
         records = prediction_records(examples, scores, gold=True)
-        return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), features.labels)}, "accuracy",
+        return EvalResult({"accuracy": metrics.accuracy(scores.argmax(-1), encoded.labels)}, "accuracy",
                           {PREDICTION_TABLE: self.format_predictions(records, Path(PREDICTION_TABLE))})
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
-        features = self._encode(cfg, tokenizer, examples, str(path))
-        return prediction_records(examples, choice_scores(model, features, cfg.eval_batch_size, device))
+        encoded = self._encode(cfg, tokenizer, examples, str(path))
+        return prediction_records(examples, choice_scores(model, encoded, cfg.eval_batch_size, device))
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """``index,prediction`` lines (and ``gold`` when the records have it): comma-separated for a
@@ -416,9 +416,9 @@ class MultipleChoiceFamily(FamilyDefaults):
         """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, choice 1,
         choice 2, ...): the index and text of the most likely choice and every choice's probability
         (softmax over the choices' scores). Every input has the same number of choices."""
-        features = encode_choices([ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)],
+        encoded = encode_choices([ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)],
                                   tokenizer, cfg.max_seq_length)
-        scores = choice_scores(model, features, cfg.eval_batch_size, device)  # (N, C)
+        scores = choice_scores(model, encoded, cfg.eval_batch_size, device)  # (N, C)
         probs = np.exp(scores - scores.max(1, keepdims=True))
         probs /= probs.sum(1, keepdims=True)
         return [{"index": i, "context": t[0], "choices": list(t[1:]), "choice": int(p.argmax()),

@@ -68,7 +68,7 @@ from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TaskSettings
                                   split_files, text_lines)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
-__all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadFeatures",
+__all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadWindows",
            "encode_squad", "SpanObjective", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
            "prediction_files", "SquadFamily"]
 
@@ -257,9 +257,9 @@ def squad_files(spec: str, task: str, split: str) -> list[Path]:
     return files
 
 
-# ---------------------------------------------------------------------------- features
+# ---------------------------------------------------------------------------- encoding
 @dataclass
-class SquadFeatures(Windows):
+class SquadWindows(Windows):
     """Windows ``[CLS] question [SEP] context part [SEP]`` (``num_a``: the tokens up to the first
     [SEP]); ``example`` is the question's index, and a question's windows are consecutive."""
 
@@ -306,7 +306,7 @@ class SquadFeatures(Windows):
 
 
 def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
-                 targets: bool = False, skip_bad_rows: bool = False) -> SquadFeatures:
+                 targets: bool = False, skip_bad_rows: bool = False) -> SquadWindows:
     """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
     positions (a training answer whose characters hold no token is an error, or skipped and counted)."""
     _check_window_settings(max_seq_length, doc_stride, max_query_length)
@@ -353,7 +353,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         doc_start.append(starts)
         doc_len.append(lengths)
     lengths_all = np.concatenate(doc_len) if doc_len else np.zeros(0, np.int64)
-    features = SquadFeatures(
+    encoded = SquadWindows(
         out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(questions),
         windowed=windowed,
         doc_start=np.concatenate(doc_start) if doc_start else np.zeros(0, np.int64), doc_len=lengths_all,
@@ -362,9 +362,9 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         else np.zeros(0, np.int64),
         offsets=offsets, cut_questions=cut, without_answer=without)
     if targets:
-        features.start_positions = np.array(start_pos, dtype=np.int64)
-        features.end_positions = np.array(end_pos, dtype=np.int64)
-    return features
+        encoded.start_positions = np.array(start_pos, dtype=np.int64)
+        encoded.end_positions = np.array(end_pos, dtype=np.int64)
+    return encoded
 
 
 def _check_window_settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> None:
@@ -474,7 +474,7 @@ def top_k_scores(start_logits: torch.Tensor, end_logits: torch.Tensor, attention
     return rows
 
 
-def predict_scores(model: nn.Module, features: SquadFeatures, k: int, batch_size: int,
+def predict_scores(model: nn.Module, encoded: SquadWindows, k: int, batch_size: int,
                    device: torch.device | str = "cpu", dist: Any = None) -> list[WindowScores]:
     """`WindowScores` of every window (with ``dist``: every process runs a part, all get the whole)."""
 
@@ -482,7 +482,7 @@ def predict_scores(model: nn.Module, features: SquadFeatures, k: int, batch_size
         out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         return top_k_scores(out.start_logits, out.end_logits, batch["attention_mask"], k)
 
-    return predict_items(model, features, batch_size, device, run, dist)
+    return predict_items(model, encoded, batch_size, device, run, dist)
 
 
 @dataclass
@@ -510,7 +510,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def postprocess(data: SquadData, features: SquadFeatures, scores: Sequence[WindowScores], *, n_best_size: int,
+def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowScores], *, n_best_size: int,
                 max_answer_length: int, null_score_diff_threshold: float = 0.0) -> list[Prediction]:
     """The answers of every question from its windows' scores (module docstring); SQuAD 2.0 decides
     null answers by ``data.version``."""
@@ -519,28 +519,28 @@ def postprocess(data: SquadData, features: SquadFeatures, scores: Sequence[Windo
         si, sv = np.stack([s.start_index for s in scores]), np.stack([s.start_logit for s in scores]).astype(np.float64)
         ei, ev = np.stack([s.end_index for s in scores]), np.stack([s.end_logit for s in scores]).astype(np.float64)
         null = np.array([(s.null_start, s.null_end) for s in scores], dtype=np.float64).reshape(-1, 2)
-    flags = features.max_context
+    flags = encoded.max_context
     out = []
     for qi, q in enumerate(data.questions):
-        a, b = features.window_range(qi)
-        context, offs = data.contexts[q.paragraph], features.offsets[q.paragraph]
+        a, b = encoded.window_range(qi)
+        context, offs = data.contexts[q.paragraph], encoded.offsets[q.paragraph]
         spans = np.zeros(0, dtype=np.float64)
         tok_s = tok_e = span_s = span_e = np.zeros(0, np.int64)
         if b > a:
-            base = features.num_a[a:b, None]
-            length = features.doc_len[a:b, None]
+            base = encoded.num_a[a:b, None]
+            length = encoded.doc_len[a:b, None]
             s_rel, e_rel = si[a:b] - base, ei[a:b] - base  # (W, k) positions in the context part
             ok_s = (s_rel >= 0) & (s_rel < length)
             if flags.size:
-                ok_s &= flags[np.where(ok_s, features.max_context_at[a:b, None] + s_rel, 0)]
+                ok_s &= flags[np.where(ok_s, encoded.max_context_at[a:b, None] + s_rel, 0)]
             ok_e = (e_rel >= 0) & (e_rel < length)
             n_tok = e_rel[:, None, :] - s_rel[:, :, None] + 1  # (W, k starts, k ends)
             valid = ok_s[:, :, None] & ok_e[:, None, :] & (n_tok >= 1) & (n_tok <= max_answer_length)
             w, i, j = np.nonzero(valid)  # window, start rank, end rank: the TF release's order
             span_s, span_e = sv[a + w, i], ev[a + w, j]
             spans = span_s + span_e
-            tok_s = features.doc_start[a + w] + s_rel[w, i]
-            tok_e = features.doc_start[a + w] + e_rel[w, j]
+            tok_s = encoded.doc_start[a + w] + s_rel[w, i]
+            tok_e = encoded.doc_start[a + w] + e_rel[w, j]
         null_score, null_logits = None, (0.0, 0.0)
         ranked = spans
         if v2 and b > a:
@@ -619,7 +619,7 @@ def _score(data: SquadData, predictions: Sequence[Prediction], threshold: float)
 @dataclass
 class _EvalSet:
     data: SquadData
-    features: SquadFeatures
+    encoded: SquadWindows
 
 
 class SquadFamily:
@@ -652,32 +652,32 @@ class SquadFamily:
         return squad_files(spec, cfg.task, split)
 
     def _encode(self, cfg: TaskSettings, tokenizer: Any, paths: Sequence[Path],
-                mode: Literal["train", "eval", "predict"]) -> tuple[SquadData, SquadFeatures]:
+                mode: Literal["train", "eval", "predict"]) -> tuple[SquadData, SquadWindows]:
         parts = [read_squad(p, VERSIONS[cfg.task], mode=mode, skip_bad_rows=cfg.skip_bad_rows) for p in paths]
         data = SquadData.join(parts)
         if not data.questions:
             raise ValueError(f"{', '.join(map(str, paths))}: no questions")
-        features = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length,
+        encoded = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length,
                                 targets=mode == "train", skip_bad_rows=cfg.skip_bad_rows)
-        return data, features
+        return data, encoded
 
     def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData:
-        data, features = self._encode(cfg, tokenizer, self.files(cfg, cfg.train_file, "train"), "train")
+        data, encoded = self._encode(cfg, tokenizer, self.files(cfg, cfg.train_file, "train"), "train")
         impossible = sum(q.is_impossible for q in data.questions)
-        summary = features.summary() + (f"; {impossible:,} questions unanswerable" if impossible else "")
-        return TrainData(features, {}, None, list(data.reports), summary)
+        summary = encoded.summary() + (f"; {impossible:,} questions unanswerable" if impossible else "")
+        return TrainData(encoded, {}, None, list(data.reports), summary)
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
-        data, features = self._encode(cfg, tokenizer, [path], "eval")
-        return EvalData(path, _EvalSet(data, features), data.reports[0], features.summary())
+        data, encoded = self._encode(cfg, tokenizer, [path], "eval")
+        return EvalData(path, _EvalSet(data, encoded), data.reports[0], encoded.summary())
 
     def objective(self, config: Any) -> SpanObjective:
         return SpanObjective()
 
-    def _predictions(self, model: nn.Module, data: SquadData, features: SquadFeatures, cfg: TaskSettings,
+    def _predictions(self, model: nn.Module, data: SquadData, encoded: SquadWindows, cfg: TaskSettings,
                      device: torch.device | str, dist: Any = None) -> list[Prediction]:
-        scores = predict_scores(model, features, cfg.n_best_size, cfg.eval_batch_size, device, dist)
-        return postprocess(data, features, scores, n_best_size=cfg.n_best_size,
+        scores = predict_scores(model, encoded, cfg.n_best_size, cfg.eval_batch_size, device, dist)
+        return postprocess(data, encoded, scores, n_best_size=cfg.n_best_size,
                            max_answer_length=cfg.max_answer_length,
                            null_score_diff_threshold=cfg.null_score_diff_threshold)
 
@@ -686,7 +686,7 @@ class SquadFamily:
         """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
         prediction files."""
         got: _EvalSet = data.data
-        predictions = self._predictions(model, got.data, got.features, cfg, device, dist)
+        predictions = self._predictions(model, got.data, got.encoded, cfg, device, dist)
         metrics = _score(got.data, predictions, cfg.null_score_diff_threshold)
         return EvalResult(metrics, "f1", prediction_files(predictions, got.data.version))
 
@@ -695,9 +695,9 @@ class SquadFamily:
         """``{"id", "answer", "start", "end", "score", "no_answer"}`` per question (``start`` / ``end``:
         the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
         probability), plus ``null_odds`` for SQuAD 2.0."""
-        data, features = self._encode(cfg, tokenizer, [path], "predict")
+        data, encoded = self._encode(cfg, tokenizer, [path], "predict")
         records = []
-        for p in self._predictions(model, data, features, cfg, device):
+        for p in self._predictions(model, data, encoded, cfg, device):
             answered = p.text != ""
             record = {"id": p.id, "answer": p.text, "start": p.start if answered else None,
                       "end": p.end if answered else None, "score": round(p.probability, 6), "no_answer": not answered}
@@ -720,9 +720,9 @@ class SquadFamily:
         data = SquadData([c for _, c in items],
                          [Question(str(i), q, i, (), -1, False, f"input {i}") for i, (q, _) in enumerate(items)],
                          VERSIONS[cfg.task], [])
-        features = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length)
+        encoded = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length)
         records = []
-        for i, ((q, c), p) in enumerate(zip(items, self._predictions(model, data, features, cfg, device))):
+        for i, ((q, c), p) in enumerate(zip(items, self._predictions(model, data, encoded, cfg, device))):
             answered = p.text != ""
             record = {"index": i, "question": q, "context": c, "answer": p.text,
                       "start": p.start if answered else None, "end": p.end if answered else None,

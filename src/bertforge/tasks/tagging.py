@@ -260,7 +260,7 @@ def _check_tags(path: Path, sentences: Sequence[Sentence], task: str, scheme: st
                 checked.add(tag)
 
 
-# ---------------------------------------------------------------------------- features
+# ---------------------------------------------------------------------------- encoding
 @dataclass
 class TagWindows:
     """The windows of some sentences and, per window position, the word whose tag it carries."""
@@ -391,7 +391,7 @@ class TaggingObjective:
         return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
-def predict_tags(model: nn.Module, features: TagWindows, batch_size: int, device: torch.device | str = "cpu",
+def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device: torch.device | str = "cpu",
                  dist: Any = None) -> np.ndarray:
     """(words,) the predicted tag id of every word, read in its max-context window; -1 for words
     without tokens. With ``dist``, every process predicts a part and all get the whole."""
@@ -399,11 +399,11 @@ def predict_tags(model: nn.Module, features: TagWindows, batch_size: int, device
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
         logits = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
         best = logits.argmax(-1).cpu().numpy()
-        return [best[i, :len(features.words[k])][features.words[k] >= 0] for i, k in enumerate(idx)]
+        return [best[i, :len(encoded.words[k])][encoded.words[k] >= 0] for i, k in enumerate(idx)]
 
-    per_window = predict_items(model, features, batch_size, device, run, dist)
-    out = np.full(features.num_words, -1, dtype=np.int64)
-    for w, got in zip(features.words, per_window):
+    per_window = predict_items(model, encoded, batch_size, device, run, dist)
+    out = np.full(encoded.num_words, -1, dtype=np.int64)
+    for w, got in zip(encoded.words, per_window):
         out[w[w >= 0]] = got
     return out
 
@@ -449,10 +449,10 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentences: list[Sentence],
                    device: torch.device | str) -> tuple[list[list[str]], str | None]:
     """Each sentence's predicted tag per word, and the tag scheme their entities are read with."""
-    features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+    encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
     labels = _model_labels(model)
-    tags = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device),
-                                   dict(enumerate(labels))), features.word_offsets)
+    tags = _by_sentence(_tag_names(predict_tags(model, encoded, cfg.eval_batch_size, device),
+                                   dict(enumerate(labels))), encoded.word_offsets)
     return tags, resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
 
 
@@ -488,9 +488,9 @@ class TaggingFamily(FamilyDefaults):
         scheme = _training_scheme(read, cfg.tag_scheme, cfg.task, labels)
         label2id = {name: i for i, name in enumerate(labels)}
         tags = np.concatenate([tag_ids(got, path, label2id) for path, got, _ in read])
-        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride).with_tags(tags)
-        summary = f"{features.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
-        return TrainData(features, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
+        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride).with_tags(tags)
+        summary = f"{encoded.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
+        return TrainData(encoded, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         sentences, report = self._read(cfg, path, True)
@@ -502,19 +502,19 @@ class TaggingFamily(FamilyDefaults):
         if unseen:  # scored as the model's own tags are, so they must be valid in its scheme
             _check_tags(path, sentences, cfg.task,
                         resolve_scheme(cfg.tag_scheme, cfg.task, list(label2id), (s.tags for s in sentences)), unseen)
-        features = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
-        features.with_tags(tag_ids(sentences, path, label2id, unseen=losses.IGNORE_INDEX))
-        return EvalData(path, (features, sentences), report, features.summary())
+        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+        encoded.with_tags(tag_ids(sentences, path, label2id, unseen=losses.IGNORE_INDEX))
+        return EvalData(path, (encoded, sentences), report, encoded.summary())
 
     def objective(self, config: Any) -> TaggingObjective:
         return TaggingObjective()
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
-        features, sentences = data.data
+        encoded, sentences = data.data
         labels = _model_labels(model)
-        pred = _by_sentence(_tag_names(predict_tags(model, features, cfg.eval_batch_size, device, dist),
-                                       dict(enumerate(labels))), features.word_offsets)
+        pred = _by_sentence(_tag_names(predict_tags(model, encoded, cfg.eval_batch_size, device, dist),
+                                       dict(enumerate(labels))), encoded.word_offsets)
         gold = [s.tags for s in sentences]
         scheme = resolve_scheme(cfg.tag_scheme, cfg.task, labels, gold)
         metrics = tagging_metrics(gold, pred, scheme)

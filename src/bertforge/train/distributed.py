@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import datetime
 import os
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Distributed", "resolve_device", "setup", "wrap_model", "unwrap_model", "STRATEGIES"]
+__all__ = ["Distributed", "resolve_device", "setup", "wrap_model", "unwrap_model", "STRATEGIES", "Strategy"]
 
-STRATEGIES = ("ddp", "fsdp")
+Strategy = Literal["ddp", "fsdp"]
+STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,15 @@ that folder is refused with one line naming the holder::
 
     runs/base is in use by process 4242 (started 2024-05-01 12:00:03): wait for it, or stop it
 
-Where ``fcntl`` exists (Linux, macOS), the lock is ``flock(LOCK_EX | LOCK_NB)`` on the open file for
-as long as the run lasts: the kernel lets go of it when the process ends, however it ends, so a run
-killed with ``kill -9`` never leaves a folder blocked. Elsewhere (Windows) the file is created with
-``O_CREAT | O_EXCL`` and a lock whose recorded process no longer runs on this machine is taken over.
-The file is removed when the lock is let go of; one left behind by a killed process is no result of a
-run (`bertforge.train.rundir.run_files` does not list it) and is reused by the next run.
+The lock itself is the operating system's, through ``filelock`` (``flock`` on Linux and macOS,
+``LockFileEx`` on Windows): the kernel lets go of it when the process ends, however it ends, so a run
+killed with ``kill -9`` never leaves a folder blocked, and a lock file that is a symbolic link is refused
+rather than followed. The file is removed when the lock is let go of; one left behind by a killed process
+is no result of a run (`bertforge.train.rundir.run_files` does not list it) and is reused by the next run.
 
 `FolderLock` is the lock as a context manager; `run_lock` is the one a run takes around all it does
 with its folder, in its main process only under torchrun, every process raising the main one's
-refusal. Forked children (data-loader workers) close their copies of the lock files, so a lock never
-outlives the process that took it.
+refusal. Forked children (data-loader workers) do not inherit the hold.
 """
 
 from __future__ import annotations
@@ -30,21 +28,14 @@ import logging
 import os
 import socket
 import sys
-import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertforge.io import process_alive
+import filelock
 
 if TYPE_CHECKING:
     from bertforge.train.distributed import Distributed
-
-try:
-    import fcntl
-except ImportError:  # Windows: exclusive creation and a liveness check of the recorded process
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LOCK_FILE", "FolderInUse", "FolderLock", "run_lock", "folder_user"]
 
@@ -52,12 +43,6 @@ logger = logging.getLogger("bertforge")
 
 LOCK_FILE = "run.lock"
 """The lock's file name inside the folder it guards."""
-UNWRITTEN_GRACE_SECONDS = 60.0
-"""Without ``fcntl``: how old an empty or unreadable lock file must be to count as left by a crash (its
-owner writes it right after creating it)."""
-
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
-"""What ``flock`` raises on a file system without locks (some network and FUSE file systems)."""
 
 
 class FolderInUse(ValueError):
@@ -90,13 +75,6 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _read_fd(fd: int) -> dict[str, Any] | None:
-    try:
-        return _parse(os.pread(fd, 1 << 16, 0).decode("utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _when(started: Any) -> str:
     """An ISO time as local ``YYYY-MM-DD HH:MM:SS`` ("" if it is not one)."""
     try:
@@ -119,35 +97,20 @@ def _in_use(folder: Path, owner: dict[str, Any] | None) -> FolderInUse:
     return FolderInUse(f"{folder} is in use by {_who(owner)}: wait for it, or stop it", owner)
 
 
-def _unlocked_stale(path: Path, owner: dict[str, Any] | None) -> bool:
-    """Without ``fcntl``: whether a lock file was left by a process that is gone."""
-    if owner is None:
-        try:
-            return time.time() - path.stat().st_mtime > UNWRITTEN_GRACE_SECONDS
-        except FileNotFoundError:
-            return True
-    return owner.get("host") == _host() and not process_alive(int(owner["pid"]))
-
-
-_LIVE: weakref.WeakSet[FolderLock] = weakref.WeakSet()
-"""Every lock this process holds (forked children close their copies of these files)."""
-
-
 class FolderLock:
     """The lock of run folder ``folder`` (created if missing): ``with FolderLock(out): ...``, or `acquire` /
-    `release`. Acquiring raises `FolderInUse` when another live process holds it, without changing the
-    folder. Released, the lock file is removed, and so is the folder if acquiring created it and it stayed
-    empty."""
+    `release`. Acquiring raises `FolderInUse` when another process holds it, without changing the folder.
+    Released, the lock file is removed, and so is the folder if acquiring created it and it stayed empty."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
         self._created: list[Path] = []  # folders acquiring made, deepest first
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
@@ -167,86 +130,51 @@ class FolderLock:
         if missing:
             self._created = missing
 
-    def _record(self) -> bytes:
+    @staticmethod
+    def _record(fd: int) -> None:
+        """Write who holds the lock into the locked file (``filelock``'s ``on_acquired``)."""
         owner = {"pid": os.getpid(), "host": _host(),
                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                  "command": " ".join(sys.argv)}
-        return (json.dumps(owner) + "\n").encode("utf-8")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
 
     def acquire(self) -> FolderLock:
         """Take the lock, or raise `FolderInUse`; return self."""
-        if self._fd is not None:
+        if self._lock is not None:
             return self
+        lock = filelock.FileLock(self.path, timeout=0, on_acquired=self._record, is_singleton=False,
+                                 thread_local=False)
         for _ in range(100):  # another process may remove the file (or its empty folder) as it lets go
+            self._make_folder()
             try:
-                self._make_folder()
-                fd = self._flock() if fcntl is not None else self._create()
+                lock.acquire()
+            except filelock.Timeout:
+                if self.path.exists():
+                    raise _in_use(self.folder, _read(self.path)) from None
+                continue
             except FileNotFoundError:
                 continue
-            if fd is None:
-                continue
-            self._fd = fd
-            _LIVE.add(self)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise ValueError(f"{self.path} is a symbolic link; a run's lock file must be a plain file: "
+                                     "remove the link") from None
+                raise
+            self._lock = lock
             return self
         raise OSError(errno.EAGAIN, f"{self.path}: could not be locked (it keeps changing)")
-
-    def _flock(self) -> int | None:
-        """The locked descriptor of the lock file; None: the file was replaced meanwhile (try again)."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise _in_use(self.folder, _read_fd(fd)) from None
-            except OSError as e:
-                if e.errno not in _NO_FLOCK:
-                    raise
-                logger.warning("%s cannot be locked on this file system (%s): runs into %s are not kept apart",
-                               self.path, e.strerror, self.folder)
-            held, now = os.fstat(fd), os.stat(self.path)  # FileNotFoundError: removed as its holder let go
-            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
-                os.close(fd)
-                return None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, self._record(), 0)
-            return fd
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            raise
-
-    def _create(self) -> int | None:
-        """The descriptor of the lock file created exclusively; None: a stale one was removed (try again)."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            owner = _read(self.path)
-            if not _unlocked_stale(self.path, owner):
-                raise _in_use(self.folder, owner) from None
-            logger.info("removing %s, left by %s, which no longer runs", self.path,
-                        f"process {owner['pid']}" if owner else "a process")
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            return None
-        os.write(fd, self._record())
-        return fd
 
     def release(self) -> None:
         """Let go of the lock (nothing if not held): remove the lock file, then the folders acquiring made
         if they are empty."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+        lock, self._lock = self._lock, None
+        if lock is None:
             return
-        _LIVE.discard(self)
-        try:
-            if fcntl is not None:  # removed while still held: a process that opened this file sees it was replaced
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
-        finally:
-            os.close(fd)
-        if fcntl is None:  # an open file cannot be removed on Windows
-            with contextlib.suppress(FileNotFoundError):
+        try:  # removed while still held: a process waiting on this file finds it gone and takes a new one
+            with contextlib.suppress(OSError):
                 self.path.unlink()
+        finally:
+            lock.release()
         for p in self._created:
             try:
                 p.rmdir()
@@ -257,23 +185,6 @@ class FolderLock:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.release()
-
-    def _forget_in_child(self) -> None:
-        """In a forked child: close this copy of the descriptor without unlocking (the parent still holds it)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _after_fork_in_child() -> None:
-    for lock in list(_LIVE):
-        lock._forget_in_child()
-    _LIVE.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -304,25 +215,19 @@ def run_lock(folder: str | Path, dist: Distributed | None = None) -> Iterator[No
 
 
 def folder_user(folder: str | Path) -> str | None:
-    """Who holds ``folder``'s lock, e.g. "process 4242 (started 2024-05-01 12:00:03)", if another live
-    process does (None: nobody does, or this process). Reads only: the folder is not changed."""
+    """Who holds ``folder``'s lock, e.g. "process 4242 (started 2024-05-01 12:00:03)", if another process
+    does (None: nobody does, or this process). The folder is not changed."""
     path = Path(folder) / LOCK_FILE
-    if any(lock.held and lock.path == path for lock in list(_LIVE)):
+    if not path.is_file() or path.is_symlink():
         return None
-    if fcntl is None:
-        if not path.is_file():
-            return None
-        owner = _read(path)
-        return None if _unlocked_stale(path, owner) else _who(owner)
+    probe = filelock.FileLock(path, timeout=0, is_singleton=False, thread_local=False, preserve_lock_file=True)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        probe.acquire()
+    except filelock.Timeout:
+        owner = _read(path)
+        return None if owner is not None and owner.get("pid") == os.getpid() and owner.get("host") == _host() \
+            else _who(owner)
     except OSError:
         return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _who(_read_fd(fd))
-        return None
-    finally:
-        os.close(fd)  # a shared lock taken here goes with it
+    probe.release()
+    return None

@@ -19,15 +19,20 @@ The update formulas, for one tensor ``w`` with gradient ``g`` at step ``t`` (1-b
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-__all__ = ["Lamb", "param_groups", "build_optimizer", "lr_factor", "build_schedule", "OPTIMIZERS", "SCHEDULES"]
+__all__ = ["Lamb", "param_groups", "build_optimizer", "lr_factor", "build_schedule", "Schedule", "CLOCK_UNITS",
+           "OPTIMIZERS", "SCHEDULES", "OptimizerName", "ScheduleName"]
 
-OPTIMIZERS = ("adamw", "lamb")
-SCHEDULES = ("linear", "polynomial", "cosine", "constant", "range")
+OptimizerName = Literal["adamw", "lamb"]
+ScheduleName = Literal["linear", "polynomial", "cosine", "constant", "range"]
+OPTIMIZERS: tuple[str, ...] = typing.get_args(OptimizerName)
+SCHEDULES: tuple[str, ...] = typing.get_args(ScheduleName)
 RANGE_DECADES = 4
 """The ``range`` schedule's span: the rate rises from the peak / 10 ** RANGE_DECADES to the peak."""
 
@@ -148,11 +153,60 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str =
     return end_factor + (1.0 - end_factor) * decay
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, clock: Callable[[int], int] | None = None,
-                   **kwargs) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` applying `lr_factor` (keyword arguments as there) at the step, or at ``clock(step)``
-    where the schedule's position is not the step count (a schedule laid over training time)."""
-    lr_factor(0, **kwargs)  # validate now, not at the first step
-    if clock is None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kwargs))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(clock(step), **kwargs))
+CLOCK_UNITS = 1_000_000
+"""A time-budget schedule's resolution: the budget in this many equal units of training time."""
+
+
+class Schedule(torch.optim.lr_scheduler.LRScheduler):
+    """The peak rate times `lr_factor` at the schedule's position: the optimizer steps taken or, with
+    ``budget_seconds``, the training time spent (`elapsed`, which the loop advances: `set_elapsed`) in
+    `CLOCK_UNITS` of the budget, so that warmup and decay are laid over the time and end when it does.
+
+    Its state is the step count alone: a resumed run's schedule is this run's settings' (max_steps may have
+    grown), at the step and, under a time budget, the clock it resumes at."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, **factor: Any):
+        lr_factor(0, **factor)  # validate now, not at the first step
+        self.factor = factor
+        self.budget_seconds = budget_seconds
+        self.elapsed = 0.0
+        super().__init__(optimizer)
+
+    def position(self) -> int:
+        """Where the schedule is: the step count, or the clock in `CLOCK_UNITS` of the budget."""
+        if not self.budget_seconds:
+            return self.last_epoch
+        return min(CLOCK_UNITS, int(self.elapsed / self.budget_seconds * CLOCK_UNITS))
+
+    def get_lr(self) -> list[float]:
+        factor = lr_factor(self.position(), **self.factor)
+        return [base * factor for base in self.base_lrs]
+
+    def get_last_lr(self) -> list[float]:
+        """The rates the next optimizer step takes."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def apply(self) -> None:
+        """Set the optimizer's rates to the schedule's at its position now."""
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+
+    def set_elapsed(self, seconds: float) -> None:
+        """The training time spent; a time-budget schedule sets the next step's rates from it."""
+        self.elapsed = seconds
+        if self.budget_seconds:
+            self.apply()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The step count of a saved schedule (also of a ``LambdaLR``'s state), and this schedule's rates at it."""
+        self.last_epoch = int(state_dict["last_epoch"])
+        self.apply()
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, **kwargs: Any) -> Schedule:
+    """The `Schedule` applying `lr_factor` (keyword arguments as there) at each step, or over ``budget_seconds``
+    of training time."""
+    return Schedule(optimizer, budget_seconds=budget_seconds, **kwargs)

@@ -33,17 +33,23 @@ import json
 import logging
 import math
 import time
+import typing
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-__all__ = ["PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of",
+__all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of",
            "has_amx", "native_bf16", "needs_grad_scaler", "probe_file", "probe_timings", "resolve_precision"]
 
 logger = logging.getLogger("bertforge")
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-INFERENCE_PRECISIONS = PRECISIONS + ("int8",)
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+"""A training precision."""
+InferencePrecision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+"""An inference precision: a training one, or int8 on CPU."""
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+INFERENCE_PRECISIONS: tuple[str, ...] = typing.get_args(InferencePrecision)
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

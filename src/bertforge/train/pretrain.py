@@ -1,8 +1,8 @@
 """``bertforge pretrain``: the paper's pre-training (masked LM + next sentence prediction) on prepared shards.
 
-The recipe: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
+A pre-training run: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
 prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-objective's task below (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for ltr: the
+objective below (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for ltr: the
 paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
@@ -15,36 +15,42 @@ at length 512 that starts from the phase-1 weights with its own steps and schedu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
-from bertforge.train.loop import BatchSource, Objective, TrainConfig, TrainResult, objective_metrics
-from bertforge.train.recipe import Evaluate, Recipe
+from bertforge.train.config import TrainConfig, setting
+from bertforge.train.history import objective_metrics
+from bertforge.train.loop import BatchSource, Objective, TrainResult
+from bertforge.train.run import Evaluate, TrainingRun
 
-__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRecipe", "PretrainingObjective",
+__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRun", "PretrainingObjective",
            "build_pretraining_model", "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
+
+ObjectiveName = Literal["auto", "mlm+nsp", "mlm", "ltr"]
+RecipeName = Literal["paper", "budget"]
+"""The named settings of `RECIPES`."""
 
 
 @dataclass
 class PretrainConfig(TrainConfig):
     """A pre-training run: the loop's settings (the paper's defaults) plus model and data."""
 
-    RESUMABLE: ClassVar[tuple[str, ...]] = TrainConfig.RESUMABLE + ("eval_batches", "out", "device")
-
     data: str = ""
     """Folder prepared by `bertforge prepare` (its manifest fixes the vocab, length and NSP mode)."""
-    out: str = "runs/pretrain"
+    out: str = setting("runs/pretrain", resumable=True)
     """Run folder: metrics.jsonl, curves.png, checkpoints/, and the final model/."""
     tokenizer: str = ""
     """Vocab or checkpoint folder of the data's tokenizer (default: the --init-from folder)."""
@@ -52,23 +58,23 @@ class PretrainConfig(TrainConfig):
     """Model size preset (tiny, mini, small, medium, base, large) or a config.json path."""
     init_from: str = ""
     """Start from these weights (a checkpoint folder, e.g. phase 1's model/) instead of a fresh init."""
-    dropout: float = 0.1
+    dropout: float = setting(0.1, at_least=0, below=1)
     """Dropout on hidden states and attention probabilities."""
     eval_data: str = ""
     """Prepared folder of held-out data for evaluation (the objective's loss and accuracy)."""
-    eval_shards: int = 0
+    eval_shards: int = setting(0, at_least=0)
     """Hold out the last this many shards of --data for evaluation (when no --eval-data)."""
-    eval_batches: int = 20
+    eval_batches: int = setting(20, resumable=True, at_least=1)
     """Batches per evaluation at most."""
-    objective: str = "auto"
+    objective: ObjectiveName = "auto"
     """mlm+nsp (the paper's BERT; NSP data), mlm (masked LM only: the ablation "No NSP", also on NSP data),
     ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
-    masked_lm_prob: float | None = None
+    masked_lm_prob: float | None = setting(None, absent=None, above=0, below=1)
     """Mask this share of each sequence's tokens afresh at every pass over the data (dynamic masking, also on
     statically masked data, whose masks are undone first; [MASK] / random / unchanged in the shares the data
     was prepared with, 80/10/10 by default); none: the data's masks as prepared. The held-out evaluation keeps
     its prepared masks."""
-    recipe: str = "paper"
+    recipe: RecipeName = setting("paper", absent="paper")
     """Named settings to start from: paper (the defaults) or budget (what learns most in a fixed time: give
     --budget-minutes, or --max-steps); a --config file and flags override the recipe's settings."""
     resume: bool = False
@@ -77,17 +83,20 @@ class PretrainConfig(TrainConfig):
     """Delete an earlier run's files in --out (metrics, checkpoints, model) and start afresh."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.eval_shards < 0 or self.eval_batches < 1:
-            raise ValueError("eval_shards must be >= 0 and eval_batches >= 1")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.recipe not in RECIPES:
-            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        super().__post_init__()  # types, ranges and choices of every field (`bertforge.train.config.setting`)
+        self._check_recipe_applied()
+
+    def _check_recipe_applied(self) -> None:
+        """Refuse a recipe that is named but not applied (``PretrainConfig(recipe="budget")``: every setting the
+        recipe sets still at the paper's default), which would be recorded and ignored; `from_recipe` (and
+        ``--recipe``, and ``recipe:`` in a config file) applies one."""
+        preset = RECIPES.get(self.recipe)
+        if not preset:
+            return
+        paper = {f.name: f.default for f in dataclasses.fields(self)}
+        if all(getattr(self, name) == paper[name] for name in preset):
+            raise ValueError(f"recipe {self.recipe!r} is named but none of its settings is applied: build the "
+                             f"config with PretrainConfig.from_recipe({self.recipe!r}, ...)")
 
     @classmethod
     def from_recipe(cls, name: str, **settings: Any) -> "PretrainConfig":
@@ -118,7 +127,7 @@ class PretrainConfig(TrainConfig):
         return self.objective
 
 
-OBJECTIVES = ("auto", "mlm+nsp", "mlm", "ltr")
+OBJECTIVES: tuple[str, ...] = typing.get_args(ObjectiveName)
 
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
@@ -255,7 +264,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
     return model
 
 
-def _evaluator(dataset: Any, task: PretrainingObjective, cfg: PretrainConfig, dist: Any, special: Any):
+def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfig, dist: Any, special: Any):
     """The objective's held-out loss and accuracy over the same instances at every evaluation."""
     from bertforge.data.loader import PretrainingLoader
 
@@ -269,9 +278,9 @@ def _evaluator(dataset: Any, task: PretrainingObjective, cfg: PretrainConfig, di
         for i, b in enumerate(loader):
             if i >= cfg.eval_batches:
                 break
-            counts = task.counts(b)
+            counts = objective.counts(b)
             b = {k: v.to(dist.device) for k, v in b.items()}
-            terms, stats = task.forward(model, b)
+            terms, stats = objective.forward(model, b)
             values = {**{f"loss:{k}": v.float() for k, v in terms.items()},
                       **{f"count:{k}": torch.tensor(c, device=dist.device) for k, c in counts.items()},
                       **{f"stat:{k}": v.float() for k, v in stats.items()}}
@@ -282,7 +291,7 @@ def _evaluator(dataset: Any, task: PretrainingObjective, cfg: PretrainConfig, di
             return {}
         got = dict(zip(names, dist.all_reduce_sum(totals).tolist()))
         pick = lambda kind: {k.split(":", 1)[1]: v for k, v in got.items() if k.startswith(kind + ":")}  # noqa: E731
-        return objective_metrics(task, pick("loss"), pick("count"), pick("stat"))
+        return objective_metrics(objective, pick("loss"), pick("count"), pick("stat"))
 
     return evaluate
 
@@ -290,11 +299,11 @@ def _evaluator(dataset: Any, task: PretrainingObjective, cfg: PretrainConfig, di
 def pretrain(cfg: PretrainConfig) -> TrainResult:
     """Run (or resume) a pre-training run; return the loop's final state. The run holds its folder's lock
     (`bertforge.train.lock.run_lock`) from before its admission until its last process is done."""
-    return PretrainRecipe(cfg).run()
+    return PretrainRun(cfg).run()
 
 
-class PretrainRecipe(Recipe[TrainResult]):
-    """Pre-training (`bertforge.train.recipe.Recipe`): prepared shards, the objective's task and model, and
+class PretrainRun(TrainingRun[TrainResult]):
+    """Pre-training (`bertforge.train.run.TrainingRun`): prepared shards, the objective and model, and
     a held-out evaluation."""
 
     cfg: PretrainConfig
@@ -311,7 +320,7 @@ class PretrainRecipe(Recipe[TrainResult]):
         self.tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
 
     def setup_data(self) -> None:
-        """The training shards (checked now, not hours in), their loader, the objective's task and the
+        """The training shards (checked now, not hours in), their loader, the objective and the
         held-out evaluation."""
         from bertforge.data.loader import PretrainingDataset, PretrainingLoader
         from bertforge.data.prepare import load_manifest, special_ids
@@ -366,7 +375,7 @@ class PretrainRecipe(Recipe[TrainResult]):
             del model_config["is_decoder"]  # whichever version of bertforge recorded them
         return {"data_vocab_hash": self.manifest["vocab_hash"], "model_config": model_config}
 
-    def settings_absent_mean(self) -> Mapping[str, Any]:
+    def facts_absent_mean(self) -> Mapping[str, Any]:
         # an absent objective is the data's own; is_decoder is recorded when true only
         return {"objective": data_objective(self.nsp), "model_config.is_decoder": False}
 

@@ -2,13 +2,13 @@
 model a stopped run saved.
 
 A run writes ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN/`` (`bertforge.train.state` says what a
-checkpoint holds besides the model), the final ``model/`` and ``curves.png`` (`RUN_FILES`; a recipe adds
+checkpoint holds besides the model), the final ``model/`` and ``curves.png`` (`RUN_FILES`; a kind of run adds
 its own, e.g. fine-tuning's ``best/``), and before its first result its settings (`RUN_CONFIG`) and
 TensorBoard events (`RUN_SETUP`).
 
 `open_run_dir` admits a run: a folder holding an earlier run's files is refused unless the run resumes it
 (``--resume``) or replaces it (``--overwrite``), and temporary folders a killed run left there are tidied.
-A recipe holds the folder's lock (`bertforge.train.lock.run_lock`) around all it does with the folder,
+A training run holds the folder's lock (`bertforge.train.lock.run_lock`) around all it does with the folder,
 admission first: another run into that folder is refused at once, naming the process that holds it. A
 run that stops before ``max_steps`` marks the model it saves with `STOP_MARKER` (`stop_marker`), which
 ``bertforge info`` and the predictor report.
@@ -39,7 +39,7 @@ METRICS_FILE = "metrics.jsonl"
 STOP_MARKER = "stopped_early.json"
 """Written into the model folder of a run that stopped before max_steps: that model is not the finished one."""
 RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
-"""The results a run writes into its folder (a recipe adds its own, e.g. fine-tuning's best/)."""
+"""The results a run writes into its folder (a kind of run adds its own, e.g. fine-tuning's best/)."""
 RUN_CONFIG = "run_config.json"
 """The run's settings (`bertforge.train.loop.Trainer` ``run_config``) as JSON: `Trainer.fit` writes them once
 the run is admitted and its settings are accepted (``write_run_config``)."""

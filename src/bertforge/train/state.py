@@ -1,6 +1,9 @@
 """What a checkpoint holds besides the model: the trainer's state, random-generator states, and the check
 that a run may continue from it.
 
+The weights go in and out here too (`save_model`, `write_checkpoint`, `load_weights`), gathered from and
+spread over the processes' shards under FSDP.
+
 A checkpoint folder is a normal checkpoint folder (config.json, model.safetensors, tokenizer files) plus
 ``trainer_state.pt`` (optimizer, schedule, step, every process's random-generator states, the batch
 source's position, the open logging window; read back with ``torch.load(weights_only=True)``) and
@@ -8,7 +11,7 @@ source's position, the open logging window; read back with ``torch.load(weights_
 fixed: runs written by earlier versions must resume.
 
 A resumed run's settings are compared with those its checkpoint recorded (`check_compatible`): a
-difference outside the settings a resumed run may change (``RESUMABLE`` of its config class) is refused
+difference outside the settings a resumed run may change (`bertforge.train.config.ResumeRules`) is refused
 with a message naming the settings and, for the warmup settings, the flag that resumes the run.
 """
 
@@ -18,29 +21,25 @@ import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_dir, atomic_write_text
 
-__all__ = ["STATE_PT", "STATE_JSON", "SETTINGS_ABSENT_MEAN", "rng_state", "set_rng_state", "write_state",
-           "read_info", "read_state", "check_compatible"]
+if TYPE_CHECKING:
+    from torch import nn
 
+    from bertforge.train.config import ResumeRules
+    from bertforge.train.distributed import Distributed
 
-class _WarmupDefaults(Protocol):
-    """What a recipe's config says of warmup when neither setting is given (`bertforge.train.loop.TrainConfig`)."""
-
-    DEFAULT_WARMUP_RATIO: float | None
-    DEFAULT_WARMUP_STEPS: int
+__all__ = ["STATE_PT", "STATE_JSON", "rng_state", "set_rng_state", "write_state", "read_info", "read_state",
+           "check_compatible", "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
 
 
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
-SETTINGS_ABSENT_MEAN: dict[str, Any] = {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None}
-"""What a setting missing from a checkpoint's recorded settings means (it predates the setting), so that such a
-checkpoint still resumes."""
 
 
 # ---------------------------------------------------------------------------- random generators
@@ -95,12 +94,75 @@ def read_state(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: unreadable training state: {e}") from e
 
 
+# ---------------------------------------------------------------------------- weights in and out
+def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full (unsharded) model and optimizer state; a collective call under FSDP."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return model.state_dict(), optimizer.state_dict()
+
+
+def save_model(folder: str | Path, model: nn.Module, tokenizer: Any, dist: Distributed, fsdp: bool,
+               extra_files: dict[str, str] | None = None) -> None:
+    """Write ``model`` (and ``tokenizer``, and ``extra_files``: name -> text) as a checkpoint folder, replacing
+    ``folder`` whole and atomically; every process must call this."""
+    from bertforge.model.checkpoint import save_pretrained
+
+    weights = None
+    if fsdp:  # each process holds a shard: gathering the full weights is a collective call
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_main:
+        with atomic_dir(folder) as tmp:
+            save_pretrained(model, tmp, tokenizer=tokenizer, state_dict=weights)
+            for name, text in (extra_files or {}).items():
+                atomic_write_text(tmp / name, text)
+    dist.barrier()
+
+
+def write_checkpoint(folder: Path, model: nn.Module, weights: dict[str, torch.Tensor], tokenizer: Any,
+                     state: dict[str, Any], info: dict[str, Any]) -> None:
+    """Write a training checkpoint (the main process): ``model``'s checkpoint folder with ``weights`` and
+    ``tokenizer``, and the trainer's ``state`` / ``info`` (`write_state`). A checkpoint of the same step
+    (a resumed run's) is swapped in whole."""
+    from bertforge.model.checkpoint import save_pretrained
+
+    with atomic_dir(folder) as tmp:
+        save_pretrained(model, tmp, tokenizer=tokenizer, state_dict=weights)
+        write_state(tmp, state, info)
+
+
+def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
+                 fsdp: bool) -> None:
+    """``model``'s weights from a checkpoint folder and the optimizer's state; an error naming the weights
+    that do not fit the model."""
+    from bertforge.model.checkpoint import CheckpointError, read_state_dict
+
+    weights = read_state_dict(folder)
+    expected = model.state_dict()
+    bad = sorted(k for k in expected if k not in weights or weights[k].shape != expected[k].shape)
+    if bad:
+        raise CheckpointError(f"{folder}: its weights do not fit this model ({', '.join(bad[:8])}"
+                              f"{' ...' if len(bad) > 8 else ''})")
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optimizer_state,
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict({k: weights[k] for k in expected})
+        optimizer.load_state_dict(optimizer_state)
+
+
 # ---------------------------------------------------------------------------- may a run continue from it
-def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: _WarmupDefaults, folder: Path,
-                     absent: Mapping[str, Any]) -> None:
+def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules: ResumeRules, folder: Path) -> None:
     """Refuse to resume from ``folder``, whose run recorded the settings ``saved``, with the settings
-    ``current`` if they differ outside ``cfg.RESUMABLE``. ``absent``: what a setting missing from a record
-    means (``"a.b"``: field ``b`` of a nested record ``a``)."""
+    ``current`` if they differ outside what ``rules`` let a resumed run change (a setting missing from a
+    record means what ``rules.absent`` says)."""
     steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
     if steps is not None and ratio is not None:
         # Recorded before a warmup setting could be left unset: both were always recorded, and the ratio
@@ -108,10 +170,10 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: 
         # today's unset default, say) is no change; another one is recorded as given.
         given = (current.get("warmup_steps"), current.get("warmup_ratio"))
         recorded = (None, ratio) if ratio > 0 else (steps, None)
-        if _warmup_rule(*recorded, cfg) == _warmup_rule(*given, cfg):
+        if _warmup_rule(*recorded, rules) == _warmup_rule(*given, rules):
             recorded = given
         saved = {**saved, "warmup_steps": recorded[0], "warmup_ratio": recorded[1]}
-    changed = _differences(saved, current, absent, cfg.RESUMABLE)
+    changed = _differences(saved, current, rules.absent, rules.resumable)
     if not changed:
         return
     details = "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:8])
@@ -124,20 +186,20 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], cfg: 
     raise ValueError(f"cannot resume from {folder}: the run's settings differ ({details}); {end}")
 
 
-def _warmup_rule(steps: int | None, ratio: float | None, cfg: _WarmupDefaults) -> tuple[str, float]:
-    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as ``cfg``'s recipe resolves
+def _warmup_rule(steps: int | None, ratio: float | None, rules: ResumeRules) -> tuple[str, float]:
+    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as the run's config class resolves
     them: ("steps", n) or ("ratio", share of max_steps)."""
     if steps is not None:
         return "steps", steps
     if ratio is not None:
         return "ratio", ratio
-    if cfg.DEFAULT_WARMUP_RATIO is not None:
-        return "ratio", cfg.DEFAULT_WARMUP_RATIO
-    return "steps", cfg.DEFAULT_WARMUP_STEPS
+    if rules.default_warmup_ratio is not None:
+        return "ratio", rules.default_warmup_ratio
+    return "steps", rules.default_warmup_steps
 
 
 def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
-                 skip: tuple[str, ...], prefix: str = "") -> list[tuple[str, Any, Any]]:
+                 skip: frozenset[str], prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a
     setting missing from one meaning ``absent[name]``. A nested record (a model's config) is compared
     field by field, so a difference names the fields ("model_config.hidden_size"), not the whole

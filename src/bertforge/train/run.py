@@ -1,14 +1,15 @@
 """The shape every training run has, which pre-training and fine-tuning fill in.
 
-A recipe checks its settings when it is made. A run (`Recipe.run`) then joins the processes
+A training run checks its settings when it is made. Running it (`TrainingRun.run`) then joins the processes
 (`bertforge.train.distributed.setup`), holds its folder's lock (`bertforge.train.lock.run_lock`) from
 before it reads its inputs until its last process is done, admits itself into the folder
 (`bertforge.train.rundir.open_run_dir`), builds its model from one seed on every process and then
 reseeds each process for its own dropout, records its settings, trains with the shared
 `bertforge.train.loop.Trainer`, saves the final model (marked when the run stopped early) and waits
-for every process. A recipe says only what differs, in these steps:
+for every process. Pre-training and fine-tuning say only what differs, in these steps:
 
     read_inputs()          what is read before the folder is admitted (fine-tuning's task files)
+    settled_config()       the settings with what the inputs decide filled in (fine-tuning's steps)
     setup_data()           after admission, before the model: data, settings derived from it
     build_model()          under the run's seed, the same on every process
     setup_training(model)  the `Objective`, the batch source and the evaluation
@@ -31,15 +32,16 @@ from torch import nn
 
 from bertforge.fast import speed_up
 from bertforge.train.distributed import Distributed, unwrap_model, wrap_model
+from bertforge.train.config import ResumeRules
 from bertforge.train.lock import run_lock
-from bertforge.train.loop import BatchSource, Objective, Trainer, TrainResult
+from bertforge.train.loop import BatchSource, Evaluation, Objective, Trainer, TrainResult
 from bertforge.train.rundir import open_run_dir, stop_marker
 
-__all__ = ["Recipe", "ready_model", "Evaluate"]
+__all__ = ["TrainingRun", "ready_model", "Evaluate"]
 
 Outcome = TypeVar("Outcome")
-Evaluate = Callable[[nn.Module, int], dict[str, float]]
-"""``evaluate(model, step) -> metrics``: a run's evaluation, on every process."""
+Evaluate = Callable[[nn.Module, int], dict[str, float] | Evaluation]
+"""``evaluate(model, step) -> metrics`` (or an `Evaluation`): a run's evaluation, on every process."""
 
 
 def ready_model(model: nn.Module, dist: Distributed, strategy: str) -> nn.Module:
@@ -48,14 +50,14 @@ def ready_model(model: nn.Module, dist: Distributed, strategy: str) -> nn.Module
     return wrap_model(speed_up(unwrap_model(model).to(dist.device)), dist, strategy)
 
 
-class Recipe(Generic[Outcome]):
+class TrainingRun(Generic[Outcome]):
     """A training run: the steps every run takes (`run`), with hooks for those that differ.
 
     ``cfg``: the run's settings, a `TrainConfig` with the run folder's ``out``, ``resume`` and
-    ``overwrite``; its class's ``RESUMABLE`` names the recorded settings a resumed run may change."""
+    ``overwrite``; its fields declare which of them a resumed run may change (`resume_rules`)."""
 
     outputs: ClassVar[tuple[str, ...]] = ()
-    """What the recipe writes into the run folder besides `bertforge.train.rundir.RUN_FILES` (fine-tuning's
+    """What the run writes into the run folder besides `bertforge.train.rundir.RUN_FILES` (fine-tuning's
     best/): an earlier run's are refused or deleted with them."""
     unrecorded: ClassVar[tuple[str, ...]] = ("resume", "overwrite")
     """Settings that say how the run starts, not what it is: left out of the recorded settings."""
@@ -79,6 +81,7 @@ class Recipe(Generic[Outcome]):
     def _run(self) -> Outcome:
         dist = self.dist
         self.read_inputs()
+        self.cfg = self.settled_config()  # the settings every later step reads
         resume_from = open_run_dir(self.out, self.cfg.resume, self.cfg.overwrite, outputs=self.outputs, dist=dist)
         self.setup_data()
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
@@ -89,7 +92,7 @@ class Recipe(Generic[Outcome]):
         # `fit` writes the settings once a resume's are accepted: a refused resume changes nothing
         self.trainer = Trainer(ready_model(model, dist, self.cfg.strategy), objective, batches, self.cfg, self.out,
                                dist=dist, evaluate=evaluate, tokenizer=self.tokenizer, run_config=run_config,
-                               settings_absent_mean=self.settings_absent_mean(), write_run_config=True)
+                               resume_rules=self.resume_rules(), write_run_config=True)
         self.log_start()
         result = self.trainer.fit(resume_from=resume_from)
         self.trainer.save_model(self.out / "model", extra_files=stop_marker(result))
@@ -97,9 +100,14 @@ class Recipe(Generic[Outcome]):
         dist.barrier()  # no process leaves (and tears down the process group) while another still works
         return outcome
 
-    # ------------------------------------------------------------------ what a recipe fills in
+    # ------------------------------------------------------------------ what a kind of run fills in
     def read_inputs(self) -> None:
         """Read what the run needs before its folder is admitted (nothing by default)."""
+
+    def settled_config(self) -> Any:
+        """The run's settings once its inputs are read: what it derives from them filled in (the settings as
+        given by default). The one place the settings change: every later step reads these."""
+        return self.cfg
 
     def setup_data(self) -> None:
         """After the folder is admitted, before the model: the data and what is derived from it."""
@@ -120,10 +128,15 @@ class Recipe(Generic[Outcome]):
         """What the run records besides its settings (nothing by default)."""
         return {}
 
-    def settings_absent_mean(self) -> Mapping[str, Any]:
-        """What a setting missing from an earlier run's record means for this recipe (``"a.b"``: field ``b``
-        of a nested record ``a``), on top of `bertforge.train.state.SETTINGS_ABSENT_MEAN`."""
+    def facts_absent_mean(self) -> Mapping[str, Any]:
+        """What an entry missing from an earlier run's record means, for entries whose meaning depends on the
+        run (``"a.b"``: field ``b`` of a nested record ``a``); a config field declares its own (`setting`)."""
         return {}
+
+    def resume_rules(self) -> ResumeRules:
+        """What a resumed run may change: the settings its config's fields declare resumable, and the warmup
+        they resolve to (`run_config`'s ``warmup_steps_used``: a longer run warms up longer)."""
+        return ResumeRules.of(type(self.cfg)).with_facts(("warmup_steps_used",), self.facts_absent_mean())
 
     def log_start(self) -> None:
         """Say what the run trains, once the trainer exists (nothing by default)."""
@@ -135,7 +148,7 @@ class Recipe(Generic[Outcome]):
     # ------------------------------------------------------------------ shared
     def run_config(self, model: nn.Module) -> dict[str, Any]:
         """What the run records (`bertforge.train.rundir.RUN_CONFIG`, every checkpoint): its settings as given
-        (None: not given), the warmup they resolve to, and the recipe's `run_facts`."""
+        (None: not given), the warmup they resolve to, and the run's `run_facts`."""
         config = self.recorded_settings()
         # a time budget's warmup is a share of it, not steps
         config["warmup_steps_used"] = None if self.cfg.budget_minutes else self.cfg.warmup
