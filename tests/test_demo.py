@@ -269,6 +269,19 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
                 {"figure_shares": "0.5,1"}, {"figure_shares": "half"}, {"published_seeds": 6}):
         with pytest.raises(ValueError):
             DemoConfig(**bad)
+    for bad, message in (({"vocab_size": 0}, "vocab_size must be in [100, 1000000], got 0"),
+                         ({"model": "huge"}, "model must be a size preset (tiny, mini"),
+                         ({"max_seq_length": 100000}, "max_seq_length must be in [8, 512], got 100000"),
+                         ({"dupe_factor": 0}, "dupe_factor must be in [1, 1000], got 0"),
+                         ({"seed": -1}, "seed must be >= 0, got -1"),
+                         ({"finetune_batch_size": 0}, "finetune_batch_size must be >= 1, got 0"),
+                         ({"finetune_max_seq_length": -3}, "finetune_max_seq_length must be in [4, 512], got -3"),
+                         ({"finetune_epochs": 1e300}, "finetune_epochs must be a finite number in (0, 1000], got")):
+        with pytest.raises(ValueError) as refused:
+            DemoConfig(**bad)
+        assert str(refused.value).startswith(message), refused.value
+    out = tmp_path / "refused"
+    assert cli.main(["demo", "--out", str(out), "--vocab-size", "0"]) == 2 and not out.exists()  # nothing made
 
 
 def test_configs_demo_yaml_lists_every_setting_with_its_default():

@@ -144,6 +144,8 @@ def test_the_history_trims_tensorboard_as_it_trims_metrics_jsonl(tmp_path, monke
 def test_huge_numbers_are_refused_at_once_naming_the_setting(tmp_path):
     with pytest.raises(ValueError, match=r"^seed must be below 2\*\*63, got a 401-digit number$"):
         TrainConfig(seed=10 ** 400)
+    with pytest.raises(ValueError, match=r"^max_steps must be below 2\*\*63, got a 400-digit number$"):
+        PretrainConfig(max_steps=int("9" * 400))
     with pytest.raises(ValueError, match=r"^max_time_minutes must be a finite number in \[0, 52560000\], "
                                          r"got 2.9e\+306$"):
         TrainConfig(max_time_minutes=2.9e306)

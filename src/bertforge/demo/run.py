@@ -54,6 +54,7 @@ from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, Fine
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
+from bertforge.train.config import check_settings, setting
 from bertforge.train.precision import PRECISIONS, cpu_name
 from bertforge.train.pretrain import RECIPES, PretrainConfig
 
@@ -92,15 +93,15 @@ class DemoConfig:
     pretrain_min_share: float = 0.2
     """Least of ``minutes`` pre-training gets, even where the curve's required sizes are estimated to need
     more than the rest (the demo then takes longer than ``minutes``, and says so before it pre-trains)."""
-    seed: int = 0
+    seed: int = setting(0, at_least=0)
     """Seed of the vocab sample, the data and the pre-training; the curve's seeds are seed, seed + 1, ..."""
-    mr_split_seed: int = 2005
+    mr_split_seed: int = setting(2005, at_least=0)
     """Seed of the movie-review 90 / 10 split (the benchmark's)."""
     articles: int = 0
     """Use only the first this many Wikipedia articles (0: all 10,033)."""
     task_examples: int = 0
     """Use only the first this many movie-review training and held-out sentences (0: all; for smoke runs)."""
-    vocab_size: int = 8192
+    vocab_size: int = setting(8192, at_least=100, at_most=1_000_000)
     """WordPiece vocab size learned from the pre-training text."""
     task_text_in_pretraining: bool = True
     """Add the movie-review training sentences (no labels) to the pre-training text, 8 to a document
@@ -108,9 +109,9 @@ class DemoConfig:
     model: str = "tiny"
     """Model size preset (tiny, mini, small, ...) or config.json of the demo's own model, pre-trained and from
     random initialisation (the budget recipe's size: it learns most in a few minutes)."""
-    max_seq_length: int = 64
+    max_seq_length: int = setting(64, at_least=8, at_most=512)
     """Pre-training instance length (the movie-review sentences are about 27 tokens)."""
-    dupe_factor: int = 5
+    dupe_factor: int = setting(5, at_least=1, at_most=1000)
     """Passes over the pre-training text with fresh masks (Google's dupe_factor)."""
     pretrain_recipe: str = "budget"
     """Pre-training settings (`bertforge.train.pretrain.RECIPES`): budget (masked LM only, fresh masks of 15 %
@@ -144,12 +145,12 @@ class DemoConfig:
     published_seeds: int = 1
     """Seeds of the published checkpoint at each size (at most ``curve_seeds``): its line is the costliest
     (6 layers, hidden 384)."""
-    published_epochs: float = 3.0
+    published_epochs: float = setting(3.0, above=0, at_most=1000)
     """The published checkpoint's passes over a subset: the paper's fine-tuning length (2 to 4 epochs). Trained
     at scale, it converges in a few passes, and it is the costliest line."""
     published_min_steps: int = 100
     """... but at least this many optimizer steps (a hundred examples are four batches)."""
-    finetune_epochs: float = 10.0
+    finetune_epochs: float = setting(10.0, above=0, at_most=1000)
     """Fine-tuning passes over each subset (every starting point but the published checkpoint) ..."""
     finetune_min_steps: int = 300
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
@@ -160,9 +161,9 @@ class DemoConfig:
     """The range test's highest rate (it rises from 1/10,000 of it)."""
     workers: int = 0
     """Fine-tunings run at once, one thread each (0: one per CPU core; 1: in this process)."""
-    finetune_batch_size: int = 32
+    finetune_batch_size: int = setting(32, at_least=1)
     """Fine-tuning sentences per step."""
-    finetune_max_seq_length: int = 64
+    finetune_max_seq_length: int = setting(64, at_least=4, at_most=512)
     """Fine-tuning window length (longer sentences get windows)."""
     finetune_dropout: float = 0.1
     """Dropout during fine-tuning (BERT's 0.1)."""
@@ -174,6 +175,11 @@ class DemoConfig:
     int8 on a CPU) with the published checkpoint (else the demo's own model); 0: no table."""
 
     def __post_init__(self) -> None:
+        from bertforge.model.config import PRESETS
+
+        if self.model not in PRESETS and not Path(self.model).is_file():
+            raise ValueError(f"model must be a size preset ({', '.join(PRESETS)}) or a config.json file, got "
+                             f"{self.model!r}")
         # `not x > 0` rather than `x <= 0`: NaN fails every comparison, so it must fail the check too
         for name in ("minutes", "finetune_epochs", "published_epochs"):
             value = getattr(self, name)
@@ -204,6 +210,7 @@ class DemoConfig:
             raise ValueError(f"figure_seeds must be >= 1, got {self.figure_seeds}")
         if self.range_steps < 5 or self.workers < 0 or not (0 < self.range_top < 10 and math.isfinite(self.range_top)):
             raise ValueError("range_steps must be >= 5, workers >= 0 and range_top in (0, 10)")
+        check_settings(self)  # the ranges declared on the fields
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         self.shares()
 

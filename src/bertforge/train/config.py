@@ -154,7 +154,7 @@ class TrainConfig:
     """Global batch: sequences per optimizer step over all processes and accumulation steps."""
     grad_accum: int = setting(1, at_least=1)
     """Micro-batches per optimizer step on each process (batch_size / (processes * grad_accum) each)."""
-    max_steps: int = setting(1_000_000, resumable=True)
+    max_steps: int = setting(1_000_000, resumable=True, at_least=0)  # 0: fine-tuning's "from the data" only
     """Optimizer steps of the run (the schedule decays to its end over them)."""
     lr: float = setting(1e-4, above=0)
     """Peak learning rate."""
