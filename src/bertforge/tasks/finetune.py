@@ -138,7 +138,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
     """Fine-tuning warms up over a tenth of the steps unless a warmup setting is given (the paper)."""
     STEPS_FROM_DATA: ClassVar[bool] = True
-    """max_steps 0: set from --epochs once the data is read (`FinetuneRun.setup_data`)."""
+    """max_steps 0: set from --epochs once the data is read (`FinetuneRun.settled_config`)."""
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)

@@ -10,7 +10,7 @@ for every process. Pre-training and fine-tuning say only what differs, in these 
 
     read_inputs()          what is read before the folder is admitted (fine-tuning's task files)
     settled_config()       the settings with what the inputs decide filled in (fine-tuning's steps)
-    setup_data()           after admission, before the model: data, settings derived from it
+    setup_data()           after admission, before the model: the training data (pre-training's shards)
     build_model()          under the run's seed, the same on every process
     setup_training(model)  the `Objective`, the batch source and the evaluation
     run_facts(model)       what the run records besides its settings (the model's config, the labels)
@@ -110,7 +110,7 @@ class TrainingRun(Generic[Outcome]):
         return self.cfg
 
     def setup_data(self) -> None:
-        """After the folder is admitted, before the model: the data and what is derived from it."""
+        """After the folder is admitted, before the model: the training data (the settings are settled by now)."""
 
     def build_model(self) -> nn.Module:
         """The model to train, built under the run's seed (the same on every process)."""
