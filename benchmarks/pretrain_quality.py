@@ -344,15 +344,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", help="bertforge's precision; default %(default)s")
     p.add_argument("--eval-every", type=float, default=30.0, help="seconds of a run's clock between evaluations")
     p.add_argument("--eval-instances", type=int, default=1024, help="held-out instances evaluated")
+    p.add_argument("--seed", type=int, default=0)
+    add_shared_flags(p, "runs")
+    return p.parse_args(argv)
+
+
+def add_shared_flags(p: argparse.ArgumentParser, measured: str) -> None:
+    """The flags this script and time_to_quality.py share: the corpus (`corpus`), threads and outputs, and
+    ``--merge`` of the ``measured`` runs or arms of earlier invocations."""
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--dupe-factor", type=int, default=5, help="static-mask passes prepared (the paper: 10)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the curves into this PNG")
     p.add_argument("--merge", nargs="+", metavar="JSON",
-                   help="instead of running: one table, JSON and plot of runs measured by earlier invocations")
-    return p.parse_args(argv)
+                   help=f"instead of running: one table, JSON and plot of {measured} measured by earlier invocations")
 
 
 def main(argv=None) -> int:

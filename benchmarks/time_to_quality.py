@@ -129,7 +129,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_quality import corpus as quality_corpus, minutes_to_reach  # noqa: E402
+from pretrain_quality import add_shared_flags, corpus as quality_corpus, minutes_to_reach  # noqa: E402
 from pretrain_throughput import bench_cache, run_meta  # noqa: E402
 from step_time import _loadavg  # noqa: E402
 
@@ -729,17 +729,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", help="bertforge's precision; default %(default)s")
     p.add_argument("--eval-instances", type=int, default=0,
                    help="evaluate the first this many instances of each held-out half (0: all)")
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--dupe-factor", type=int, default=5)
     p.add_argument("--heldout-dupe-factor", type=int, default=1,
                    help="passes over the held-out text (1, the demo's: about 5,700 masked positions per half; more "
                         "passes give more positions of the same text, each with its own masks and pairs)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--corpus-only", action="store_true", help="build the cached corpus and stop")
-    p.add_argument("--json", metavar="PATH", help="write every figure as JSON")
-    p.add_argument("--plot", metavar="PATH", help="draw the curves into this PNG")
-    p.add_argument("--merge", nargs="+", metavar="JSON",
-                   help="instead of running: one table, JSON and plot of arms measured by earlier invocations")
+    add_shared_flags(p, "arms")
     return p.parse_args(argv)
 
 

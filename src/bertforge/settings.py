@@ -38,7 +38,7 @@ class SettingValueError(ValueError):
         super().__init__(f"expected {expected}, got {value!r}")
 
 
-class _Digits:
+class HugeNumber:
     """A huge integer as a message shows it: "a 401-digit number", not its 401 digits."""
 
     def __init__(self, value: int):
@@ -93,7 +93,7 @@ def check_value(value: Any, annotation: Any, *, ints_as_floats: bool = False) ->
         except OverflowError:  # an integer beyond any float
             finite = False
         if not finite:
-            raise SettingValueError("a finite number", _Digits(value) if isinstance(value, int) else value)
+            raise SettingValueError("a finite number", HugeNumber(value) if isinstance(value, int) else value)
         return float(number) if isinstance(value, str) or ints_as_floats else number
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -276,8 +276,9 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
 
 def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
     """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values, or
-    those of the ``recipe`` the file names, or the defaults). Each value is held to its field's type (`check_value`); numbers for float fields
-    become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON ``1`` is an int)."""
+    those of the ``recipe`` the file names, or the defaults). Each value is held to its field's type
+    (`check_value`); numbers for float fields become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON
+    ``1`` is an int)."""
     values = read_config_file(file)
     kinds = field_types(cls)
     unknown = sorted(set(values) - set(kinds))

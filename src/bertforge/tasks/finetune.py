@@ -349,11 +349,10 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
     def settled_config(self) -> FinetuneConfig:
         """The family's defaults filled in, and the run's steps: --max-steps, or --epochs passes over the
         training data; an evaluation every epoch unless --eval-every says otherwise."""
-        cfg, train = self.prepared.family.configure(self.cfg), self.prepared.train
-        per_epoch = len(train.encoded) // cfg.batch_size
+        cfg, per_epoch = self.prepared.family.configure(self.cfg), self.steps_per_epoch
         if per_epoch < 1:
-            raise ValueError(f"{cfg.train_file}: {len(train.encoded)} training sequences, fewer than one batch "
-                             f"({cfg.batch_size})")
+            raise ValueError(f"{cfg.train_file}: {len(self.prepared.train.encoded)} training sequences, fewer than "
+                             f"one batch ({cfg.batch_size})")
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
         return dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or per_epoch)
 

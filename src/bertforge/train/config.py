@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from bertforge.settings import HugeNumber
 from bertforge.train.distributed import Strategy
 from bertforge.train.optim import OptimizerName, ScheduleName
 from bertforge.train.precision import Precision, check_precision
@@ -49,6 +50,7 @@ def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, 
     return field(default=default, metadata=metadata)
 
 
+@functools.lru_cache(maxsize=None)
 def _metadata(config_class: type) -> dict[str, dict[str, Any]]:
     """Each field's metadata, merged over the classes of ``config_class``'s MRO: a class that gives a field a
     new default keeps what its base declared."""
@@ -66,7 +68,7 @@ def out_of_range(config_class: type, name: str, value: Any) -> str | None:
     if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, int) and not -_INT64 <= value < _INT64:  # what torch and numpy count in
-        return f"must be below 2**63, got a {len(str(abs(value)))}-digit number"
+        return f"must be below 2**63, got {HugeNumber(value)!r}"
     at_least, above, below, at_most = bounds
     if ((not isinstance(value, float) or math.isfinite(value)) and (at_least is None or value >= at_least)
             and (above is None or value > above) and (below is None or value < below)
@@ -133,7 +135,8 @@ class ResumeRules:
 
     def with_facts(self, resumable: Iterable[str] = (), absent: Mapping[str, Any] | None = None) -> ResumeRules:
         """These rules plus those of what a run records besides its settings (its run facts)."""
-        return dataclasses.replace(self, resumable=self.resumable | set(resumable), absent={**self.absent, **(absent or {})})
+        return dataclasses.replace(self, resumable=self.resumable | set(resumable),
+                                   absent={**self.absent, **(absent or {})})
 
 
 @dataclass

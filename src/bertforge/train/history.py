@@ -151,7 +151,6 @@ class MetricsLog:
         """One line: ``split`` (train / eval), ``step``, ``time`` and the metrics."""
         if not self.main:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         append_text(self.path, json.dumps(record) + "\n")
         self._scalars(record)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from bertforge.train.history import objective_metrics
 from bertforge.train.loop import BatchSource, Objective, TrainResult
 from bertforge.train.run import Evaluate, TrainingRun
 
-__all__ = ["OBJECTIVES", "RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRun", "PretrainingObjective",
+__all__ = ["RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRun", "PretrainingObjective",
            "build_pretraining_model", "original_tokens", "pretrain"]
 
 logger = logging.getLogger("bertforge")
@@ -127,7 +126,6 @@ class PretrainConfig(TrainConfig):
         return self.objective
 
 
-OBJECTIVES: tuple[str, ...] = typing.get_args(ObjectiveName)
 
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
