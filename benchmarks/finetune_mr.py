@@ -171,7 +171,7 @@ def run_bertforge(work: Path, train_tsv: Path, dev_tsv: Path, model_dir: Path, p
     train_seconds = max(x["time"] for x in train_lines)
     steps = result.train.step
     t0 = time.perf_counter()
-    final = evaluate(result.model_dir, file=str(dev_tsv), device="cpu")  # float32, re-read from disk
+    final = evaluate(result.model_dir, file=str(dev_tsv), settings={"device": "cpu"})  # float32, re-read from disk
     eval_seconds = time.perf_counter() - t0
     return {
         "stack": "bertforge", "precision": precision, "accuracy": final["accuracy"],

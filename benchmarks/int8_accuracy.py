@@ -123,7 +123,7 @@ def task_scores(source: str, work: Path, epochs: float, **limits) -> dict:
     settings.pop("train_file")
     runs = {}
     for name in precisions():
-        metrics = run_in(name, lambda p: evaluate(model, dev, precision=p, **settings))
+        metrics = run_in(name, lambda p: evaluate(model, dev, precision=p, settings=settings))
         runs[name] = {"accuracy": round(float(metrics["accuracy"]), 5)}
         print(f"  {source}, {name}: accuracy {runs[name]['accuracy']:.4f}", flush=True)
     return {"task": settings["task"], "epochs": epochs, **limits, "dev_file": Path(dev).name, "runs": runs}

@@ -130,7 +130,7 @@ HELP_TEXTS = {
     "evaluate": "--label-column {None}|STR Column of the label",
     "predict": "--top-k INT Fill-mask: tokens per [MASK].",
     "serve": "--max-batch INT most inputs in one request",
-    "features": "--layers {None}|STR comma-separated hidden-state indexes",
+    "features": "--layers {None}|STR comma-separated hidden-state indexes: -1 the last layer",
     "plot": "RUN-DIR a run folder holding metrics.jsonl",
     "demo": "--vocab-size INT WordPiece vocab size learned from the pre-training text.",
     "ablate": "[STUDY] a study file, or a bundled study's name",
@@ -192,8 +192,8 @@ def test_a_config_file_sets_fields_and_flags_override_it(suffix, tmp_path, demo_
 
 def test_a_bad_config_file_is_one_clear_line(tmp_path, demo_runs, capsys):
     file = tmp_path / "demo.yaml"
-    for text, message in (("minutes: 3\nminute: 4\n", "unknown DemoConfig settings: minute"),
-                          ("vocab_size: many\n", "vocab_size must be int, got 'many'"),
+    for text, message in (("minutes: 3\nminute: 4\n", "demo.yaml: unknown key 'minute'; expected "),
+                          ("vocab_size: many\n", "demo.yaml: vocab_size: expected an integer, got 'many'"),
                           ("- a list\n", "expected a mapping"),
                           ("minutes: 0\n", "minutes")):
         file.write_text(text)
@@ -208,7 +208,7 @@ def test_a_bad_config_file_is_one_clear_line(tmp_path, demo_runs, capsys):
 def test_precision_reaches_the_model_and_bf16_is_gone(monkeypatch, capsys):
     seen = []
 
-    def evaluate(checkpoint, file, out=None, precision="fp32", **settings):
+    def evaluate(checkpoint, file, out=None, precision="fp32", settings=None):
         seen.append((precision, settings))
         return {"accuracy": 1.0}
 

@@ -387,7 +387,7 @@ def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
 
 def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_path):
     out, _, _ = learned
-    ft = load_finetuned(out / "best", max_seq_length=16, eval_batch_size=3)
+    ft = load_finetuned(out / "best", {"max_seq_length": 16, "eval_batch_size": 3})
     assert ft.family.name == "classification" and not ft.model.training
     assert (ft.settings.task, ft.settings.text_column, ft.settings.max_seq_length, ft.settings.eval_batch_size) == \
         ("classification", "review", 16, 3)  # the run's settings, with those given instead
@@ -397,13 +397,13 @@ def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_pa
     assert [r["text"] for r in records] == texts and all(set(r["probabilities"]) == {"neg", "pos"} for r in records)
     # The records of raw texts are those of the same texts read from a file (the same long-input handling).
     file = write(tmp_path / "texts.csv", "review\n" + "".join(f'"{t}"\n' for t in texts))
-    from_file = predict(out / "best", file, max_seq_length=16)
+    from_file = predict(out / "best", file, settings={"max_seq_length": 16})
     assert [r["label"] for r in records] == [r["prediction"] for r in from_file]
     for r, f in zip(records, from_file):
         scores = np.exp(f["scores"]) / np.exp(f["scores"]).sum()
         assert [r["probabilities"]["neg"], r["probabilities"]["pos"]] == pytest.approx(scores, abs=1e-5)
-    with pytest.raises(TypeError, match="unknown settings: lr"):
-        load_finetuned(out / "best", lr=1e-3)
+    with pytest.raises(ValueError, match="^unknown key 'lr'; expected "):
+        load_finetuned(out / "best", {"lr": 1e-3})
 
 
 def test_dropout_is_the_checkpoints_unless_set(root, base):

@@ -80,8 +80,10 @@ def test_the_head_comes_from_the_architecture(mlm, clf, tagger, qa, encoder, roo
     assert Predictor.from_pretrained(clf, device="cpu", head="embeddings").head == "embeddings"
     with pytest.raises(ValueError, match="has no fill-mask head"):
         Predictor.from_pretrained(clf, device="cpu", head="fill-mask")
-    with pytest.raises(TypeError, match="unknown settings: max_len"):
-        Predictor.from_pretrained(clf, device="cpu", max_len=3)
+    with pytest.raises(ValueError, match="^unknown key 'max_len'; expected device, eval_batch_size, "):
+        Predictor.from_pretrained(clf, device="cpu", settings={"max_len": 3})
+    with pytest.raises(ValueError, match="^max_seq_length: expected an integer, got 'long'$"):
+        Predictor.from_pretrained(clf, device="cpu", settings={"max_seq_length": "long"})
 
 
 # ---------------------------------------------------------------------------- fill-mask
@@ -200,7 +202,7 @@ def test_a_predictor_built_from_its_parts_runs_the_family_of_its_settings(clf, t
     from bertforge.tasks.finetune import load_finetuned
 
     for folder, texts in ((clf, TEXTS), (tagger, TEXTS[:2])):
-        ft = load_finetuned(folder, device="cpu", eval_batch_size=3, max_seq_length=64)  # the positions
+        ft = load_finetuned(folder, {"device": "cpu", "eval_batch_size": 3, "max_seq_length": 64})  # the positions
         loaded = Predictor.from_pretrained(folder, device="cpu", batch_size=3)
         p = Predictor(ft.model, ft.tokenizer, loaded.head, device="cpu", settings=ft.settings, batch_size=3)
         assert p.family is ft.family is loaded.family and p.settings == loaded.settings
@@ -252,7 +254,7 @@ def test_tagging_gives_entities_whose_character_offsets_are_the_text(tagger):
 
 def test_tagging_long_texts_get_one_tag_per_word(tagger):
     text = " ".join(["the old house by the river"] * 12)  # 72 words > a 16-token window
-    record = Predictor.from_pretrained(tagger, device="cpu", max_seq_length=16).tag([text])[0]
+    record = Predictor.from_pretrained(tagger, device="cpu", settings={"max_seq_length": 16}).tag([text])[0]
     assert len(record["words"]) == 72 and all(w["tag"] in TAGS for w in record["words"])
     with pytest.raises(InputError, match="tagging takes one text"):
         Predictor.from_pretrained(tagger, device="cpu").tag(["a ||| b"])
@@ -280,7 +282,7 @@ def test_the_answer_is_the_best_span_of_transformers_logits_at_its_offsets(qa):
 
 
 def test_squad2_settings_allow_no_answer_and_inputs_need_a_context(qa):
-    p = Predictor.from_pretrained(qa, device="cpu", task="squad2", null_score_diff_threshold=-1e9)
+    p = Predictor.from_pretrained(qa, device="cpu", settings={"task": "squad2", "null_score_diff_threshold": -1e9})
     record = p.answer([{"question": "who ?", "context": "the old house"}])[0]
     assert record["no_answer"] and record["answer"] == "" and record["start"] is None and "null_odds" in record
     with pytest.raises(InputError, match="input 1: expected a question and a context"):

@@ -136,7 +136,7 @@ def test_the_run_says_how_many_examples_were_truncated_or_windowed(root, base, f
 
 def _expected_scores(folder: Path, file: Path, long_inputs: str) -> np.ndarray:
     """The logits of ``file``'s examples computed directly with the given handling."""
-    ft = load_finetuned(folder, long_inputs=long_inputs)
+    ft = load_finetuned(folder, {"long_inputs": long_inputs})
     examples, _ = read_examples(file, text_column="review", require_labels=False)
     features = encode_examples(examples, ft.tokenizer, 16, 0, long_inputs)
     return predict_logits(ft.model, features, 64)
@@ -150,16 +150,16 @@ def test_evaluate_predict_and_the_predictor_use_the_saved_choice(root, base, fil
     settings = json.loads((folder / "config.json").read_text())["bertforge_finetune"]
     assert settings["long_inputs"] == saved
     assert load_finetuned(folder).settings.long_inputs == saved
-    assert load_finetuned(folder, long_inputs=other).settings.long_inputs == other
+    assert load_finetuned(folder, {"long_inputs": other}).settings.long_inputs == other
     expected, overridden = _expected_scores(folder, files[1], saved), _expected_scores(folder, files[1], other)
     assert np.abs(expected - overridden).max() > 1e-5  # the handling changes the long examples' logits ...
     got = predict(folder, files[1])  # ... and the records' scores (rounded to 6 decimals) tell which was used
     np.testing.assert_allclose([r["scores"] for r in got], expected, rtol=0, atol=1e-6)
-    np.testing.assert_allclose([r["scores"] for r in predict(folder, files[1], long_inputs=other)], overridden,
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose([r["scores"] for r in predict(folder, files[1], settings={"long_inputs": other})],
+                               overridden, rtol=0, atol=1e-6)
     texts = [line.rsplit(",", 1)[0].strip('"') for line in files[1].read_text().splitlines()[1:]]
     for given, scores in ((None, expected), (other, overridden)):
-        p = Predictor.from_pretrained(folder, device="cpu", long_inputs=given)
+        p = Predictor.from_pretrained(folder, device="cpu", settings={"long_inputs": given})
         assert p.settings.long_inputs == (given or saved)
         probs = np.exp(scores) / np.exp(scores).sum(1, keepdims=True)
         np.testing.assert_allclose([[r["probabilities"]["neg"], r["probabilities"]["pos"]] for r in p.classify(texts)],
@@ -181,7 +181,7 @@ def test_a_checkpoint_whose_settings_name_no_handling_keeps_windows(root, base, 
     (folder / "config.json").write_text(json.dumps(config))
     ft = load_finetuned(folder)
     assert (ft.settings.long_inputs, ft.settings.stride) == ("windows", 7)
-    assert load_finetuned(folder, long_inputs="truncate").settings.stride == 0  # no windows, no stride
+    assert load_finetuned(folder, {"long_inputs": "truncate"}).settings.stride == 0  # no windows, no stride
     del config["bertforge_finetune"]
     (folder / "config.json").write_text(json.dumps(config))
     assert load_finetuned(folder).settings.long_inputs == "truncate"

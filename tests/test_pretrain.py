@@ -477,7 +477,7 @@ def test_a_yaml_config_file_is_honoured_and_flags_override_it(root, tok, nsp_dat
 
     file.write_text(f"data: {nsp_data}\ntokenizer: {tok}\nout: {tmp_path / 'other'}\nlearning_rate: 0.1\n")
     assert cli.main(["pretrain", "--config", str(file)]) == 2
-    assert "unknown PretrainConfig settings: learning_rate" in capsys.readouterr().err
+    assert "unknown key 'learning_rate'; expected " in capsys.readouterr().err
     file.write_text(f"data: {nsp_data}\ntokenizer: {tok}\nout: {tmp_path / 'other'}\nmax_steps: many\n")
     assert cli.main(["pretrain", "--config", str(file)]) == 2
     assert "max_steps" in capsys.readouterr().err

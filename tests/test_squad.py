@@ -458,7 +458,7 @@ def test_a_tiny_model_learns_squad20_and_the_best_threshold_reproduces_the_best_
     assert set(m) == {"exact_match", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact",
                       "NoAns_f1", "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"}
     assert m["exact_match"] >= 90 and m["best_f1"] >= m["f1"] and m["HasAns_total"] + m["NoAns_total"] == 64
-    assert evaluate(out / "best", file=train, null_score_diff_threshold=m["best_f1_thresh"])["f1"] == pytest.approx(
+    assert evaluate(out / "best", file=train, settings={"null_score_diff_threshold": m["best_f1_thresh"]})["f1"] == pytest.approx(
         m["best_f1"])
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     odds = json.loads((tmp_path / "null_odds.json").read_text())
@@ -494,7 +494,8 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_question_answering(learn
     (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="--task squad for SQuAD v1.1, squad2 for v2.0"):
         evaluate(tmp_path / "hf", file=train)
-    m = evaluate(tmp_path / "hf", file=train, task="squad", max_seq_length=32, stride=8, max_query_length=8)
+    m = evaluate(tmp_path / "hf", file=train, settings={"task": "squad", "max_seq_length": 32, "stride": 8,
+                                                         "max_query_length": 8})
     assert m == pytest.approx(evaluate(folder, file=train)) and "NoAns_total" not in m
 
 

@@ -6,6 +6,7 @@ checked when the study runs, before any work: tests/test_ablate.py.)"""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -192,9 +193,12 @@ def test_config_files_are_checked_the_same_way(tmp_path):
     file.write_text("lr: 1e-4\nepochs: 2\nlong_inputs: windows\n")
     cfg = config_from_file(FinetuneConfig, file)
     assert (cfg.lr, cfg.epochs, cfg.long_inputs) == (1e-4, 2.0, "windows") and type(cfg.epochs) is float
-    for text, message in (("max_steps: true\n", "max_steps must be int, got True"),
-                          ("lr: fast\n", "lr must be a number, got 'fast'"),
-                          ("long_inputs: sometimes\n", "long_inputs: expected one of 'auto', 'truncate', 'windows'")):
+    for text, message in (("max_steps: true\n", "max_steps: expected an integer, got True"),
+                          ("lr: fast\n", "lr: expected a number, got 'fast'"),
+                          ("lr: 0\n", "lr: must be a finite number > 0, got 0.0"),
+                          ("device: tpu\n", "device: expected auto, cpu, cuda or cuda:K, got 'tpu'"),
+                          ("long_inputs: sometimes\n",
+                           "long_inputs: expected one of 'auto', 'truncate', 'windows', got 'sometimes'")):
         file.write_text(text)
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=r"ft\.yaml: " + re.escape(message) + "$"):
             config_from_file(FinetuneConfig, file)

@@ -15,7 +15,8 @@ import torch
 
 from bertforge.settings import config_from_file
 from bertforge.tasks.finetune import FinetuneConfig
-from bertforge.train.config import ResumeRules, TrainConfig, out_of_range
+from bertforge.settings import out_of_range
+from bertforge.train.config import ResumeRules, TrainConfig
 from bertforge.train.history import MetricsLog
 from bertforge.train.optim import CLOCK_UNITS, build_schedule, lr_factor
 from bertforge.train.pretrain import RECIPES, PretrainConfig
@@ -154,5 +155,5 @@ def test_huge_numbers_are_refused_at_once_naming_the_setting(tmp_path):
         TrainConfig(budget_minutes=1e300)
     file = tmp_path / "huge.yaml"
     file.write_text("lr: 1" + "0" * 400 + "\n")
-    with pytest.raises(ValueError, match=r"huge.yaml: lr must be a finite number, got a 401-digit number$"):
+    with pytest.raises(ValueError, match=r"huge.yaml: lr: expected a finite number, got a 401-digit number$"):
         config_from_file(PretrainConfig, file)

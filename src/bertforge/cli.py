@@ -69,6 +69,7 @@ _SIGINT_BEFORE_START_UP = _quiet_start_up()
 
 import tyro
 from tyro.conf import Positional, PositionalMetavarFromFieldName, arg
+from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
 
 from bertforge.console import show_logs
 from bertforge.convert.onnx import ATOL, ONNX_OPSET
@@ -76,7 +77,7 @@ from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
 from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
-from bertforge.serving.features import Combine, FeaturePooling, FeatureSettings
+from bertforge.serving.features import FeatureSettings, parse_layers
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
 from bertforge.serving.predictor import Pooling
 from bertforge.settings import config_from_file, read_config_file
@@ -91,6 +92,19 @@ __all__ = ["main", "run", "COMMANDS", "read_config_file", "config_from_file"]
 # anything else.
 ModelClass = Literal[tuple(sorted(MODEL_CLASSES))]  # type: ignore[valid-type]
 Dtype = Literal["float32", "bfloat16", "float16"]
+
+_REGISTRY = ConstructorRegistry()
+
+
+@_REGISTRY.primitive_rule
+def _comma_separated(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
+    """A tuple of integers as one comma-separated value (``--layers -1,-2,-3,-4``)."""
+    if info.type != tuple[int, ...]:
+        return None
+    return PrimitiveConstructorSpec(nargs=1, metavar="STR", instance_from_str=lambda args: parse_layers(args[0]),
+                                    is_instance=lambda value: isinstance(value, tuple),
+                                    str_from_instance=lambda value: [",".join(map(str, value))])
+
 
 _PRECISION_HELP = ("the model's number format: auto (the faster of fp32 and bf16 on this CPU or GPU), fp32, bf16, "
                    "fp16 (CUDA), or int8 (CPU: int8 dense layers, the rest as auto)")
@@ -366,7 +380,7 @@ def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, 
     """
     from bertforge.tasks.finetune import evaluate
 
-    print(json.dumps(evaluate(checkpoint, file, out=out, precision=precision, **_overrides(settings))))
+    print(json.dumps(evaluate(checkpoint, file, out=out, precision=precision, settings=_overrides(settings))))
     return 0
 
 
@@ -398,7 +412,7 @@ def _load_predictor(checkpoint: str, settings: Any, inference: Inference) -> Any
 
     return Predictor.from_pretrained(checkpoint, precision=inference.precision,
                                      head="embeddings" if inference.embeddings else None,
-                                     **_inference_overrides(settings, inference))
+                                     settings=_inference_overrides(settings, inference))
 
 
 def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (),
@@ -457,7 +471,7 @@ def _predict_task_file(checkpoint: str, file: str, out: str | None, inference: I
     from bertforge.tasks.finetune import predict
 
     records = predict(checkpoint, file, out, precision=inference.precision,
-                      **_inference_overrides(settings, inference))
+                      settings=_inference_overrides(settings, inference))
     if out:
         print(f"wrote {len(records):,} predictions to {out}")
     else:
@@ -495,35 +509,8 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
 
 
 # ---------------------------------------------------------------------------- features
-def _feature_flags(layers: Annotated[str | None, arg(help_behavior_hint="(default: -1,-2,-3,-4; with --pooling: "
-                                                                   "-1)")] = None,
-                   combine: Combine = "concat", pooling: FeaturePooling | None = None,
-                   max_seq_length: Annotated[int | None, arg(help_behavior_hint="(default: 128, or the model's "
-                                                                                "positions if fewer)")] = None,
-                   stride: int = 0, batch_size: int = 32, precision: PrecisionFlag = "fp32", device: str = "auto",
-                   progress: bool = True) -> FeatureSettings:
-    """The flags of ``bertforge features`` as its `FeatureSettings` (``--layers`` comma-separated, a
-    progress bar unless --no-progress).
-
-    Args:
-        layers: comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output
-        combine: put the layers side by side or add them up
-        pooling: one vector per input: at [CLS] (not for left-to-right models) or its tokens' mean (none: per token)
-        max_seq_length: tokens per forward pass
-        stride: tokens between window starts (0: half a window)
-        batch_size: sequences per forward pass
-        device: auto, cpu, cuda or cuda:K
-        progress: show a progress bar on stderr
-    """
-    from bertforge.serving.features import parse_layers
-
-    return FeatureSettings(layers=parse_layers(layers) if layers else None, combine=combine, pooling=pooling,
-                           max_seq_length=max_seq_length, stride=stride, batch_size=batch_size, precision=precision,
-                           device=device, progress=progress)
-
-
 def features(checkpoint: Positional[str], input: Positional[str], out: Annotated[str, arg(aliases=("-o",))],
-             settings: Annotated[FeatureSettings, arg(name="", constructor=_feature_flags)]) -> int:
+             settings: Annotated[FeatureSettings, arg(name="")] = FeatureSettings(progress=True)) -> int:
     """Per-token vectors of chosen layers, or pooled sentence embeddings (JSONL as Google's
     extract_features.py, NumPy's .npy or .safetensors).
 
@@ -536,7 +523,7 @@ def features(checkpoint: Positional[str], input: Positional[str], out: Annotated
         checkpoint: a BERT checkpoint folder (bertforge or transformers) holding the tokenizer
         input: text file, one input per line, or - for stdin
         out: output file: .jsonl, .npy or .safetensors
-        settings: the layers, pooling, windows and batches (`_feature_flags`: its flags)
+        settings: the layers, pooling, windows and batches (its flags; a progress bar unless --no-progress)
     """
     from bertforge.serving.features import output_format, read_inputs, write_features
 
@@ -637,20 +624,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The value of ``flag VALUE`` or ``flag=VALUE`` in ``args`` (the last one given), else None."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a[len(flag) + 1:]
-    return value
+def _files_first(args: list[str]) -> argparse.Namespace:
+    """The ``--config FILE`` and ``--recipe NAME`` among ``args`` (None where not given; the last one given
+    wins, as for every flag), read before the other flags so that those override them."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    early.add_argument("--config")
+    early.add_argument("--recipe")
+    try:
+        return early.parse_known_args(args)[0]
+    except argparse.ArgumentError:  # "--config" with no value: the command's own parser says so
+        return argparse.Namespace(config=None, recipe=None)
 
 
 def _run(command: str, args: list[str]) -> int:
-    """Parse ``args`` into ``command``'s function and call it. A ``--config`` file fills the
-    function's ``cfg`` first, so that flags override it."""
+    """Parse ``args`` into ``command``'s function and call it. A ``--config`` file (and a ``--recipe``)
+    fills the function's ``cfg`` first, so that flags override it: the function's ``config`` parameter
+    declares the flag for ``--help``, and it is read here."""
     for flag, replacement in _GONE_FLAGS.items():
         if flag in args:
             raise ValueError(f"{flag} is gone: use {replacement}")
@@ -660,14 +649,16 @@ def _run(command: str, args: list[str]) -> int:
         if a in _BARE_FLAGS and (i + 1 == len(args) or args[i + 1].startswith("-")):
             given.append(_BARE_FLAGS[a])
     fn = COMMANDS[command]
-    file, recipe = _flag_value(given, "--config"), _flag_value(given, "--recipe")
+    early = _files_first(given)
+    file, recipe = early.config, early.recipe
     cfg = inspect.signature(fn).parameters.get("cfg")
     if cfg is not None and (file is not None or recipe is not None):
         cls = type(cfg.default)
         # a recipe's settings first, a config file's over them, the flags over both
         base = cls.from_recipe(recipe) if recipe is not None and hasattr(cls, "from_recipe") else None
         fn = functools.partial(fn, cfg=config_from_file(cls, file, base) if file is not None else base or cfg.default)
-    return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,))
+    return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,),
+                    registry=_REGISTRY)
 
 
 @contextlib.contextmanager

@@ -1,33 +1,124 @@
-"""Settings values checked against the type of the config field they set.
+"""Settings: each declared once, on its config dataclass field, and read one way from every source.
 
-A config dataclass's field annotations say what each setting takes; values that arrive from a file
-(``--config FILE``, a study file) have no such guarantee: YAML reads ``max_steps: four`` as a string,
-``max_steps: true`` as a bool, and ``lr: 1e-4`` (no dot: YAML 1.1) as a string too. `check_value`
-holds a value to its field's annotation before the dataclass sees it, so that a wrong value is one
-clear error naming the file and the field, not a TypeError deep inside a run.
+A field's annotation says what a setting takes (``Literal`` choices included) and `setting` adds its range
+and resume rules, so that the command line, a ``--config`` file, a study file, a checkpoint's inference
+overrides and a config built in Python all hold a value to the same rules. Values from a file have no
+type guarantee: YAML reads ``max_steps: four`` as a string, ``max_steps: true`` as a bool, and
+``lr: 1e-4`` (no dot: YAML 1.1) as a string too. `check_value` holds a value to its field's annotation
+before the dataclass sees it:
 
     check_value("1e-4", float)          # 0.0001: a number written as text is a number
     check_value(True, int)              # SettingValueError: expected an integer, got True
     check_value("fast", float | None)   # SettingValueError: expected a number or none, got 'fast'
 
-`config_from_file` builds a config dataclass from a JSON / YAML file this way (``--config``);
-`from_mapping` builds a nested dataclass (a study file's) from a mapping, each error naming the field's
-path (`FieldError`); `check_device` checks a ``device`` setting.
+`read_settings` reads a mapping of some settings of a config class (type, range, device), `from_mapping`
+a nested dataclass (a study file's), `config_from_file` a ``--config`` file; every error is a `FieldError`
+naming the setting's path ("finetune.lr: must be a finite number > 0, got 0.0"), to which the caller adds
+the file. `check_settings` holds a built config to its fields' choices and ranges.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
+from collections.abc import Mapping
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["SettingValueError", "FieldError", "check_value", "field_types", "from_mapping", "read_value",
-           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
+__all__ = ["setting", "field_metadata", "out_of_range", "check_settings", "SettingValueError", "HugeNumber",
+           "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value", "read_mapping",
+           "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
 
 
+# ---------------------------------------------------------------------------- declaring
+_NOT_GIVEN: Any = object()
+_INT64 = 2 ** 63
+
+
+def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, at_least: float | None = None,
+            above: float | None = None, below: float | None = None, at_most: float | None = None) -> Any:
+    """A config field with ``default``, its range and its resume rules.
+
+    ``at_least`` / ``above`` / ``below`` / ``at_most``: the values it takes (None, where the type allows it,
+    always; a float must be finite), checked by `out_of_range` wherever a value comes from: the command line,
+    a config file, a study file, Python. ``resumable``: a resumed run may change it; ``absent``: what a recorded
+    run that predates the setting means by its absence."""
+    metadata: dict[str, Any] = {"resumable": resumable}
+    if absent is not _NOT_GIVEN:
+        metadata["absent"] = absent
+    if (at_least, above, below, at_most) != (None,) * 4:
+        metadata["range"] = (at_least, above, below, at_most)
+    return field(default=default, metadata=metadata)
+
+
+@functools.lru_cache(maxsize=None)
+def field_metadata(config_class: type) -> dict[str, dict[str, Any]]:
+    """Each field's metadata, merged over the classes of ``config_class``'s MRO: a class that gives a field a
+    new default keeps what its base declared."""
+    merged: dict[str, dict[str, Any]] = {}
+    for klass in reversed(config_class.__mro__):
+        for f in getattr(klass, "__dataclass_fields__", {}).values():
+            merged.setdefault(f.name, {}).update({k: v for k, v in f.metadata.items() if k != "resumable" or v})
+    return merged
+
+
+def out_of_range(config_class: type, name: str, value: Any) -> str | None:
+    """What setting ``name`` of ``config_class`` takes, as "must be > 0, got -1", if ``value`` is outside its
+    range (`setting`); None if it is inside, or the setting has none."""
+    bounds = field_metadata(config_class).get(name, {}).get("range")
+    if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and not -_INT64 <= value < _INT64:  # what torch and numpy count in
+        return f"must be below 2**63, got {HugeNumber(value)!r}"
+    at_least, above, below, at_most = bounds
+    if ((not isinstance(value, float) or math.isfinite(value)) and (at_least is None or value >= at_least)
+            and (above is None or value > above) and (below is None or value < below)
+            and (at_most is None or value <= at_most)):
+        return None
+    def show(bound: float) -> str:
+        return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+    if (at_least is None and above is None) or (at_most is None and below is None):  # one side: ">= 0", "> 0"
+        words = (f">= {show(at_least)}" if at_least is not None else f"> {show(above)}" if above is not None
+                 else f"<= {show(at_most)}" if at_most is not None else f"< {show(below)}")
+    else:  # both: "in [0, 1)"
+        words = (f"in {'[' if at_least is not None else '('}{show(at_least if at_least is not None else above)}, "
+                 f"{show(at_most if at_most is not None else below)}{']' if at_most is not None else ')'}")
+    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {value!r}"
+
+
+@functools.lru_cache(maxsize=None)
+def _choices(config_class: type) -> dict[str, tuple[Any, ...]]:
+    """The fields of ``config_class`` typed ``Literal[...]`` (or ``Literal[...] | None``) -> their choices."""
+    out = {}
+    for name, hint in typing.get_type_hints(config_class).items():
+        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        literals = [a for o in options if typing.get_origin(o) is typing.Literal for a in typing.get_args(o)]
+        if literals:
+            out[name] = tuple(literals) + ((None,) if type(None) in options else ())
+    return out
+
+
+def check_settings(config: Any) -> None:
+    """A ValueError naming the first field of the dataclass ``config`` whose value is not one of its
+    ``Literal`` choices or is outside its range (`setting`): what a reader of typed input (the command line,
+    files) checks, held for a config built in Python too."""
+    choices = _choices(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in choices and value not in choices[f.name]:
+            names = ", ".join(str(c) for c in choices[f.name] if c is not None)
+            raise ValueError(f"{f.name} must be one of {names}, got {value!r}")
+        problem = out_of_range(type(config), f.name, value)
+        if problem:
+            raise ValueError(f"{f.name} {problem}")
+
+
+# ---------------------------------------------------------------------------- values
 class SettingValueError(ValueError):
     """A value of the wrong kind for its setting; the message says what was expected ("expected a
     number, got 'fast'"), and callers put the file and the field in front of it."""
@@ -142,13 +233,13 @@ def field_types(cls: type) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- nested mappings
 class FieldError(ValueError):
-    """A value refused at a field of a nested mapping: ``where`` is the field's path ("tasks[0] (MR).lr",
-    "pretraining"), ``message`` what is wrong with it."""
+    """A value refused at a setting: ``where`` is its path ("tasks[0] (MR).lr", "pretraining", "lr"; "": the
+    whole), ``message`` what is wrong with it."""
 
     def __init__(self, where: str, message: str):
         self.where = where
         self.message = message
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message}" if where else message)
 
 
 AS_GIVEN: dict[str, Any] = {"as_given": True}
@@ -174,6 +265,38 @@ def check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
     if unknown:
         raise FieldError(where, f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
                                 f"expected {', '.join(sorted(allowed))}")
+
+
+def _at(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def read_settings(cls: type, data: Any, where: str = "", *, only: tuple[str, ...] | None = None,
+                  refused: Mapping[str, str] | None = None, ints_as_floats: bool = False) -> dict[str, Any]:
+    """Some settings of the config dataclass ``cls`` read from the mapping ``data`` (at ``where``), each
+    checked as the dataclass itself would: its name one of the fields (of ``only``, if given), its value
+    of the field's type (`check_value`), inside the field's range (`out_of_range`), and a ``device`` one
+    bertforge runs on (`check_device`); every error a `FieldError` at the setting's path. ``refused``:
+    fields the caller sets itself -> the message that says so. ``ints_as_floats``: as `check_value`."""
+    data = read_mapping(data, where or "top level")
+    kinds = field_types(cls)
+    for name in data:
+        if name in (refused or {}):
+            raise FieldError(_at(where, name), refused[name])
+    check_keys(data, set(only if only is not None else kinds) - set(refused or {}), where)
+    checked = {}
+    for name, value in data.items():
+        try:
+            value = check_value(value, kinds[name], ints_as_floats=ints_as_floats)
+            if name == "device" and isinstance(value, str):
+                check_device(value)
+        except (SettingValueError, ValueError) as e:
+            raise FieldError(_at(where, name), str(e)) from None
+        problem = out_of_range(cls, name, value)
+        if problem:
+            raise FieldError(_at(where, name), problem)
+        checked[name] = value
+    return checked
 
 
 def from_mapping(cls: type, data: Any, where: str = "", *, given: dict[str, Any] | None = None) -> Any:
@@ -275,30 +398,17 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
 
 
 def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
-    """A ``cls`` config dataclass from a JSON / YAML file of its field names (the rest: ``base``'s values, or
-    those of the ``recipe`` the file names, or the defaults). Each value is held to its field's type
-    (`check_value`); numbers for float fields become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON
-    ``1`` is an int)."""
-    values = read_config_file(file)
-    kinds = field_types(cls)
-    unknown = sorted(set(values) - set(kinds))
-    if unknown:
-        raise ValueError(f"{file}: unknown {cls.__name__} settings: {', '.join(unknown)}")
-    checked = {}
-    for name, value in values.items():
-        try:
-            checked[name] = check_value(value, kinds[name], ints_as_floats=True)
-        except SettingValueError as e:
-            simple = [k for k in typing.get_args(kinds[name]) if k is not type(None)] or [kinds[name]]
-            if len(simple) == 1 and simple[0] in _KINDS:  # "vocab_size must be int, got 'many'"
-                kind = "a number" if simple[0] is float else simple[0].__name__
-                if e.expected == "a finite number":  # nan, inf, an integer beyond any float
-                    kind, value = e.expected, e.value
-                raise ValueError(f"{file}: {name} must be {kind}, got {value!r}") from None
-            raise ValueError(f"{file}: {name}: {e}") from None
-    if base is None and "recipe" in checked and hasattr(cls, "from_recipe"):  # a named recipe's settings first
-        base = cls.from_recipe(checked["recipe"])
-    return dataclasses.replace(base, **checked) if base is not None else cls(**checked)
+    """A ``cls`` config dataclass from a JSON / YAML file of its settings (`read_settings`; the rest:
+    ``base``'s values, or those of the ``recipe`` the file names, or the defaults). Numbers for float
+    fields become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON ``1`` is an int). Errors name
+    the file and the setting: "run.yaml: lr: expected a number, got 'fast'"."""
+    try:
+        values = read_settings(cls, read_config_file(file), ints_as_floats=True)
+        if base is None and "recipe" in values and hasattr(cls, "from_recipe"):  # a named recipe's settings first
+            base = cls.from_recipe(values["recipe"])
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)
+    except FieldError as e:
+        raise ValueError(f"{file}: {e}") from None
 
 
 # ---------------------------------------------------------------------------- devices

@@ -48,7 +48,6 @@ run's config built and so in range, each metric one its task reports.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.resources
 import json
 import re
@@ -56,19 +55,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+from bertforge.data.prepare import PrepareConfig
 from bertforge.settings import (
     AS_GIVEN,
     OTHER_KEYS,
     FieldError,
     SettingValueError,
-    check_device,
     check_keys,
     check_value,
     field_types,
     from_mapping,
     read_mapping,
+    read_settings,
     read_value,
 )
+from bertforge.tasks.finetune import FinetuneConfig
+from bertforge.train.pretrain import PretrainConfig
 
 __all__ = ["Study", "TaskSpec", "Variant", "FigureSpec", "Pretraining", "StudyFolder", "load_study", "bundled_studies",
            "StudyError", "metric_names", "metric_fits", "pretrain_config", "TYPE_F1"]
@@ -212,55 +214,31 @@ def _model_mapping(value: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 class _Settings:
-    """A mapping of settings of the config dataclass ``config`` ("module:Class", imported when first
-    needed): each name one of its fields, each value of that field's type and range (``mappings``: fields
-    that may instead hold a mapping of model settings, `_model_mapping`). A setting the runner makes itself
-    (``owned``: name -> why) is refused."""
+    """A mapping of settings of the config dataclass ``config``, read as every source of settings is
+    (`bertforge.settings.read_settings`: each name one of its fields, each value of that field's type and
+    range); ``mappings``: fields that may instead hold a mapping of model settings (`_model_mapping`). A
+    setting the runner makes itself (``owned``: name -> why) is refused."""
 
-    def __init__(self, config: str, owned: dict[str, str] | None = None, mappings: tuple[str, ...] = ()):
+    def __init__(self, config: type, owned: dict[str, str] | None = None, mappings: tuple[str, ...] = ()):
         self.config = config
-        self.owned = owned or {}
+        self.refused = {name: f"set by the runner, not the study: {why}" for name, why in (owned or {}).items()}
         self.mappings = mappings
 
     def __call__(self, value: Any, where: str) -> dict[str, Any]:
-        from bertforge.train.config import out_of_range
-
-        module, name = self.config.split(":")
-        config_class = getattr(importlib.import_module(module), name)
-        kinds = field_types(config_class)
         data = read_mapping(value, where)
-        for key in data:
-            if key in self.owned:
-                raise FieldError(f"{where}.{key}", f"set by the runner, not the study: {self.owned[key]}")
-        check_keys(data, set(kinds) - set(self.owned), where)
-        checked = {}
-        for key, value in data.items():
-            if key in self.mappings and isinstance(value, dict):
-                checked[key] = _model_mapping(value, f"{where}.{key}")
-                continue
-            try:
-                value = check_value(value, kinds[key])
-            except SettingValueError as e:
-                raise FieldError(f"{where}.{key}", str(e)) from None
-            problem = out_of_range(config_class, key, value)
-            if problem:
-                raise FieldError(f"{where}.{key}", problem)
-            if key == "device":
-                try:
-                    check_device(value)
-                except ValueError as e:
-                    raise FieldError(f"{where}.device", str(e)) from None
-            checked[key] = value
-        return checked
+        models = {k: _model_mapping(v, f"{where}.{k}") for k, v in data.items()
+                  if k in self.mappings and isinstance(v, dict)}
+        checked = read_settings(self.config, {k: v for k, v in data.items() if k not in models}, where,
+                                refused=self.refused)
+        return {k: models[k] if k in models else checked[k] for k in data}
 
 
 Name = Annotated[str, _non_empty]
 Count = Annotated[int, _AtLeast(0)]
 File = Annotated[str, _file]
-PrepareSettings = Annotated[dict[str, Any], _Settings("bertforge.data.prepare:PrepareConfig")]
-PretrainSettings = Annotated[dict[str, Any], _Settings("bertforge.train.pretrain:PretrainConfig", _PRETRAIN_OWNED,
-                                                       mappings=("model",))]
-FinetuneSettings = Annotated[dict[str, Any], _Settings("bertforge.tasks.finetune:FinetuneConfig", _FINETUNE_OWNED)]
+PrepareSettings = Annotated[dict[str, Any], _Settings(PrepareConfig)]
+PretrainSettings = Annotated[dict[str, Any], _Settings(PretrainConfig, _PRETRAIN_OWNED, mappings=("model",))]
+FinetuneSettings = Annotated[dict[str, Any], _Settings(FinetuneConfig, _FINETUNE_OWNED)]
 
 
 # ---------------------------------------------------------------------------- the study's parts
@@ -592,8 +570,6 @@ def _check_configs(study: Study) -> None:
     what the runner sets left at placeholders), each error prefixed by the file and the field whose
     settings it comes from (the shared ones first, then each task's and variant's on top of them). A
     variant's fine-tuning settings with each of its tasks are the runner's to check (`check_study`)."""
-    from bertforge.data.prepare import PrepareConfig
-    from bertforge.tasks.finetune import FinetuneConfig
 
     def build(where: str, make: Any, *args: Any, **settings: Any) -> None:
         try:
@@ -620,7 +596,6 @@ def pretrain_config(settings: dict[str, Any], **runner: Any) -> Any:
     """The `PretrainConfig` of a study's ``pretrain`` settings: its recipe's settings, the study's over
     them, and ``runner``'s (paths, resume, ...) over both. A model given as a mapping of BertConfig
     fields is ``runner``'s to replace by a config.json (a placeholder name here)."""
-    from bertforge.train.pretrain import PretrainConfig
 
     settings = dict(settings)
     recipe = settings.pop("recipe", "paper")

@@ -96,20 +96,22 @@ from bertforge.fast.int8 import int8_weights
 from bertforge.model.bert import BertModel
 from bertforge.model.heads import resolve_layers
 from bertforge.tasks.encoding import max_context_window, window_starts
-from bertforge.train.precision import autocast, check_precision, resolve_precision
+from bertforge.settings import check_settings, setting
+from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
 __all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
-           "split_pair", "parse_layers", "output_format", "COMBINES", "POOLINGS", "SUFFIXES", "DEFAULT_LAYERS"]
+           "split_pair", "parse_layers", "output_format", "COMBINES", "POOLINGS", "EmbedPooling", "SUFFIXES",
+           "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
 DEFAULT_LAYERS = (-1, -2, -3, -4)
 DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's positions when it has fewer
 Combine = Literal["concat", "sum"]
-FeaturePooling = Literal["cls", "mean"]
+EmbedPooling = Literal["cls", "mean", "last"]
 COMBINES: tuple[str, ...] = typing.get_args(Combine)
-POOLINGS: tuple[str, ...] = typing.get_args(FeaturePooling)
-_EMBED_POOLINGS = (*POOLINGS, "last")
+POOLINGS: tuple[str, ...] = ("cls", "mean")
+"""What `extract_features` and `write_features` pool by; `embed` also takes "last"."""
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
@@ -120,42 +122,37 @@ _ENCODE_BATCH = 4096  # texts per call to the tokenizer
 class FeatureSettings:
     """Which vectors to take (layers, combine, pooling) and how inputs run through the model
     (windows, batches, number format, device, progress bar); the module docstring describes each.
-    Checked when made; what depends on the model (the layers it has, its positions, a left-to-right
-    model's [CLS]) is checked once the model is loaded."""
+    Checked when made (types, choices and ranges as every source of settings is: `bertforge.settings`);
+    what depends on the model (the layers it has, its positions, a left-to-right model's [CLS]) is
+    checked once the model is loaded."""
 
     layers: tuple[int, ...] | None = None
-    """Hidden-state indexes, in the order given (None: -1,-2,-3,-4, or -1 alone with pooling)."""
+    """comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output (none: -1,-2,-3,-4, or -1
+    alone with pooling)"""
     combine: Combine = "concat"
-    """"concat" puts the layers side by side, "sum" adds them up."""
-    pooling: str | None = None
-    """None: a vector per token; "cls": the vector at [CLS]; "mean": the mean over the input's tokens;
-    "last" (`embed` only): the input's final [SEP]."""
-    max_seq_length: int | None = None
-    """Tokens per forward pass; longer inputs are cut into windows (None: 128, or the model's positions
-    if fewer)."""
-    stride: int = 0
-    """Tokens between window starts (0: half a window)."""
-    batch_size: int = 32
-    """Sequences per forward pass."""
-    precision: str = "fp32"
-    """auto, fp32, bf16, fp16 (CUDA) or int8 (CPU), resolved for the device (`bertforge.train.precision`)."""
+    """put the layers side by side (concat) or add them up (sum)"""
+    pooling: EmbedPooling | None = None
+    """one vector per input: at [CLS] (not for left-to-right models), its tokens' mean, or (`embed` only) its
+    final [SEP] (none: a vector per token)"""
+    max_seq_length: int | None = setting(None, at_least=4)
+    """tokens per forward pass; longer inputs are cut into windows (none: 128, or the model's positions if
+    fewer)"""
+    stride: int = setting(0, at_least=0)
+    """tokens between window starts (0: half a window)"""
+    batch_size: int = setting(32, at_least=1)
+    """sequences per forward pass"""
+    precision: InferencePrecision = "fp32"
+    """auto, fp32, bf16, fp16 (CUDA) or int8 (CPU), resolved for the device (`bertforge.train.precision`)"""
     device: str = "auto"
-    """Where a checkpoint runs: auto, cpu, cuda or cuda:K (`embed` runs on its model's device)."""
+    """where a checkpoint runs: auto, cpu, cuda or cuda:K (`embed` runs on its model's device)"""
     progress: bool = False
-    """A progress bar on stderr."""
+    """show a progress bar on stderr"""
 
     def __post_init__(self) -> None:
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))  # any sequence given, held as a tuple
-        if self.combine not in COMBINES:
-            raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
-        if self.pooling is not None and self.pooling not in _EMBED_POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None; embed also takes last), "
-                             f"got {self.pooling!r}")
         check_precision(self.precision, inference=True)
-        if (self.max_seq_length is not None and self.max_seq_length < 4) or self.stride < 0 or self.batch_size < 1:
-            raise ValueError(f"max_seq_length must be >= 4 (got {self.max_seq_length}), stride >= 0 (got "
-                             f"{self.stride}) and batch_size >= 1 (got {self.batch_size})")
+        check_settings(self)
 
 
 def _settings(settings: FeatureSettings | None, options: dict[str, Any], base: FeatureSettings) -> FeatureSettings:
@@ -537,7 +534,7 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
     call only. ``device`` is not used: the model runs where it is."""
     settings = _settings(settings, options, FeatureSettings(pooling="mean"))
     if settings.pooling is None:
-        raise ValueError(f"pooling must be one of {', '.join(_EMBED_POOLINGS)}, got None")
+        raise ValueError(f"pooling must be one of {', '.join(typing.get_args(EmbedPooling))}, got None")
     _check_pooling(model.config, settings.pooling, f"this {type(model).__name__}")
     spec = _resolve(settings, model.config, next(model.parameters()).device)
     out = np.zeros((len(texts), spec.dim), dtype=np.float32)

@@ -202,7 +202,7 @@ class Predictor:
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
                         precision: str = "fp32", head: str | None = None, batch_size: int = 32,
-                        **settings: Any) -> Predictor:
+                        settings: Mapping[str, Any] | None = None) -> Predictor:
         """Load a checkpoint folder for inference. ``precision`` (or ``dtype``): module docstring.
         ``head``: None (the checkpoint's) or "embeddings". ``settings``:
         `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride, SQuAD's limits,
@@ -211,7 +211,7 @@ class Predictor:
         from bertforge.train.rundir import read_stop_marker
 
         predictor = cls._load(path, device, dtype, precision=precision, head=head, batch_size=batch_size,
-                              **settings)
+                              settings=settings)
         predictor.stopped_early = read_stop_marker(path)
         if predictor.stopped_early is not None:
             mark = predictor.stopped_early
@@ -221,11 +221,11 @@ class Predictor:
 
     @classmethod
     def _load(cls, path: str | Path, device: str, dtype: torch.dtype | str | None, *, precision: str,
-              head: str | None, batch_size: int, **settings: Any) -> Predictor:
+              head: str | None, batch_size: int, settings: Mapping[str, Any] | None) -> Predictor:
         from bertforge.model.heads import infer_model_class
         from bertforge.model.config import BertConfig
         from bertforge.train.distributed import setup
-        from bertforge.tasks.finetune import INPUT_SETTINGS, SETTINGS_KEY, load_finetuned
+        from bertforge.tasks.finetune import SETTINGS_KEY, input_settings, load_finetuned
         from bertforge.text.tokenizer import BertTokenizer
 
         model_class = infer_model_class(path)
@@ -234,16 +234,13 @@ class Predictor:
             raise ValueError(f"{path}: a {model_class.__name__} has no {head} head (it has {own}; any checkpoint "
                              "gives embeddings)")
         head = head or own
-        unknown = sorted(set(settings) - set(INPUT_SETTINGS))
-        if unknown:
-            raise TypeError(f"unknown settings: {', '.join(unknown)} (known: {', '.join(INPUT_SETTINGS)})")
-        settings = {k: v for k, v in settings.items() if v is not None}
+        settings = input_settings(settings)
         device = settings.pop("device", None) or device
         batch_size = settings.pop("eval_batch_size", None) or batch_size
         if head in FINE_TUNED_HEADS:
             if head == "qa" and not settings.get("task") and not BertConfig.load(path).extra.get(SETTINGS_KEY):
                 settings["task"] = "squad"  # fine-tuned elsewhere: always answer (task squad2 allows no answer)
-            ft = load_finetuned(path, **settings, device=device)
+            ft = load_finetuned(path, {**settings, "device": device})
             positions = ft.model.config.max_position_embeddings
             cfg = dataclasses.replace(ft.settings, max_seq_length=min(ft.settings.max_seq_length, positions),
                                       eval_batch_size=batch_size)

@@ -49,6 +49,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -58,19 +59,20 @@ from bertforge.fast import speed_up, quantize_int8
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
+from bertforge.settings import read_settings, setting
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
 from bertforge.tasks.feature_based import CachedObjective, cache_features
 from bertforge.train.lock import run_lock
-from bertforge.train.config import TrainConfig, setting
+from bertforge.train.config import TrainConfig
 from bertforge.train.loop import BatchSource, Evaluation, Objective, TrainResult
 from bertforge.train.run import Evaluate, TrainingRun
 from bertforge.train.precision import autocast, resolve_precision
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
-           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "SETTINGS_KEY", "FinetunedModel",
-           "load_finetuned"]
+           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "input_settings", "SETTINGS_KEY",
+           "FinetunedModel", "load_finetuned"]
 
 logger = logging.getLogger("bertforge")
 
@@ -549,6 +551,13 @@ INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "ma
 """FinetuneConfig fields `evaluate`, `predict` and `load_finetuned` accept; unset ones are the checkpoint's
 fine-tuning settings."""
 
+
+def input_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The given (not None) ``settings``, each one of `INPUT_SETTINGS` and held to its FinetuneConfig field's type
+    and range as every source of settings is (`bertforge.settings.read_settings`)."""
+    return read_settings(FinetuneConfig, {k: v for k, v in (settings or {}).items() if v is not None},
+                         only=INPUT_SETTINGS)
+
 # The task of a checkpoint fine-tuned elsewhere (no bertforge settings in its config.json), by its head.
 # (SQuAD v1.1 and v2.0 predict differently: a QA checkpoint without settings needs --task.)
 _HEAD_TASKS = {"BertForSequenceClassification": "classification", "BertForTokenClassification": "ner",
@@ -569,26 +578,23 @@ class FinetunedModel:
     device: torch.device
 
 
-def load_finetuned(checkpoint: str | Path, **settings: Any) -> FinetunedModel:
+def load_finetuned(checkpoint: str | Path, settings: Mapping[str, Any] | None = None) -> FinetunedModel:
     """A fine-tuned checkpoint folder (a run's ``best/`` or ``model/``, or a checkpoint fine-tuned
     elsewhere) with its task family, tokenizer and settings. ``settings``: any of `INPUT_SETTINGS`
-    (None: unset); they override the checkpoint's. Long inputs are handled as in fine-tuning (a
+    (`input_settings`; None: unset); they override the checkpoint's. Long inputs are handled as in fine-tuning (a
     classification checkpoint whose settings name no ``long_inputs`` was trained on windows; one
     fine-tuned elsewhere, by truncation); a given ``long_inputs`` truncate drops the saved stride."""
     from bertforge.model.heads import infer_model_class
     from bertforge.train.distributed import setup
     from bertforge.text.tokenizer import BertTokenizer
 
-    unknown = sorted(set(settings) - set(INPUT_SETTINGS))
-    if unknown:
-        raise TypeError(f"unknown settings: {', '.join(unknown)} (known: {', '.join(INPUT_SETTINGS)})")
+    given = input_settings(settings)
     model_class = infer_model_class(checkpoint)
     model = model_class.from_pretrained(checkpoint)
     if model.load_report.newly_initialized:
         raise ValueError(f"{checkpoint}: not a fine-tuned model (no weights for "
                          f"{', '.join(model.load_report.newly_initialized)})")
     saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
-    given = {k: v for k, v in settings.items() if v is not None}
     task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
     if not task:
         raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task (--task squad "
@@ -620,7 +626,7 @@ def _label2id(model: nn.Module) -> dict[str, int] | None:
 
 
 def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None = None, precision: str = "fp32",
-             **settings: Any) -> dict[str, float]:
+             settings: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
 
     ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, long_inputs, stride, SQuAD's limits, ...);
@@ -628,7 +634,7 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     prediction files (`bertforge.tasks.base.EvalResult.files`: predictions.tsv, predictions.conll,
     SQuAD's predictions.json, nbest_predictions.json, null_odds.json). ``precision``:
     `bertforge.train.precision.INFERENCE_PRECISIONS`: auto, fp32, bf16, fp16, int8."""
-    ft = load_finetuned(checkpoint, **settings)
+    ft = load_finetuned(checkpoint, settings)
     family, model, cfg, device = ft.family, ft.model, ft.settings, ft.device
     data = [family.eval_data(cfg, ft.tokenizer, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
     precision = resolve_precision(precision, device, inference=True)
@@ -643,14 +649,14 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
 
 
 def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None, *, precision: str = "fp32",
-            **settings: Any) -> list[dict[str, Any]]:
+            settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Predictions of a fine-tuned checkpoint for every example of ``file`` (labels not needed): one
     JSON-able record per example (the family's: label and scores, tags, answer, choice).
 
     ``out``: ``.jsonl`` writes the records, anything else the task's own format (GLUE's
     ``index <TAB> prediction`` TSV, CoNLL columns, SQuAD's predictions.json). ``settings`` and
     ``precision``: as `evaluate`."""
-    ft = load_finetuned(checkpoint, **settings)
+    ft = load_finetuned(checkpoint, settings)
     family, cfg, device = ft.family, ft.settings, ft.device
     files = family.files(cfg, str(file), "test")
     if len(files) != 1:

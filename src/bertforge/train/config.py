@@ -1,7 +1,7 @@
 """The shared training loop's settings (`TrainConfig`), and the rules a resumed run's settings obey.
 
-A setting's range and resume rules are declared on its field (`setting`); the range holds on every path
-a value comes by (`out_of_range`). ``resumable`` settings may change when a run resumes (its length, how
+A setting's range and resume rules are declared on its field (`bertforge.settings.setting`); the range holds
+on every path a value comes by. ``resumable`` settings may change when a run resumes (its length, how
 often it saves or logs), every other recorded setting must match the checkpoint's; ``absent`` says what a
 checkpoint recorded before the setting existed means by leaving it out. A config class that gives a field a
 new default keeps what its base class declared. `ResumeRules.of` collects the resume rules of a class.
@@ -10,107 +10,22 @@ new default keeps what its base class declared. `ResumeRules.of` collects the re
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import types
-import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bertforge.settings import HugeNumber
+from bertforge.settings import check_settings, field_metadata, setting
 from bertforge.train.distributed import Strategy
 from bertforge.train.optim import OptimizerName, ScheduleName
 from bertforge.train.precision import Precision, check_precision
 
-__all__ = ["TrainConfig", "ResumeRules", "setting", "out_of_range", "check_settings", "BUDGET_WARMUP_SHARE"]
+__all__ = ["TrainConfig", "ResumeRules", "BUDGET_WARMUP_SHARE"]
 
 BUDGET_WARMUP_SHARE = 0.01
 """Warmup share of a time budget when none is given: the paper's 10,000 of 1,000,000 steps."""
 
-_NOT_GIVEN: Any = object()
-_INT64 = 2 ** 63
 _A_CENTURY = 60 * 24 * 365 * 100
 """Minutes no time setting reaches (a larger one is a typo, and overflows the clocks that count it)."""
-
-
-def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, at_least: float | None = None,
-            above: float | None = None, below: float | None = None, at_most: float | None = None) -> Any:
-    """A config field with ``default``, its range and its resume rules.
-
-    ``at_least`` / ``above`` / ``below`` / ``at_most``: the values it takes (None, where the type allows it,
-    always; a float must be finite), checked by `out_of_range` wherever a value comes from: the command line,
-    a config file, a study file, Python. ``resumable``: a resumed run may change it; ``absent``: what a recorded
-    run that predates the setting means by its absence."""
-    metadata: dict[str, Any] = {"resumable": resumable}
-    if absent is not _NOT_GIVEN:
-        metadata["absent"] = absent
-    if (at_least, above, below, at_most) != (None,) * 4:
-        metadata["range"] = (at_least, above, below, at_most)
-    return field(default=default, metadata=metadata)
-
-
-@functools.lru_cache(maxsize=None)
-def _metadata(config_class: type) -> dict[str, dict[str, Any]]:
-    """Each field's metadata, merged over the classes of ``config_class``'s MRO: a class that gives a field a
-    new default keeps what its base declared."""
-    merged: dict[str, dict[str, Any]] = {}
-    for klass in reversed(config_class.__mro__):
-        for f in getattr(klass, "__dataclass_fields__", {}).values():
-            merged.setdefault(f.name, {}).update({k: v for k, v in f.metadata.items() if k != "resumable" or v})
-    return merged
-
-
-def out_of_range(config_class: type, name: str, value: Any) -> str | None:
-    """What setting ``name`` of ``config_class`` takes, as "must be > 0, got -1", if ``value`` is outside its
-    range (`setting`); None if it is inside, or the setting has none."""
-    bounds = _metadata(config_class).get(name, {}).get("range")
-    if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, int) and not -_INT64 <= value < _INT64:  # what torch and numpy count in
-        return f"must be below 2**63, got {HugeNumber(value)!r}"
-    at_least, above, below, at_most = bounds
-    if ((not isinstance(value, float) or math.isfinite(value)) and (at_least is None or value >= at_least)
-            and (above is None or value > above) and (below is None or value < below)
-            and (at_most is None or value <= at_most)):
-        return None
-    def show(bound: float) -> str:
-        return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
-
-    if (at_least is None and above is None) or (at_most is None and below is None):  # one side: ">= 0", "> 0"
-        words = (f">= {show(at_least)}" if at_least is not None else f"> {show(above)}" if above is not None
-                 else f"<= {show(at_most)}" if at_most is not None else f"< {show(below)}")
-    else:  # both: "in [0, 1)"
-        words = (f"in {'[' if at_least is not None else '('}{show(at_least if at_least is not None else above)}, "
-                 f"{show(at_most if at_most is not None else below)}{']' if at_most is not None else ')'}")
-    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {value!r}"
-
-
-@functools.lru_cache(maxsize=None)
-def _choices(config_class: type) -> dict[str, tuple[Any, ...]]:
-    """The fields of ``config_class`` typed ``Literal[...]`` (or ``Literal[...] | None``) -> their choices."""
-    out = {}
-    for name, hint in typing.get_type_hints(config_class).items():
-        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-        literals = [a for o in options if typing.get_origin(o) is typing.Literal for a in typing.get_args(o)]
-        if literals:
-            out[name] = tuple(literals) + ((None,) if type(None) in options else ())
-    return out
-
-
-def check_settings(config: Any) -> None:
-    """A ValueError naming the first field of the dataclass ``config`` whose value is not one of its
-    ``Literal`` choices or is outside its range (`setting`): what a reader of typed input (the command line,
-    files) checks, held for a config built in Python too."""
-    choices = _choices(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name in choices and value not in choices[f.name]:
-            names = ", ".join(str(c) for c in choices[f.name] if c is not None)
-            raise ValueError(f"{f.name} must be one of {names}, got {value!r}")
-        problem = out_of_range(type(config), f.name, value)
-        if problem:
-            raise ValueError(f"{f.name} {problem}")
 
 
 @dataclass(frozen=True)
@@ -128,7 +43,7 @@ class ResumeRules:
     @classmethod
     def of(cls, config_class: type[TrainConfig]) -> ResumeRules:
         """The rules the fields of ``config_class`` and of its bases declare (`setting`)."""
-        meta = _metadata(config_class)
+        meta = field_metadata(config_class)
         resumable = frozenset(name for name, m in meta.items() if m.get("resumable"))
         absent = {name: m["absent"] for name, m in meta.items() if "absent" in m}
         return cls(resumable, absent, config_class.DEFAULT_WARMUP_STEPS, config_class.DEFAULT_WARMUP_RATIO)

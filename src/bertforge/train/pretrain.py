@@ -28,7 +28,8 @@ from torch import nn
 
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
-from bertforge.train.config import TrainConfig, setting
+from bertforge.settings import setting
+from bertforge.train.config import TrainConfig
 from bertforge.train.history import objective_metrics
 from bertforge.train.loop import BatchSource, Objective, TrainResult
 from bertforge.train.run import Evaluate, TrainingRun
