@@ -337,9 +337,7 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
     from bertforge.tasks.classification import ClassificationObjective, Example, encode_examples
     from bertforge.tasks.encoding import EncodedBatches
     from bertforge.text.tokenizer import BertTokenizer
-    from bertforge.train.distributed import Distributed
-    from bertforge.train.loop import Trainer
-    from bertforge.train.run import ready_model
+    from bertforge.train.run import build_trainer
 
     tok = BertTokenizer.from_pretrained(str(model_dir))
     examples = [Example(t, None, str(int(y)), i + 2) for i, (t, y) in enumerate(zip(*train))]
@@ -355,8 +353,7 @@ def paired_steps(model_dir: Path, train: tuple[list[str], np.ndarray], ours_prec
     cfg = FinetuneConfig(task="classification", model=str(model_dir), max_steps=total, lr=args.lr,
                          batch_size=args.batch_size, precision=ours_precision, device="cpu", progress=False)
     with tempfile.TemporaryDirectory(prefix="finetune-mr-steps-") as tmp:
-        trainer = Trainer(ready_model(ours, Distributed(), "ddp"), ClassificationObjective(), batches=[], config=cfg,
-                          out_dir=tmp)  # type: ignore[arg-type]
+        trainer = build_trainer(ours, ClassificationObjective(), None, cfg, tmp)
         torch.manual_seed(args.seed)
         hf = BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=2)
         hf.train()

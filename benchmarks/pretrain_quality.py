@@ -74,9 +74,7 @@ from step_time import _loadavg  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
 from bertforge.data.prepare import PrepareConfig, load_manifest, prepare, special_ids  # noqa: E402
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
-from bertforge.train.distributed import Distributed  # noqa: E402
-from bertforge.train.loop import Trainer  # noqa: E402
-from bertforge.train.run import ready_model  # noqa: E402
+from bertforge.train.run import build_trainer  # noqa: E402
 from bertforge.train.precision import native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
 
@@ -177,8 +175,7 @@ class OursRun(Run):
         masking = cfg.masking(manifest)
         self.loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed,
                                         special=special_ids(tok) if masking else None, masking=masking)
-        self.trainer = Trainer(ready_model(self.model, Distributed(), "ddp"), self.task, self.loader, cfg, out,
-                               tokenizer=tok)
+        self.trainer = build_trainer(self.model, self.task, self.loader, cfg, out, tokenizer=tok)
         self.model = self.trainer.model
         self.precision = self.trainer.precision
         self.it = iter(self.loader)

@@ -92,10 +92,9 @@ from step_time import (Batch, _loadavg, build_models, check_same_loss, cpu_model
 import bertforge  # noqa: E402  (step_time puts src/ on the path when bertforge is not installed)
 import transformers  # noqa: E402
 from bertforge.data.loader import PretrainingDataset, PretrainingLoader  # noqa: E402
-from bertforge.train.distributed import Distributed  # noqa: E402
 from bertforge.train.config import TrainConfig  # noqa: E402
 from bertforge.train.loop import Trainer  # noqa: E402
-from bertforge.train.run import ready_model  # noqa: E402
+from bertforge.train.run import build_trainer  # noqa: E402
 from bertforge.train.pretrain import PretrainingObjective  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
@@ -174,8 +173,7 @@ def ours_trainer(model, batch_size: int, precision: str, out_dir: str, *, lr: fl
     cfg = TrainConfig(batch_size=batch_size, max_steps=max_steps, lr=lr, warmup_steps=warmup_steps,
                       weight_decay=WEIGHT_DECAY, max_grad_norm=1.0, precision=precision, device="cpu",
                       progress=False)
-    return Trainer(ready_model(model, Distributed(), "ddp"), objective or PretrainingObjective(nsp=True), batches=[],
-                   config=cfg, out_dir=out_dir)  # type: ignore[arg-type]
+    return build_trainer(model, objective or PretrainingObjective(nsp=True), None, cfg, out_dir)
 
 
 class HFLoop:

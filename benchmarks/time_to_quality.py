@@ -139,12 +139,10 @@ from bertforge.data.prepare import load_manifest, special_ids  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
 from bertforge.stats import mean_interval  # noqa: E402
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
-from bertforge.train.distributed import Distributed  # noqa: E402
-from bertforge.train.loop import Trainer  # noqa: E402
 from bertforge.train.optim import lr_factor  # noqa: E402
 from bertforge.train.precision import cpu_name, native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
-from bertforge.train.run import ready_model  # noqa: E402
+from bertforge.train.run import build_trainer  # noqa: E402
 
 OURS, TRAINER, SAME = "bertforge (recipe)", "transformers Trainer (best of grid)", "transformers (same recipe)"
 ARMS = (OURS, TRAINER, SAME)
@@ -351,8 +349,7 @@ def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Pat
                                     objective)
     loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed, special=special_ids(tok),
                                masking=cfg.masking(manifest))
-    trainer = Trainer(ready_model(model, Distributed(), cfg.strategy), PretrainingObjective(nsp=objective == "mlm+nsp"),
-                      loader, cfg, out, tokenizer=tok)
+    trainer = build_trainer(model, PretrainingObjective(nsp=objective == "mlm+nsp"), loader, cfg, out, tokenizer=tok)
     rec = Recorder(OURS, trainer.model, ours_logits, report, None, budget)
     lr = lambda: trainer.optimizer.param_groups[0]["lr"]  # noqa: E731 - the next step's rate
     rec.record(0.0, 0, lr())

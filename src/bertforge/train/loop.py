@@ -123,7 +123,7 @@ class Trainer:
     """Trains ``model`` on ``batches`` with ``objective``; writes metrics and checkpoints into ``out_dir``.
 
     ``model`` comes ready to train: on its device, with the speed layer of `bertforge.fast` and, with several
-    processes, wrapped for DDP or FSDP (`bertforge.train.run.ready_model`); the trainer saves and
+    processes, wrapped for DDP or FSDP (`bertforge.train.run.build_trainer`); the trainer saves and
     evaluates the bare model inside it.
     ``run_config`` (any JSON-able dict, e.g. the run's config) is stored with every checkpoint;
     resuming with a config that differs outside what ``resume_rules`` allow (default: those the config's

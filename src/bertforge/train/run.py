@@ -16,7 +16,7 @@ for every process. Pre-training and fine-tuning say only what differs, in these 
     run_facts(model)       what the run records besides its settings (the model's config, the labels)
     log_start(), finish(result)
 
-The speed layer (`bertforge.fast.speed_up`) and distributed wrapping are applied here (`ready_model`), so
+The speed layer (`bertforge.fast.speed_up`) and distributed wrapping are applied here (`build_trainer`), so
 the model the trainer gets is ready to train and the model code knows nothing of either.
 """
 
@@ -37,17 +37,22 @@ from bertforge.train.lock import run_lock
 from bertforge.train.loop import BatchSource, Evaluation, Objective, Trainer, TrainResult
 from bertforge.train.rundir import open_run_dir, stop_marker
 
-__all__ = ["TrainingRun", "ready_model", "Evaluate"]
+__all__ = ["TrainingRun", "build_trainer", "Evaluate"]
 
 Outcome = TypeVar("Outcome")
 Evaluate = Callable[[nn.Module, int], dict[str, float] | Evaluation]
 """``evaluate(model, step) -> metrics`` (or an `Evaluation`): a run's evaluation, on every process."""
 
 
-def ready_model(model: nn.Module, dist: Distributed, strategy: str) -> nn.Module:
-    """``model`` ready to train: on this process's device, with the speed paths of `bertforge.fast` (its
-    state dict unchanged) and, with several processes, wrapped for DDP or FSDP (``strategy``)."""
-    return wrap_model(speed_up(unwrap_model(model).to(dist.device)), dist, strategy)
+def build_trainer(model: nn.Module, objective: Objective, batches: BatchSource | None, cfg: Any, out: str | Path,
+                  *, dist: Distributed | None = None, **options: Any) -> Trainer:
+    """The `Trainer` of ``model``, wired as every run wires its own: the model on this process's device,
+    with the speed paths of `bertforge.fast` (its state dict unchanged) and, with several processes,
+    wrapped for DDP or FSDP (``cfg.strategy``). ``options``: the Trainer's keyword arguments. Runs,
+    benchmarks and step timers all build their trainer here."""
+    dist = dist or Distributed()
+    ready = wrap_model(speed_up(unwrap_model(model).to(dist.device)), dist, cfg.strategy)
+    return Trainer(ready, objective, batches, cfg, out, dist=dist, **options)  # type: ignore[arg-type]
 
 
 class TrainingRun(Generic[Outcome]):
@@ -90,8 +95,7 @@ class TrainingRun(Generic[Outcome]):
         objective, batches, evaluate = self.setup_training(model)
         run_config = self.run_config(model)
         # `fit` writes the settings once a resume's are accepted: a refused resume changes nothing
-        self.trainer = Trainer(ready_model(model, dist, self.cfg.strategy), objective, batches, self.cfg, self.out,
-                               dist=dist, evaluate=evaluate, tokenizer=self.tokenizer, run_config=run_config,
+        self.trainer = build_trainer(model, objective, batches, self.cfg, self.out, dist=dist, evaluate=evaluate, tokenizer=self.tokenizer, run_config=run_config,
                                resume_rules=self.resume_rules(), write_run_config=True)
         self.log_start()
         result = self.trainer.fit(resume_from=resume_from)
