@@ -295,12 +295,10 @@ def _step_trainer(model: torch.nn.Module, objective: Any, batch_size: int, preci
     the optimizer, the allocator's settings), to time its ``train_step``; it writes nothing."""
     from bertforge.train.config import TrainConfig
     from bertforge.train.distributed import Distributed
-    from bertforge.train.loop import Trainer
-    from bertforge.train.run import ready_model
+    from bertforge.train.run import build_trainer
 
     cfg = TrainConfig(batch_size=batch_size, precision=precision, device=str(device), progress=False)
-    dist = Distributed(device=device)
-    return Trainer(ready_model(model, dist, cfg.strategy), objective, None, cfg, "unused", dist=dist)
+    return build_trainer(model, objective, None, cfg, "unused", dist=Distributed(device=device))
 
 
 def _median_step(trainer: Any, batches: Sequence[dict[str, torch.Tensor]], untimed: int,
