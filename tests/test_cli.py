@@ -58,6 +58,16 @@ def test_vocab_then_tokenize(corpus, tmp_path, capsys):
     assert record["token_type_ids"] == [0] * 6 + [1] * 5
     assert record["input_ids"][0] == 101 and record["input_ids"][5] == 102
 
+    # a reader that stops early (``| head -1``) stops the command quietly, as SIGPIPE stops a Unix tool
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"the cat sat {i}\n" for i in range(50_000)), encoding="utf-8")
+    with texts.open() as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "bertforge", "tokenize", "-t", str(out_dir)], stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("[CLS] the cat sat")
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141 and proc.stderr.read() == ""
+
 
 def test_convert_and_info(tmp_path, capsys):
     torch.manual_seed(0)
@@ -297,3 +307,16 @@ def test_ctrl_c_while_parsing_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_parser", interrupted)
     assert main(["info", "x"]) == 130
     assert capsys.readouterr().err == "bertforge: interrupted\n"
+
+
+def test_a_stopped_run_says_where_it_stopped_in_steps_or_in_its_time_budget(capsys):
+    from bertforge.cli import _report_stop
+    from bertforge.train.loop import TrainResult
+
+    stopped = dict(stopped_early=True, final_metrics={}, eval_metrics={}, checkpoint=None, interrupted=True,
+                   stop_signal=2)
+    assert _report_stop("pretrain", TrainResult(step=257, max_steps=1000, **stopped)) == 130
+    assert "pretrain: stopped at step 257 of 1000; model/ holds" in capsys.readouterr().out
+    budget = TrainResult(step=257, max_steps=1_000_000, budget_minutes=5, elapsed_seconds=78, **stopped)
+    assert _report_stop("pretrain", budget) == 130
+    assert "pretrain: stopped at 1.3 of its 5 budget minutes (step 257); model/ holds" in capsys.readouterr().out

@@ -122,6 +122,7 @@ def test_the_probes_answer_is_written_to_the_cache_and_read_back_by_the_next_pro
     'KEY: "nothing"', 'KEY: {"fp32_ms": 40.0}', 'KEY: {"fp32_ms": "fast", "bf16_ms": 1}',
     'KEY: {"fp32_ms": true, "bf16_ms": 20.0}', 'KEY: {"fp32_ms": 40.0, "bf16_ms": -1}',
     'KEY: {"fp32_ms": Infinity, "bf16_ms": 20.0}', 'KEY: {"fp32_ms": NaN, "bf16_ms": 20.0}',
+    "[" * 200_000 + "]" * 200_000,  # deeper than the JSON parser recurses
 ])
 def test_a_corrupt_cache_is_ignored_measured_again_and_rewritten(monkeypatch, probe, content):
     monkeypatch.setattr(prec, "native_bf16", lambda device: True)

@@ -285,7 +285,9 @@ def _report_stop(command: str, result: Any) -> int:
     ``result``: the loop's `TrainResult`."""
     if not result.stopped_early:
         return 0
-    print(f"{command}: stopped at step {result.step} of {result.max_steps}; model/ holds the partial model "
+    where = (f"{result.elapsed_seconds / 60:.1f} of its {result.budget_minutes:g} budget minutes (step {result.step})"
+             if result.budget_minutes else f"step {result.step} of {result.max_steps}")
+    print(f"{command}: stopped at {where}; model/ holds the partial model "
           f"(marked by {STOP_MARKER}); continue with --resume")
     return result.exit_code
 
@@ -687,6 +689,11 @@ def main(argv: list[str] | None = None) -> int:
     with _console(top.verbose, "stderr" if top.command in DATA_COMMANDS else "stdout"):
         try:
             return _run(top.command, top.args)
+        except BrokenPipeError:
+            # The reader of our output stopped (``| head``): stop too, quietly, as a process that a
+            # SIGPIPE ends (exit 128 + 13); what is still buffered goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         except (ValueError, OSError) as e:
             # Bad input (or a full disk: "no space left on PATH") is the user's to fix: one clear line, no
             # traceback (use -v to see one).

@@ -65,6 +65,7 @@ from bertforge.settings import (
     check_value,
     field_types,
     from_mapping,
+    out_of_range,
     read_mapping,
     read_settings,
     read_value,
@@ -164,7 +165,7 @@ def _builtin_data(value: Any, where: str) -> str:
 
 
 def _seeds(value: Any, where: str) -> Any:
-    """Fine-tuning seeds: integers >= 0, at least one, none twice."""
+    """Fine-tuning seeds: each a value of FinetuneConfig's ``seed``, at least one, none twice."""
     if not isinstance(value, list) or not value:
         raise SettingValueError("a non-empty list of integers", value)
     for i, seed in enumerate(value):
@@ -172,6 +173,9 @@ def _seeds(value: Any, where: str) -> Any:
             _AtLeast(0)(seed, where)
         except SettingValueError as e:
             raise FieldError(f"{where}[{i}]", str(e)) from None
+        problem = out_of_range(FinetuneConfig, "seed", seed)
+        if problem:
+            raise FieldError(f"{where}[{i}]", problem)
     if len(set(value)) != len(value):
         raise FieldError(where, f"repeated seeds in {list(value)}")
     return value

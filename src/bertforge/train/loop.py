@@ -107,6 +107,10 @@ class TrainResult:
     """The signal that stopped the run (0: none)."""
     max_steps: int = 0
     """The steps the run was set to train."""
+    budget_minutes: float = 0.0
+    """The run's time budget (0: none; its length is then max_steps)."""
+    elapsed_seconds: float = 0.0
+    """Training time, over every resume."""
 
     @property
     def exit_code(self) -> int:
@@ -416,7 +420,8 @@ class Trainer:
         self.metrics_log.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested,
-                           stop_signal=stop.signum, max_steps=cfg.max_steps)
+                           stop_signal=stop.signum, max_steps=cfg.max_steps, budget_minutes=cfg.budget_minutes,
+                           elapsed_seconds=self.elapsed)
 
     def _progress_bar(self) -> Any:
         """The main process's progress bar: over the steps, or the seconds of a time budget (None: none)."""

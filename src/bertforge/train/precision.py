@@ -216,7 +216,7 @@ def _read_probe_file(path: Path) -> dict[str, dict]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:  # ValueError: not JSON, not UTF-8
+    except (OSError, ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser's depth
         logger.debug("precision auto: ignoring %s (%s)", path, e)
         return {}
     entries = data.get("entries") if isinstance(data, dict) and data.get("version") == 1 else None
