@@ -108,9 +108,9 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
     out: str = setting("runs/finetune", resumable=True)
     """Run folder: metrics.jsonl, checkpoints/, model/ (final) and best/ (best on dev)."""
-    epochs: float = setting(3.0, resumable=True)
+    epochs: float = setting(3.0, resumable=True, above=0)
     """Passes over the training data when --max-steps is 0 (the paper searched 2, 3, 4)."""
-    dropout: float | None = None
+    dropout: float | None = setting(None, at_least=0, below=1)
     """Dropout on hidden states and attention probabilities (None: the checkpoint's, 0.1 in published BERTs);
     e.g. 0.1 for a checkpoint pre-trained without dropout."""
     keep_best: bool = True
@@ -134,7 +134,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     bilstm: bool = False
     """Fine-tune the encoder with a randomly initialised two-layer BiLSTM (--bilstm-size) between its last
     layer and the task's output layer (the paper's "+ BiLSTM" row); tagging, classification and SQuAD."""
-    bilstm_size: int = 768
+    bilstm_size: int = setting(768, at_least=1)
     """Hidden units per direction of the BiLSTM of --features and --bilstm (the paper's 768)."""
 
     DEFAULT_WARMUP_RATIO: ClassVar[float | None] = 0.1
@@ -147,10 +147,6 @@ class FinetuneConfig(TaskSettings, TrainConfig):
         if self.task and self.task not in task_names():
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
         TaskSettings.__post_init__(self)
-        if self.epochs <= 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.grid:
             parse_grid(self.grid)  # a malformed grid fails before any work
         if self.features:
@@ -167,8 +163,6 @@ class FinetuneConfig(TaskSettings, TrainConfig):
             if family.model_class not in FEATURE_MODEL_CLASSES:
                 raise ValueError(f"--bilstm applies to tagging, classification and SQuAD, not to {family.name} "
                                  f"({self.task})")
-        if self.bilstm_size < 1:
-            raise ValueError(f"bilstm_size must be >= 1, got {self.bilstm_size}")
 
 
 # ---------------------------------------------------------------------------- the paper's grid

@@ -83,7 +83,7 @@ class PretrainConfig(TrainConfig):
     """Delete an earlier run's files in --out (metrics, checkpoints, model) and start afresh."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # types, ranges and choices of every field (`bertforge.train.config.setting`)
+        super().__post_init__()  # types, ranges and choices of every field (`bertforge.settings.setting`)
         self._check_recipe_applied()
 
     def _check_recipe_applied(self) -> None:
