@@ -51,6 +51,12 @@ def test_a_subclass_keeps_the_range_of_a_setting_it_gives_a_new_default():
         PretrainConfig(dropout=1.5)
     with pytest.raises(ValueError, match=r"^objective must be one of auto, mlm\+nsp, mlm, ltr, got 'xlnet'$"):
         PretrainConfig(objective="xlnet")
+    for settings, message in (({"epochs": 1e300}, r"^epochs must be a finite number in \(0, 1000000\], got 1e\+300$"),
+                              ({"epochs": 0}, r"^epochs must be in \(0, 1000000\], got 0$"),
+                              ({"dropout": -0.1}, r"^dropout must be a finite number in \[0, 1\), got -0.1$"),
+                              ({"bilstm_size": 0}, r"^bilstm_size must be >= 1, got 0$")):
+        with pytest.raises(ValueError, match=message):
+            FinetuneConfig(**settings)
     assert out_of_range(FinetuneConfig, "lr", 0.0) == "must be a finite number > 0, got 0.0"
     assert out_of_range(FinetuneConfig, "lr", 3e-5) is None
 

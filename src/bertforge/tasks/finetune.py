@@ -108,7 +108,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """Pre-trained checkpoint folder (bertforge or transformers) holding the tokenizer too."""
     out: str = setting("runs/finetune", resumable=True)
     """Run folder: metrics.jsonl, checkpoints/, model/ (final) and best/ (best on dev)."""
-    epochs: float = setting(3.0, resumable=True, above=0)
+    epochs: float = setting(3.0, resumable=True, above=0, at_most=1_000_000)
     """Passes over the training data when --max-steps is 0 (the paper searched 2, 3, 4)."""
     dropout: float | None = setting(None, at_least=0, below=1)
     """Dropout on hidden states and attention probabilities (None: the checkpoint's, 0.1 in published BERTs);
