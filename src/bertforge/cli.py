@@ -4,23 +4,8 @@ A command's signature is its command line, built by tyro: a parameter ``max_seq_
 ``--max-seq-length`` (``--max_seq_length`` works too), a bool ``x`` is ``--x`` / ``--no-x``, the
 fields of a config dataclass parameter (``cfg``) are flags with the fields' docstrings as their help,
 and the docstring's Args are the other flags' help. ``--config FILE.json|.yaml`` sets a command's
-``cfg`` fields; flags override the file.
-
-    bertforge vocab        learn a WordPiece vocab.txt from text files     (bertforge.text.vocab.learn_vocab)
-    bertforge prepare      raw text -> pre-training shards                 (bertforge.data.prepare.prepare)
-    bertforge tokenize     show WordPiece tokens / ids of text             (bertforge.BertTokenizer)
-    bertforge convert      re-write a BERT checkpoint folder               (bertforge.convert.folders.convert)
-    bertforge info         describe a checkpoint folder                    (bertforge.model.checkpoint)
-    bertforge export-onnx  a checkpoint as ONNX, checked with onnxruntime  (bertforge.convert.onnx.export_onnx)
-    bertforge pretrain     MLM + NSP pre-training on prepared shards       (bertforge.train.pretrain.pretrain)
-    bertforge finetune     classification, tagging, SQuAD, multiple choice (bertforge.tasks.finetune.finetune)
-    bertforge evaluate     metrics of a fine-tuned model on labelled data  (bertforge.tasks.finetune.evaluate)
-    bertforge predict      a checkpoint's head on texts, or a task file    (bertforge.serving.predictor.Predictor)
-    bertforge serve        a checkpoint's head as an HTTP JSON service     (bertforge.serving.http.serve)
-    bertforge features     token vectors / sentence embeddings of texts    (bertforge.serving.features)
-    bertforge plot         redraw a run's training curves                  (bertforge.train.plot.plot_run)
-    bertforge demo         the end-to-end demo on real data                (bertforge.demo.run.run_demo)
-    bertforge ablate       the paper's ablation studies from a study file  (bertforge.experiments.runner.run_study)
+``cfg`` fields; flags override the file. ``bertforge --help`` lists the commands, each with the
+first line of its function's docstring.
 
 Every command that runs a model for inference takes ``--precision {auto,fp32,bf16,fp16,int8}``
 (`bertforge.train.precision`; int8: `bertforge.fast.int8`).
