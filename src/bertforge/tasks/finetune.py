@@ -1,44 +1,20 @@
 """``bertforge finetune / evaluate / predict``: the paper's fine-tuning, for every task family, on
-the shared training loop.
+the shared training loop (docs/finetuning.md is the guide).
 
-A fine-tuning run: a pre-trained checkpoint folder (bertforge's or transformers'), its tokenizer, the
-task's family (`bertforge.tasks`: classification / regression incl. GLUE, tagging, SQuAD, multiple
-choice) reading and encoding the files, the family's ``BertFor...`` head with fresh weights, and
-the shape every training run shares (`FinetuneRun`, a `bertforge.train.run.TrainingRun`). The
-paper's fine-tuning defaults: batch 32, lr 2e-5 (it searched {5e-5, 3e-5, 2e-5}), 3 epochs, warmup
-over 10% of the steps then linear decay, weight decay 0.01; the dev set is evaluated at the end of each
-epoch (or every ``eval_every`` steps) and the best model by the task's main metric is kept in
-``OUT/best/`` with the evaluation's prediction files.
-`finetune_grid` runs the paper's search over lr x batch x epochs and keeps the best on dev.
+A run (`FinetuneRun`, a `bertforge.train.run.TrainingRun`) puts the task family's ``BertFor...`` head
+with fresh weights on a pre-trained checkpoint folder (bertforge's or transformers'), reads and encodes
+the files through the family (`bertforge.tasks`), and keeps the best model on dev in ``OUT/best/``
+with its prediction files; ``model/`` holds the final weights. Both are checkpoint folders that
+transformers' matching class loads, carrying the settings evaluation and prediction reuse
+(``bertforge_finetune`` in config.json), which `load_finetuned` reads back for `evaluate`, `predict`
+and `bertforge.serving.predictor.Predictor`. `finetune_grid` runs the paper's search over lr x batch x
+epochs. ``--features`` (the paper's Table 7) trains a BiLSTM head on a frozen encoder's features
+(`bertforge.tasks.feature_based`); ``--bilstm`` puts it on an encoder that fine-tunes.
 
-    bertforge finetune --task sst2 --model bert-base --train-file glue/SST-2 --dev-file glue/SST-2 --out runs/sst2
-    bertforge finetune --task squad --model bert-base --train-file train-v1.1.json --dev-file dev-v1.1.json --grid
-    bertforge evaluate runs/sst2/best --file glue/SST-2/dev.tsv
-    bertforge predict runs/sst2/best glue/SST-2/test.tsv --out sst2.tsv
-
-The run folder: ``metrics.jsonl`` (train and eval lines), ``checkpoints/`` (resumable: ``--resume``),
-``model/`` (the final weights) and ``best/`` (the best on dev, with ``eval_metrics.json`` and that
-evaluation's per-example prediction files, `bertforge.tasks.base.EvalResult.files`); both are
-checkpoint folders transformers' matching ``BertFor...`` class loads, with ``id2label`` /
-``label2id`` where the task has labels and the settings evaluation and prediction reuse
-(``bertforge_finetune`` in config.json). `load_finetuned` reads such a folder back with its task
-family and settings: `evaluate`, `predict` and `bertforge.serving.predictor.Predictor` start there.
-An --out holding an earlier run's files is refused unless the run resumes it (``--resume``) or
-replaces it (``--overwrite``); a run stopped early marks its partial ``model/``
-(`bertforge.train.rundir.open_run_dir`, `bertforge.train.rundir.stop_marker`). A run (and a grid, in its
-own --out) holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files
-to its end: another run into that folder is refused at once.
-
-The feature-based approach (``--features``, the paper's Table 7): tagging and classification train a
-BiLSTM head (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification` and its sequence twin)
-over chosen layers of a frozen encoder, whose features are computed once before training
-(`bertforge.tasks.feature_based`); ``--bilstm`` puts the same head on an encoder that fine-tunes.
-
-Settings: `FinetuneConfig` is the task family's `bertforge.tasks.base.TaskSettings` plus the
-training loop's `TrainConfig` and the run's own (model, out, epochs, dropout, best model, grid), in one
-flat class because the command line's flags are its fields. A run fills in the family's defaults once
-(`TaskFamily.configure`, in `prepare_data` or when given data read already); ``max_steps`` 0 stands for
---epochs until the data is read. The task families never import this module; it drives them.
+`FinetuneConfig` is the family's `bertforge.tasks.base.TaskSettings` plus the loop's `TrainConfig` and
+the run's own settings, one flat class because the flags are its fields; its defaults are the
+paper's (batch 32, lr 2e-5, 3 epochs, warmup over 10% of the steps). The task families never import
+this module; it drives them.
 """
 
 from __future__ import annotations
@@ -47,9 +23,9 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
