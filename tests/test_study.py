@@ -135,7 +135,7 @@ def test_a_non_figure_variant_keeps_its_checkpoint_settings(tmp_path):
     ({"finetune": {"features": "top-3"}}, r"toy.yaml: finetune: --features 'top-3': choose one of"),
     ({"finetune": {"epochs": 0}}, r"toy.yaml: finetune.epochs: must be in \(0, 1000000\], got 0$"),
     ({"finetune": {"device": "tpu"}}, r"toy.yaml: finetune.device: expected auto, cpu, cuda or cuda:K, got 'tpu'$"),
-    ({"pretraining": {"prepare": {"dupe_factor": 0}}}, r"toy.yaml: pretraining.prepare: dupe_factor must be >= 1$"),
+    ({"pretraining": {"prepare": {"dupe_factor": 0}}}, r"toy.yaml: pretraining.prepare.dupe_factor: must be in \[1, 1000\], got 0$"),
     ({"pretraining": {"pretrain": {"model": "hugee"}}},
      r"pretraining.pretrain.model: expected a model size \(tiny, .*\), a config.json path, or a mapping"),
     ({"variants": [{"name": "A", "pretrain": {"objective": "xlnet"}}]},

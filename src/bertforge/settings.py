@@ -72,13 +72,15 @@ def out_of_range(config_class: type, name: str, value: Any) -> str | None:
     bounds = field_metadata(config_class).get(name, {}).get("range")
     if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if isinstance(value, int) and not -_INT64 <= value < _INT64:  # what torch and numpy count in
-        return f"must be below 2**63, got {HugeNumber(value)!r}"
     at_least, above, below, at_most = bounds
-    if ((not isinstance(value, float) or math.isfinite(value)) and (at_least is None or value >= at_least)
+    huge = isinstance(value, int) and not -_INT64 <= value < _INT64  # beyond what torch and numpy count in
+    if huge and at_most is None and below is None:
+        return f"must be below 2**63, got {HugeNumber(value)!r}"
+    if (not huge and (not isinstance(value, float) or math.isfinite(value)) and (at_least is None or value >= at_least)
             and (above is None or value > above) and (below is None or value < below)
             and (at_most is None or value <= at_most)):
         return None
+
     def show(bound: float) -> str:
         return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
@@ -88,7 +90,8 @@ def out_of_range(config_class: type, name: str, value: Any) -> str | None:
     else:  # both: "in [0, 1)"
         words = (f"in {'[' if at_least is not None else '('}{show(at_least if at_least is not None else above)}, "
                  f"{show(at_most if at_most is not None else below)}{']' if at_most is not None else ')'}")
-    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {value!r}"
+    shown = HugeNumber(value) if huge else value
+    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {shown!r}"
 
 
 @functools.lru_cache(maxsize=None)

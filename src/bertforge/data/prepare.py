@@ -50,6 +50,7 @@ from bertforge.data.instances import (
 )
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
+from bertforge.settings import check_settings, setting
 
 __all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats", "special_ids"]
 
@@ -63,23 +64,23 @@ SETTINGS = "settings.json"
 class PrepareConfig:
     """Settings of ``bertforge prepare`` (defaults: Google's ``create_pretraining_data.py``)."""
 
-    max_seq_length: int = 128
+    max_seq_length: int = setting(128, at_least=8, at_most=65535)
     """Longest instance, in tokens, special tokens included."""
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int = setting(20, at_least=1, at_most=65535)
     """Masked-LM predictions per instance at most (the paper: 20 at 128, about 80 at 512)."""
-    masked_lm_prob: float = 0.15
+    masked_lm_prob: float = setting(0.15, above=0, below=1)
     """Share of tokens to predict."""
-    mask_token_prob: float = 0.8
+    mask_token_prob: float = setting(0.8, at_least=0, at_most=1)
     """Of the predicted tokens, the share replaced by [MASK]."""
-    random_token_prob: float = 0.1
+    random_token_prob: float = setting(0.1, at_least=0, at_most=1)
     """Of the predicted tokens, the share replaced by a random token (the rest stay unchanged)."""
     whole_word_mask: bool = False
     """Mask whole words (a piece and its ## continuations) together."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: float = setting(0.1, at_least=0, at_most=1)
     """Probability of a shorter random target length, so the model also sees short inputs."""
-    dupe_factor: int = 10
+    dupe_factor: int = setting(10, at_least=1, at_most=1000)
     """Passes over the data, each with fresh masks and fresh A/B splits."""
-    seed: int = 12345
+    seed: int = setting(12345, at_least=0)
     """Seed of every random choice; with the inputs, it fixes the output exactly."""
     nsp: bool = True
     """Next sentence prediction pairs (the paper). Off: pack whole sentences, MLM only (RoBERTa)."""
@@ -89,21 +90,14 @@ class PrepareConfig:
     """Input format: auto, google, text, jsonl, wiki-json."""
     text_field: str = "text"
     """The JSON field holding the text, for jsonl / wiki-json input."""
-    shard_chars: int = 2_000_000
+    shard_chars: int = setting(2_000_000, at_least=1)
     """Characters of input per shard: the window NotNext documents are drawn from and the unit of work."""
 
     def __post_init__(self) -> None:
-        if self.max_seq_length < 8 or self.max_seq_length > 65535:
-            raise ValueError(f"max_seq_length must be in [8, 65535], got {self.max_seq_length}")
-        if self.dupe_factor < 1:
-            raise ValueError("dupe_factor must be >= 1")
-        if not 0 <= self.short_seq_prob <= 1:
-            raise ValueError("short_seq_prob must be in [0, 1]")
+        check_settings(self)  # the ranges declared on the fields
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}; choose from {', '.join(FORMATS)}")
-        if self.shard_chars < 1:
-            raise ValueError("shard_chars must be >= 1")
-        self.masking  # validates the masking fields
+        self.masking  # the masking shares together
 
     @property
     def masking(self) -> MaskingConfig:
