@@ -198,3 +198,12 @@ def test_a_small_corpus_gives_a_byte_identical_vocab_in_every_process(tmp_path):
         files.append((out / "vocab.txt").read_bytes())
     assert len(files[0].splitlines()) == 2000  # the budget, not the corpus, ends training
     assert all(f == files[0] for f in files[1:])
+
+
+def test_a_vocab_size_out_of_range_is_refused_before_reading_text(tmp_path):
+    with pytest.raises(ValueError, match="leaves no room beside 104 special and unused tokens"):
+        learn_vocab([tmp_path / "absent.txt"], tmp_path / "v", vocab_size=104)
+    with pytest.raises(ValueError, match=r"^vocab_size must be at most 4,294,967,296 \(token ids are stored as uint32\), "
+                                         r"got a 27-digit number$"):
+        learn_vocab([tmp_path / "absent.txt"], tmp_path / "v", vocab_size=10 ** 26)
+    assert not (tmp_path / "v").exists()

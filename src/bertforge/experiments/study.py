@@ -60,6 +60,7 @@ from bertforge.settings import (
     AS_GIVEN,
     OTHER_KEYS,
     FieldError,
+    HugeNumber,
     SettingValueError,
     check_keys,
     check_value,
@@ -71,6 +72,7 @@ from bertforge.settings import (
     read_value,
 )
 from bertforge.tasks.finetune import FinetuneConfig
+from bertforge.text.vocab import MAX_VOCAB_SIZE
 from bertforge.train.pretrain import PretrainConfig
 
 __all__ = ["Study", "TaskSpec", "Variant", "FigureSpec", "Pretraining", "StudyFolder", "load_study", "bundled_studies",
@@ -116,14 +118,17 @@ _FILE_SETTINGS = ("train_file", "dev_file")
 # Each is ``check(value, where) -> value`` (`bertforge.settings.read_value`): the study file's rules for
 # a field beyond its type.
 class _AtLeast:
-    """An integer >= ``minimum``."""
+    """An integer >= ``minimum`` (and <= ``maximum``, if given)."""
 
-    def __init__(self, minimum: int):
-        self.minimum = minimum
+    def __init__(self, minimum: int, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
 
     def __call__(self, value: Any, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
             raise SettingValueError(f"an integer >= {self.minimum}", value)
+        if self.maximum is not None and value > self.maximum:
+            shown = HugeNumber(value) if value >= 2 ** 63 else value
+            raise SettingValueError(f"an integer in [{self.minimum}, {self.maximum:,}]", shown)
         return value
 
 
@@ -293,7 +298,7 @@ class Pretraining:
     corpus: Annotated[str, _corpus] = "wikipedia-leads"
     held_out: File = ""
     max_documents: Count = 0
-    vocab_size: Annotated[int, _AtLeast(100)] = 8000
+    vocab_size: Annotated[int, _AtLeast(100, MAX_VOCAB_SIZE)] = 8000
     vocab: File = ""
     prepare: PrepareSettings = field(default_factory=dict)
     pretrain: PretrainSettings = field(default_factory=dict)

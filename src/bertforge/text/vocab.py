@@ -26,9 +26,13 @@ from typing import IO
 from tokenizers import Tokenizer, models, trainers
 
 from bertforge.io import open_binary
+from bertforge.settings import HugeNumber
 from bertforge.text.tokenizer import CJK_RANGES, BertTokenizer, bert_normalizer, bert_pre_tokenizer
 
-__all__ = ["learn_vocab", "iter_text_lines"]
+__all__ = ["learn_vocab", "iter_text_lines", "MAX_VOCAB_SIZE"]
+
+MAX_VOCAB_SIZE = 2 ** 32
+"""The largest vocab: prepared shards store token ids as uint32."""
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -118,6 +122,9 @@ def learn_vocab(
         raise ValueError(f"num_unused must be >= 0, got {num_unused}")
     if vocab_size <= n_reserved:
         raise ValueError(f"vocab_size={vocab_size} leaves no room beside {n_reserved} special and unused tokens")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are stored as uint32), got "
+                         f"{HugeNumber(vocab_size) if vocab_size >= 2 ** 63 else vocab_size!r}")
     text = _rereadable(files)
     # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
     pieces = _learn_pieces(text, vocab_size - num_unused, do_lower_case=do_lower_case, min_frequency=min_frequency,
