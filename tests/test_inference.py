@@ -84,6 +84,8 @@ def test_the_head_comes_from_the_architecture(mlm, clf, tagger, qa, encoder, roo
         Predictor.from_pretrained(clf, device="cpu", settings={"max_len": 3})
     with pytest.raises(ValueError, match="^max_seq_length: expected an integer, got 'long'$"):
         Predictor.from_pretrained(clf, device="cpu", settings={"max_seq_length": "long"})
+    with pytest.raises(ValueError, match=r"^stride: must be >= 0, got -1$"):
+        Predictor.from_pretrained(clf, device="cpu", settings={"stride": -1})
 
 
 # ---------------------------------------------------------------------------- fill-mask

@@ -47,8 +47,8 @@ import torch
 from torch import nn
 
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
+from bertforge.settings import check_settings, setting
 from bertforge.tasks.encoding import EncodedSet
-from bertforge.train.config import setting
 
 __all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "jsonl_records",
            "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
@@ -82,7 +82,7 @@ class TaskSettings:
     choice: of the choices)."""
     label_column: str = ""
     """Column of the label (default: the GLUE task's, else "label")."""
-    max_seq_length: int = 0
+    max_seq_length: int = setting(0, at_least=0, at_most=65535)
     """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
     windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
     long_inputs: Literal["auto", "truncate", "windows"] = "auto"
@@ -91,14 +91,14 @@ class TaskSettings:
     --stride tokens: training uses every window with the example's label, prediction averages their logits;
     costs a pass per window). auto: truncate for classification / regression and multiple choice; tagging
     and SQuAD always use windows (every word needs a tag; the answer may lie anywhere)."""
-    stride: int = 0
+    stride: int = setting(0, at_least=0)
     """Tokens between the starts of consecutive windows of a long text (0: the task's default: SQuAD's
     doc_stride 128, half a window otherwise)."""
-    max_query_length: int = 64
+    max_query_length: int = setting(64, at_least=1)
     """SQuAD: question tokens kept (longer questions are cut)."""
-    max_answer_length: int = 30
+    max_answer_length: int = setting(30, at_least=1)
     """SQuAD: longest answer span predicted, in WordPiece tokens."""
-    n_best_size: int = 20
+    n_best_size: int = setting(20, at_least=1)
     """SQuAD: start and end candidates per window, and answers kept per question in nbest_predictions.json."""
     null_score_diff_threshold: float = 0.0
     """SQuAD 2.0: predict no answer when the null score exceeds the best span's by more than this."""
@@ -106,19 +106,15 @@ class TaskSettings:
     """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
     tag_scheme: str = "auto"
     """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
-    eval_batch_size: int = setting(64, resumable=True)
+    eval_batch_size: int = setting(64, resumable=True, at_least=1)
     """Sequences per forward pass at evaluation, per process."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
 
     def __post_init__(self) -> None:
-        if self.max_seq_length < 0 or 0 < self.max_seq_length < 4 or self.stride < 0 or self.eval_batch_size < 1:
-            raise ValueError("max_seq_length must be >= 4 (or 0: the task's default), stride >= 0 and "
-                             "eval_batch_size >= 1")
-        if self.max_query_length < 1 or self.max_answer_length < 1 or self.n_best_size < 1:
-            raise ValueError("max_query_length, max_answer_length and n_best_size must be >= 1")
-        if self.long_inputs not in LONG_INPUTS:
-            raise ValueError(f"long_inputs must be one of {', '.join(LONG_INPUTS)}, got {self.long_inputs!r}")
+        check_settings(self)  # the ranges and choices declared on the fields
+        if 0 < self.max_seq_length < 4:
+            raise ValueError(f"max_seq_length must be 0 (the task's default) or >= 4, got {self.max_seq_length}")
 
 
 def long_inputs_for(cfg: TaskSettings, family: str, supported: tuple[str, ...], why: str = "") -> str:
