@@ -218,12 +218,14 @@ def test_data_prepared_before_normalisation_was_recorded_with_another_one_is_ref
 
 
 @pytest.mark.parametrize("flag, value, expected", [
-    ("--minutes", "nan", "minutes must be a finite number above 0, got nan"),
-    ("--minutes", "inf", "minutes must be a finite number above 0, got inf"),
-    ("--minutes", "-inf", "minutes must be a finite number above 0, got -inf"),
-    ("--finetune-epochs", "nan", "finetune_epochs must be a finite number above 0, got nan"),
-    ("--finetune-epochs", "inf", "finetune_epochs must be a finite number above 0, got inf"),
-    ("--finetune-dropout", "nan", "finetune_dropout must be in [0, 1), got nan"),
+    ("--minutes", "nan", "minutes must be a finite number in [0.05, 52560000], got nan"),
+    ("--minutes", "inf", "minutes must be a finite number in [0.05, 52560000], got inf"),
+    ("--minutes", "-inf", "minutes must be a finite number in [0.05, 52560000], got -inf"),
+    ("--minutes", "1e-9", "minutes must be a finite number in [0.05, 52560000], got 1e-09"),
+    ("--finetune-epochs", "nan", "finetune_epochs must be a finite number in (0, 1000], got nan"),
+    ("--finetune-epochs", "inf", "finetune_epochs must be a finite number in (0, 1000], got inf"),
+    ("--finetune-dropout", "nan", "finetune_dropout must be a finite number in [0, 1), got nan"),
+    ("--curve-seeds", "1000000", "curve_seeds must be in [1, 100], got 1000000"),
 ])
 def test_the_demo_refuses_a_setting_that_is_not_a_finite_number_in_range_before_any_work(
         flag, value, expected, tmp_path, monkeypatch, capsys):

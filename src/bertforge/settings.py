@@ -29,7 +29,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["setting", "field_metadata", "out_of_range", "check_settings", "SettingValueError", "HugeNumber",
+__all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError", "HugeNumber",
            "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value", "read_mapping",
            "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
 
@@ -37,6 +37,8 @@ __all__ = ["setting", "field_metadata", "out_of_range", "check_settings", "Setti
 # ---------------------------------------------------------------------------- declaring
 _NOT_GIVEN: Any = object()
 _INT64 = 2 ** 63
+MAX_MINUTES = 60 * 24 * 365 * 100
+"""A century: minutes no time setting reaches (a larger one is a typo, and overflows the clocks counting it)."""
 
 
 def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, at_least: float | None = None,

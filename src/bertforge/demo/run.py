@@ -54,9 +54,9 @@ from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, Fine
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
-from bertforge.train.config import check_settings, setting
+from bertforge.settings import MAX_MINUTES, check_settings, setting
 from bertforge.train.precision import PRECISIONS, cpu_name
-from bertforge.train.pretrain import RECIPES, PretrainConfig
+from bertforge.train.pretrain import PretrainConfig, RecipeName
 
 __all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "plan_time"]
 
@@ -83,23 +83,23 @@ class DemoConfig:
 
     out: str = "runs/demo"
     """Folder of everything the demo writes."""
-    minutes: float = 20.0
+    minutes: float = setting(20.0, at_least=0.05, at_most=MAX_MINUTES)
     """The whole demo's time budget on this machine (setup not included). Scale the demo up here. A machine
     too slow for the curve's required sizes in it takes longer (``pretrain_min_share``)."""
-    pretrain_share: float = 0.5
+    pretrain_share: float = setting(0.5, above=0, below=1)
     """Most of ``minutes`` pre-training gets (its schedule is fitted to its time). It gets what the budget
     leaves after the curve's required sizes, estimated before it starts from fine-tuning steps timed here,
     up to this share."""
-    pretrain_min_share: float = 0.2
+    pretrain_min_share: float = setting(0.2, above=0, below=1)
     """Least of ``minutes`` pre-training gets, even where the curve's required sizes are estimated to need
     more than the rest (the demo then takes longer than ``minutes``, and says so before it pre-trains)."""
     seed: int = setting(0, at_least=0)
     """Seed of the vocab sample, the data and the pre-training; the curve's seeds are seed, seed + 1, ..."""
     mr_split_seed: int = setting(2005, at_least=0)
     """Seed of the movie-review 90 / 10 split (the benchmark's)."""
-    articles: int = 0
+    articles: int = setting(0, at_least=0)
     """Use only the first this many Wikipedia articles (0: all 10,033)."""
-    task_examples: int = 0
+    task_examples: int = setting(0, at_least=0)
     """Use only the first this many movie-review training and held-out sentences (0: all; for smoke runs)."""
     vocab_size: int = setting(8192, at_least=100, at_most=1_000_000)
     """WordPiece vocab size learned from the pre-training text."""
@@ -113,64 +113,64 @@ class DemoConfig:
     """Pre-training instance length (the movie-review sentences are about 27 tokens)."""
     dupe_factor: int = setting(5, at_least=1, at_most=1000)
     """Passes over the pre-training text with fresh masks (Google's dupe_factor)."""
-    pretrain_recipe: str = "budget"
+    pretrain_recipe: RecipeName = "budget"
     """Pre-training settings (`bertforge.train.pretrain.RECIPES`): budget (masked LM only, fresh masks of 15 %
     each pass, batch 32, lr 2e-3, no dropout, the schedule laid over pre-training's time) or paper. Fine-tuning
     uses ``finetune_dropout`` whatever the recipe's dropout."""
-    pretrain_steps: int = 0
+    pretrain_steps: int = setting(0, at_least=0)
     """At most this many pre-training steps (0: as many as its time allows)."""
     curve_sizes: str = "100,300,1000"
     """Labelled training examples of the curve's points, comma-separated ("all": the whole training set)."""
-    curve_required_up_to: int = 1000
+    curve_required_up_to: int = setting(1000, at_least=0)
     """The sizes up to this always run, whatever the machine's speed (pre-training's time is planned around
     them); a larger size runs only if it fits in what is left of ``minutes``."""
-    curve_seeds: int = 5
+    curve_seeds: int = setting(5, at_least=1, at_most=100)
     """Paired seeds (subsets, data order, dropout, head) at each size up to ``curve_seeds_up_to``; larger sizes
     get one. The report compares two lines seed by seed, with a 95% interval."""
-    curve_seeds_up_to: int = 1000
+    curve_seeds_up_to: int = setting(1000, at_least=0)
     """The largest size that gets ``curve_seeds`` seeds."""
     pos_task: bool = True
     """Put the second task on the curve: part-of-speech tagging on the Brown corpus (token accuracy), the
     kind of knowledge a few minutes of pre-training already hold."""
-    pos_heldout: int = 1000
+    pos_heldout: int = setting(1000, at_least=1)
     """Held-out tagged sentences (from Brown texts no training sentence comes from)."""
-    figure_size: int = 100
+    figure_size: int = setting(100, at_least=1)
     """Labelled examples of the Figure 5 points: fine-tuning from the pre-training's checkpoints."""
     figure_shares: str = "0.125,0.25,0.5"
     """The checkpoints of Figure 5, as shares of the pre-training time (1 is the final model, on the curve)."""
-    figure_seeds: int = 3
+    figure_seeds: int = setting(3, at_least=1, at_most=100)
     """Paired seeds of each Figure 5 checkpoint: the curve's first ones (all of them where it has fewer)."""
     published_checkpoint: bool = True
     """Put the published all-MiniLM-L6-v2 checkpoint on the curve (about 84 MB, fetched once)."""
-    published_seeds: int = 1
+    published_seeds: int = setting(1, at_least=1, at_most=100)
     """Seeds of the published checkpoint at each size (at most ``curve_seeds``): its line is the costliest
     (6 layers, hidden 384)."""
     published_epochs: float = setting(3.0, above=0, at_most=1000)
     """The published checkpoint's passes over a subset: the paper's fine-tuning length (2 to 4 epochs). Trained
     at scale, it converges in a few passes, and it is the costliest line."""
-    published_min_steps: int = 100
+    published_min_steps: int = setting(100, at_least=0)
     """... but at least this many optimizer steps (a hundred examples are four batches)."""
     finetune_epochs: float = setting(10.0, above=0, at_most=1000)
     """Fine-tuning passes over each subset (every starting point but the published checkpoint) ..."""
-    finetune_min_steps: int = 300
+    finetune_min_steps: int = setting(300, at_least=0)
     """... but at least this many optimizer steps, so that a small subset trains long enough to learn."""
-    range_steps: int = 50
+    range_steps: int = setting(50, at_least=5)
     """Steps of the learning-rate range test on each subset, which picks the fine-tuning's peak rate from
     the subset alone (true few-shot: no labels outside it)."""
-    range_top: float = 0.1
+    range_top: float = setting(0.1, above=0, below=10)
     """The range test's highest rate (it rises from 1/10,000 of it)."""
-    workers: int = 0
+    workers: int = setting(0, at_least=0)
     """Fine-tunings run at once, one thread each (0: one per CPU core; 1: in this process)."""
     finetune_batch_size: int = setting(32, at_least=1)
     """Fine-tuning sentences per step."""
     finetune_max_seq_length: int = setting(64, at_least=4, at_most=512)
     """Fine-tuning window length (longer sentences get windows)."""
-    finetune_dropout: float = 0.1
+    finetune_dropout: float = setting(0.1, at_least=0, below=1)
     """Dropout during fine-tuning (BERT's 0.1)."""
     precision: str = "auto"
     """auto (bf16 or fp32, whichever trains faster here: timed before pre-training), bf16 or fp32 (fp16 needs a
     GPU; the demo is made for a CPU)."""
-    inference_sentences: int = 500
+    inference_sentences: int = setting(500, at_least=0)
     """Held-out movie-review sentences the inference table embeds in each precision (fp32; bf16 where native;
     int8 on a CPU) with the published checkpoint (else the demo's own model); 0: no table."""
 
@@ -180,37 +180,15 @@ class DemoConfig:
         if self.model not in PRESETS and not Path(self.model).is_file():
             raise ValueError(f"model must be a size preset ({', '.join(PRESETS)}) or a config.json file, got "
                              f"{self.model!r}")
-        # `not x > 0` rather than `x <= 0`: NaN fails every comparison, so it must fail the check too
-        for name in ("minutes", "finetune_epochs", "published_epochs"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number above 0, got {value}")
-        if not 0.0 <= self.finetune_dropout < 1.0:
-            raise ValueError(f"finetune_dropout must be in [0, 1), got {self.finetune_dropout}")
-        if self.pretrain_steps < 0 or self.curve_seeds < 1:
-            raise ValueError("pretrain_steps must be >= 0 and curve_seeds >= 1")
-        if not 0.0 < self.pretrain_share < 1.0:
-            raise ValueError(f"pretrain_share must be in (0, 1), got {self.pretrain_share}")
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision must be {', '.join(_PRECISIONS)} (fp16 needs a GPU; the demo is made for a "
                              f"CPU), got {self.precision!r}")
-        if self.pretrain_recipe not in RECIPES:
-            raise ValueError(f"pretrain_recipe must be one of {', '.join(RECIPES)}, got {self.pretrain_recipe!r}")
-        if not 0.0 < self.pretrain_min_share <= self.pretrain_share:
-            raise ValueError(f"pretrain_min_share must be in (0, pretrain_share], got {self.pretrain_min_share}")
-        if min(self.articles, self.task_examples, self.finetune_min_steps, self.curve_required_up_to,
-               self.published_min_steps) < 0:
-            raise ValueError("articles, task_examples, finetune_min_steps, published_min_steps and curve_required_up_to "
-                             "must be >= 0")
-        if self.published_seeds < 1 or self.inference_sentences < 0 or self.pos_heldout < 1 or self.figure_size < 1:
-            raise ValueError("published_seeds, pos_heldout and figure_size must be >= 1, inference_sentences >= 0")
+        check_settings(self)  # the ranges and choices declared on the fields
+        if self.pretrain_min_share > self.pretrain_share:
+            raise ValueError(f"pretrain_min_share ({self.pretrain_min_share}) must be at most pretrain_share "
+                             f"({self.pretrain_share})")
         if self.published_seeds > self.curve_seeds:
             raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds})")
-        if self.figure_seeds < 1:
-            raise ValueError(f"figure_seeds must be >= 1, got {self.figure_seeds}")
-        if self.range_steps < 5 or self.workers < 0 or not (0 < self.range_top < 10 and math.isfinite(self.range_top)):
-            raise ValueError("range_steps must be >= 5, workers >= 0 and range_top in (0, 10)")
-        check_settings(self)  # the ranges declared on the fields
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         self.shares()
 

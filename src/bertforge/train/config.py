@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bertforge.settings import check_settings, field_metadata, setting
+from bertforge.settings import MAX_MINUTES, check_settings, field_metadata, setting
 from bertforge.train.distributed import Strategy
 from bertforge.train.optim import OptimizerName, ScheduleName
 from bertforge.train.precision import Precision, check_precision
@@ -23,10 +23,6 @@ __all__ = ["TrainConfig", "ResumeRules", "BUDGET_WARMUP_SHARE"]
 
 BUDGET_WARMUP_SHARE = 0.01
 """Warmup share of a time budget when none is given: the paper's 10,000 of 1,000,000 steps."""
-
-_A_CENTURY = 60 * 24 * 365 * 100
-"""Minutes no time setting reaches (a larger one is a typo, and overflows the clocks that count it)."""
-
 
 @dataclass(frozen=True)
 class ResumeRules:
@@ -121,9 +117,9 @@ class TrainConfig:
     """Write a metrics line every this many steps."""
     eval_every: int = setting(1000, resumable=True, at_least=0)
     """Evaluate on held-out data every this many steps (0: only at the end)."""
-    max_time_minutes: float = setting(0.0, resumable=True, at_least=0, at_most=_A_CENTURY)
+    max_time_minutes: float = setting(0.0, resumable=True, at_least=0, at_most=MAX_MINUTES)
     """Stop (with a checkpoint) after this much training time (0: no limit)."""
-    budget_minutes: float = setting(0.0, absent=0.0, at_least=0, at_most=_A_CENTURY)
+    budget_minutes: float = setting(0.0, absent=0.0, at_least=0, at_most=MAX_MINUTES)
     """Train for this much training time, with the schedule laid over time instead of steps: warmup over
     --warmup-ratio of it, then the decay, ending when the time does (0: the schedule spans max_steps).
     max_steps still caps the steps. The learning rate then follows the clock, so a resumed run is not
