@@ -250,7 +250,9 @@ def test_cli_lists_the_bundled_studies_and_reports_bad_files(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks: [\n", encoding="utf-8")
     assert main(["ablate", str(bad)]) == 2
-    assert f"{bad}: not valid YAML" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == f"bertforge ablate: error: {bad}, line 2, column 1: not valid YAML (expected the node content, but " \
+                  "found '<stream end>')\n"  # one line, where the file goes wrong
     assert main(["ablate", "no-such-study"]) == 2
     assert "not a bundled study" in capsys.readouterr().err
 

@@ -104,3 +104,19 @@ def test_the_next_write_clears_a_dead_writers_leftovers(tmp_path):
         (tmp / "a.txt").write_text("new a")
     assert _tree(target) == {"a.txt": "new a"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_folder_that_may_not_be_written_to_is_named_with_the_target_not_the_temporary(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from bertforge.io import atomic_write_text
+
+    def refused(*args, dir=None, **kwargs):  # as a read-only folder refuses (root is not refused, so stand in)
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/.out.jsonl.abc.tmp")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(PermissionError) as e:
+        atomic_write_text(tmp_path / "out.jsonl", "x")
+    assert str(e.value) == f"{tmp_path / 'out.jsonl'}: cannot write it (Permission denied in {tmp_path})"
+    assert ".tmp" not in str(e.value)

@@ -114,12 +114,16 @@ def _nearly_full(folder: Path) -> bool:
 @contextlib.contextmanager
 def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path | None = None) -> Iterator[None]:
     """On an exception, ``undo()`` the partial write of ``target`` and re-raise, a full disk as the
-    `NoSpaceError` naming ``target`` (`no_space`, asked first: the partial write still holds its space)."""
+    `NoSpaceError` naming ``target`` (`no_space`, asked first: the partial write still holds its space),
+    and a folder that may not be written to as a PermissionError naming ``target``, not the temporary
+    file the write went to."""
     try:
         yield
     except BaseException as e:
         full = no_space(e, target, temporary)
         undo()
+        if full is None and isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise PermissionError(f"{target}: cannot write it ({e.strerror} in {target.parent})") from e
         if full is None or full is e:
             raise
         raise full from e
@@ -363,4 +367,6 @@ def read_settings_file(path: str | Path, what: str = "config file") -> object:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read the {what} ({e})") from e
     except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError) without importing yaml up front
-        raise ValueError(f"{path}: not valid YAML ({e})") from e
+        mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where}: not valid YAML ({problem or ' '.join(str(e).split())})") from e
