@@ -204,7 +204,8 @@ def test_a_folder_made_with_other_settings_is_refused(toy, root):  # noqa: F811
     data = yaml.safe_load(changed.read_text())
     data["finetune"]["lr"] = 5e-4
     changed.write_text(yaml.safe_dump(data), encoding="utf-8")
-    with pytest.raises(StudyError, match=r"cells/bert/cls/seed-0 holds a fine-tuning made with other settings"):
+    with pytest.raises(StudyError, match=r"cells/bert/cls/seed-0 holds a fine-tuning made with other settings "
+                                         r"\(finetune\.lr [0-9.e-]+, now 0\.0005\)"):  # names what changed
         run_study(changed, AblateConfig(out=str(out), precision="fp32", device="cpu"))
 
 
@@ -492,6 +493,7 @@ def test_a_device_this_machine_lacks_is_refused_before_any_work(tmp_path, no_wor
                                                   "the runs go on cpu; use bf16, fp32 or auto"),
     (["--seeds", "-1"], "--seeds: expected comma-separated integers >= 0, got '-1'"),
     (["--seeds", "0,x"], "--seeds: expected comma-separated integers >= 0, got '0,x'"),
+    (["--seeds", "0," + "9" * 30], "--seeds: must be below 2**63, got a 30-digit number"),
     (["--seeds", "0,0"], "--seeds: repeated seeds in [0, 0]"),
 ])
 def test_bad_flags_are_one_line_before_any_work(tmp_path, no_work, capsys, flags, message):

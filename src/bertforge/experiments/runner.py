@@ -52,7 +52,8 @@ from bertforge.experiments.study import (
     slug,
 )
 from bertforge.io import atomic_write_text
-from bertforge.settings import check_device
+from bertforge.settings import check_device, out_of_range
+from bertforge.tasks.finetune import FinetuneConfig
 from bertforge.train.lock import folder_user, run_lock
 from bertforge.train.rundir import METRICS_FILE, checkpoints, latest_checkpoint
 
@@ -106,6 +107,10 @@ def flag_seeds(text: str) -> tuple[int, ...]:
         seeds = (-1,)
     if any(s < 0 for s in seeds):
         raise ValueError(f"--seeds: expected comma-separated integers >= 0, got {text!r}")
+    for seed in seeds:  # each one a fine-tuning's seed
+        problem = out_of_range(FinetuneConfig, "seed", seed)
+        if problem:
+            raise ValueError(f"--seeds: {problem}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds: repeated seeds in {list(seeds)}")
     return seeds
@@ -138,12 +143,22 @@ def _claim(folder: Path, settings: dict[str, Any], what: str) -> None:
         except (OSError, json.JSONDecodeError) as e:
             raise StudyError(f"{path}: unreadable ({e}); remove {folder} to redo the {what}") from None
         if before != key:
-            changed = sorted(k for k in set(before) | set(key) if before.get(k) != key.get(k))
-            raise StudyError(f"{folder} holds a {what} made with other settings ({', '.join(changed)} differ): "
+            changed = "; ".join(_differences(before, key))
+            raise StudyError(f"{folder} holds a {what} made with other settings ({changed}): "
                              "remove that folder to redo it, or run the study into another --out")
         return
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(key, indent=1, sort_keys=True) + "\n")
+
+
+def _differences(before: Any, now: Any, where: str = "") -> list[str]:
+    """Each setting that differs between two records, by its path: "pretrain.max_steps 2, now 4"."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return [d for k in sorted(set(before) | set(now), key=str)
+                for d in _differences(before.get(k), now.get(k), f"{where}.{k}" if where else str(k))]
+    if before == now:
+        return []
+    return [f"{where} {json.dumps(before)}, now {json.dumps(now)}"]
 
 
 # ---------------------------------------------------------------------------- the study's inputs
