@@ -210,7 +210,7 @@ def test_evaluate_and_the_command_line_take_int8(classifier, tmp_path, capsys):
     data.write_text("".join(json.dumps({"text": t, "label": ("neg", "pos")[i % 2]}) + "\n"
                             for i, t in enumerate(TEXTS * 4)))
     settings = dict(task="classification", text_column="text", label_column="label")
-    int8 = evaluate(classifier, data, precision="int8", **settings)
+    int8 = evaluate(classifier, data, precision="int8", settings=settings)
     assert 0 <= int8["accuracy"] <= 1
     assert cli.main(["predict", str(classifier), TEXTS[0], "--precision", "int8", "--format", "jsonl"]) == 0
     record = json.loads(capsys.readouterr().out)
