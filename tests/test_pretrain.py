@@ -461,6 +461,23 @@ def test_held_out_shards_are_evaluated(root, tok, nsp_data):
         pretrain(config(nsp_data, tok, root / "all-held-out", eval_shards=3))
 
 
+def test_a_run_resumes_from_its_folder_alone_and_its_record_is_a_config_file(root, tok, nsp_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["pretrain", "--data", str(nsp_data), "--tokenizer", str(tok), "--out", str(out), "--model", "tiny",
+                     "--batch-size", "8", "--max-steps", "2", "--lr", "2e-3", "--log-every", "1", "--no-progress"]) == 0
+    assert cli.main(["pretrain", "--out", str(out), "--resume", "--max-steps", "3"]) == 0  # no flag typed again
+    assert [r["step"] for r in lines(out) if r["split"] == "train"] == [1, 2, 3]
+    saved = json.loads((out / "run_config.json").read_text())
+    assert (saved["lr"], saved["batch_size"], saved["max_steps"]) == (2e-3, 8, 3)
+    assert cli.main(["pretrain", "--config", str(out / "run_config.json"), "--resume", "--max-steps", "4"]) == 0
+    assert [r["step"] for r in lines(out) if r["split"] == "train"] == [1, 2, 3, 4]
+    capsys.readouterr()
+    assert cli.main(["pretrain", "--out", str(out), "--resume", "--lr", "0.5"]) == 2  # not a resumable setting
+    assert "the run's settings differ (lr: 0.002 -> 0.5)" in capsys.readouterr().err
+    assert cli.main(["pretrain", "--out", str(tmp_path / "never-ran"), "--resume"]) == 2  # nothing recorded there
+    assert "pretrain needs --data" in capsys.readouterr().err
+
+
 def test_a_yaml_config_file_is_honoured_and_flags_override_it(root, tok, nsp_data, tmp_path, capsys):
     out = tmp_path / "run"
     file = tmp_path / "run.yaml"

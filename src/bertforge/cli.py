@@ -67,7 +67,7 @@ from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOK
 from bertforge.serving.predictor import Pooling
 from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
-from bertforge.train.rundir import STOP_MARKER, read_stop_marker
+from bertforge.train.rundir import RUN_CONFIG, STOP_MARKER, read_stop_marker
 from bertforge.train.precision import InferencePrecision as Precision
 from bertforge.train.pretrain import PretrainConfig
 
@@ -612,15 +612,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _files_first(args: list[str]) -> argparse.Namespace:
-    """The ``--config FILE`` and ``--recipe NAME`` among ``args`` (None where not given; the last one given
-    wins, as for every flag), read before the other flags so that those override them."""
+    """The ``--config FILE``, ``--recipe NAME``, ``--out DIR`` and ``--resume`` among ``args`` (None where not
+    given; the last one given wins, as for every flag), read before the other flags so that those override
+    what they name."""
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    early.add_argument("--config")
-    early.add_argument("--recipe")
+    for flag in ("--config", "--recipe", "--out"):
+        early.add_argument(flag)
+    early.add_argument("--resume", action="store_true")
+    early.add_argument("--no-resume", dest="resume", action="store_false")
     try:
         return early.parse_known_args(args)[0]
     except argparse.ArgumentError:  # "--config" with no value: the command's own parser says so
-        return argparse.Namespace(config=None, recipe=None)
+        return argparse.Namespace(config=None, recipe=None, out=None, resume=False)
+
+
+def _settings_file(early: argparse.Namespace) -> str | None:
+    """The file a command's settings start from: ``--config``, or on ``--resume`` the run folder's own record
+    of its settings (``OUT/run_config.json``), so that a run resumes without its flags typed again."""
+    if early.config is not None:
+        return early.config
+    if early.resume and early.out and (Path(early.out) / RUN_CONFIG).is_file():
+        return str(Path(early.out) / RUN_CONFIG)
+    return None
 
 
 def _run(command: str, args: list[str]) -> int:
@@ -637,13 +650,19 @@ def _run(command: str, args: list[str]) -> int:
             given.append(_BARE_FLAGS[a])
     fn = COMMANDS[command]
     early = _files_first(given)
-    file, recipe = early.config, early.recipe
     cfg = inspect.signature(fn).parameters.get("cfg")
-    if cfg is not None and (file is not None or recipe is not None):
+    file = _settings_file(early) if cfg is not None and "resume" in getattr(cfg.default, "__dataclass_fields__", {}) \
+        else early.config
+    if cfg is not None and (file is not None or early.recipe is not None):
         cls = type(cfg.default)
-        # a recipe's settings first, a config file's over them, the flags over both
-        base = cls.from_recipe(recipe) if recipe is not None and hasattr(cls, "from_recipe") else None
-        fn = functools.partial(fn, cfg=config_from_file(cls, file, base) if file is not None else base or cfg.default)
+        # a recipe's settings first, a config file's (or the run's record) over them, the flags over all
+        base = cls.from_recipe(early.recipe) if early.recipe is not None and hasattr(cls, "from_recipe") else None
+        if file is not None:
+            base = config_from_file(cls, file, base, run_record=Path(file).name == RUN_CONFIG)
+            if early.config is None:
+                logging.getLogger("bertforge").info("resuming with the settings %s records; flags given override them",
+                                                    file)
+        fn = functools.partial(fn, cfg=base or cfg.default)
     return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,),
                     registry=_REGISTRY)
 

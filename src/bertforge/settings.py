@@ -29,8 +29,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError", "HugeNumber",
-           "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value", "read_mapping",
+__all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
+           "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value", "read_mapping",
            "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
 
 
@@ -402,13 +402,18 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
     return data
 
 
-def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
+def config_from_file(cls: type, file: str | Path, base: Any = None, *, run_record: bool = False) -> Any:
     """A ``cls`` config dataclass from a JSON / YAML file of its settings (`read_settings`; the rest:
     ``base``'s values, or those of the ``recipe`` the file names, or the defaults). Numbers for float
     fields become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON ``1`` is an int). Errors name
-    the file and the setting: "run.yaml: lr: expected a number, got 'fast'"."""
+    the file and the setting: "run.yaml: lr: expected a number, got 'fast'". ``run_record``: the file is
+    a run's record of its settings (``run_config.json``), whose entries that are no setting (what the run
+    found out: the data's vocab hash, the model's config, ...) are left out."""
     try:
-        values = read_settings(cls, read_config_file(file), ints_as_floats=True)
+        data = read_config_file(file)
+        if run_record:
+            data = {k: v for k, v in data.items() if k in field_types(cls)}
+        values = read_settings(cls, data, ints_as_floats=True)
         if base is None and "recipe" in values and hasattr(cls, "from_recipe"):  # a named recipe's settings first
             base = cls.from_recipe(values["recipe"])
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
