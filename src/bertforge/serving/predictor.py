@@ -13,8 +13,8 @@ fill-mask, BertForSequenceClassification -> classification (regression, multi-la
 BertForTokenClassification -> tagging, BertForQuestionAnswering -> qa, BertForMultipleChoice ->
 multiple-choice, BertModel -> embeddings; ``head="embeddings"`` takes sentence embeddings of any
 checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with (lengths,
-truncation or windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which keyword
-arguments override.
+truncation or windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which ``settings``
+override (`bertforge.tasks.finetune.input_settings`: each checked as its flag is).
 
 Inputs. A string, ``"a ||| b"`` for a pair (QA: ``"question ||| context"``; multiple choice:
 ``"context ||| choice 1 ||| choice 2 ..."``), a list of strings, or a mapping: ``{"text",
