@@ -230,10 +230,12 @@ def check_value(value: Any, annotation: Any, *, ints_as_floats: bool = False) ->
     return value
 
 
-def field_types(cls: type) -> dict[str, Any]:
-    """The settable fields of the config dataclass ``cls`` (those its constructor takes) -> their types."""
+@functools.lru_cache(maxsize=None)
+def field_types(cls: type) -> Mapping[str, Any]:
+    """The settable fields of the config dataclass ``cls`` (those its constructor takes) -> their types
+    (read once per class: resolving the annotations is slow)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+    return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
 
 
 # ---------------------------------------------------------------------------- nested mappings
