@@ -320,3 +320,18 @@ def test_a_stopped_run_says_where_it_stopped_in_steps_or_in_its_time_budget(caps
     budget = TrainResult(step=257, max_steps=1_000_000, budget_minutes=5, elapsed_seconds=78, **stopped)
     assert _report_stop("pretrain", budget) == 130
     assert "pretrain: stopped at 1.3 of its 5 budget minutes (step 257); model/ holds" in capsys.readouterr().out
+
+
+def test_prepare_takes_no_progress_as_the_training_commands_do(monkeypatch, capsys):
+    seen = {}
+
+    def prepare(inputs, out, tokenizer, cfg, **kwargs):
+        seen.update(kwargs)
+        return {}
+
+    monkeypatch.setattr("bertforge.data.prepare.prepare", prepare)
+    monkeypatch.setattr("bertforge.data.prepare.format_stats", lambda manifest: "stats")
+    assert main(["prepare", "in.txt", "--out", "o", "--tokenizer", "t", "--no-progress"]) == 0
+    assert seen["progress"] is False
+    assert main(["prepare", "in.txt", "--out", "o", "--tokenizer", "t"]) == 0
+    assert seen["progress"] is True

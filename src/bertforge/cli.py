@@ -122,7 +122,7 @@ def vocab(files: Positional[tuple[str, ...]], out: Annotated[str, arg(aliases=("
 
 def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None, arg(aliases=("-o",))] = None,
             tokenizer: Annotated[str | None, arg(aliases=("-t",))] = None, workers: int = 1, num_shards: int = 1,
-            shard_index: int = 0, stats: Annotated[str | None, arg(metavar="FOLDER")] = None,
+            shard_index: int = 0, stats: Annotated[str | None, arg(metavar="FOLDER")] = None, progress: bool = True,
             config: Annotated[str | None, arg(metavar="FILE")] = None,
             cfg: Annotated[PrepareConfig, arg(name="")] = PrepareConfig()) -> int:
     """Turn raw text into pre-training shards (Google's create_pretraining_data, streamed).
@@ -135,6 +135,7 @@ def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None,
         num_shards: split the work across this many machines
         shard_index: which part of --num-shards this run builds
         stats: print the statistics of a prepared folder and exit
+        progress: show a progress bar on stderr
         config: JSON or YAML file of the settings below (flags override it)
     """
     from bertforge.data.prepare import format_stats, load_manifest, prepare
@@ -145,7 +146,7 @@ def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None,
     if not inputs or not out or not tokenizer:
         raise ValueError("prepare needs input files, --out and --tokenizer (or --stats FOLDER)")
     manifest = prepare(list(inputs), out, tokenizer, cfg, workers=workers, num_shards=num_shards,
-                       shard_index=shard_index)
+                       shard_index=shard_index, progress=progress)
     print(format_stats(manifest))
     return 0
 
