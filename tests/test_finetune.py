@@ -606,6 +606,12 @@ def test_cli_finetune_evaluate_predict_on_an_mnli_folder(root, base, capsys):
     assert len(lines) == 6 and lines[1].split("\t")[1] in labels
     assert cli.main(["evaluate", str(out / "model"), "--file", str(root / "nope.tsv")]) == 2
     assert "nope.tsv: no such file" in capsys.readouterr().err
+    # resumed from the run folder alone: its recorded settings, --max-steps over them
+    assert cli.main(["finetune", "--out", str(out), "--resume", "--max-steps", "4"]) == 0
+    capsys.readouterr()
+    saved = json.loads((out / "run_config.json").read_text())
+    assert (saved["task"], saved["max_steps"], saved["batch_size"]) == ("mnli", 4, 8)
+    assert max(json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()) == 4
 
 
 # ------------------------------------------------------------------------------ the paper's grid
