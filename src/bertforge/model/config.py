@@ -173,6 +173,10 @@ class BertConfig:
         kwargs = {k: data.pop(k) for k in list(data) if k in known}
         data.pop("label2id", None)
         data.pop("bertforge_version", None)
+        # Where a file came from and the transformers that wrote it: stale in anything saved from it, and
+        # transformers records its own when it loads and saves.
+        data.pop("_name_or_path", None)
+        data.pop("transformers_version", None)
         # Keys `to_dict` always writes itself: kept out of `extra` so save -> load gives an equal config.
         # (An untied checkpoint is refused when its weights are read: the decoder must equal the embeddings.)
         data.pop("model_type", None)
