@@ -476,7 +476,8 @@ def test_bad_settings_are_rejected():
                          ({"seed": -1}, r"^seed must be >= 0, got -1$"),
                          ({"seed": huge}, r"^seed must be below 2\*\*63, got a 24-digit number$"),
                          ({"max_seq_length": huge}, r"^max_seq_length must be in \[8, 65535\], got a 24-digit number$"),
-                         ({"random_token_prob": 2.0}, r"^random_token_prob must be a finite number in \[0, 1\], got 2.0$")):
+                         ({"random_token_prob": 2.0},
+                          r"^random_token_prob must be a finite number in \[0, 1\], got 2.0$")):
         with pytest.raises(ValueError, match=message):  # each one line naming the setting, before any work
             PrepareConfig(**bad)
 

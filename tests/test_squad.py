@@ -458,8 +458,8 @@ def test_a_tiny_model_learns_squad20_and_the_best_threshold_reproduces_the_best_
     assert set(m) == {"exact_match", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact",
                       "NoAns_f1", "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"}
     assert m["exact_match"] >= 90 and m["best_f1"] >= m["f1"] and m["HasAns_total"] + m["NoAns_total"] == 64
-    assert evaluate(out / "best", file=train, settings={"null_score_diff_threshold": m["best_f1_thresh"]})["f1"] == pytest.approx(
-        m["best_f1"])
+    at_threshold = evaluate(out / "best", file=train, settings={"null_score_diff_threshold": m["best_f1_thresh"]})
+    assert at_threshold["f1"] == pytest.approx(m["best_f1"])
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     odds = json.loads((tmp_path / "null_odds.json").read_text())
     assert list(odds) == list(predictions) and all((odds[q] > 0) == (predictions[q] == "") for q in odds)

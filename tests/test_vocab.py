@@ -203,7 +203,7 @@ def test_a_small_corpus_gives_a_byte_identical_vocab_in_every_process(tmp_path):
 def test_a_vocab_size_out_of_range_is_refused_before_reading_text(tmp_path):
     with pytest.raises(ValueError, match="leaves no room beside 104 special and unused tokens"):
         learn_vocab([tmp_path / "absent.txt"], tmp_path / "v", vocab_size=104)
-    with pytest.raises(ValueError, match=r"^vocab_size must be at most 4,294,967,296 \(token ids are stored as uint32\), "
-                                         r"got a 27-digit number$"):
+    with pytest.raises(ValueError, match=r"^vocab_size must be at most 4,294,967,296 \(token ids are stored as "
+                                         r"uint32\), got a 27-digit number$"):
         learn_vocab([tmp_path / "absent.txt"], tmp_path / "v", vocab_size=10 ** 26)
     assert not (tmp_path / "v").exists()

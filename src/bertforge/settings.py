@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 __all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
-           "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value", "read_mapping",
-           "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "check_device"]
+           "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value",
+           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file",
+           "check_device"]
 
 
 # ---------------------------------------------------------------------------- declaring
@@ -297,7 +298,7 @@ def read_settings(cls: type, data: Any, where: str = "", *, only: tuple[str, ...
             value = check_value(value, kinds[name], ints_as_floats=ints_as_floats)
             if name == "device" and isinstance(value, str):
                 check_device(value)
-        except (SettingValueError, ValueError) as e:
+        except ValueError as e:  # a SettingValueError, or check_device's
             raise FieldError(_at(where, name), str(e)) from None
         problem = out_of_range(cls, name, value)
         if problem:

@@ -95,8 +95,9 @@ class TrainingRun(Generic[Outcome]):
         objective, batches, evaluate = self.setup_training(model)
         run_config = self.run_config(model)
         # `fit` writes the settings once a resume's are accepted: a refused resume changes nothing
-        self.trainer = build_trainer(model, objective, batches, self.cfg, self.out, dist=dist, evaluate=evaluate, tokenizer=self.tokenizer, run_config=run_config,
-                               resume_rules=self.resume_rules(), write_run_config=True)
+        self.trainer = build_trainer(model, objective, batches, self.cfg, self.out, dist=dist, evaluate=evaluate,
+                                     tokenizer=self.tokenizer, run_config=run_config,
+                                     resume_rules=self.resume_rules(), write_run_config=True)
         self.log_start()
         result = self.trainer.fit(resume_from=resume_from)
         self.trainer.save_model(self.out / "model", extra_files=stop_marker(result))
