@@ -652,8 +652,8 @@ def _run(command: str, args: list[str]) -> int:
     fn = COMMANDS[command]
     early = _files_first(given)
     cfg = inspect.signature(fn).parameters.get("cfg")
-    file = _settings_file(early) if cfg is not None and "resume" in getattr(cfg.default, "__dataclass_fields__", {}) \
-        else early.config
+    resumable = cfg is not None and "resume" in getattr(cfg.default, "__dataclass_fields__", {})
+    file = _settings_file(early) if resumable else early.config
     if cfg is not None and (file is not None or early.recipe is not None):
         cls = type(cfg.default)
         # a recipe's settings first, a config file's (or the run's record) over them, the flags over all
