@@ -178,6 +178,24 @@ def test_sequence_classification(task, overrides, lengths, tiny_config, pair, ma
     assert a.loss.item() > 0
 
 
+def test_outputs_read_as_transformers_tuples_do(tiny_config, pair, make_batch, assert_close):
+    """``out[0]``, ``out[1]``, slices and `to_tuple`: the outputs that are set, in transformers' order."""
+    config = tiny_config(num_labels=3)
+    batch = make_batch(config, (11, 7, 4))
+    labels = torch.tensor([0, 2, 1])
+    for cls, kwargs in ((BertForSequenceClassification, {}), (BertForSequenceClassification, {"labels": labels}),
+                        (BertModel, {}), (BertModel, {"output_hidden_states": True})):
+        ours, theirs = pair(cls, config)
+        with torch.no_grad():
+            a, b = ours(**batch, **kwargs), theirs(**batch, **kwargs)
+        assert len(a.to_tuple()) == len(b.to_tuple()), (cls.__name__, kwargs, a.keys(), list(b.keys()))
+        for got, want in zip(a.to_tuple(), b.to_tuple()):
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert_close(g, w, batch["attention_mask"] if g.dim() == 3 else None)
+        assert a[0] is a.to_tuple()[0] and a[-1] is a.to_tuple()[-1] and len(a[:2]) == min(2, len(a.to_tuple()))
+    assert ours(**batch)["last_hidden_state"] is not None  # by name, as before
+
+
 @config_params
 @padding_params
 def test_token_classification(overrides, lengths, tiny_config, pair, make_batch, assert_close):

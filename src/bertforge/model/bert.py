@@ -20,6 +20,7 @@ values). Real positions never see padding: padding keys are masked in attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -257,8 +258,13 @@ class BertModelOutput:
     pooler_output: torch.Tensor | None = None  # (B, H)
     hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, T, H): embeddings, each layer
 
-    def __getitem__(self, key: str):
-        return getattr(self, key)
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The outputs that are set, in this order (transformers')."""
+        return tuple(v for v in (self.last_hidden_state, self.pooler_output, self.hidden_states) if v is not None)
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        """``out["pooler_output"]``, or ``out[0]`` / ``out[1]`` as transformers' tuple outputs read."""
+        return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
 
 
 class BertModel(BertPreTrainedModel):

@@ -49,16 +49,23 @@ __all__ = [
 # ---------------------------------------------------------------------------- outputs
 @dataclass
 class ModelOutput:
-    """Named outputs; also readable as ``out["logits"]`` like transformers' outputs."""
+    """Named outputs, also read as transformers' outputs are: ``out["logits"]``, or ``out[0]`` / ``loss, logits =
+    out[:2]`` over the outputs that are set, in transformers' order (the loss, the head's outputs, the hidden
+    states), and `to_tuple`."""
 
     loss: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
-    def __getitem__(self, key: str):
-        return getattr(self, key)
-
     def keys(self) -> list[str]:
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+        """The names of the outputs that are set, in transformers' order."""
+        names = [f.name for f in fields(self) if f.name not in ("loss", "hidden_states")]
+        return [n for n in ("loss", *names, "hidden_states") if getattr(self, n) is not None]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, n) for n in self.keys())
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
 
 
 @dataclass
