@@ -148,6 +148,26 @@ def test_probabilities_are_the_softmax_of_transformers_logits(clf):
     assert records[-1]["text"] == "a good book" and records[-1]["text_pair"] == "the old road"
 
 
+def test_one_input_gives_one_result_top_k_and_normalized_embeddings(clf):
+    """As transformers' pipelines: a single string is one record (an embedding, one vector)."""
+    p = Predictor.from_pretrained(clf, device="cpu")
+    many = p.classify(TEXTS)
+    for one in (p.classify(TEXTS[0]), p(TEXTS[0]), p.classify({"text": TEXTS[0]})):  # a record, not a list
+        assert one["label"] == many[0]["label"] and one["text"] == TEXTS[0]
+        assert one["probabilities"] == pytest.approx(many[0]["probabilities"], abs=1e-6)  # a batch of one
+    top = p.classify(TEXTS, top_k=2)
+    for full, best in zip(many, top):
+        assert list(best["probabilities"]) == sorted(full["probabilities"], key=full["probabilities"].get)[::-1][:2]
+        assert best["label"] == full["label"]
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1, got 0"):
+        p.classify(TEXTS, top_k=0)
+    vectors = p.embed(TEXTS)
+    np.testing.assert_allclose(p.embed(TEXTS[0]), vectors[0], rtol=0, atol=1e-6)
+    unit = p.embed(TEXTS, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(unit, vectors / np.linalg.norm(vectors, axis=1, keepdims=True), atol=1e-6)
+
+
 def test_regression_gives_the_score(root):
     folder = saved(root / "regression", BertForSequenceClassification, 7, num_labels=1, problem_type="regression")
     record = Predictor.from_pretrained(folder, device="cpu").classify(["a good book"])[0]

@@ -59,11 +59,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import threading
 import typing
-from collections.abc import Container, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,6 +153,19 @@ def _precision(precision: str, dtype: torch.dtype | str | None) -> str:
 
 
 # ---------------------------------------------------------------------------- the predictor
+def _one_or_many(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A method over a list of inputs that also takes one input (a string or a mapping), and then returns
+    its one result (a record; for `Predictor.embed`, an (H,) vector), as transformers' pipelines do."""
+
+    @functools.wraps(method)
+    def run(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(inputs, (str, Mapping)):
+            return method(self, [inputs], *args, **kwargs)[0]
+        return method(self, inputs, *args, **kwargs)
+
+    return run
+
+
 class Predictor:
     """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
 
@@ -274,8 +288,6 @@ class Predictor:
 
     def _texts(self, inputs: Sequence[Any], counts: Container[int], what: str) -> list[tuple[str, ...]]:
         """Every input parsed (`parse_input`), with a number of texts in ``counts``."""
-        if isinstance(inputs, (str, Mapping)):
-            raise TypeError("inputs must be a list of inputs (a single string or mapping: wrap it in a list)")
         out = []
         for i, x in enumerate(inputs):
             texts = parse_input(x, i)
@@ -297,6 +309,7 @@ class Predictor:
         return {"index": i, "text": a, **({"text_pair": b} if b is not None else {}), **fields}
 
     # -------------------------------------------------------------------- heads
+    @_one_or_many
     def __call__(self, inputs: Sequence[Any], *, head: str | None = None, top_k: int = 5,
                  pooling: str = "mean") -> list[dict[str, Any]]:
         """Records of the model's head (or of ``head="embeddings"``) for ``inputs``."""
@@ -312,6 +325,7 @@ class Predictor:
                "multiple-choice": self.choose}[head]
         return run(inputs)
 
+    @_one_or_many
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
         """The ``top_k`` most likely tokens at every [MASK] of each input (module docstring)."""
         from bertforge.model.heads import MaskedLMOutput
@@ -385,12 +399,21 @@ class Predictor:
         with self._running():
             return self.family.predict_texts(self.model, self.tokenizer, self.settings, texts, self.device)
 
-    def classify(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    @_one_or_many
+    def classify(self, inputs: Sequence[Any], top_k: int | None = None) -> list[dict[str, Any]]:
         """Label and probabilities (regression: the score) of each text or pair; a long input is cut
-        into windows whose logits are averaged (`bertforge.tasks.classification`)."""
+        into windows whose logits are averaged (`bertforge.tasks.classification`). ``top_k``: only the
+        ``top_k`` most likely labels in ``probabilities``, best first (None: every label, in label order)."""
         self._need("classification")
-        return self._predict_texts(self._texts(inputs, (1, 2), f"expected a text or a pair (a{SEPARATOR}b)"))
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+        records = self._predict_texts(self._texts(inputs, (1, 2), f"expected a text or a pair (a{SEPARATOR}b)"))
+        for r in records if top_k is not None else ():
+            if "probabilities" in r:
+                r["probabilities"] = dict(sorted(r["probabilities"].items(), key=lambda kv: -kv[1])[:top_k])
+        return records
 
+    @_one_or_many
     def tag(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """A tag per word and the entities they make, with character offsets (`bertforge.tasks.tagging`:
         first-WordPiece tags, max-context windows, conlleval's chunks). Words are the tokenizer's
@@ -398,6 +421,7 @@ class Predictor:
         self._need("tagging")
         return self._predict_texts(self._texts(inputs, (1,), "tagging takes one text"))
 
+    @_one_or_many
     def answer(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """The answer span of each ``question ||| context`` (`bertforge.tasks.squad`: doc_stride windows,
         n-best over the windows, SQuAD 2.0's null score and threshold for task squad2)."""
@@ -405,6 +429,7 @@ class Predictor:
         return self._predict_texts(self._texts(inputs, (2,), f"expected a question and a context "
                                                              f"(question{SEPARATOR}context)"))
 
+    @_one_or_many
     def choose(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
         """The most likely choice of each ``context ||| choice 1 ||| choice 2 ...`` (every input of a call
         with the same number of choices; `bertforge.tasks.multiple_choice`)."""
@@ -433,11 +458,12 @@ class Predictor:
             raise InputError(f"{self.name or 'this checkpoint'} has no trained pooler (a "
                              f"{type(self.model).__name__}); use pooling mean" + ("" if causal else " or cls"))
 
-    def embed(self, inputs: Sequence[Any], pooling: str = "mean") -> np.ndarray:
+    @_one_or_many
+    def embed(self, inputs: Sequence[Any], pooling: str = "mean", normalize: bool = False) -> np.ndarray:
         """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
         into windows, each token taken from the window where it has the most context
         (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
-        last window."""
+        last window. ``normalize``: each of unit length (cosine similarity is then a dot product)."""
         from bertforge.serving.features import FeatureSettings, embed
 
         self.check_pooling(pooling)
@@ -452,6 +478,8 @@ class Predictor:
             with torch.inference_mode():
                 pooled = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)
                 out = bert.pooler(pooled[:, None]).float().cpu().numpy()  # (N, 1, H) -> (N, H)
+        if normalize:
+            out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
 
