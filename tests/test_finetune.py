@@ -144,6 +144,27 @@ def test_generic_csv_and_jsonl_with_named_columns(tmp_path):
     assert report.blank_lines == 1 and report.num_skipped == 0
 
 
+def test_a_json_array_a_parquet_file_and_a_text_column_found_without_a_flag(tmp_path):
+    rows = [{"text": "first", "label": 1}, {"text": "second", "label": 0}]
+    want = [Example("first", None, "1", 1), Example("second", None, "0", 2)]  # positions: the records' from 1
+    array = write(tmp_path / "a.json", json.dumps(rows, indent=2))  # what json.dump of a list writes
+    assert read_examples(array)[0] == want
+    with pytest.raises(ValueError, match=r"b\.json:2: item 2 of the array: expected a JSON object, got list"):
+        read_examples(write(tmp_path / "b.json", json.dumps([rows[0], ["x"]])))
+    with pytest.raises(ValueError, match=r"c\.json:1: not a JSON array of records"):
+        read_examples(write(tmp_path / "c.json", "[{"))
+    with pytest.raises(ValueError, match=r"e\.jsonl:1: no key 'text' \(keys: review, label\); name the text column"):
+        read_examples(write(tmp_path / "e.jsonl", '{"review": "x", "label": 1}\n'))
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    assert read_examples(tmp_path / "d.parquet")[0] == want
+    (tmp_path / "f.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=r"f\.parquet: not a readable Parquet file"):
+        read_examples(tmp_path / "f.parquet")
+
+
 def test_errors_name_file_and_line_and_skips_are_counted(tmp_path):
     f = write(tmp_path / "a.tsv", "sentence\tlabel\nfine\t1\ntoo\tmany\tfields\n\t\n")
     with pytest.raises(ValueError, match=r"a\.tsv:3: 3 fields"):

@@ -50,7 +50,7 @@ from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.settings import check_settings, setting
 from bertforge.tasks.encoding import EncodedSet
 
-__all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "jsonl_records",
+__all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "read_records",
            "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
            "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
 
@@ -186,9 +186,22 @@ def csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
         csv.field_size_limit(old_limit)
 
 
-def jsonl_records(path: Path, report: ReadReport, bad: Callable[[int, str], None]) -> Iterator[tuple[int, dict]]:
-    """(line, object) of every JSON object of a JSON-lines file; blank lines are counted in ``report``,
-    a line that is no JSON object goes to ``bad(line, message)`` (which raises or counts a skip)."""
+def read_records(path: Path, report: ReadReport, bad: Callable[[int, str], None]) -> Iterator[tuple[int, dict]]:
+    """(position, object) of every record of a file of records: JSON lines (the line), one JSON array of
+    objects (the item, from 1; what ``json.dump`` of a list writes) or Parquet (the row, from 1; what
+    `datasets` and pandas write). Blank lines are counted in ``report``; a record that is no JSON object
+    goes to ``bad(position, message)`` (which raises or counts a skip)."""
+    if file_format(path) == "records" and path.suffix.lower() == ".parquet":
+        yield from enumerate(_parquet_rows(path), 1)
+        return
+    with text_lines(path) as f:
+        try:
+            start = f.read(4096).lstrip()
+        except UnicodeDecodeError:
+            raise not_utf8(path) from None
+    if start.startswith("["):
+        yield from _json_array(path, bad)
+        return
     n = 0
     try:
         with text_lines(path) as f:
@@ -207,6 +220,34 @@ def jsonl_records(path: Path, report: ReadReport, bad: Callable[[int, str], None
                 yield n, record
     except UnicodeDecodeError:
         raise not_utf8(path) from None
+
+
+def _json_array(path: Path, bad: Callable[[int, str], None]) -> Iterator[tuple[int, dict]]:
+    try:
+        with text_lines(path) as f:
+            items = json.load(f)
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not a JSON array of records ({e.msg}, column {e.colno})") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected JSON lines or one JSON array of objects, got a {type(items).__name__}")
+    for n, record in enumerate(items, 1):
+        if isinstance(record, dict):
+            yield n, record
+        else:
+            bad(n, f"item {n} of the array: expected a JSON object, got {type(record).__name__}")
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'bertforge[parquet]')") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
 
 
 def not_utf8(path: Path, chunk_size: int = 1 << 20) -> ValueError:
@@ -246,17 +287,18 @@ def not_utf8(path: Path, chunk_size: int = 1 << 20) -> ValueError:
 
 
 def file_format(path: Path) -> str:
-    """"tsv" (.tsv, .txt), "csv" or "jsonl" (.jsonl, .json, .ndjson), compressed or not."""
+    """"tsv" (.tsv, .txt), "csv", or "records" (`read_records`: .jsonl, .json, .ndjson, .parquet), compressed or
+    not (Parquet compresses itself)."""
     suffixes = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED_SUFFIXES]
     kind = suffixes[-1] if suffixes else ""
     if kind in (".tsv", ".txt"):
         return "tsv"
     if kind == ".csv":
         return "csv"
-    if kind in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
-    raise ValueError(f"{path}: unknown file type {kind or '(none)'!r}; expected .tsv, .csv or .jsonl "
-                     "(optionally .gz / .bz2 / .xz)")
+    if kind in (".jsonl", ".json", ".ndjson") or (kind == ".parquet" and path.suffix.lower() == ".parquet"):
+        return "records"
+    raise ValueError(f"{path}: unknown file type {kind or '(none)'!r}; expected .tsv, .csv, .jsonl / .json (JSON "
+                     "lines or one JSON array) or .parquet (text files optionally .gz / .bz2 / .xz)")
 
 
 def split_files(spec: str | Path) -> list[Path]:

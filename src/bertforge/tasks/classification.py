@@ -48,7 +48,7 @@ from torch import nn
 
 from bertforge.model import losses
 from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
-                                  TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files,
+                                  TrainData, csv_rows, file_format, read_records, prediction_table, split_files,
                                   unseen_labels)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items, window_starts
 
@@ -141,15 +141,14 @@ def read_examples(
 ) -> tuple[list[Example], ReadReport]:
     """Examples of one file, and what was skipped.
 
-    ``task``: a GLUE task name (its columns and layout) or None for generic files; the column
-    arguments override the task's. ``require_labels=False`` reads files without a label column
-    (GLUE's test files, files to predict on).
+    ``task``: a GLUE task name (its columns and layout) or None for generic files (the text in a column
+    ``text``, the label in ``label``, unless named); the column arguments override the task's.
+    ``require_labels=False`` reads files without a label column (GLUE's test files, files to predict on).
     """
     path = Path(path)
     glue = GLUE_TASKS.get(task or "")
-    col_a = text_column or (glue.text_a if glue else None)
-    if not col_a:
-        raise ValueError(f"{path}: name the text column (--text-column) for a file of no GLUE task")
+    col_a = text_column or (glue.text_a if glue else "text")
+    hint = "" if text_column or glue else "; name the text column with --text-column"
     col_b = text_pair_column or (glue.text_b if glue and not text_column else None)
     col_label = label_column or (glue.label if glue else "label")
     no_label = set(glue.no_label) if glue else set()
@@ -172,11 +171,11 @@ def read_examples(
             raise ValueError(f"{path}:{line}: {message}")
         report.skip("malformed", line)
 
-    if file_format(path) == "jsonl":
-        for n, record in jsonl_records(path, report, bad):
+    if file_format(path) == "records":
+        for n, record in read_records(path, report, bad):
             for col in (col_a, col_b, col_label if require_labels else None):
                 if col is not None and col not in record:
-                    raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))})")
+                    raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))}){hint}")
             a, b = record[col_a], record.get(col_b) if col_b else None
             if not isinstance(a, str) or (col_b is not None and not isinstance(b, str)):
                 bad(n, f"texts must be strings, got {col_a}={a!r}" + (f", {col_b}={b!r}" if col_b else ""))
@@ -199,7 +198,7 @@ def read_examples(
                     positions = {name: i for i, name in enumerate(header)}
                     for col in (col_a, col_b, col_label if require_labels else None):
                         if col is not None and col not in positions:
-                            raise ValueError(f"{path}:{line}: no column {col!r} (columns: {', '.join(header)})")
+                            raise ValueError(f"{path}:{line}: no column {col!r} (columns: {', '.join(header)}){hint}")
                     continue
             if len(row) != width:
                 bad(line, f"{len(row)} fields where the {'header has' if header else 'layout has'} {width}"

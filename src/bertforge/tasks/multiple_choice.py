@@ -46,7 +46,7 @@ from torch import nn
 
 from bertforge.model import losses
 from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
-                                  TrainData, csv_rows, file_format, jsonl_records, prediction_table, split_files)
+                                  TrainData, csv_rows, file_format, read_records, prediction_table, split_files)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceInputs",
@@ -182,8 +182,8 @@ def read_choices(
         examples.append(ChoiceExample(record[cols.context], tuple(choices), label, line))
 
     fmt = file_format(path)
-    if fmt == "jsonl":
-        for n, record in jsonl_records(path, report, bad):
+    if fmt == "records":
+        for n, record in read_records(path, report, bad):
             add(n, record, _locate(cols, record, require_labels, f"{path}:{n}", "key", record))
     else:
         header: list[str] | None = None
