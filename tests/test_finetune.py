@@ -392,6 +392,32 @@ def test_a_tiny_model_learns_an_easy_task_and_keeps_the_best_on_dev(learned):
     assert evaluate(out / "best", file=dev) == pytest.approx(best["metrics"], abs=1e-6)
 
 
+def test_integer_labels_are_named_by_label_names_in_the_model_predictions_and_evaluation(root, base, tmp_path):
+    rng = random.Random(3)
+    rows = [(t, "1" if y == "pos" else "0") for t, y in (polar(rng) for _ in range(32))]
+    train = write(tmp_path / "train.jsonl", "".join(json.dumps({"text": t, "label": int(y)}) + "\n" for t, y in rows))
+    out = tmp_path / "named"
+    finetune(config(base, out, task="classification", train_file=str(train), dev_file=str(train), max_steps=2,
+                    label_names="negative,positive"))
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "negative", "1": "positive"}  # in the names' order, not sorted
+    assert {r["prediction"] for r in predict(out / "model", train)} <= {"negative", "positive"}
+    assert set(evaluate(out / "model", file=train)) == {"accuracy", "f1"}  # the dev's 0 / 1 named as in training
+    bad = write(tmp_path / "bad.jsonl", json.dumps({"text": "x", "label": 2}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: label '2' is not one of 0\.\.1, the indexes of --label-names"):
+        evaluate(out / "model", file=bad)
+    for settings, message in (({"label_names": "a,,b"}, "label_names must be distinct, non-empty names"),
+                              ({"label_names": "a,a"}, "label_names must be distinct")):
+        with pytest.raises(ValueError, match=message):
+            config(base, out, **settings)
+    with pytest.raises(ValueError, match="--label-names names integer class labels; regression has scores"):
+        finetune(config(base, tmp_path / "r", task="regression", train_file=str(train), label_names="a,b",
+                        keep_best=False))
+    with pytest.raises(ValueError, match="--label-names names the integer labels of classification; tagging"):
+        finetune(config(base, tmp_path / "t", task="tagging", train_file=str(train), label_names="a,b",
+                        keep_best=False))
+
+
 def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
     """best/predictions.tsv: predict's table of the dev file with the gold label, the predictions that scored best."""
     out, _, dev = learned

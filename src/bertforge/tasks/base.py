@@ -52,7 +52,7 @@ from bertforge.tasks.encoding import EncodedSet
 
 __all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "read_records",
            "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
-           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults"]
+           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults", "refuse_label_names"]
 
 logger = logging.getLogger("bertforge")
 
@@ -82,6 +82,9 @@ class TaskSettings:
     choice: of the choices)."""
     label_column: str = ""
     """Column of the label (default: the GLUE task's, else "label")."""
+    label_names: str = ""
+    """Classification: names of the integer labels 0, 1, ... in order, comma-separated (e.g. negative,positive):
+    the model's id2label, and what predictions and the service say (default: the labels as written)."""
     max_seq_length: int = setting(0, at_least=0, at_most=65535)
     """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
     windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
@@ -115,6 +118,10 @@ class TaskSettings:
         check_settings(self)  # the ranges and choices declared on the fields
         if 0 < self.max_seq_length < 4:
             raise ValueError(f"max_seq_length must be 0 (the task's default) or >= 4, got {self.max_seq_length}")
+        names = self.label_names.split(",") if self.label_names else []
+        if any(not n.strip() for n in names) or len({n.strip() for n in names}) != len(names):
+            raise ValueError(f"label_names must be distinct, non-empty names separated by commas, got "
+                             f"{self.label_names!r}")
 
 
 def long_inputs_for(cfg: TaskSettings, family: str, supported: tuple[str, ...], why: str = "") -> str:
@@ -438,6 +445,13 @@ class TaskFamily(Protocol):
         ...
 
 
+def refuse_label_names(cfg: TaskSettings, family: str, named: bool) -> None:
+    """A ValueError for --label-names given to a family whose labels it does not name (``named`` False)."""
+    if cfg.label_names and not named:
+        raise ValueError(f"--label-names names the integer labels of classification; {family} ({cfg.task}) "
+                         "takes its labels as its files write them")
+
+
 class FamilyDefaults:
     """What most families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; ``long_inputs``
     auto -> the first of ``long_inputs_supported`` (another one is an error saying ``long_inputs_why``);
@@ -449,6 +463,7 @@ class FamilyDefaults:
     long_inputs_why = ""
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
+        refuse_label_names(cfg, self.name, "label_names" in getattr(self, "settings", ()))
         return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                    long_inputs=long_inputs_for(cfg, self.name, self.long_inputs_supported,
                                                                self.long_inputs_why))

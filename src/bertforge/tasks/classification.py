@@ -224,6 +224,24 @@ def label_list(examples: Sequence[Example], task: str | None = None) -> list[str
     return sorted(found)
 
 
+def _label_names(cfg: TaskSettings) -> list[str]:
+    return [n.strip() for n in cfg.label_names.split(",")] if cfg.label_names else []
+
+
+def name_labels(examples: Sequence[Example], names: Sequence[str], path: str | Path) -> list[Example]:
+    """``examples`` with their integer labels 0, 1, ... replaced by ``names`` (``--label-names``), an error
+    naming the file and line for a label that is no index into them."""
+    out = []
+    for e in examples:
+        if e.label is not None:
+            if not (e.label.isdigit() and int(e.label) < len(names)):
+                raise ValueError(f"{path}:{e.line}: label {e.label!r} is not one of 0..{len(names) - 1}, the "
+                                 f"indexes of --label-names ({', '.join(names)})")
+            e = e._replace(label=names[int(e.label)])
+        out.append(e)
+    return out
+
+
 def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None,
             unseen: int | None = None) -> np.ndarray:
     """Class ids (int64), or scores (float32) when ``label2id`` is None (regression). A label outside
@@ -426,13 +444,17 @@ class ClassificationFamily(FamilyDefaults):
     name = "classification"
     tasks = (*GLUE_TASKS, "classification", "regression")
     settings = ("task", "max_seq_length", "long_inputs", "stride", "text_column", "text_pair_column",
-                "label_column")
+                "label_column", "label_names")
     long_inputs_supported = ("truncate", "windows")  # the paper's code truncates
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
         """The defaults (`FamilyDefaults`); a --stride is refused unless long inputs get windows (truncation
         would ignore it)."""
         cfg = super().configure(cfg)
+        glue = GLUE_TASKS.get(cfg.task)
+        if cfg.label_names and (self.regression(cfg.task) or (glue is not None and glue.labels is not None)):
+            raise ValueError(f"--label-names names integer class labels; {cfg.task} has "
+                             f"{'scores' if self.regression(cfg.task) else 'labels of its own'}")
         if cfg.stride and cfg.long_inputs != "windows":
             raise ValueError(f"--stride {cfg.stride} places windows, but long inputs are truncated "
                              "(--long-inputs truncate); pass --long-inputs windows, or no --stride")
@@ -454,9 +476,11 @@ class ClassificationFamily(FamilyDefaults):
 
     @staticmethod
     def _read(cfg: TaskSettings, path: Path, require_labels: bool) -> tuple[list[Example], ReadReport]:
-        return read_examples(path, cfg.task, text_column=cfg.text_column or None,
-                             text_pair_column=cfg.text_pair_column or None, label_column=cfg.label_column or None,
-                             require_labels=require_labels, skip_bad_rows=cfg.skip_bad_rows)
+        examples, report = read_examples(path, cfg.task, text_column=cfg.text_column or None,
+                                         text_pair_column=cfg.text_pair_column or None,
+                                         label_column=cfg.label_column or None, require_labels=require_labels,
+                                         skip_bad_rows=cfg.skip_bad_rows)
+        return (name_labels(examples, _label_names(cfg), path) if cfg.label_names else examples), report
 
     @staticmethod
     def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Windows:
@@ -472,7 +496,7 @@ class ClassificationFamily(FamilyDefaults):
         examples = [e for _, got, _ in read for e in got]
         if not examples:
             raise ValueError(f"{cfg.train_file}: no labelled training examples")
-        labels = None if self.regression(cfg.task) else label_list(examples, cfg.task)
+        labels = None if self.regression(cfg.task) else _label_names(cfg) or label_list(examples, cfg.task)
         if labels is not None and len(labels) < 2:
             raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
         label2id = None if labels is None else {name: i for i, name in enumerate(labels)}

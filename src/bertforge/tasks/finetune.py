@@ -515,9 +515,9 @@ def _finetune_grid(cfg: FinetuneConfig, grid: dict[str, tuple[Any, ...]], dist: 
 
 
 # ---------------------------------------------------------------------------- using a fine-tuned model
-INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "max_seq_length", "long_inputs",
-                  "stride", "max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold",
-                  "tag_column", "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
+INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "label_names", "max_seq_length",
+                  "long_inputs", "stride", "max_query_length", "max_answer_length", "n_best_size",
+                  "null_score_diff_threshold", "tag_column", "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
 """FinetuneConfig fields `evaluate`, `predict` and `load_finetuned` accept; unset ones are the checkpoint's
 fine-tuning settings."""
 

@@ -65,7 +65,7 @@ from torch import nn
 
 from bertforge.model import losses
 from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TaskSettings, TrainData, long_inputs_for,
-                                  split_files, text_lines)
+                                  refuse_label_names, split_files, text_lines)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadWindows",
@@ -639,6 +639,7 @@ class SquadFamily:
         return BertForQuestionAnswering
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
+        refuse_label_names(cfg, self.name, False)
         cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                   stride=cfg.stride or self.default_stride,
                                   long_inputs=long_inputs_for(cfg, self.name, ("windows",), "a long context is cut "
