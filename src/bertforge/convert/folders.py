@@ -20,21 +20,12 @@ VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 
-# Keys of tokenizer_config.json that give the normalisation a tokenizer.json without BERT's
-# normalizer leaves unknown.
-_NORMALIZATION_KEYS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
-
 
 def convert(src: str | Path, dst: str | Path, *, model_class: str | None = None,
             dtype: torch.dtype | None = None) -> type[BertPreTrainedModel]:
-    """Re-write any BERT checkpoint folder as a canonical bertforge / transformers folder.
-
-    The tokenizer is carried over when present: ``vocab.txt`` and its settings, or the WordPiece
-    vocab and normaliser settings of ``tokenizer.json`` (what transformers 5 saves); one that
-    cannot be read as BERT's is an error (`read_tokenizer`). Returns the class used.
-    Google's TensorFlow checkpoints (a folder with ``bert_model.ckpt.index``, or a checkpoint path
-    prefix) are read without TensorFlow by `convert_tf_checkpoint`.
-    """
+    """Re-write any BERT checkpoint folder (Google's TF checkpoints too: `convert_tf_checkpoint`) as a
+    canonical bertforge / transformers folder, with its tokenizer if it has one (`read_tokenizer`: one
+    that cannot be read as BERT's is an error). Returns the class used."""
     if find_tf_checkpoint(src) is not None:
         return MODEL_CLASSES[convert_tf_checkpoint(src, dst, model_class=model_class, dtype=dtype).model_class]
     cls = MODEL_CLASSES[model_class] if model_class else infer_model_class(src)
@@ -47,11 +38,9 @@ def convert(src: str | Path, dst: str | Path, *, model_class: str | None = None,
 def read_tokenizer(folder: str | Path) -> BertTokenizer | None:
     """The tokenizer of a checkpoint folder, or None when it holds none.
 
-    Read from ``vocab.txt`` (+ ``tokenizer_config.json``) or, when there is no ``vocab.txt``, from
-    ``tokenizer.json``: its WordPiece vocab, and the lower-casing, accent and Chinese-character
-    settings of its BertNormalizer (or of ``tokenizer_config.json``). A ``tokenizer.json`` that is
-    not BERT's WordPiece, or whose normalisation cannot be known, raises a ValueError naming the
-    file and field: a tokenizer guessed wrong would silently change every input.
+    Read from ``vocab.txt`` (+ ``tokenizer_config.json``), else from ``tokenizer.json``'s WordPiece vocab
+    and BertNormalizer (or ``tokenizer_config.json``) settings. One that is not BERT's WordPiece, or whose
+    normalisation cannot be known, is a ValueError: a tokenizer guessed wrong would change every input.
     """
     folder = Path(folder)
     if (folder / VOCAB_FILE).is_file():

@@ -1,26 +1,16 @@
 """ONNX export of bertforge models, with dynamic batch and sequence axes, checked with onnxruntime.
 
-The graph comes from PyTorch's recommended exporter, ``torch.onnx.export(..., dynamo=True)``, which
-traces the model with ``torch.export`` (the TorchScript exporter, ``dynamo=False``, is deprecated).
-Names follow transformers / optimum, so tools written for their exports take ours:
+The graph comes from PyTorch's ``torch.onnx.export(..., dynamo=True)`` (the TorchScript exporter is
+deprecated). Names follow transformers / optimum, so tools written for their exports take ours:
+inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64) with axes ``batch_size`` and
+``sequence_length`` (multiple choice adds ``num_choices`` between them); outputs named as the model's
+output fields (`output_names`).
 
-* inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64), axes ``batch_size`` and
-  ``sequence_length`` (up to ``max_position_embeddings``); multiple choice adds ``num_choices``:
-  (batch_size, num_choices, sequence_length);
-* outputs as each model's output fields: ``last_hidden_state`` + ``pooler_output`` (`BertModel`),
-  ``logits`` (masked LM, sequence / token classification, multiple choice), ``start_logits`` +
-  ``end_logits`` (QA), ``prediction_logits`` + ``seq_relationship_logits`` (pre-training).
-
-Opset 18 by default: the lowest the dynamo exporter implements. A lower request goes through ONNX's
-version converter, which cannot express LayerNormalization (an opset-17 op) below 17, so the
-model stays at 18 anyway; optimum's default of 14 belongs to the TorchScript exporter.
-
-The graph is the reference model's (`bertforge.model.bert`): dense layers on every slot, padding
-keys masked in attention, zeros at padding, so no shape depends on the mask's values and one graph
-serves every batch and length. A left-to-right model's (config ``is_decoder``) graph applies its
-causal mask, and its sentence heads pool at the last real token, as in PyTorch. A model prepared
-by `bertforge.fast.speed_up` exports the same graph (it runs the reference forward while traced).
-The exported model is checked against the eager one on full and padded batches of several sizes.
+Opset 18 by default, the lowest the dynamo exporter implements (optimum's 14 belongs to the
+TorchScript exporter). The graph is the reference model's (`bertforge.model.bert`, which a model
+prepared by `bertforge.fast.speed_up` runs while traced): no shape depends on the mask's values, so
+one graph serves every batch and length. It is checked against the eager model on full and padded
+batches of several sizes.
 """
 
 from __future__ import annotations
@@ -46,8 +36,7 @@ __all__ = ["ONNX_OPSET", "INPUT_NAMES", "VERIFY_SHAPES", "OnnxCheck", "OnnxExpor
 ONNX_OPSET = 18
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ATOL = 1e-4  # optimum's validation tolerance for BERT
-# (batch, length) of the inputs the check runs, each full and padded: single sequences, odd sizes, and
-# lengths up to 512 (capped at max_position_embeddings).
+# (batch, length) of the inputs the check runs, each full and padded (lengths capped at max_position_embeddings)
 VERIFY_SHAPES = ((1, 1), (1, 9), (2, 16), (5, 37), (3, 128), (2, 512))
 _INSTALL_HINT = "pip install 'bertforge[onnx]' (onnx, onnxscript, onnxruntime)"
 
@@ -205,13 +194,10 @@ def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
 
 def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ONNX_OPSET, verify: bool = True,
                 atol: float = ATOL, shapes: Sequence[tuple[int, int]] | None = None) -> OnnxExport:
-    """Export ``model`` (float32; evaluated in eval mode) to the ONNX file ``path`` with dynamic batch and
-    sequence axes (and choices for multiple choice); see the module docstring for the names.
-
-    With ``verify`` (default) the file is checked with `verify_onnx` before it replaces ``path``: a
-    difference above ``atol`` raises ValueError and leaves no file. Weights are stored inside the
-    file (ONNX's protobuf limit of 2 GB holds BERT-large in float32).
-    """
+    """Export ``model`` (float32; evaluated in eval mode) to the ONNX file ``path`` with dynamic axes, weights
+    inside the file (ONNX's 2 GB limit holds BERT-large in float32). With ``verify`` (default) the file is
+    checked with `verify_onnx` before it replaces ``path``: a difference above ``atol`` raises ValueError
+    and leaves no file."""
     _require("onnx")
     _require("onnxscript")  # the dynamo exporter builds the graph with it
     if not hasattr(torch.compiler, "is_exporting"):
@@ -220,8 +206,7 @@ def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ON
         raise ValueError(f"opset {opset} < {ONNX_OPSET}, the lowest PyTorch's exporter implements")
     if model.dtype != torch.float32:
         raise ValueError(f"export a float32 model (got {model.dtype}); cast it with .float()")
-    names = output_names(model)
-    axes = _axes(model)
+    names, axes = output_names(model), _axes(model)
     dims = {name: torch.export.Dim(name) for name in axes[:-1]}
     dims[axes[-1]] = torch.export.Dim(axes[-1], max=model.config.max_position_embeddings)
     dynamic_shapes = {name: {i: dims[a] for i, a in enumerate(axes)} for name in INPUT_NAMES}

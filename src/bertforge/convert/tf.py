@@ -1,47 +1,23 @@
 """Google's original TensorFlow BERT checkpoints, read without TensorFlow and converted to a checkpoint folder.
 
-What google-research/bert released (and what its ``run_pretraining.py``, ``run_classifier.py`` and
-``run_squad.py`` write) is a TF 1 *tensor bundle* beside ``bert_config.json`` and ``vocab.txt``:
-``bert_model.ckpt.index`` + ``bert_model.ckpt.data-00000-of-00001``. This module reads that format
-directly, so converting needs neither TensorFlow nor protobuf:
+google-research/bert's releases and the outputs of its ``run_*.py`` scripts are TF 1 *tensor bundles*
+(``bert_model.ckpt.index`` + ``.data-00000-of-00001``) beside ``bert_config.json`` and ``vocab.txt``.
+They are read directly, needing neither TensorFlow nor protobuf:
 
-- The ``.index`` file is a LevelDB-style table (TF's ``core/lib/io/table``): data blocks of
-  prefix-compressed keys with restart points, an index block of block handles, and a 48-byte footer
-  (metaindex and index handles, the table magic). Each block's 5-byte trailer holds its compression
-  type and the masked CRC-32C of block and type; the CRC is checked, and a compressed block (TF
-  writes none) is refused by name.
-- Keys are variable names and values ``BundleEntryProto`` messages (dtype, shape, shard, offset,
-  size, masked CRC-32C), decoded by hand from their varints; the empty key holds the
-  ``BundleHeaderProto`` (number of shards, endianness). Partitioned variables are refused.
-- A variable's bytes are ``size`` bytes at ``offset`` in ``PREFIX.data-SSSSS-of-NNNNN``, and their
-  CRC-32C is checked on every read (google-crc32c: milliseconds per 100 MB).
+- the ``.index`` file is a LevelDB-style table (TF's ``core/lib/io/table``): prefix-compressed data
+  blocks, an index block of block handles and a 48-byte footer; each block's 5-byte trailer holds its
+  compression type (TF writes none; a compressed block is refused) and masked CRC-32C, which is checked;
+- its keys are variable names, its values ``BundleEntryProto`` messages decoded by hand (the empty key
+  holds the ``BundleHeaderProto``); partitioned variables are refused;
+- a variable's bytes are ``size`` bytes at ``offset`` in ``PREFIX.data-SSSSS-of-NNNNN``, CRC-checked on
+  every read.
 
-A missing shard, a truncated ``.data`` or ``.index`` file, a checksum mismatch, or a shape that
-``bert_config.json`` does not give is a `CheckpointError` naming the file and the variable.
-
-`convert_tf_checkpoint` (``bertforge convert TF_DIR OUT_DIR``; `bertforge.convert.folders.convert` routes
-TF sources here) maps Google's names to transformers' (``bert/encoder/layer_3/attention/self/query/kernel``
--> ``bert.encoder.layer.3.attention.self.query.weight``):
-
-- a dense layer's ``kernel`` is (in, out) and is transposed into ``weight`` (out, in); LayerNorm
-  ``gamma`` / ``beta`` become ``weight`` / ``bias``; embedding tables gain ``.weight``;
-- the heads' ``output_weights`` are already (out, in): ``cls/seq_relationship/*`` ->
-  ``cls.seq_relationship.*``; ``cls/predictions/output_bias`` -> ``cls.predictions.bias`` (the MLM
-  decoder is the word embeddings); ``run_classifier.py``'s top-level ``output_weights`` /
-  ``output_bias`` -> ``classifier.*`` (its rows give ``num_labels``); ``run_squad.py``'s
-  ``cls/squad/*`` -> ``qa_outputs.*`` (row 0 scores starts, row 1 ends, as in transformers).
-- The class follows from the heads present — a classifier, SQuAD, MLM + NSP, MLM alone, else the
-  bare encoder — unless ``model_class`` names one; a head the class needs and the checkpoint lacks
-  is initialised afresh and reported.
-- Not converted, and reported by name (`TFConversionReport`, and logged): training state
-  (``global_step``, the optimizer slots ``adam_m`` / ``adam_v`` of the release's
-  AdamWeightDecayOptimizer, ``Adam`` / ``Adam_1`` / ``beta1_power`` / ``beta2_power`` of
-  ``tf.train.AdamOptimizer``), heads and pooler the class has not, and any variable that is not one
-  of Google's BERT names. Encoder variables beyond the config (``layer_12`` for 12 layers) are an error.
-- ``bert_config.json`` has transformers' keys. Its ``"gelu"`` is the TF release's ``gelu``: the tanh
-  approximation, written as ``"gelu_new"`` so outputs match the TF model.
-- The tokenizer is ``vocab.txt`` with Google's settings: lower-cased unless the vocab holds
-  upper-case tokens (the cased models), ``max_input_chars_per_word`` 200 as the TF tokenizer.
+`convert_tf_checkpoint` maps Google's names to transformers' (``bert/encoder/layer_3/.../query/kernel``
+-> ``bert.encoder.layer.3....query.weight``): dense ``kernel`` (in, out) is transposed into ``weight``,
+LayerNorm ``gamma`` / ``beta`` become ``weight`` / ``bias``, the heads' ``output_weights`` are already
+(out, in) (`_HEADS`). The class follows from the heads present unless ``model_class`` names one; training
+state and variables the class has not are reported, not converted (`TFConversionReport`). The release's
+``"gelu"`` is the tanh approximation, written as ``"gelu_new"``. See docs/interop.md.
 """
 
 from __future__ import annotations
@@ -57,32 +33,16 @@ from typing import TYPE_CHECKING, Any
 import google_crc32c
 import numpy as np
 
-from bertforge.model.checkpoint import (
-    BIN_INDEX,
-    BIN_NAME,
-    SAFETENSORS_INDEX,
-    SAFETENSORS_NAME,
-    CheckpointError,
-    short_list,
-    save_pretrained,
-)
+from bertforge.model.checkpoint import (BIN_INDEX, BIN_NAME, SAFETENSORS_INDEX, SAFETENSORS_NAME, CheckpointError,
+                                        save_pretrained, short_list)
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MODEL_CLASSES
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "TFCheckpointReader",
-    "TFConversionReport",
-    "convert_tf_checkpoint",
-    "find_tf_checkpoint",
-    "load_tf_config",
-    "bertforge_name",
-    "google_name",
-    "crc32c",
-    "masked_crc32c",
-]
+__all__ = ["TFCheckpointReader", "TFConversionReport", "convert_tf_checkpoint", "find_tf_checkpoint", "load_tf_config",
+           "bertforge_name", "google_name", "crc32c", "masked_crc32c"]
 
 logger = logging.getLogger("bertforge")
 
@@ -339,12 +299,9 @@ class TFCheckpointReader:
 
 
 def find_tf_checkpoint(path: str | Path) -> Path | None:
-    """The prefix of the TF checkpoint ``path`` names, or None when it names none.
-
-    ``path`` is a prefix (``DIR/bert_model.ckpt``), its ``.index`` or a ``.data-*`` file, or a folder
-    holding one checkpoint, or several and TF's ``checkpoint`` file naming the latest. A folder with
-    bertforge / transformers weights is not a TF checkpoint, whatever else it holds.
-    """
+    """The prefix of the TF checkpoint ``path`` names, or None when it names none: a prefix
+    (``DIR/bert_model.ckpt``), its ``.index`` or a ``.data-*`` file, or a folder holding one checkpoint,
+    or several and TF's ``checkpoint`` file naming the latest (not one with bertforge weights)."""
     path = Path(path)
     if path.is_dir():
         if any((path / name).is_file() for name in (SAFETENSORS_NAME, SAFETENSORS_INDEX, BIN_NAME, BIN_INDEX)):
@@ -443,16 +400,14 @@ def _is_training_state(name: str) -> bool:
     return name in _TRAINING_VARIABLES or name.rsplit("/", 1)[-1] in _OPTIMIZER_SLOTS
 
 
+_CLASS_BY_HEAD = (("qa_outputs.weight", "BertForQuestionAnswering"),
+                  ("classifier.weight", "BertForSequenceClassification"),
+                  ("cls.seq_relationship.weight", "BertForPreTraining"), ("cls.predictions.", "BertForMaskedLM"))
+
+
 def _infer_class(targets: set[str]) -> str:
-    if "qa_outputs.weight" in targets:
-        return "BertForQuestionAnswering"
-    if "classifier.weight" in targets:
-        return "BertForSequenceClassification"
-    if "cls.seq_relationship.weight" in targets:
-        return "BertForPreTraining"
-    if any(t.startswith("cls.predictions.") for t in targets):
-        return "BertForMaskedLM"
-    return "BertModel"
+    """The class of the first head (in `_CLASS_BY_HEAD` order) with a parameter among ``targets``."""
+    return next((cls for head, cls in _CLASS_BY_HEAD if any(t.startswith(head) for t in targets)), "BertModel")
 
 
 # ---------------------------------------------------------------------------- conversion
@@ -487,42 +442,29 @@ def _vocab_is_cased(path: Path) -> bool:
 class TFConversionReport:
     """What `convert_tf_checkpoint` did (also logged: unused variables as a warning)."""
 
-    checkpoint: Path
-    """The checkpoint prefix read."""
-    model_class: str
-    """The bertforge class written (``architectures`` in config.json)."""
-    converted: dict[str, str] = field(default_factory=dict)
-    """TF variable name -> bertforge parameter name."""
-    training_state: list[str] = field(default_factory=list)
-    """Not converted: global_step and optimizer variables."""
-    unused: list[str] = field(default_factory=list)
-    """Not converted: variables of heads the class has not, and names that are not Google's BERT's."""
-    newly_initialized: list[str] = field(default_factory=list)
-    """Parameters of the class the checkpoint has not (a fresh head): initialised, train before use."""
-    do_lower_case: bool | None = None
-    """The tokenizer's lower-casing, from the vocab (None: no vocab.txt, no tokenizer written)."""
+    checkpoint: Path  # the checkpoint prefix read
+    model_class: str  # the bertforge class written (``architectures`` in config.json)
+    converted: dict[str, str] = field(default_factory=dict)  # TF variable name -> bertforge parameter name
+    training_state: list[str] = field(default_factory=list)  # not converted: global_step, optimizer variables
+    unused: list[str] = field(default_factory=list)  # not converted: other heads' variables, names not BERT's
+    newly_initialized: list[str] = field(default_factory=list)  # fresh head parameters: train before use
+    do_lower_case: bool | None = None  # the tokenizer's lower-casing, from the vocab (None: no vocab.txt)
 
 
-def convert_tf_checkpoint(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    model_class: str | None = None,
-    dtype: torch.dtype | None = None,
-    config: str | Path | None = None,
-) -> TFConversionReport:
-    """Write Google's TF checkpoint ``src`` as a bertforge / transformers checkpoint folder ``dst``.
-
-    ``src``: a folder (``bert_model.ckpt.*``, or a fine-tuning output folder with its ``checkpoint``
-    file), or a checkpoint prefix. ``config``: the ``bert_config.json`` (default: beside the checkpoint).
-    ``vocab.txt`` beside it, if any, becomes the tokenizer. See the module docstring for the mapping.
-    """
+def convert_tf_checkpoint(src: str | Path, dst: str | Path, *, model_class: str | None = None,
+                          dtype: torch.dtype | None = None, config: str | Path | None = None) -> TFConversionReport:
+    """Write Google's TF checkpoint ``src`` (a folder or a prefix: `find_tf_checkpoint`) as a bertforge /
+    transformers checkpoint folder ``dst``. ``config``: the ``bert_config.json`` (default: beside the
+    checkpoint). ``vocab.txt`` beside it, if any, becomes the tokenizer with Google's settings: lower-cased
+    unless the vocab holds upper-case tokens (the cased models), 200 characters per word."""
     prefix, config_path = _checkpoint_files(src, config)
     bert_config = load_tf_config(config_path)
     reader = TFCheckpointReader(prefix)
     report = TFConversionReport(checkpoint=prefix, model_class="")
     mapped = _map_names(reader, report)
-    cls_name = report.model_class = _choose_class(model_class, mapped)
+    cls_name = report.model_class = model_class or _infer_class({t for t, _ in mapped.values()})
+    if cls_name not in MODEL_CLASSES:
+        raise CheckpointError(f"unknown model class {cls_name!r}; choose from {', '.join(MODEL_CLASSES)}")
     if cls_name in ("BertForSequenceClassification", "BertForTokenClassification") and "output_weights" in mapped:
         bert_config = bert_config.replace(num_labels=reader.entries["output_weights"].shape[0])
     model = MODEL_CLASSES[cls_name](bert_config)
@@ -564,22 +506,13 @@ def _map_names(reader: TFCheckpointReader, report: TFConversionReport) -> dict[s
     return mapped
 
 
-def _choose_class(model_class: str | None, mapped: dict[str, tuple[str, bool]]) -> str:
-    """``model_class``, else the class the heads present call for."""
-    cls_name = model_class or _infer_class({t for t, _ in mapped.values()})
-    if cls_name not in MODEL_CLASSES:
-        raise CheckpointError(f"unknown model class {cls_name!r}; choose from {', '.join(MODEL_CLASSES)}")
-    return cls_name
-
-
 def _match_parameters(reader: TFCheckpointReader, mapped: dict[str, tuple[str, bool]], model: Any,
                       bert_config: BertConfig, config_path: Path,
                       report: TFConversionReport) -> dict[str, tuple[str, bool]]:
     """The model's parameter -> (TF name, transposed) of every variable it takes. Encoder variables the
     config does not describe, shapes the config does not give, and variables the class needs that the
     checkpoint lacks (its fresh heads and the pooler aside, which are reported) are errors."""
-    where = reader.index_path
-    cls_name = report.model_class
+    where, cls_name = reader.index_path, report.model_class
     expected = model.state_dict()
     bare = cls_name == "BertModel"  # its parameters have no "bert." prefix
     used: dict[str, tuple[str, bool]] = {}
@@ -593,15 +526,14 @@ def _match_parameters(reader: TFCheckpointReader, mapped: dict[str, tuple[str, b
         if reader.entries[name].shape != needed:
             mismatched.append(f"{name} is {list(reader.entries[name].shape)}, the config gives {list(needed)}")
         used[key] = (name, transpose)
-    sizes = (f"num_hidden_layers={bert_config.num_hidden_layers}, hidden_size={bert_config.hidden_size}, "
-             f"intermediate_size={bert_config.intermediate_size}, vocab_size={bert_config.vocab_size}, "
-             f"max_position_embeddings={bert_config.max_position_embeddings}, "
-             f"type_vocab_size={bert_config.type_vocab_size}")
+    sizes = ", ".join(f"{k}={getattr(bert_config, k)}" for k in ("num_hidden_layers", "hidden_size",
+                      "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size"))
     if beyond:
-        raise CheckpointError(f"{where}: encoder variables {config_path} does not describe ({sizes}): {short_list(beyond)}")
+        raise CheckpointError(f"{where}: encoder variables {config_path} does not describe ({sizes}): "
+                              f"{short_list(beyond)}")
     if mismatched:
-        more = f" (+{len(mismatched) - 10} more)" if len(mismatched) > 10 else ""
-        raise CheckpointError(f"{where}: shapes differ from {config_path} ({sizes}): {'; '.join(mismatched[:10])}{more}")
+        raise CheckpointError(f"{where}: shapes differ from {config_path} ({sizes}): "
+                              f"{short_list(mismatched, 10, '; ')}")
     fresh = tuple(MODEL_CLASSES[cls_name]._fresh_head_prefixes) + ("bert.pooler.", "pooler.")
     missing = [k for k in expected if k not in used]
     absent = [google_name(("bert." if bare else "") + k) for k in missing if not k.startswith(fresh)]

@@ -4,30 +4,21 @@ The model code (`bertforge.model`) is the plain reference and knows nothing of t
 `speed_up` replaces forward methods of one model instance's submodules, never a class or a module-level
 name, and adds no parameter or buffer: the state dict, hence every checkpoint, stays the same.
 
-What a sped-up model does, without changing the maths (tests/test_fast.py pins it to the reference):
+What a sped-up model does, without changing the maths (tests/test_fast.py pins it to the reference),
+for bidirectional and causal (config ``is_decoder``) encoders alike:
 
-* unpadding (`bertforge.fast.unpad`): every dense layer runs on the real tokens of a padded batch
-  only; attention alone sees the padded (B, T) layout. q, k and v come from one matrix product.
-  ``output_positions`` computes the last layer at those positions only (pre-training: [CLS] and
-  the masked positions; sentence heads: [CLS]);
-* on CPU, in training: row counts rounded to multiples of 64 (`Padding.round_rows`), dropout
-  masks drawn four to a 64-bit random word (`bertforge.fast.dropout`), attention written out as
-  matrix products around that mask, and the word-embedding gradient added row by row into a buffer
-  kept across steps (`bertforge.fast.embedding`; one process, eager mode only);
-* on CPU, in inference (eval mode, no gradient): attention per group of similar lengths, written
-  out in bf16 (`bertforge.fast.attention`);
-* with ``freeze=True``, projection weights stacked and cast once (`bertforge.fast.frozen`):
-  for inference only (`Predictor`, ``bertforge features``);
-* with ``int8=True``, the encoders' dense layers quantized to int8 (`bertforge.fast.int8`: weights
-  per output channel, activations per token, int32 accumulation): inference on CPU only.
+* unpadding (`bertforge.fast.unpad`): every dense layer runs on the real tokens only, q, k and v from
+  one matrix product; ``output_positions`` computes the last layer at those positions only;
+* on CPU, in training: row counts rounded to multiples of 64 (`Padding.round_rows`), cheaper dropout
+  masks (`bertforge.fast.dropout`) inside written-out attention, and the word-embedding gradient added
+  row by row into a kept buffer (`bertforge.fast.embedding`; one process, eager mode only);
+* on CPU, in inference: attention per group of similar lengths, written out in bf16;
+* ``freeze=True``: projection weights stacked and cast once (`bertforge.fast.frozen`), inference only;
+* ``int8=True``: the encoders' dense layers quantized (`bertforge.fast.int8`), CPU inference only.
 
 On other devices a sped-up model unpads and runs PyTorch's own fused attention and dropout. While
 ``torch.export`` traces it (ONNX export) it runs the reference forward. Wrappers (DDP, FSDP's
 ``fully_shard``, ``torch.compile``) go around a sped-up model: speed up first, then wrap.
-
-The unpadded encoder's attention obeys the reference's `make_attention_mask`: padding keys masked,
-and in a causal (left-to-right, config ``is_decoder``) encoder the keys after the query's position
-too (`bertforge.fast.attention`), so bidirectional and causal encoders alike are prepared.
 """
 
 from __future__ import annotations
@@ -53,11 +44,10 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def speed_up(model: M, *, freeze: bool = False, int8: bool = False) -> M:
-    """``model`` (any bertforge model: `BertModel` or a head class) prepared for fast execution, in
-    place, and returned. Idempotent. ``freeze``: also `freeze_weights` (inference only: the weights
-    must not change afterwards, see there). ``int8``: also `quantize_int8` (inference only). Which path a call takes is decided per call, from the
-    device, train / eval mode and whether gradients are on, so a sped-up model can move and switch
-    modes freely."""
+    """``model`` (any bertforge model) prepared for fast execution, in place, and returned. Idempotent.
+    ``freeze``: also `freeze_weights`; ``int8``: also `quantize_int8` (both inference only). The path is
+    chosen per call, from the device, train / eval mode and whether gradients are on, so a sped-up
+    model can move and switch modes freely."""
     for module in model.modules():
         if isinstance(module, BertModel):
             if type(module).forward is not BertModel.forward:

@@ -10,13 +10,9 @@ __all__ = ["keep_freed_memory"]
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory for reuse instead of returning large blocks to the OS.
-
-    A training step allocates the same large buffers every time (the word-embedding gradient alone
-    is V x H floats, 94 MB at BERT-base); by default glibc maps each afresh and unmaps it when
-    freed, so every step pays page faults on all of them again. Measured on a 2-core VM: about 10% of
-    a BERT-base CPU step. Process-wide; a no-op (False) where the C library is not glibc.
-    """
+    """Ask glibc to keep freed memory for reuse instead of returning large blocks to the OS, which it
+    would map afresh, page faults included, at every step (about 10% of a BERT-base CPU step).
+    Process-wide; a no-op (False) where the C library is not glibc."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:

@@ -1,13 +1,9 @@
 """Self-attention of the unpadded encoder: q, k, v from one matrix product over the real tokens,
 attention per group of similar lengths in CPU inference, and attention written out as matrix
-products where that beats PyTorch's fused kernel on CPU (bf16 inference; training with dropout,
-whose mask it draws with `dropout_mask`).
+products where that beats PyTorch's fused kernel on CPU (bf16 inference; training with dropout).
 
-Bidirectional attention masks padding keys. Causal attention (a left-to-right model) lets the query at
-position p see the real keys at positions <= p, the reference's `make_attention_mask`: where the padding
-of every sequence comes after its real tokens (`right_padded`), as the causal mask alone (PyTorch's
-``is_causal``; written out, one (T, T) bias for every sequence and head), otherwise as the (B, 1, T, T)
-`causal_mask`."""
+Masks as the reference's `make_attention_mask`: padding keys; in a causal model also the keys after
+the query, as PyTorch's ``is_causal`` where every sequence is `right_padded`, else as `causal_mask`."""
 
 from __future__ import annotations
 
@@ -101,16 +97,12 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
                           p: float, causal: bool = False) -> torch.Tensor:
     """softmax(QK^T / sqrt(D)) V with masked keys left out and (p > 0) `dropout_mask` on the probabilities;
     q (..., T or K, D), k, v (..., T, D), key_mask (True = attend) broadcastable to (..., 1 or K, T) ->
-    (..., T or K, D). ``causal``: query i sees keys <= i only, as PyTorch's ``is_causal`` (queries at
-    positions 0 .. K-1).
+    (..., T or K, D). ``causal``: query i sees keys <= i only, as PyTorch's ``is_causal``.
 
-    With a backward to come (training), the probabilities stay in the dtype of the scores, bf16 under
-    autocast: PyTorch's CPU softmax (and its backward) computes in float32 inside and rounds once,
-    which is what the product with V needs anyway, so no (B, A, T, T) tensor is converted in either
-    direction; the mask enters as an additive -inf bias inside the scores' product (baddbmm), one
-    (K, T) bias shared by every sequence and head where it is the same for all (the causal mask).
-    Without one (inference), a float32 softmax, one cast and an in-place mask are faster (5-7 % of a
-    BERT-mini forward).
+    In training the probabilities stay in the scores' dtype (PyTorch's CPU softmax computes in float32
+    inside and rounds once), so no (B, A, T, T) tensor is converted, and the mask is an additive -inf
+    bias inside the scores' product (baddbmm), shared where it is the same for every sequence and head.
+    In inference a float32 softmax, one cast and an in-place mask are faster (5-7 % of a BERT-mini forward).
     """
     *batch, K, D = q.shape
     T = k.shape[-2]
@@ -143,11 +135,9 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
 
 
 class _Scores(torch.autograd.Function):
-    """bias + scale * q @ k^T for q (b, K, D), k (b, T, D), bias broadcastable to (b, K, T) or None -> (b, K, T).
-
-    The same as autograd through ``baddbmm(bias, q, k.transpose(1, 2))``, except that the gradient of k
-    is computed as (b, T, D) directly instead of as a transposed (b, D, T), so the fused QKV
-    projection's backward gathers q, k and v gradients that all have unit inner stride."""
+    """bias + scale * q @ k^T for q (b, K, D), k (b, T, D), bias broadcastable to (b, K, T) or None -> (b, K, T),
+    as ``baddbmm``, but with k's gradient computed as (b, T, D), not a transposed (b, D, T): the fused QKV
+    projection's backward then gathers q, k and v gradients that all have unit inner stride."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -169,10 +159,9 @@ class _Scores(torch.autograd.Function):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
               p: float, causal: bool = False) -> torch.Tensor:
-    """PyTorch's fused attention (flash / memory-efficient kernels where the device has them), except
-    in bf16 inference on CPU (no gradient), where its flash kernel takes 1.5-1.8x the time of the
-    written-out matrix products at BERT-mini and -base head sizes. ``causal``: PyTorch's ``is_causal``
-    (with ``key_mask`` None)."""
+    """PyTorch's fused attention, except in bf16 inference on CPU, where its flash kernel takes 1.5-1.8x
+    the time of the written-out matrix products (BERT-mini and -base head sizes). ``causal``: PyTorch's
+    ``is_causal`` (with ``key_mask`` None)."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not torch.is_grad_enabled():
         return written_out_attention(q, k, v, key_mask, p, causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p, is_causal=causal)

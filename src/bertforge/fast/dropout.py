@@ -15,10 +15,9 @@ __all__ = ["dropout_mask", "dropout_forward"]
 def dropout_mask(shape: torch.Size, p: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A dropout mask of ``shape``: 0 where dropped, 1 / (1 - p) where kept (same dtype as the values).
 
-    Drawn from 64-bit random words, each giving four 16-bit uniform draws, from the default
-    generator (so a saved and restored RNG state reproduces it). About 4x cheaper on CPU than
-    ``bernoulli_``, which draws one random number per element; ``p`` is rounded to a multiple of
-    1/65536 (0.1 -> 0.100006), and the scale uses the rounded value, so the expectation is exact.
+    Four 16-bit uniform draws from each 64-bit random word of the default generator: about 4x cheaper
+    on CPU than ``bernoulli_``. ``p`` is rounded to a multiple of 1/65536 (0.1 -> 0.100006), and the
+    scale uses the rounded value, so the expectation is exact.
     """
     n = math.prod(shape)
     info = torch.iinfo(torch.int64)

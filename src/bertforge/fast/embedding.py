@@ -15,15 +15,12 @@ __all__ = ["RowGradient", "embeddings_forward", "words"]
 
 class RowGradient:
     """The word-embedding gradient of a CPU training step, written row by row into a buffer kept
-    across steps.
+    across steps that becomes ``weight.grad``.
 
-    PyTorch's embedding backward builds a fresh dense (V, H) gradient each step: zero-filling it
-    (47 MB at V=30522, H=384) costs about 5% of a MiniLM fine-tuning step on CPU, for the few
-    hundred rows a batch touches. Here the lookup's backward adds its rows straight into a kept
-    buffer that becomes ``weight.grad``, and only the rows written since it was last zeroed are
-    zeroed again. When the weight also gets a dense gradient from another use (the MLM decoder tied
-    to it), any row may be written: the buffer is then zeroed whole, as PyTorch would. Used only
-    where nothing else hooks the gradient (one process, eager mode, CPU): `words` checks.
+    PyTorch builds a fresh dense (V, H) gradient each step, and zero-filling it costs about 5% of a
+    MiniLM fine-tuning step on CPU, for the few hundred rows a batch touches. Here only the rows
+    written since the last zeroing are zeroed again; the whole buffer when the weight also got a dense
+    gradient (the tied MLM decoder). Used only where nothing else hooks the gradient (`words` checks).
     """
 
     def __init__(self, weight: torch.Tensor, padding_idx: int | None):

@@ -15,21 +15,17 @@ from bertforge.fast.tracing import tracing
 
 __all__ = ["freeze_weights", "frozen_weights", "linear"]
 
-# An nn.Linear's cache lives in its own __dict__ under this name: {(layer count, dtype): entry}.
-# A plain attribute, not a buffer, so state dicts do not see it.
+# An nn.Linear's cache, {(layer count, dtype): entry}, in its __dict__ (not a buffer: state dicts do not see it)
 _CACHE = "_frozen_weights"
 
 
 def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     """Promise that ``model``'s weights stay as they are (``frozen=False`` withdraws the promise), so
     that inference through it (eval mode, no gradient) reuses its projection weights stacked and cast
-    to autocast's dtype instead of concatenating and casting them on every forward (autocast casts
-    weights anew each time its context is entered). Caches are rebuilt when a weight is replaced
-    (``.to()``, new tensors) or changed in place (its version counter moves: ``load_state_dict``,
-    ``copy_``), and dropped whenever a forward runs in train mode. A fused optimizer's step moves no
-    version counter: train in train mode, or unfreeze. The caches cost one copy of the weights (in
-    bf16: half) and live as long as the layers. They serve the projections `bertforge.fast.speed_up`
-    routes through `linear`."""
+    to autocast's dtype instead of doing so on every forward. Caches are rebuilt when a weight is
+    replaced (``.to()``) or changed in place (its version counter moves: ``load_state_dict``, ``copy_``),
+    and dropped whenever a forward runs in train mode (a fused optimizer's step moves no version
+    counter). They cost one copy of the weights and serve the projections routed through `linear`."""
     for m in model.modules():
         if isinstance(m, nn.Linear):
             if frozen:
@@ -58,11 +54,9 @@ def frozen_weights(model: nn.Module) -> Iterator[nn.Module]:
 
 def linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     """The outputs of ``layers`` side by side, (..., sum of their out_features), from one matrix product
-    with their weights stacked (one layer: ``layers[0](x)``). The stacked (and cast) weights of frozen
-    layers are cached in inference (see `freeze_weights`), never while exporting or compiling, where
-    the weights stay graph inputs. A layer that is not a plain `nn.Linear` (replaced by an adapter or
-    a quantized module) or carries hooks is called as a module instead. Int8-quantized layers
-    (`bertforge.fast.int8`) run their int8 product, stacked likewise."""
+    with their weights stacked, cached for frozen layers in inference (`freeze_weights`; never while
+    tracing). Int8-quantized layers run their int8 product; a layer that is not a plain `nn.Linear` or
+    carries hooks is called as a module."""
     if all(is_quantized(m) for m in layers) and not any(m._forward_hooks or m._forward_pre_hooks for m in layers):
         return int8_linear(x, *layers)
     if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in layers):

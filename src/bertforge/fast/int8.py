@@ -9,21 +9,15 @@ A quantized `nn.Linear` computes ``y = (q(x) @ q(W)^T) * s_x * s_w + b`` with
   run time, so a token with large activations does not cost the others their precision;
 * the product accumulated in int32 (`torch._int_mm`, oneDNN's int8 matrix product on CPU).
 
-Embeddings, LayerNorm, softmax, attention's own products, the residual path and the task heads stay
-in floating point: the heads' matrices are small (classes, tags, two span ends) or, for the masked-LM
-decoder, read at a few positions only.
+Everything else (embeddings, LayerNorm, attention's own products, the task heads) stays in floating point.
 
-``w_max`` is 127 where the CPU multiplies int8 without saturating (VNNI: AVX-512 VNNI, AVX-VNNI, AMX)
-and 63 elsewhere. AVX2's int8 multiply-add (``vpmaddubsw``) adds two unsigned x signed byte products
-into a saturating 16-bit sum; oneDNN shifts signed activations to unsigned, so two products of full
-7-bit weights (2 * 255 * 127) overflow it and the result is silently wrong, while 6-bit weights
-(2 * 255 * 63 < 32767) stay exact. Which case holds is not read off the CPU's name but probed once
-per process: an int8 product of worst-case operands compared with the exact one (`full_range_int8`),
-so a oneDNN limited by ``ONEDNN_MAX_CPU_ISA`` is caught too.
+``w_max`` is 127 where the CPU multiplies int8 without saturating (VNNI, AMX) and 63 elsewhere: AVX2's
+``vpmaddubsw`` adds two unsigned x signed byte products into a saturating 16-bit sum, which two products
+of full 7-bit weights (2 * 255 * 127) overflow, silently, while 6-bit ones (2 * 255 * 63) do not. It is
+probed once per process (`full_range_int8`), so a oneDNN limited by ``ONEDNN_MAX_CPU_ISA`` is caught too.
 
-Int8 is an inference path: a quantized layer in train mode, with gradients on, while exporting or
-compiling runs its float weights (which quantization leaves as they are: the state dict, hence every
-checkpoint, is unchanged).
+In train mode, with gradients on, or while exporting or compiling, a quantized layer runs its float
+weights, which quantization leaves as they are (the state dict is unchanged).
 """
 
 from __future__ import annotations
@@ -44,9 +38,8 @@ __all__ = ["full_range_int8", "int8_linear", "int8_weights", "is_quantized", "qu
 
 logger = logging.getLogger("bertforge")
 
-# A quantized nn.Linear keeps its int8 weight in its own __dict__ under this name (a plain attribute,
-# not a buffer: state dicts do not see it): {layer count: _Int8Weight} for the layer alone (1, made
-# when it is quantized) and for the stacked projections it leads (q, k, v: 3; k, v: 2; made at first use).
+# A quantized nn.Linear's int8 weights, in its __dict__ (not a buffer: state dicts do not see it):
+# {layer count: _Int8Weight} for the layer alone (1) and for the stacked projections it leads (q, k, v: 3; k, v: 2).
 _INT8 = "_int8_weights"
 
 
@@ -65,9 +58,8 @@ def full_range_int8() -> bool:
 
 
 class _Int8Weight:
-    """A weight quantized per output channel: ``wt`` (in_features, out_features) int8, laid out for
-    `torch._int_mm`; ``scale`` (out_features,) float32; ``bias`` float32 or None; and what it was made
-    from (storages and version counters), to notice a weight replaced or changed in place."""
+    """A weight quantized per output channel: ``wt`` (in_features, out_features) int8 for `torch._int_mm`,
+    ``scale`` (out_features,) and ``bias`` float32, and the storages and versions it was made from."""
 
     __slots__ = ("wt", "scale", "bias", "sources", "versions")
 
@@ -85,11 +77,9 @@ class _Int8Weight:
 
 
 def quantize_int8(model: nn.Module, quantized: bool = True) -> nn.Module:
-    """Quantize the dense layers of every encoder in ``model`` to int8 for inference, in place, and
-    return it (``quantized=False``: back to float). The layers are those of `quantized_layers`; their
-    weights are quantized now (per output channel), activations per token at each call. The model's
-    float weights stay as they are, so its state dict, its training and its export are unchanged;
-    `int8_linear` runs only in inference (eval mode, no gradient). Idempotent."""
+    """Quantize the dense layers of every encoder in ``model`` (`quantized_layers`) to int8 for
+    inference, in place, and return it (``quantized=False``: back to float). Idempotent; the float
+    weights stay as they are (see the module docstring)."""
     layers = quantized_layers(model)
     for layer in layers:
         _set_quantized(layer, quantized)
@@ -154,9 +144,8 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     """The outputs of quantized ``layers`` side by side, (..., sum of their out_features), from one int8
-    matrix product with their weights stacked. Float outputs in the dtype `F.linear` would give (x's,
-    or autocast's), computed in float32. Falls back to the float weights outside
-    inference (see `quantize_int8`)."""
+    matrix product with their weights stacked, in the dtype `F.linear` would give. Outside inference:
+    the float weights."""
     first = layers[0]
     if not _runs_int8(first):
         if len(layers) == 1:

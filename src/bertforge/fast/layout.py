@@ -26,8 +26,8 @@ class Padding:
     causal_mask: torch.Tensor | None = None
 
     def pad(self, x: torch.Tensor, real_only: bool = False) -> torch.Tensor:
-        """(N, ...) -> (B, T, ...) with zeros at padding (``real_only``: riders dropped, so zeros at
-        every padding slot; otherwise riders keep their finite values there, which attention masks)."""
+        """(N, ...) -> (B, T, ...) with zeros at padding; riders keep their (finite, masked) values there
+        unless ``real_only``."""
         indices = self.indices
         if real_only and self.riders:
             indices, x = indices[:-self.riders], x[:-self.riders]
@@ -37,12 +37,9 @@ class Padding:
 
     def round_rows(self, keep: torch.Tensor, multiple: int = 64) -> None:
         """Append padding slots to `indices` until the row count is a multiple of ``multiple`` (or
-        every slot). The dense layers' matrix products then take a few dozen row counts over a run
-        instead of one per batch: oneDNN JIT-compiles bf16 matrix-product kernels for every new
-        shape (code buffers mmap-ed and page-faulted afresh), which costs MiniLM fine-tuning on MR
-        about a fifth of its step time when every batch brings a new row count. A rider's rows are
-        computed and dropped: as a key it is masked, as a query its output is never read, and its
-        gradient is zero."""
+        every slot), so that the matrix products see a few dozen row counts over a run, not one per batch:
+        oneDNN JIT-compiles kernels for every new shape (a fifth of a MiniLM fine-tuning step otherwise).
+        A rider is masked as a key, its output as a query never read, its gradient zero."""
         n = self.indices.numel()
         target = min(-(-n // multiple) * multiple, self.batch * self.length)
         if target > n:
@@ -58,15 +55,12 @@ class Padding:
 @dataclass
 class LengthGroups:
     """Inference only (CPU, no gradient): the sequences of a padded batch in a few groups of similar
-    length, so that attention, whose cost grows with T^2, runs per group on a layout padded to the
-    group's longest sequence instead of the batch's. The dense layers already skip padding; on
-    mixed-length batches most of the padded attention work is padding (Wikipedia-leads sentences in
-    batches of 32: 76 %; two groups cut the work to 43 % of the padded layout's). Up to four groups
-    (31 %) are no faster (within 1 %, BERT-mini and -base) and cost more small operations.
+    length, so that attention (cost ~ T^2) runs per group on a layout padded to the group's longest
+    sequence. On Wikipedia-leads sentences in batches of 32, 76 % of the padded attention work is
+    padding; two groups cut the work to 43 %, more groups are no faster.
 
     Each group's (b, t) layout is read from the unpadded (N, F) rows with one ``index_select``; a
-    padding slot reads its sequence's first real token, which is finite and masked as a key, and the
-    output it gets as a query is dropped.
+    padding slot reads its sequence's first real token (finite, masked as a key, its output dropped).
     """
 
     gathers: list[torch.Tensor]  # per group: (b*t,) rows of the (N, F) tensor to lay out as (b, t)
@@ -115,20 +109,16 @@ class LengthGroups:
 
 def right_padded(keep: torch.Tensor) -> bool:
     """Whether every sequence of keep (B, T) bool holds its real tokens first and its padding after them
-    (as the loaders pad). A causal model's real query at position p then has only real keys at positions
-    <= p, so the causal mask alone (PyTorch's is_causal), the same for every sequence, gives the
-    reference's outputs at real positions."""
+    (as the loaders pad): a causal model's attention then needs the causal mask alone (PyTorch's is_causal)."""
     return not bool((keep[:, 1:] & ~keep[:, :-1]).any())
 
 
 def causal_mask(keep: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """A causal model's mask over the padded layout of keep (B, T) bool, for queries at every position or
     at ``positions`` (B, K): (B, 1, T or K, T) bool, True = attend. A query at position p sees the real keys
-    at positions <= p, as the reference's `make_attention_mask`, and itself. Seeing itself changes
-    nothing at a real position, which sees itself anyway; at a padding slot with no real key at or
-    before it (left padding) it keeps the query from seeing no key at all. Such a query's output is
-    discarded, but a rider row (`Padding.round_rows`) carries it into the next layer as a masked key,
-    where a NaN would spread through its zero weight (0 x NaN = NaN)."""
+    at positions <= p, as the reference's `make_attention_mask`, and itself: a padding slot with no real
+    key before it (left padding) would otherwise see no key and give NaN, which a rider row
+    (`Padding.round_rows`) would carry into the next layer (0 x NaN = NaN)."""
     T = keep.shape[1]
     t = torch.arange(T, device=keep.device)
     p = t[:, None] if positions is None else positions.long().unsqueeze(-1)  # (T, 1) or (B, K, 1)

@@ -2,11 +2,9 @@
 attention alone sees the padded layout. And the last layer at chosen positions only: pre-training
 reads [CLS] and the masked positions, sentence heads [CLS].
 
-The forwards here replace those of one model's `BertModel`, `BertLayer` and `BertPooler` instances
-(`bertforge.fast.speed_up`); they call the model's own Linear, LayerNorm and Dropout modules, so
-replaced or hooked layers and the cheaper dropout apply. Their outputs equal the reference's
-(`bertforge.model.bert`), zeros at padding included, for bidirectional and causal (config
-``is_decoder``) models alike: only attention differs between the two (`bertforge.fast.attention`).
+These forwards replace those of one model's `BertModel`, `BertLayer` and `BertPooler` instances
+(`bertforge.fast.speed_up`) and call the model's own Linear, LayerNorm and Dropout modules, so replaced
+or hooked layers apply. Their outputs equal the reference's, zeros at padding included.
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
                   token_type_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
                   output_positions: torch.Tensor | None = None) -> BertModelOutput:
     """`BertModel.forward` with unpadded dense layers, the last layer computed at ``output_positions``
-    only, and on CPU: riders in training (`Padding.round_rows`), length groups in inference.
-
-    While ``torch.export`` traces the model (ONNX export) it runs the reference forward: unpadding's
-    shapes depend on the mask's values, which one exported graph cannot."""
+    only, and on CPU: riders in training (`Padding.round_rows`), length groups in inference. While
+    ``torch.export`` traces it, the reference forward (one graph cannot have mask-dependent shapes)."""
     if exporting():
         return type(self).forward(self, input_ids, attention_mask, token_type_ids, output_hidden_states,
                                   output_positions)
@@ -65,9 +61,7 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
     # every layer in full was asked for: the last one too, positions gathered afterwards
     select = output_positions if not output_hidden_states else None
     if select is not None and select.numel() >= x.shape[0]:
-        # at least as many chosen positions as rows (a left-to-right LM reads every position): the
-        # last layer on the rows costs less than on the positions, which count padding ones
-        select = None
+        select = None  # as many positions as rows (a left-to-right LM reads them all): the rows cost less
     layers = [x]
     last_index = len(self.encoder.layer) - 1
     for i, layer in enumerate(self.encoder.layer):
@@ -97,13 +91,9 @@ def layer_forward(self: BertLayer, x: torch.Tensor, padding: Padding | torch.Ten
                   shape: tuple[int, int] | None = None, select: torch.Tensor | None = None,
                   causal: bool = False) -> torch.Tensor:
     """`BertLayer.forward` on unpadded rows: x (N, H) -> (N, H); or, with ``select`` (B, K)
-    positions, (B*K, H) at those positions only. ``causal``: a left-to-right model's layer. Called
-    with the reference's arguments (x (B, T, H), the attention mask; no ``shape``), as the reference
-    encoder does while exporting, it is the reference block.
-
-    A layer's output at a position depends on the keys and values of the positions it may see but
-    only on that position's query, residual and feed-forward, so a selected output equals the full
-    layer's there.
+    positions, (B*K, H) at those positions only (only the keys and values need every position).
+    ``causal``: a left-to-right model's layer. Called with the reference's arguments (no ``shape``),
+    as the reference encoder does while exporting, it is the reference block.
     """
     if shape is None:
         return type(self).forward(self, x, padding)

@@ -8,9 +8,8 @@ Shape letters used in comments:
     B batch, T sequence length, H hidden size, A attention heads, D head size (H / A),
     I intermediate size, K chosen positions per sequence, V vocab size.
 
-Module and parameter names are transformers' (``embeddings.word_embeddings``,
-``encoder.layer.N.attention.self.query``, ...) because the state dict *is* the checkpoint format:
-keeping the names lets weights move between the two libraries with no conversion table.
+Module and parameter names are transformers' (``encoder.layer.N.attention.self.query``, ...): the
+state dict *is* the checkpoint format, so weights move between the two libraries unconverted.
 
 Padding positions: every hidden state `BertModel` returns is zero there. A padding slot holds no
 token; a value computed there would depend on what fills the slot (transformers returns such
@@ -193,9 +192,7 @@ class BertPreTrainedModel(nn.Module):
     """Base of every bertforge model: weight initialisation and checkpoint folders."""
 
     base_model_prefix = "bert"
-    # Parameters a checkpoint may lack without error because this class creates them fresh
-    # (task heads); prefixes of state-dict keys.
-    _fresh_head_prefixes: tuple[str, ...] = ()
+    _fresh_head_prefixes: tuple[str, ...] = ()  # key prefixes a checkpoint may lack: the task head, made fresh
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -204,7 +201,6 @@ class BertPreTrainedModel(nn.Module):
     def init_weights(self) -> None:
         """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
         self.apply(self._init_module)
-        self.tie_weights()
 
     def _init_module(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -221,9 +217,6 @@ class BertPreTrainedModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def tie_weights(self) -> None:
-        """Heads with an output embedding share it with the input embedding (MLM)."""
-
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
@@ -238,7 +231,7 @@ class BertPreTrainedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder, **kwargs):
-        """Load a bertforge or transformers BERT checkpoint folder (see `bertforge.model.checkpoint.load`)."""
+        """Load a bertforge or transformers BERT checkpoint folder (`bertforge.model.checkpoint.load_pretrained`)."""
         from bertforge.model.checkpoint import load_pretrained
 
         return load_pretrained(cls, folder, **kwargs)
@@ -288,9 +281,8 @@ class BertModel(BertPreTrainedModel):
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         ``output_positions`` (B, K): ``last_hidden_state`` holds the last layer at these positions
-        only, (B, K, H), and the pooler reads the first of them: put [CLS] (0) first when the pooled
-        output is wanted. Heads that read a few positions (the MLM's masked ones, [CLS]) ask for
-        them here, so that a faster encoder (`bertforge.fast`) may compute the last layer there alone.
+        only, (B, K, H), and the pooler reads the first of them (put [CLS], 0, first for it). Heads
+        ask here so that a faster encoder (`bertforge.fast`) may compute the last layer there alone.
         """
         check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         if token_type_ids is None:

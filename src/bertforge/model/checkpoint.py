@@ -1,8 +1,7 @@
 """Checkpoint folders: ``config.json`` + ``model.safetensors`` (+ tokenizer files), transformers' layout.
 
-Reading accepts what the ecosystem writes: bertforge and transformers folders, safetensors single
-files or shards (``model.safetensors.index.json``), ``pytorch_model.bin`` (single or sharded,
-read with ``torch.load(weights_only=True)``: nothing is unpickled beyond plain tensors), bare
+Reading accepts what the ecosystem writes: safetensors single files or shards, ``pytorch_model.bin``
+(single or sharded, read with ``weights_only=True``: nothing unpickled beyond plain tensors), bare
 `BertModel` checkpoints without the ``bert.`` prefix, and the old ``LayerNorm.gamma / beta`` names.
 Writing is atomic per file. Problems with a checkpoint are errors that name the offending keys.
 """
@@ -22,16 +21,8 @@ from safetensors.torch import load_file, save_file
 from bertforge.io import atomic_path
 from bertforge.model.config import BertConfig
 
-__all__ = [
-    "CheckpointError",
-    "LoadReport",
-    "read_state_dict",
-    "load_pretrained",
-    "save_pretrained",
-    "load_config",
-    "short_list",
-    "model_class_name",
-]
+__all__ = ["CheckpointError", "LoadReport", "read_state_dict", "load_pretrained", "save_pretrained", "load_config",
+           "short_list", "model_class_name"]
 
 logger = logging.getLogger("bertforge")
 
@@ -40,8 +31,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
-# Keys of the bare encoder inside a head model; the pooler may be absent (MLM / tagging / QA
-# checkpoints have none) and is then created fresh.
+# Keys of the bare encoder inside a head model (a missing pooler is created fresh)
 _ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
 
@@ -79,10 +69,8 @@ def _weights_files(folder: Path) -> list[Path]:
         if (folder / name).is_file():
             return [folder / name]
     present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    raise CheckpointError(
-        f"{folder}: no weights found (expected {SAFETENSORS_NAME}, {SAFETENSORS_INDEX}, {BIN_NAME} "
-        f"or {BIN_INDEX}); the folder holds: {', '.join(present) or 'nothing'}"
-    )
+    raise CheckpointError(f"{folder}: no weights found (expected {SAFETENSORS_NAME}, {SAFETENSORS_INDEX}, {BIN_NAME} "
+                          f"or {BIN_INDEX}); the folder holds: {', '.join(present) or 'nothing'}")
 
 
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
@@ -149,23 +137,15 @@ def load_config(folder: str | Path) -> BertConfig:
         raise CheckpointError(str(e)) from e
 
 
-def load_pretrained(
-    cls: type[M],
-    folder: str | Path,
-    *,
-    config: BertConfig | None = None,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device | None = None,
-    ignore_mismatched_sizes: bool = False,
-    **config_overrides: Any,
-) -> M:
+def load_pretrained(cls: type[M], folder: str | Path, *, config: BertConfig | None = None,
+                    dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                    ignore_mismatched_sizes: bool = False, **config_overrides: Any) -> M:
     """Build ``cls`` from a checkpoint folder.
 
-    Keys the class's own fresh head needs (e.g. ``classifier.*`` when fine-tuning from a
-    pre-trained encoder) and a missing pooler are initialised and reported; keys of other BERT
-    heads are ignored and reported. Anything else — missing encoder weights, unknown keys,
-    wrong shapes — raises `CheckpointError` naming the keys. ``ignore_mismatched_sizes`` lets a
-    head of a different size (say 3 labels instead of 2) be re-initialised instead.
+    The class's own fresh head (``classifier.*`` from a pre-trained encoder) and a missing pooler are
+    initialised and reported; other BERT heads' keys are ignored and reported. Anything else (missing
+    encoder weights, unknown keys, wrong shapes) raises `CheckpointError` naming the keys;
+    ``ignore_mismatched_sizes`` re-initialises a head of another size (3 labels instead of 2).
     ``config_overrides`` change config fields first (``num_labels=3``, ``hidden_dropout_prob=0``).
     """
     folder = Path(folder)
@@ -195,38 +175,26 @@ def _match_state(cls: type, model: nn.Module, state: dict[str, torch.Tensor], ex
     prefix = model.base_model_prefix + "." if hasattr(model, model.base_model_prefix) else ""
     freshable = tuple(cls._fresh_head_prefixes) + (prefix + "pooler.",)
     other_heads = _HEAD_PREFIXES + (prefix + "pooler.",)
-
-    report = LoadReport()
     missing = [k for k in expected if k not in state]
     hard_missing = [k for k in missing if not k.startswith(freshable)]
     if hard_missing:
         raise CheckpointError(f"{source}: weights missing from the checkpoint for {cls.__name__}: "
                               f"{short_list(hard_missing)}")
-    report.newly_initialized = missing
-
     unexpected = [k for k in state if k not in expected]
     hard_unexpected = [k for k in unexpected if not k.startswith(other_heads)]
     if hard_unexpected:
-        raise CheckpointError(
-            f"{source}: the checkpoint has weights {cls.__name__} does not know (does config.json match "
-            f"the weights?): {short_list(hard_unexpected)}"
-        )
-    report.ignored = unexpected
-
+        raise CheckpointError(f"{source}: the checkpoint has weights {cls.__name__} does not know (does config.json "
+                              f"match the weights?): {short_list(hard_unexpected)}")
     mismatched = [(k, tuple(state[k].shape), tuple(expected[k].shape))
                   for k in expected if k in state and state[k].shape != expected[k].shape]
-    if mismatched:
-        fixable = ignore_mismatched_sizes and all(k.startswith(freshable) for k, _, _ in mismatched)
-        if not fixable:
-            details = "; ".join(f"{k}: checkpoint {a}, model {b}" for k, a, b in mismatched[:10])
-            more = f" (+{len(mismatched) - 10} more)" if len(mismatched) > 10 else ""
-            hint = (" (pass ignore_mismatched_sizes=True to re-initialise a task head of another size)"
-                    if all(k.startswith(freshable) for k, _, _ in mismatched) else "")
-            raise CheckpointError(f"{source}: shapes differ between checkpoint and config: {details}{more}{hint}")
-        for k, _, _ in mismatched:
-            del state[k]
-        report.reinitialized_mismatched = [k for k, _, _ in mismatched]
-    return {k: v for k, v in state.items() if k in expected}, report
+    heads_only = all(k.startswith(freshable) for k, _, _ in mismatched)
+    if mismatched and not (ignore_mismatched_sizes and heads_only):
+        details = short_list([f"{k}: checkpoint {a}, model {b}" for k, a, b in mismatched], 10, "; ")
+        hint = " (pass ignore_mismatched_sizes=True to re-initialise a task head of another size)" if heads_only else ""
+        raise CheckpointError(f"{source}: shapes differ between checkpoint and config: {details}{hint}")
+    reinitialized = [k for k, _, _ in mismatched]
+    kept = {k: v for k, v in state.items() if k in expected and k not in reinitialized}
+    return kept, LoadReport(missing, unexpected, reinitialized)
 
 
 def _check_floating_point(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str) -> None:
@@ -249,18 +217,17 @@ def _log_load(cls: type, source: str, report: LoadReport) -> None:
                     short_list(report.ignored))
 
 
-def short_list(keys: list[str], limit: int = 12) -> str:
-    """The first ``limit`` keys, comma-separated, and how many more (for error messages)."""
-    shown = ", ".join(keys[:limit])
+def short_list(keys: list[str], limit: int = 12, sep: str = ", ") -> str:
+    """The first ``limit`` keys, ``sep``-separated, and how many more (for error messages)."""
+    shown = sep.join(keys[:limit])
     return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 # ---------------------------------------------------------------------------- saving
 def save_pretrained(model: nn.Module, folder: str | Path, tokenizer: Any = None,
                     state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """Write ``config.json``, ``model.safetensors`` and, if given, the tokenizer's files.
-
-    ``state_dict`` replaces the model's own (e.g. the full weights gathered from an FSDP-sharded model).
+    """Write ``config.json``, ``model.safetensors`` and, if given, the tokenizer's files. ``state_dict``
+    replaces the model's own (e.g. the full weights gathered from an FSDP-sharded model).
 
     Each file is replaced atomically, weights first, so a crash leaves either the old checkpoint or
     the new weights beside the old config of the same model.
@@ -277,12 +244,9 @@ def save_pretrained(model: nn.Module, folder: str | Path, tokenizer: Any = None,
 
 
 def _remove_stale_shards(folder: Path) -> None:
-    """Delete shard indexes (and the shards they list) left by an earlier save into ``folder``.
-
-    Readers (ours and transformers') take an index before ``model.safetensors``, so a stale one
-    would silently load the old weights instead of those just written. Removed last, so a crash
-    before this point still leaves the old checkpoint complete.
-    """
+    """Delete shard indexes (and the shards they list) left by an earlier save into ``folder``: readers
+    (ours and transformers') take an index before ``model.safetensors``, so a stale one would load the
+    old weights. Removed last, so a crash before this point still leaves the old checkpoint complete."""
     for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
         index = folder / index_name
         if not index.is_file():

@@ -1,8 +1,6 @@
-"""The model configuration: a typed dataclass whose defaults are BERT-base.
-
-`BertConfig` reads and writes transformers' ``config.json`` keys unchanged, so a folder moves
-between the two libraries as it is. Keys bertforge does not use are kept in ``extra`` and written
-back, so a round trip through bertforge loses nothing a transformers user put there.
+"""The model configuration: a typed dataclass whose defaults are BERT-base. `BertConfig` reads and
+writes transformers' ``config.json`` keys unchanged, keeping those it does not use in ``extra``, so a
+folder moves between the two libraries and round-trips through bertforge losing nothing.
 """
 
 from __future__ import annotations
@@ -29,47 +27,26 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python", "relu", "
 class BertConfig:
     """BERT hyper-parameters (defaults: BERT-base, uncased English vocab)."""
 
-    vocab_size: int = 30522
-    """Rows of the word-embedding matrix (30522 for Google's English uncased vocab)."""
-    hidden_size: int = 768
-    """H: width of every hidden state."""
-    num_hidden_layers: int = 12
-    """L: number of Transformer blocks."""
-    num_attention_heads: int = 12
-    """A: attention heads per block; H must be divisible by A."""
-    intermediate_size: int = 3072
-    """Width of the feed-forward inner layer (4H in the paper)."""
-    hidden_act: str = "gelu"
-    """Feed-forward activation: "gelu" (exact, erf) or "gelu_new" (tanh approximation, the TF release)."""
-    hidden_dropout_prob: float = 0.1
-    """Dropout on embeddings and on each residual branch."""
+    vocab_size: int = 30522  # rows of the word-embedding matrix (Google's English uncased vocab)
+    hidden_size: int = 768  # H
+    num_hidden_layers: int = 12  # L: Transformer blocks
+    num_attention_heads: int = 12  # A; H must be divisible by A
+    intermediate_size: int = 3072  # the feed-forward inner width (4H in the paper)
+    hidden_act: str = "gelu"  # the feed-forward activation, one of ACTIVATIONS
+    hidden_dropout_prob: float = 0.1  # on embeddings and on each residual branch
     attention_probs_dropout_prob: float = 0.1
-    """Dropout on attention probabilities."""
-    max_position_embeddings: int = 512
-    """Learned absolute positions: the longest sequence the model accepts."""
-    type_vocab_size: int = 2
-    """Segment (token type) embeddings: A and B."""
-    initializer_range: float = 0.02
-    """Std of the normal initialiser for weights."""
-    layer_norm_eps: float = 1e-12
-    """LayerNorm epsilon, everywhere (BERT uses 1e-12, not PyTorch's 1e-5)."""
-    is_decoder: bool = False
-    """Causal (left-to-right) self-attention: position t attends to positions <= t only. The paper's
-    "LTR" ablation; transformers' BertModel reads the same key."""
-    pad_token_id: int = 0
-    """Id of [PAD] (used for the padding_idx of the word embeddings)."""
-    classifier_dropout: float | None = None
-    """Dropout before task classifiers; None means hidden_dropout_prob."""
-    num_labels: int = 2
-    """Outputs of the sequence / token classification heads (1 = regression)."""
-    problem_type: str | None = None
-    """"regression", "single_label_classification" or "multi_label_classification"; None = infer."""
-    id2label: dict[int, str] | None = None
-    """Label names by class index, saved with fine-tuned checkpoints."""
-    architectures: list[str] | None = None
-    """Class names the weights were saved from (transformers' convention)."""
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    """config.json keys bertforge does not use, kept so a round trip loses nothing."""
+    max_position_embeddings: int = 512  # learned absolute positions: the longest sequence the model accepts
+    type_vocab_size: int = 2  # segments A and B
+    initializer_range: float = 0.02  # std of the normal initialiser for weights
+    layer_norm_eps: float = 1e-12  # everywhere (BERT uses 1e-12, not PyTorch's 1e-5)
+    is_decoder: bool = False  # causal (left-to-right) self-attention: the paper's "LTR" ablation
+    pad_token_id: int = 0  # the padding_idx of the word embeddings
+    classifier_dropout: float | None = None  # before task classifiers; None: hidden_dropout_prob
+    num_labels: int = 2  # outputs of the sequence / token classification heads (1 = regression)
+    problem_type: str | None = None  # "regression", "single_label_classification", "multi_label_classification"
+    id2label: dict[int, str] | None = None  # label names by class index, saved with fine-tuned checkpoints
+    architectures: list[str] | None = None  # class names the weights were saved from (transformers' convention)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # config.json keys bertforge does not use
 
     def __post_init__(self) -> None:
         # Checked here, not left to torch: a size of 64.0 or -1 would otherwise fail deep inside
@@ -89,10 +66,8 @@ class BertConfig:
         if self.layer_norm_eps == 0:
             raise ValueError("layer_norm_eps must be > 0, got 0")
         if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                             f"({self.num_attention_heads})")
         if not isinstance(self.is_decoder, bool):
             raise ValueError(f"is_decoder must be true or false, got {self.is_decoder!r}")
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
@@ -108,7 +83,8 @@ class BertConfig:
             try:
                 self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             except (TypeError, ValueError):
-                raise ValueError(f"id2label keys must be class indices (0, 1, ...), got {list(self.id2label)}") from None
+                raise ValueError(f"id2label keys must be class indices (0, 1, ...), "
+                                 f"got {list(self.id2label)}") from None
             self.num_labels = len(self.id2label)
             if self.num_labels < 1:
                 raise ValueError("id2label is empty: num_labels must be >= 1")
@@ -138,10 +114,8 @@ class BertConfig:
     def to_dict(self) -> dict[str, Any]:
         """transformers-compatible ``config.json`` contents."""
         out: dict[str, Any] = dict(self.extra)
-        for f in dataclasses.fields(self):
-            if f.name in ("extra", "id2label", "num_labels"):
-                continue
-            out[f.name] = getattr(self, f.name)
+        out.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                   if f.name not in ("extra", "id2label", "num_labels"))
         if self.architectures is None:
             out.pop("architectures")
         if self.id2label is not None:
@@ -171,16 +145,11 @@ class BertConfig:
             raise ValueError(f"{source}: cross-attention BERT variants are not supported")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: data.pop(k) for k in list(data) if k in known}
-        data.pop("label2id", None)
-        data.pop("bertforge_version", None)
-        # Where a file came from and the transformers that wrote it: stale in anything saved from it, and
-        # transformers records its own when it loads and saves.
-        data.pop("_name_or_path", None)
-        data.pop("transformers_version", None)
-        # Keys `to_dict` always writes itself: kept out of `extra` so save -> load gives an equal config.
-        # (An untied checkpoint is refused when its weights are read: the decoder must equal the embeddings.)
-        data.pop("model_type", None)
-        data.pop("tie_word_embeddings", None)
+        # Not kept in `extra`: keys `to_dict` writes itself (so save -> load gives an equal config; an untied
+        # checkpoint is refused when its weights are read), and where a file came from and the transformers
+        # that wrote it (stale in anything saved from it; transformers records its own).
+        for key in _NOT_EXTRA:
+            data.pop(key, None)
         if kwargs.get("id2label") is not None and "num_labels" in kwargs:
             if int(kwargs["num_labels"]) != len(kwargs["id2label"]):
                 raise ValueError(f"{source}: num_labels {kwargs['num_labels']} does not match "
@@ -217,6 +186,8 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
 
+_NOT_EXTRA = ("label2id", "bertforge_version", "model_type", "tie_word_embeddings", "_name_or_path",
+              "transformers_version")
 # Fields that size a tensor: whole numbers >= 1.
 _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
           "max_position_embeddings", "type_vocab_size", "num_labels")
@@ -240,14 +211,8 @@ def _check_number(name: str, value: Any, *, low: float, high: float | None = Non
 
 
 # (layers, hidden) of the paper's models and of Google's 24 smaller BERTs.
-PRESETS: dict[str, tuple[int, int]] = {
-    "tiny": (2, 128),
-    "mini": (4, 256),
-    "small": (4, 512),
-    "medium": (8, 512),
-    "base": (12, 768),
-    "large": (24, 1024),
-}
+PRESETS: dict[str, tuple[int, int]] = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512),
+                                       "base": (12, 768), "large": (24, 1024)}
 
 
 def dropout_overrides(p: float) -> dict[str, float]:

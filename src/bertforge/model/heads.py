@@ -2,9 +2,8 @@
 regression, token classification, span QA and multiple choice; and the BiLSTM heads of the paper's
 feature-based approach (a BiLSTM over chosen encoder layers, frozen or fine-tuned, before the output layer).
 
-Each class keeps transformers' attribute names (``bert``, ``cls.predictions``, ``cls.seq_relationship``,
-``classifier``, ``qa_outputs``) so its state dict is transformers' checkpoint format. Heads compute
-logits; the loss, when labels are given, comes from the plain functions in `bertforge.model.losses`.
+Attribute names are transformers' (``cls.predictions``, ``classifier``, ...), so a state dict is its
+checkpoint format. Heads compute logits; losses come from `bertforge.model.losses`.
 """
 
 from __future__ import annotations
@@ -23,35 +22,19 @@ from bertforge.model.config import BertConfig
 from bertforge.model.checkpoint import CheckpointError, load_config, read_state_dict
 from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel, activation, gather_positions
 
-__all__ = [
-    "MODEL_CLASSES",
-    "infer_model_class",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-    "gather_positions",
-    "FEATURE_KEY",
-    "FEATURE_CHOICES",
-    "resolve_layers",
-    "feature_layers",
-    "check_features",
-    "ScalarMix",
-    "BertFeatureBiLSTMForTokenClassification",
-    "BertFeatureBiLSTMForSequenceClassification",
-    "BertFeatureBiLSTMForQuestionAnswering",
-    "FEATURE_MODEL_CLASSES",
-]
+__all__ = ["MODEL_CLASSES", "infer_model_class", "BertForPreTraining", "BertForMaskedLM",
+           "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
+           "BertForMultipleChoice", "gather_positions", "FEATURE_KEY", "FEATURE_CHOICES", "resolve_layers",
+           "feature_layers", "check_features", "ScalarMix",
+           "BertFeatureBiLSTMForTokenClassification", "BertFeatureBiLSTMForSequenceClassification",
+           "BertFeatureBiLSTMForQuestionAnswering", "FEATURE_MODEL_CLASSES"]
 
 
 # ---------------------------------------------------------------------------- outputs
 @dataclass
 class ModelOutput:
     """Named outputs, also read as transformers' outputs are: ``out["logits"]``, or ``out[0]`` / ``loss, logits =
-    out[:2]`` over the outputs that are set, in transformers' order (the loss, the head's outputs, the hidden
-    states), and `to_tuple`."""
+    out[:2]`` and `to_tuple` over the outputs that are set, in transformers' order."""
 
     loss: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -113,11 +96,9 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    """Dense -> act -> LayerNorm -> decoder tied to the word embeddings, plus an output bias (V,).
-
-    The decoder weight is not a parameter of its own: it *is* the word-embedding matrix, passed in
-    at call time, so tying can never come undone (load, ``.to()``, DDP, FSDP wrapping).
-    """
+    """Dense -> act -> LayerNorm -> decoder tied to the word embeddings, plus an output bias (V,). The
+    decoder weight *is* the word-embedding matrix, passed in at call time, so tying can never come undone
+    (load, ``.to()``, DDP, FSDP wrapping)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -147,33 +128,29 @@ class _MLMMixin:
     bert: BertModel
     cls: BertOnlyMLMHead | BertPreTrainingHeads
 
-    def _mlm_logits(self, states: torch.Tensor) -> torch.Tensor:
-        return self.cls.predictions(states, self.bert.embeddings.word_embeddings.weight)  # (..., V)
-
-    def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                token_type_ids: torch.Tensor | None, masked_positions: torch.Tensor | None,
-                output_hidden_states: bool, with_cls: bool,
-                prediction_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """(states to predict from: (B, T, H), (B, P, H) at ``masked_positions``, or (M, H), the
-        slots ``prediction_mask`` marks; pooled output or None; encoder output).
-
-        The (H -> V) projection dominates the cost of small BERTs: with ``masked_positions`` it runs
-        at the P predicted positions only, and the encoder is asked for the last layer there alone
-        (plus [CLS] for the pooler)."""
+    def _mlm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
+             labels: torch.Tensor | None, masked_positions: torch.Tensor | None, output_hidden_states: bool,
+             prediction_mask: torch.Tensor | None, with_cls: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """(MLM logits: (B, T, V), (B, P, V) at ``masked_positions``, or (M, V) at the slots
+        ``prediction_mask`` marks; ``labels`` aligned with them; encoder output). The (H -> V) projection
+        dominates the cost of small BERTs: with ``masked_positions`` it runs at the P positions only, and
+        the encoder computes its last layer there alone (plus [CLS] for the pooler)."""
         if prediction_mask is not None and (masked_positions is None
                                             or prediction_mask.shape != masked_positions.shape):
             raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
         if masked_positions is None:
             out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
-            return out.last_hidden_state, out.pooler_output, out
-        positions = masked_positions.long()
-        if with_cls:  # [CLS] first, for the pooler (NSP)
-            positions = torch.cat([positions.new_zeros(positions.shape[0], 1), positions], 1)
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions)
-        states = out.last_hidden_state[:, 1:] if with_cls else out.last_hidden_state  # (B, P, H)
-        if prediction_mask is not None:
-            states = states[prediction_mask.bool()]  # (M, H): the filled slots only, row-major
-        return states, out.pooler_output, out
+            states = out.last_hidden_state  # (B, T, H)
+        else:
+            positions = masked_positions.long()
+            if with_cls:  # [CLS] first, for the pooler (NSP)
+                positions = torch.cat([positions.new_zeros(positions.shape[0], 1), positions], 1)
+            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions)
+            states = out.last_hidden_state[:, 1:] if with_cls else out.last_hidden_state  # (B, P, H)
+            if prediction_mask is not None:  # (M, H) and (M,): the filled slots only, row-major
+                states = states[prediction_mask.bool()]
+                labels = labels[prediction_mask.bool()] if labels is not None else None
+        return self.cls.predictions(states, self.bert.embeddings.word_embeddings.weight), labels, out  # (..., V)
 
 
 class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
@@ -187,27 +164,18 @@ class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-        masked_positions: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        prediction_mask: torch.Tensor | None = None,
-    ) -> BertForPreTrainingOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
+                output_hidden_states: bool = False,
+                prediction_mask: torch.Tensor | None = None) -> BertForPreTrainingOutput:
         """labels: (B, T) token ids to predict, -100 elsewhere; or (B, P) aligned with
         ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,).
         ``prediction_mask`` (B, P) bool: build MLM logits only for the True slots (the filled ones):
         ``prediction_logits`` is then (M, V), the slots in row-major order; ``labels`` stay (B, P)."""
-        states, pooled, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
-                                           output_hidden_states, with_cls=True, prediction_mask=prediction_mask)
-        if prediction_mask is not None and labels is not None:
-            labels = labels[prediction_mask.bool()]  # (M,), aligned with the logits
-        prediction_logits = self._mlm_logits(states)
-        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+        prediction_logits, labels, out = self._mlm(input_ids, attention_mask, token_type_ids, labels, masked_positions,
+                                                   output_hidden_states, prediction_mask, with_cls=True)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         loss = None
         if labels is not None:
             loss = losses.pretraining_loss(prediction_logits, nsp_logits, labels, next_sentence_label)
@@ -226,22 +194,13 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
         self.cls = BertOnlyMLMHead(config)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        masked_positions: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        prediction_mask: torch.Tensor | None = None,
-    ) -> MaskedLMOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                masked_positions: torch.Tensor | None = None, output_hidden_states: bool = False,
+                prediction_mask: torch.Tensor | None = None) -> MaskedLMOutput:
         """As `BertForPreTraining.forward`, without NSP."""
-        states, _, out = self._encode(input_ids, attention_mask, token_type_ids, masked_positions,
-                                      output_hidden_states, with_cls=False, prediction_mask=prediction_mask)
-        if prediction_mask is not None and labels is not None:
-            labels = labels[prediction_mask.bool()]
-        logits = self._mlm_logits(states)
+        logits, labels, out = self._mlm(input_ids, attention_mask, token_type_ids, labels, masked_positions,
+                                        output_hidden_states, prediction_mask, with_cls=False)
         loss = losses.masked_lm_loss(logits, labels) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
 
@@ -250,11 +209,8 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
 def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
             token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
     """The encoder for a head that reads only the pooled [CLS] output: the last layer is asked for at
-    [CLS] alone (``last_hidden_state`` is then (B, 1, H)).
-
-    A causal (left-to-right) encoder's [CLS] has seen only itself; it is pooled at its last real
-    token instead (the final [SEP]), the one position that has seen the whole input, wherever the
-    padding is (left padding included)."""
+    [CLS] alone (``last_hidden_state`` is then (B, 1, H)). A causal encoder's [CLS] has seen only
+    itself: it is pooled at its last real token instead (the final [SEP]), wherever the padding is."""
     B, T = input_ids.shape
     cls = torch.zeros(B, 1, dtype=torch.long, device=input_ids.device)  # (B, 1)
     if bert.config.is_decoder:
@@ -287,14 +243,9 @@ class BertForSequenceClassification(_DropoutLinear):
     def __init__(self, config: BertConfig):
         super().__init__(config, config.num_labels, add_pooling_layer=True)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-    ) -> SequenceClassifierOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> SequenceClassifierOutput:
         """labels: (B,) class ids, (B,) floats for regression, or (B, C) multi-hot for multi-label."""
         out = _pooled(self.bert, input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
@@ -310,14 +261,9 @@ class BertForTokenClassification(_DropoutLinear):
     def __init__(self, config: BertConfig):
         super().__init__(config, config.num_labels, add_pooling_layer=False)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-    ) -> TokenClassifierOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> TokenClassifierOutput:
         """labels: (B, T) tag ids, -100 on sub-word continuations, specials and padding."""
         out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C)
@@ -336,20 +282,12 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-    ) -> QuestionAnsweringModelOutput:
-        """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer.
-
-        The logits are transformers' (padding positions included); the loss leaves padding out of
-        the softmax over positions (`losses.span_loss`), so it does not depend on how a batch is padded.
-        """
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> QuestionAnsweringModelOutput:
+        """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer. The logits are
+        transformers'; the loss leaves padding out (`losses.span_loss`)."""
         out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # 2 x (B, T)
         loss = None
@@ -366,14 +304,9 @@ class BertForMultipleChoice(_DropoutLinear):
     def __init__(self, config: BertConfig):
         super().__init__(config, 1, add_pooling_layer=True)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-    ) -> MultipleChoiceModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> MultipleChoiceModelOutput:
         """input_ids, attention_mask, token_type_ids: (B, C, T), C choices; labels: (B,) right choice."""
         if input_ids.dim() != 3:
             raise ValueError(f"input_ids must be (batch, choices, length), got {tuple(input_ids.shape)}")
@@ -402,10 +335,8 @@ FEATURE_CHOICES: dict[str, tuple[tuple[int, ...] | None, str]] = {
     "weighted-sum-last-4": ((-1, -2, -3, -4), "weighted"),
     "weighted-sum-all": (None, "weighted"),
 }
-"""The paper's Table 7 features: name -> (indexes into ``hidden_states``, how they combine). Indexes
-are `bertforge.serving.features`': 0 the embedding output, -1 the last layer; None: every Transformer
-layer (1..L, the paper's "all 12 layers"). ``weighted`` is a learned softmax-weighted sum scaled by a
-learned gamma (`ScalarMix`)."""
+"""The paper's Table 7 features: name -> (indexes into ``hidden_states``: 0 the embedding output, -1 the
+last layer, None every Transformer layer 1..L; how they combine, ``weighted`` by `ScalarMix`)."""
 
 
 def check_features(spec: str) -> None:
@@ -468,20 +399,17 @@ class ScalarMix(nn.Module):
 
 class _FeatureBiLSTM:
     """The chosen layers' hidden states, combined, through a randomly initialised two-layer BiLSTM
-    (``bilstm_size`` per direction) before the task's output layer. With ``freeze`` the encoder's
-    weights are fixed and it always runs in eval mode (no dropout): its features are then the same in
-    every epoch, so training can run on features computed once (``features=`` of ``forward``).
-
-    ``output_layer`` names the task head's Linear(H, outputs); it is rebuilt as Linear(2S, outputs)
-    to read the BiLSTM (S = ``bilstm_size``). Between the BiLSTM's layers: the head's dropout
-    probability (``classifier_dropout``, else ``hidden_dropout_prob``)."""
+    (``bilstm_size`` S per direction, the head's dropout between its layers) before the task's output
+    layer ``output_layer``, rebuilt as Linear(2S, outputs). With ``freeze`` the encoder's weights are
+    fixed and it always runs in eval mode, so training can run on features computed once (``features=``)."""
 
     bert: BertModel
     config: BertConfig
     output_layer = "classifier"
     _fresh_head_prefixes = ("classifier.", "mix.", "lstm.")
 
-    def _add_bilstm(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig):
+        super().__init__(config)  # the task head's, next in the subclass's MRO
         settings = config.extra.get(FEATURE_KEY)
         if not isinstance(settings, dict) or "features" not in settings:
             raise ValueError(f"{type(self).__name__} needs config.extra[{FEATURE_KEY!r}] with its features")
@@ -539,19 +467,9 @@ class _FeatureBiLSTM:
 class BertFeatureBiLSTMForTokenClassification(_FeatureBiLSTM, BertForTokenClassification):
     """Tagging from a BiLSTM over the encoder's chosen layers (the paper's Table 7 setup)."""
 
-    def __init__(self, config: BertConfig):
-        BertForTokenClassification.__init__(self, config)
-        self._add_bilstm(config)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        features: torch.Tensor | None = None,
-    ) -> TokenClassifierOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False, features: torch.Tensor | None = None) -> TokenClassifierOutput:
         """As `BertForTokenClassification.forward`; ``features`` (B, n, T, H): the chosen layers computed
         beforehand (`encode_features`), so the encoder does not run."""
         out, _ = self._bilstm(input_ids, attention_mask, token_type_ids, features)
@@ -564,19 +482,9 @@ class BertFeatureBiLSTMForSequenceClassification(_FeatureBiLSTM, BertForSequence
     """Classification / regression from a BiLSTM over the encoder's chosen layers: the output layer
     reads the final states of both directions."""
 
-    def __init__(self, config: BertConfig):
-        BertForSequenceClassification.__init__(self, config)
-        self._add_bilstm(config)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        features: torch.Tensor | None = None,
-    ) -> SequenceClassifierOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False, features: torch.Tensor | None = None) -> SequenceClassifierOutput:
         """As `BertForSequenceClassification.forward`; ``features`` as the token classifier's."""
         _, final = self._bilstm(input_ids, attention_mask, token_type_ids, features)
         logits = self.classifier(self.dropout(final))  # (B, C)
@@ -593,20 +501,10 @@ class BertFeatureBiLSTMForQuestionAnswering(_FeatureBiLSTM, BertForQuestionAnswe
     output_layer = "qa_outputs"
     _fresh_head_prefixes = ("qa_outputs.", "mix.", "lstm.")
 
-    def __init__(self, config: BertConfig):
-        BertForQuestionAnswering.__init__(self, config)
-        self._add_bilstm(config)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        features: torch.Tensor | None = None,
-    ) -> QuestionAnsweringModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None, output_hidden_states: bool = False,
+                features: torch.Tensor | None = None) -> QuestionAnsweringModelOutput:
         """As `BertForQuestionAnswering.forward`; ``features`` as the token classifier's."""
         out, _ = self._bilstm(input_ids, attention_mask, token_type_ids, features)
         start_logits, end_logits = self.qa_outputs(out).unbind(-1)  # 2 x (B, T)

@@ -1,7 +1,5 @@
-"""Training objectives as plain functions of logits and labels.
-
-Label value -100 (`IGNORE_INDEX`, defined with the loader that pads labels: `bertforge.data.loader`)
-means "ignore this position", as in transformers and PyTorch's cross-entropy.
+"""Training objectives as plain functions of logits and labels. Label value -100 (`IGNORE_INDEX`, from
+the loader that pads labels) means "ignore this position", as in transformers and PyTorch's cross-entropy.
 """
 
 from __future__ import annotations
@@ -11,16 +9,8 @@ import torch.nn.functional as F
 
 from bertforge.data.loader import IGNORE_INDEX
 
-__all__ = [
-    "IGNORE_INDEX",
-    "masked_lm_loss",
-    "next_sentence_loss",
-    "pretraining_loss",
-    "sequence_classification_loss",
-    "token_classification_loss",
-    "span_loss",
-    "multiple_choice_loss",
-]
+__all__ = ["IGNORE_INDEX", "masked_lm_loss", "next_sentence_loss", "pretraining_loss", "sequence_classification_loss",
+           "token_classification_loss", "span_loss", "multiple_choice_loss"]
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -73,8 +63,7 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor,
 def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy over tagged positions (sub-word continuations and padding carry -100), mean or
     "sum". logits (B, T, C)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction=reduction)
+    return masked_lm_loss(logits, labels, reduction)
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
@@ -82,11 +71,9 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor,
               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(CE(start) + CE(end)) / 2 over the sequence, mean over the batch or "sum". logits (B, T), positions (B,).
 
-    With ``attention_mask`` (B, T), padding positions are left out of both softmaxes: a batch's
-    padding then changes neither the loss nor its gradient (transformers' head lets them in, so its
-    loss differs on padded batches; the logits are the same). Positions outside the sequence, or on
-    padding, are ignored (transformers clamps them to T and ignores T). Impossible answers point at
-    [CLS], position 0, and are learned like any other span.
+    With ``attention_mask`` (B, T), padding is left out of both softmaxes, so it changes neither the
+    loss nor its gradient (transformers' loss differs on padded batches). Targets outside the sequence
+    or on padding are ignored; impossible answers point at [CLS], position 0, like any other span.
     """
     T = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, T)
