@@ -3,15 +3,13 @@ and the benchmarks that repeat runs).
 
 A line measured over seeds is reported as its mean with a 95% interval (`mean_interval`); two lines
 measured on the same seeds (the same subsets, data order and head initialisation) are compared by
-their *paired* difference, seed by seed (`paired_difference`), with its 95% interval. A difference is
-**resolved** only when its interval excludes 0; otherwise the report says it is not resolved, whatever
-the sign of its mean.
+their *paired* difference, seed by seed (`paired_difference`). A difference is **resolved** only when
+its interval excludes 0, whatever the sign of its mean.
 
-The intervals are Student's t intervals (`scipy.stats`): with the 3 to 20 seeds a run can afford, a
-bootstrap's percentile interval is too narrow (it treats the seeds' sample spread as the truth), while
-the t interval widens with few seeds as it should. Pairing removes what the seeds share (a hard
-subset is hard for both lines), so a paired interval is usually much narrower than the two lines'
-own intervals suggest.
+The intervals are Student's t intervals: with the 3 to 20 seeds a run can afford, a bootstrap's
+percentile interval is too narrow (it treats the seeds' sample spread as the truth), while the t
+interval widens with few seeds as it should. Pairing removes what the seeds share (a hard subset is
+hard for both lines), so a paired interval is usually much narrower than the lines' own intervals.
 
     >>> d = paired_difference([0.71, 0.70, 0.72], [0.63, 0.64, 0.62])
     >>> d.resolved, round(d.mean, 3)
@@ -28,7 +26,6 @@ from typing import Any
 __all__ = ["CONFIDENCE", "Interval", "mean_interval", "paired_difference", "seeds_for_half_width"]
 
 CONFIDENCE = 0.95
-"""The confidence of every interval the reports show."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +67,8 @@ class Interval:
                 "confidence": self.confidence}
 
 
-def _finite(values: Sequence[float]) -> list[float]:
-    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+def _missing(value: float | None) -> bool:
+    return value is None or math.isnan(float(value))
 
 
 def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
@@ -80,7 +77,7 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     import numpy as np
     from scipy import stats
 
-    xs = _finite(values)
+    xs = [float(v) for v in values if not _missing(v)]
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     if not xs:
@@ -101,9 +98,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
     each other, since an index is a seed."""
     if len(a) != len(b):
         raise ValueError(f"paired values need one value per seed on both sides, got {len(a)} and {len(b)}")
-    diffs = [float(x) - float(y) for x, y in zip(a, b)
-             if x is not None and y is not None and not math.isnan(float(x)) and not math.isnan(float(y))]
-    return mean_interval(diffs, confidence)
+    return mean_interval([float(x) - float(y) for x, y in zip(a, b) if not (_missing(x) or _missing(y))], confidence)
 
 
 def seeds_for_half_width(sd: float, half_width: float, confidence: float = CONFIDENCE, at_most: int = 1000) -> int:

@@ -1,8 +1,8 @@
 """The built-in real data of the ablation studies, written as the files ``bertforge finetune`` and
 ``bertforge prepare`` read.
 
-Fine-tuning (`task_files`): the settings of a `bertforge.tasks.finetune.FinetuneConfig` (task, train
-and dev files, columns) for one of `SOURCES`:
+Fine-tuning (`task_files`): the `bertforge.tasks.finetune.FinetuneConfig` settings (task, files,
+columns) for one of `SOURCES`:
 
     movie-reviews       classification: MR sentence polarity (labels 0 / 1), JSONL ``{"text", "label"}``
     sentiment-tweets    regression: mean human valence (-4..+4) of tweets, JSONL ``{"text", "label"}``
@@ -12,15 +12,14 @@ and dev files, columns) for one of `SOURCES`:
                         sentences (the tags are not entity tags, so the score is token accuracy)
 
 The dev set is a seeded ``dev_share`` of the examples (movie reviews: `movie_review_split`'s 90/10
-split, the demo's and the benchmarks'); for Brown it is a share of the 500 texts, whole, so no text
-gives sentences to both sides. ``max_train`` / ``max_dev`` keep the first n examples (Brown:
-sentences) after a seeded shuffle, for small studies; a larger n keeps the smaller one's examples.
+split, the demo's and the benchmarks'); for Brown a share of the 500 texts, whole, so no text gives
+sentences to both sides. ``max_train`` / ``max_dev`` keep the first n examples (Brown: sentences)
+after a seeded shuffle, so a larger n keeps the smaller one's examples.
 
-Pre-training (`pretraining_text`): the Wikipedia leads as plain text, one document per paragraph,
-with every ``held_out_every``-th article in a held-out file; or a user's own text file.
+Pre-training (`pretraining_text`): the Wikipedia leads, one document per paragraph, every
+``held_out_every``-th article held out; or a user's own text file.
 
-Files are named after their arguments and written whole (`bertforge.io.atomic_path`); a file that
-is already there is used as it is, since the same arguments give the same content.
+Files are named after their arguments and written whole; one already there is used as it is.
 """
 
 from __future__ import annotations
@@ -42,9 +41,7 @@ __all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "
 logger = logging.getLogger("bertforge")
 
 SOURCES = ("movie-reviews", "sentiment-tweets", "sentiment-nyt", "sentiment-amazon", "brown-pos")
-"""The built-in fine-tuning data sets of `task_files`."""
 PRETRAINING_SOURCES = ("wikipedia-leads",)
-"""The built-in pre-training text of `pretraining_text` (any other source is a path to a text file)."""
 
 Sentence = tuple[list[str], list[str]]
 
@@ -63,35 +60,30 @@ def task_files(source: str, folder: Path, *, seed: int = 0, dev_share: float = 0
     kind = ".conll" if source == "brown-pos" else ".jsonl"
     stem = f"{source}-seed{seed}-dev{dev_share:g}-train{max_train or 'all'}-dev{max_dev or 'all'}"
     train_file, dev_file = folder / f"{stem}.train{kind}", folder / f"{stem}.dev{kind}"
+    brown = source == "brown-pos"
     if train_file.is_file() and dev_file.is_file():
         logger.info("%s: using the files already written (%s, %s)", source, train_file.name, dev_file.name)
-    elif source == "brown-pos":
-        train, dev = brown_split(seed, dev_share)
-        for path, sentences in ((train_file, _first(train, seed, max_train)), (dev_file, _first(dev, seed, max_dev))):
-            write_conll(path, sentences)
-            logger.info("wrote %s (%d sentences)", path, len(sentences))
     else:
-        (train_x, train_y), (dev_x, dev_y) = _labelled_split(source, seed, dev_share)
-        for path, examples in ((train_file, _first(list(zip(train_x, train_y)), seed, max_train)),
-                               (dev_file, _first(list(zip(dev_x, dev_y)), seed, max_dev))):
-            write_jsonl(path, examples)
-            logger.info("wrote %s (%d examples)", path, len(examples))
+        train, dev = brown_split(seed, dev_share) if brown else _labelled_split(source, seed, dev_share)
+        for path, items, n in ((train_file, train, max_train), (dev_file, dev, max_dev)):
+            items = _first(items, seed, n)
+            (write_conll if brown else write_jsonl)(path, items)
+            logger.info("wrote %s (%d %s)", path, len(items), "sentences" if brown else "examples")
     files = {"train_file": str(train_file), "dev_file": str(dev_file)}
-    if source == "brown-pos":
+    if brown:
         return {"task": "tagging", **files}
     task = "classification" if source == "movie-reviews" else "regression"
     return {"task": task, **files, "text_column": "text", "label_column": "label"}
 
 
-def _labelled_split(source: str, seed: int, dev_share: float
-                    ) -> tuple[tuple[list[str], list[Any]], tuple[list[str], list[Any]]]:
-    """((train texts, labels), (dev texts, labels)) of a sentence-level source, split as
+def _labelled_split(source: str, seed: int, dev_share: float) -> list[list[tuple[str, Any]]]:
+    """[train, dev] ``(text, label)`` examples of a sentence-level source, split as
     `bertforge.resources.movie_review_split` splits the movie reviews."""
     if source == "movie-reviews":
-        return resources.movie_review_split(seed, dev_share)
+        return [list(zip(texts, labels)) for texts, labels in resources.movie_review_split(seed, dev_share)]
     texts, scores = resources.sentiment_intensity(source.removeprefix("sentiment-"))
     dev, train = _split_order(len(texts), seed, dev_share)
-    return ([texts[i] for i in train], [scores[i] for i in train]), ([texts[i] for i in dev], [scores[i] for i in dev])
+    return [[(texts[i], scores[i]) for i in part] for part in (train, dev)]
 
 
 def _split_order(n: int, seed: int, dev_share: float) -> tuple[np.ndarray, np.ndarray]:
@@ -118,16 +110,14 @@ def _first(items: Sequence[Any], seed: int, n: int) -> list[Any]:
 
 
 def write_jsonl(path: Path, examples: Sequence[tuple[str, Any]]) -> None:
-    """``(text, label)`` examples as JSON Lines ``{"text", "label"}`` (atomically), as classification and
-    regression fine-tuning read them with ``text_column text``, ``label_column label``."""
+    """``(text, label)`` examples as JSON Lines ``{"text", "label"}``, as classification and regression read them."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for text, label in examples:
             f.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
 
 
 def write_conll(path: Path, sentences: Sequence[Sentence]) -> None:
-    """``(words, tags)`` sentences as CoNLL columns, a blank line after each (atomically), as tagging reads
-    them."""
+    """``(words, tags)`` sentences as CoNLL columns, a blank line after each, as tagging reads them."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for words, tags in sentences:
             f.write("".join(f"{word} {tag}\n" for word, tag in zip(words, tags)) + "\n")

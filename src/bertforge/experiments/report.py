@@ -1,19 +1,15 @@
 """A study's report in the paper's layout: one row per variant, one column per task, the mean over
 seeds and its 95% interval; each row's difference from the baseline row, paired by seed; the
-pre-training each row had; the plots (``scores.png``, and ``figure.png``: score against pre-training
-steps, the paper's Figure 5).
+pre-training each row had; the plots (``scores.png``, and ``figure.png``: the paper's Figure 5).
 
-Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), as the mean over seeds and
-its 95% Student t interval (`bertforge.stats.mean_interval`); a cell with fewer finished seeds than
-the study's says how many. The baseline is the study's first row, as the paper's tables read (BERT
-first). A row is compared with it seed by seed, over the seeds both rows finished: the same seed gives
-both the same data order (and the same initial weights of a head they share), so the paired
-difference (`bertforge.stats.paired_difference`) drops what the seeds share. It is called resolved
-only where its interval excludes 0.
+Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), with their 95% Student t
+interval (`bertforge.stats`). The baseline is the study's first row (BERT first, as the paper's tables
+read). A row is compared with it seed by seed, over the seeds both rows finished: the same seed gives
+both the same data order (and head initialisation), so the paired difference drops what the seeds share;
+it is resolved only where its interval excludes 0.
 
 A study's ``orderings`` (the paper's findings, "A > B") are tested the same way on every task both rows
-have: A minus B, paired by seed; the ordering *holds* where the interval lies above 0, is *reversed*
-where it lies below, and is *not resolved* otherwise.
+have: one *holds* where the interval of A minus B lies above 0, is *reversed* below, else *not resolved*.
 """
 
 from __future__ import annotations
@@ -53,26 +49,22 @@ def _cell(by_seed: dict[int, float], seeds: Sequence[int], interval: Interval) -
             "interval": interval.to_json()}
 
 
-def _difference(row: dict[int, float], baseline: dict[int, float], seeds: Sequence[int]) -> tuple[dict[str, Any],
-                                                                                                 Interval]:
+def _difference(row: dict[int, float], baseline: dict[int, float], seeds: Sequence[int]
+                ) -> tuple[dict[str, Any], Interval]:
     """``row`` minus ``baseline`` seed by seed (seed -> score each), over the seeds both scored: as
-    report.json keeps it (the seeds, the differences, the interval of their mean and whether it
-    excludes 0), and the interval."""
+    report.json keeps it, and its interval."""
     both = [s for s in seeds if s in row and s in baseline and not math.isnan(row[s]) and not math.isnan(baseline[s])]
     d = paired_difference([row[s] for s in both], [baseline[s] for s in both])
     return {"seeds": both, "differences": [row[s] - baseline[s] for s in both], "interval": d.to_json(),
             "resolved": d.resolved}, d
 
 
-def _paired(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> dict[tuple[str, str],
-                                                                                tuple[dict[str, Any], Interval]]:
-    """(row, task) -> `_difference` from the baseline row (the study's first), for each later row and
-    each task both rows have."""
+def _compare(study: Any, scores: dict[tuple[str, str], dict[int, float]], pairs: Sequence[tuple[str, str]]
+             ) -> list[tuple[str, str, str, dict[str, Any], Interval]]:
+    """(above, below, task, `_difference`'s entry and interval) for each pair of rows and each task both have."""
     filled = {(v.name, t.name) for v, t in study.cells()}
-    baseline = study.variants[0].name
-    return {(v.name, t.name): _difference(scores[v.name, t.name], scores[baseline, t.name], study.seeds)
-            for v in study.variants[1:] for t in study.tasks
-            if (v.name, t.name) in filled and (baseline, t.name) in filled}
+    return [(a, b, t.name, *_difference(scores[a, t.name], scores[b, t.name], study.seeds))
+            for a, b in pairs for t in study.tasks if (a, t.name) in filled and (b, t.name) in filled]
 
 
 def _verdict(d: Interval) -> str:
@@ -82,50 +74,26 @@ def _verdict(d: Interval) -> str:
     return "holds" if d.mean > 0 else "reversed"
 
 
-def _orderings(study: Any, scores: dict[tuple[str, str], dict[int, float]]) -> list[tuple[dict[str, Any], Interval]]:
-    """For each of the study's orderings (above, below) and each task both rows have: report.json's entry
-    (the rows, the task, `_difference`'s figures and the verdict) and the interval."""
-    filled = {(v.name, t.name) for v, t in study.cells()}
-    out = []
-    for above, below in study.orderings:
-        for t in study.tasks:
-            if (above, t.name) in filled and (below, t.name) in filled:
-                entry, d = _difference(scores[above, t.name], scores[below, t.name], study.seeds)
-                out.append(({"above": above, "below": below, "task": t.name, **entry, "verdict": _verdict(d)}, d))
-    return out
-
-
 def _orderings_table(study: Any, orderings: list[tuple[dict[str, Any], Interval]], seeds: int) -> list[str]:
     """report.md's lines on the paper's orderings: a row per ordering, a column per task (none without any)."""
     if not orderings:
         return []
-    found = {(e["above"], e["below"], e["task"]): (e, d) for e, d in orderings}
-
-    def cell(a: str, b: str, task: str) -> str:
-        if (a, b, task) not in found or not found[a, b, task][1].n:
-            return "—"
-        entry, d = found[a, b, task]
-        return f"{_fmt(d, seeds, signed=True)} {entry['verdict']}"
-
+    found = {(e["above"], e["below"], e["task"]): _fmt(d, seeds, e["verdict"]) for e, d in orderings}
     return ["", "The paper's orderings at this scale: the upper row minus the lower on the same seed, x 100, the "
                 f"mean and its {CONFIDENCE:.0%} interval; *holds* where the interval lies above 0, *reversed* where "
                 "below:", "",
             *_table(["paper", *(t.name for t in study.tasks)],
-                    [[f"{a} > {b}", *(cell(a, b, t.name) for t in study.tasks)] for a, b in study.orderings])]
+                    [[f"{a} > {b}", *(found.get((a, b, t.name), "—") for t in study.tasks)]
+                     for a, b in study.orderings])]
 
 
-def _fmt(i: Interval, seeds: int, signed: bool = False) -> str:
-    """``"84.3 [82.1, 86.5]"`` (x 100), and how many seeds where fewer than the study's."""
+def _fmt(i: Interval, seeds: int, verdict: str = "") -> str:
+    """``"84.3 [82.1, 86.5]"`` (x 100) and how many seeds where fewer than the study's; with a paired
+    difference's ``verdict``, signed: ``"+2.7 [+1.2, +4.1] resolved"``."""
     if not i.n:
         return "—"
-    return i.format(signed=signed) + (f" (n={i.n})" if i.n < seeds else "")
-
-
-def _fmt_difference(d: Interval, seeds: int) -> str:
-    """``"+2.7 [+1.2, +4.1] resolved"``: a paired difference x 100 and whether its interval excludes 0."""
-    if not d.n:
-        return "—"
-    return f"{_fmt(d, seeds, signed=True)} {'resolved' if d.resolved else 'not resolved'}"
+    text = i.format(signed=bool(verdict)) + (f" (n={i.n})" if i.n < seeds else "")
+    return f"{text} {verdict}" if verdict else text
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -163,20 +131,21 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     folder = StudyFolder(out)
     cells, figure_cells = study_cells(study, cells, figure_cells)
     seeds = len(study.seeds)
-    wanted = set(study.seeds)
-    grid: dict[tuple[str, str], list[Any]] = {}
+    scores: dict[tuple[str, str], dict[int, float]] = {(v.name, t.name): {} for v in study.variants
+                                                       for t in study.tasks}  # seed -> score
     for c in cells:
-        grid.setdefault((c.variant, c.task), []).append(c)
-    scores = {(v.name, t.name): {c.seed: c.value for c in grid.get((v.name, t.name), [])}
-              for v in study.variants for t in study.tasks}  # seed -> score
+        scores[c.variant, c.task][c.seed] = c.value
     intervals = {key: mean_interval(list(by_seed.values())) for key, by_seed in scores.items()}
     table = {v.name: {t.name: _cell(scores[v.name, t.name], study.seeds, intervals[v.name, t.name])
                       for t in study.tasks} for v in study.variants}
     baseline = study.variants[0].name
-    paired = _paired(study, scores)
+    paired: dict[tuple[str, str], Interval] = {}
     differences: dict[str, dict[str, dict[str, Any]]] = {}
-    for (row, task), (entry, _) in paired.items():
+    for row, _, task, entry, d in _compare(study, scores, [(v.name, baseline) for v in study.variants[1:]]):
+        paired[row, task] = d
         differences.setdefault(row, {})[task] = entry
+    orderings = [({"above": a, "below": b, "task": task, **entry, "verdict": _verdict(d)}, d)
+                 for a, b, task, entry, d in _compare(study, scores, study.orderings)]
     metric = {t.name: t.metric or next((c.metric for c in cells if c.task == t.name and c.metric), "score")
               for t in study.tasks}
     machine = _machine()
@@ -198,10 +167,9 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
         lines += ["", f"Difference from {baseline}, paired by seed: each row's score minus {baseline}'s on the "
                       f"same seed (the seeds both rows finished), x 100, the mean and its {CONFIDENCE:.0%} interval; "
                       "resolved where the interval excludes 0:", ""]
-        lines += _table(header, [[v.name, *(_fmt_difference(paired[v.name, t.name][1], seeds)
-                                            if (v.name, t.name) in paired else "—" for t in study.tasks)]
+        lines += _table(header, [[v.name, *(_fmt(d, seeds, "resolved" if d.resolved else "not resolved")
+                                            if (d := paired.get((v.name, t.name))) else "—" for t in study.tasks)]
                                  for v in study.variants[1:]])
-    orderings = _orderings(study, scores)
     lines += _orderings_table(study, orderings, seeds)
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]
@@ -211,9 +179,8 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
     if study.figure and figure_cells:
         lines += [f"Fine-tuning score on {study.figure.task} against pre-training steps (the paper's Figure 5):", "",
                   "![figure](figure.png)", ""]
-    lines += ["## Pre-training", "", *_pretraining_table(study, pretraining)]
-    lines += ["", "## Tasks", ""]
-    lines += _table(["", "data", "recipe"], [[t.name, _task_data(t), _recipe(t, study)] for t in study.tasks])
+    lines += ["## Pre-training", "", *_pretraining_table(study, pretraining), "", "## Tasks", "",
+              *_table(["", "data", "recipe"], [[t.name, _task_data(t), _recipe(t)] for t in study.tasks])]
     changed = [v for v in study.variants if v.finetune or v.tasks]
     if changed:
         lines += ["", "Rows that change the fine-tuning or leave out tasks: " + "; ".join(
@@ -221,8 +188,8 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
             for v in changed) + "."]
     lines.append("")
 
-    figure = _figure_points(figure_cells, wanted)
-    _plot_scores(study, grid, metric, folder.scores_plot)
+    figure = _figure_points(figure_cells)
+    _plot_scores(study, scores, metric, folder.scores_plot)
     if figure:
         _plot_figure(study, figure, metric[study.figure.task], folder.figure_plot)
     data = {"study": study.name, "file": str(study.path), "machine": machine, "seeds": list(study.seeds),
@@ -241,14 +208,11 @@ def _pretraining_table(study: Any, pretraining: dict[str, dict[str, Any]]) -> li
     rows = []
     for v in study.variants:
         r = pretraining.get(v.name)
-        if v.checkpoint:
-            rows.append([v.name, f"checkpoint `{v.checkpoint}`", "", "", "", ""])
-        elif r is None:
-            rows.append([v.name, "not run yet", "", "", "", ""])
+        if v.checkpoint or r is None:
+            rows.append([v.name, f"checkpoint `{v.checkpoint}`" if v.checkpoint else "not run yet", "", "", "", ""])
         else:
-            held = _held_out(r.get("eval_metrics", {}))
             rows.append([v.name, r["objective"], r.get("model_description", ""), f"{r['steps']:,} × {r['batch_size']}",
-                         held, f"{r['minutes']:.1f}"])
+                         _held_out(r.get("eval_metrics", {})), f"{r['minutes']:.1f}"])
     return _table(["", "objective", "model", "steps × batch", "held-out accuracy x 100 (perplexity)", "minutes"], rows)
 
 
@@ -273,12 +237,10 @@ def _command_name(study: Any) -> str:
     return study.path.stem if bundled_studies().get(study.path.stem) == study.path else str(study.path)
 
 
-def _value(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
 def _settings(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {_value(v)}" for k, v in settings.items()) or "the study's settings"
+    """"lr 0.001, bilstm true", or "the study's settings" for none."""
+    return (", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())
+            or "the study's settings")
 
 
 def _task_data(t: Any) -> str:
@@ -289,43 +251,50 @@ def _task_data(t: Any) -> str:
            f"{Path(str(t.settings.get('dev_file'))).name}"
 
 
-def _recipe(t: Any, study: Any) -> str:
+def _recipe(t: Any) -> str:
     from bertforge.tasks.finetune import FinetuneConfig
 
     keys = ["epochs", "lr", "batch_size", "max_seq_length", "features", "bilstm"]
     if t.settings.get("features") or t.settings.get("bilstm"):
         keys.append("bilstm_size")
     shown = {k: t.settings.get(k, getattr(FinetuneConfig, k)) for k in keys}
-    return ", ".join(f"{k} {_value(v)}" for k, v in shown.items() if v not in ("", False, 0) or k in keys[:4])
+    return _settings({k: v for k, v in shown.items() if v not in ("", False, 0) or k in keys[:4]})
 
 
-def _figure_points(cells: Sequence[Any], seeds: set[int]) -> dict[str, dict[int, list[float]]]:
+def _figure_points(cells: Sequence[Any]) -> dict[str, dict[int, list[float]]]:
     points: dict[str, dict[int, list[float]]] = {}
     for c in cells:
-        if c.seed in seeds and c.pretrain_step is not None:
+        if c.pretrain_step is not None:
             points.setdefault(c.variant, {}).setdefault(c.pretrain_step, []).append(c.value)
     return points
 
 
+def _new_figure(size: tuple[float, float]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
 
 
-def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dict[str, str], path: Path) -> None:
+def _plot_scores(study: Any, scores: dict[tuple[str, str], dict[int, float]], metric: dict[str, str],
+                 path: Path) -> None:
     """One panel per task: each variant's seeds as dots, their mean as a tick, its 95% interval as a line."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     n = len(study.tasks)
-    fig = Figure(figsize=(max(4.0, 3.2 * n), 3.2 + 0.15 * len(study.variants)))
-    FigureCanvasAgg(fig)
+    fig = _new_figure((max(4.0, 3.2 * n), 3.2 + 0.15 * len(study.variants)))
     names = [v.name for v in study.variants]
     for k, t in enumerate(study.tasks):
         ax = fig.add_subplot(1, n, k + 1)
         shown = []  # every seed's score and interval end, for the panel's limits
         for i, name in enumerate(names):
-            values = [100 * c.value for c in grid.get((name, t.name), []) if not math.isnan(c.value)]
+            values = [100 * v for v in scores[name, t.name].values() if not math.isnan(v)]
             if values:
                 interval = mean_interval(values)
                 ax.plot([interval.mean, interval.mean], [i - 0.3, i + 0.3], color="tab:blue", linewidth=2.5)
@@ -343,22 +312,15 @@ def _plot_scores(study: Any, grid: dict[tuple[str, str], list[Any]], metric: dic
         ax.set_title(f"{t.name} ({metric[t.name]} x 100)", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(study.title or study.name, fontsize=10)
-    fig.tight_layout()
     _save(fig, path)
 
 
 def _plot_figure(study: Any, points: dict[str, dict[int, list[float]]], metric: str, path: Path) -> None:
     """Score against pre-training steps: a line through the seeds' means per variant, a band over their range."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.5, 4.2))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = _new_figure((6.5, 4.2)).add_subplot()
     for name, by_step in points.items():
         steps = sorted(by_step)
-        means = [100 * statistics.fmean(by_step[s]) for s in steps]
-        (line,) = ax.plot(steps, means, marker="o", label=name)
+        (line,) = ax.plot(steps, [100 * statistics.fmean(by_step[s]) for s in steps], marker="o", label=name)
         ax.fill_between(steps, [100 * min(by_step[s]) for s in steps], [100 * max(by_step[s]) for s in steps],
                         color=line.get_color(), alpha=0.15, linewidth=0)
     ax.set_xlabel("pre-training steps")
@@ -366,5 +328,4 @@ def _plot_figure(study: Any, points: dict[str, dict[int, list[float]]], metric: 
     ax.set_title(f"{study.name}: {study.figure.task} after fine-tuning, against pre-training steps", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    _save(fig, path)
+    _save(ax.figure, path)

@@ -11,14 +11,12 @@ Everything lands in one folder (``--out``)::
     report.md, report.json, scores.png, figure.png
 
 Every folder records the settings it was made with (``study_settings.json``): a rerun skips what is
-finished, resumes what was interrupted (from its last checkpoint), and refuses a folder made with other
-settings rather than mixing results. Ctrl-C stops at the next step boundary with a checkpoint saved.
+finished, resumes what was interrupted, and refuses a folder made with other settings rather than
+mixing results. Ctrl-C stops at the next step boundary with a checkpoint saved.
 
-Nothing runs until the whole study is checked: the file's settings when it loads (`load_study`), then
-what it needs of this machine and its files (`check_study`: devices, precisions, files, each run's
-config as built here, models against lengths), each cell once its built-in data is written, and every
-task file's rows once the vocab is ready, before any pre-training data is prepared. A pre-training's
-``minutes`` add up every process that worked on it (``minutes.json`` in its folder), across resumes.
+Nothing runs until the whole study is checked: its settings when it loads, what it needs of this
+machine and its files (`check_study`), each cell once its built-in data is written, and every task
+file's rows once the vocab is ready, all before any pre-training data is prepared.
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ def flag_seeds(text: str) -> tuple[int, ...]:
     if any(s < 0 for s in seeds):
         raise ValueError(f"--seeds: expected comma-separated integers >= 0, got {text!r}")
     for seed in seeds:  # each one a fine-tuning's seed
-        problem = out_of_range(FinetuneConfig, "seed", seed)
-        if problem:
+        if problem := out_of_range(FinetuneConfig, "seed", seed):
             raise ValueError(f"--seeds: {problem}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds: repeated seeds in {list(seeds)}")
@@ -156,9 +153,7 @@ def _differences(before: Any, now: Any, where: str = "") -> list[str]:
     if isinstance(before, dict) and isinstance(now, dict):
         return [d for k in sorted(set(before) | set(now), key=str)
                 for d in _differences(before.get(k), now.get(k), f"{where}.{k}" if where else str(k))]
-    if before == now:
-        return []
-    return [f"{where} {json.dumps(before)}, now {json.dumps(now)}"]
+    return [] if before == now else [f"{where} {json.dumps(before)}, now {json.dumps(now)}"]
 
 
 # ---------------------------------------------------------------------------- the study's inputs
@@ -168,23 +163,19 @@ class _Inputs:
     corpus: Path
     held_out: Path | None
     corpus_format: str
-    """"text" for the built-in text (a document a paragraph); else the study's own, or prepare's auto-detection."""
+    """"text" for the built-in text (a document a paragraph), else "auto" (prepare's detection)."""
     tasks: dict[str, dict[str, Any]]
-    """Task name -> its FinetuneConfig settings with the files."""
 
 
 def _task_inputs(study: Study, out: StudyFolder) -> dict[str, dict[str, Any]]:
-    """Task name -> its FinetuneConfig settings with the files; the built-in data's files are written
-    once, and reused by a rerun."""
+    """Task name -> its FinetuneConfig settings with the files (the built-in data's written once)."""
     from bertforge.experiments.datasets import task_files
 
-    tasks = {}
+    tasks = {t.name: dict(t.settings) for t in study.tasks}
     for t in study.tasks:
-        settings = dict(t.settings)
         if t.source:
-            settings.update(task_files(t.source, out.data, seed=t.split_seed, max_train=t.max_train,
-                                       max_dev=t.max_dev))
-        tasks[t.name] = settings
+            tasks[t.name].update(task_files(t.source, out.data, seed=t.split_seed, max_train=t.max_train,
+                                            max_dev=t.max_dev))
     return tasks
 
 
@@ -218,10 +209,6 @@ class _Pretraining:
     variants: list[str]
     figure: bool
 
-    @property
-    def key(self) -> dict[str, Any]:
-        return {"prepare": self.prepare, "pretrain": self.pretrain}
-
 
 def _pretrainings(study: Study) -> dict[str, _Pretraining]:
     """Variant name -> its pre-training; variants with the same data and settings share one."""
@@ -234,9 +221,7 @@ def _pretrainings(study: Study) -> dict[str, _Pretraining]:
         prep = {**study.pretraining.prepare, **v.prepare}
         pre = {**study.pretraining.pretrain, **v.pretrain}
         key = settings_key({"prepare": prep, "pretrain": pre})
-        if key not in by_key:
-            by_key[key] = _Pretraining(slug(v.name), prep, pre, [], False)
-        run = by_key[key]
+        run = by_key.setdefault(key, _Pretraining(slug(v.name), prep, pre, [], False))
         run.variants.append(v.name)
         run.figure |= v.name in figure
         runs[v.name] = run
@@ -247,13 +232,14 @@ def _prepared(run: _Pretraining, inputs: _Inputs, out: StudyFolder, workers: int
     """The run's pre-training shards (and held-out shards), prepared once per distinct prepare setting."""
     from bertforge.data.prepare import PrepareConfig, prepare
 
-    folder = out.prepared(f"data-{_short_hash(run.prepare)}")
+    folder = out.prepared(f"data-{hashlib.sha256(settings_key(run.prepare).encode()).hexdigest()[:10]}")
     _claim(folder, {"prepare": run.prepare, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)},
            "prepared data")
     train, held = folder / "train", folder / "held-out"
     settings = {"format": inputs.corpus_format, **run.prepare}
     if not (train / "manifest.json").is_file():
-        logger.info(f"ablate: preparing pre-training data ({_describe(run.prepare) or 'the defaults'})")
+        described = ", ".join(f"{k} {v}" for k, v in run.prepare.items()) or "the defaults"
+        logger.info(f"ablate: preparing pre-training data ({described})")
         prepare([inputs.corpus], train, inputs.vocab, PrepareConfig(**settings), workers=workers, progress=False)
     if inputs.held_out is None:
         return train, None
@@ -263,18 +249,8 @@ def _prepared(run: _Pretraining, inputs: _Inputs, out: StudyFolder, workers: int
     return train, held
 
 
-def _short_hash(settings: dict[str, Any]) -> str:
-    """A short name for a settings mapping (folders of prepared data are named by their settings)."""
-    return hashlib.sha256(settings_key(settings).encode()).hexdigest()[:10]
-
-
-def _describe(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in settings.items())
-
-
 def _model_file(model: Any, folder: Path, vocab: Path) -> str:
-    """``model`` as PretrainConfig takes it: a mapping of BertConfig fields becomes a config.json
-    (with the size of ``vocab``)."""
+    """``model`` as PretrainConfig takes it: a mapping of BertConfig fields becomes a config.json."""
     if not isinstance(model, dict):
         return model
     from bertforge.model.config import BertConfig
@@ -309,16 +285,11 @@ def _pretrain_config(study: Study, run: _Pretraining, cfg: AblateConfig, model: 
     and ``owned`` (`_pretrain_owned`)."""
     from bertforge.train.pretrain import PretrainConfig
 
-    settings = {**run.pretrain, "model": model}
-    steps = settings.get("max_steps", PretrainConfig.max_steps)
+    steps = run.pretrain.get("max_steps", PretrainConfig.max_steps)
+    settings = {"checkpoint_every": max(1, steps // 4), "keep_checkpoints": 1, "precision": cfg.precision,
+                "device": cfg.device, "log_every": max(1, steps // 100), **run.pretrain, "model": model}
     if run.figure:  # the checkpoints Figure 5 fine-tunes from, all kept (a study cannot set these for them)
         settings.update(checkpoint_every=study.figure.every, keep_checkpoints=0)
-    else:
-        settings.setdefault("checkpoint_every", max(1, steps // 4))
-        settings.setdefault("keep_checkpoints", 1)
-    settings.setdefault("precision", cfg.precision)
-    settings.setdefault("device", cfg.device)
-    settings.setdefault("log_every", max(1, steps // 100))
     if held_out:
         settings.setdefault("eval_every", max(1, steps // 5))
     return pretrain_config(settings, **owned)
@@ -346,21 +317,22 @@ def _training_minutes(run_dir: Path) -> float:
 
 def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes (every process's,
-    added up across resumes), held-out metrics."""
+    across resumes), held-out metrics."""
     from bertforge.data.prepare import load_manifest
     from bertforge.train.pretrain import pretrain
 
     folder = out.pretraining(run.name)
     done = folder / DONE_FILE
-    _claim(folder, {**run.key, "corpus": str(inputs.corpus), "vocab": str(inputs.vocab)}, "pre-training")
+    _claim(folder, {"prepare": run.prepare, "pretrain": run.pretrain, "corpus": str(inputs.corpus),
+                    "vocab": str(inputs.vocab)}, "pre-training")
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
     data, held = _prepared(run, inputs, out, cfg.workers or min(2, os.cpu_count() or 1))
     model = _model(run.pretrain)
     run_dir = out.pretraining_run(run.name)
-    resume = latest_checkpoint(run_dir) is not None
     pcfg = _pretrain_config(study, run, cfg, _model_file(model, folder, inputs.vocab), held is not None,
-                            _pretrain_owned(str(data), str(held or ""), str(inputs.vocab), str(run_dir), resume))
+                            _pretrain_owned(str(data), str(held or ""), str(inputs.vocab), str(run_dir),
+                                            latest_checkpoint(run_dir) is not None))
     what = "resuming" if pcfg.resume else "pre-training"
     if isinstance(model, dict):
         model = f"L{model.get('num_hidden_layers')} H{model.get('hidden_size')} A{model.get('num_attention_heads')}"
@@ -379,14 +351,13 @@ def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: StudyFolder
             atomic_write_text(folder / MINUTES_FILE, json.dumps({"minutes": spent}) + "\n")
     if result.stopped_early:
         raise KeyboardInterrupt(f"pre-training stopped at step {result.step}; rerun the study to resume it")
-    record = {"variants": run.variants, "steps": result.step, "batch_size": pcfg.batch_size,
-              "objective": objective,
+    record = {"variants": run.variants, "steps": result.step, "batch_size": pcfg.batch_size, "objective": objective,
               "minutes": max(spent, _training_minutes(run_dir)), "eval_metrics": result.eval_metrics,
               "final_metrics": result.final_metrics, "model": str(run_dir / "model"),
               "model_description": _model_description(run_dir / "model")}
     atomic_write_text(done, json.dumps(record, indent=1) + "\n")
-    ev = result.eval_metrics
-    held_text = ", ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.endswith("accuracy")) or "no held-out data"
+    held_text = (", ".join(f"{k} {v:.3f}" for k, v in result.eval_metrics.items() if k.endswith("accuracy"))
+                 or "no held-out data")
     logger.info(f"ablate:   {result.step:,} steps in {record['minutes']:.1f} min; held-out {held_text}")
     return record
 
@@ -405,12 +376,8 @@ def _model_description(folder: Path) -> str:
 
 def read_pretraining(study: Study, out: Path) -> dict[str, dict[str, Any]]:
     """Variant name -> its finished pre-training's ``done.json`` (variants not yet pre-trained are left out)."""
-    found = {}
-    for name, run in _pretrainings(study).items():
-        done = StudyFolder(out).pretraining(run.name) / DONE_FILE
-        if done.is_file():
-            found[name] = json.loads(done.read_text(encoding="utf-8"))
-    return found
+    done = {name: StudyFolder(out).pretraining(run.name) / DONE_FILE for name, run in _pretrainings(study).items()}
+    return {name: json.loads(path.read_text(encoding="utf-8")) for name, path in done.items() if path.is_file()}
 
 
 # ---------------------------------------------------------------------------- fine-tuning cells
@@ -439,8 +406,8 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
     _claim(folder, {"start": str(start), "seed": seed, "finetune": settings, "metric": task.metric}, "fine-tuning")
     if done.is_file():
         return Cell(**json.loads(done.read_text(encoding="utf-8")))
-    resume = latest_checkpoint(folder) is not None
-    fcfg = _cell_config(settings, cfg, _finetune_owned(task, str(start), str(folder), seed, resume))
+    fcfg = _cell_config(settings, cfg, _finetune_owned(task, str(start), str(folder), seed,
+                                                       latest_checkpoint(folder) is not None))
     t0 = time.perf_counter()
     with errors_only():
         result = finetune(fcfg)
@@ -462,31 +429,23 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
 def read_cells(out: Path, study: Study | None = None) -> tuple[list[Cell], list[Cell]]:
     """The finished cells of a study folder: (the table's, the figure's). With ``study``, only those of its
     rows, columns and seeds as it stands (a folder keeps the cells of rows, columns or seeds since removed)."""
-    def read(files: list[Path]) -> list[Cell]:
-        return [Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in files]
-
     folder = StudyFolder(out)
-    cells, figure = read(folder.cell_files(CELL_FILE)), read(folder.figure_cell_files(CELL_FILE))
+    cells, figure = ([Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in files]
+                     for files in (folder.cell_files(CELL_FILE), folder.figure_cell_files(CELL_FILE)))
     return (cells, figure) if study is None else study_cells(study, cells, figure)
 
 
 # ---------------------------------------------------------------------------- checks before any work
 def check_study(study: Study, cfg: AblateConfig) -> None:
     """What running ``study`` with ``cfg`` needs of this machine and of the files it names, checked before
-    any work (its own settings were checked when it was loaded): the device and precision of every run,
-    the files and folders it names, each pre-training's config as the runner builds it, each pre-trained
-    model's positions against its data's length, and each cell's settings on a task given by files. The
-    cells of built-in data follow once its files are written (`_check_cells`), and the task files' rows
-    once the vocab is ready (`_check_task_files`): both before any pre-training data is prepared."""
+    any work: every run's device and precision, the files and folders, each pre-training's config and
+    model against its data's length, and each cell on a task given by files (those of built-in data
+    follow once it is written: `_check_cells`)."""
     from bertforge.data.prepare import PrepareConfig
     from bertforge.experiments.datasets import PRETRAINING_SOURCES
     from bertforge.tasks.base import split_files
 
-    try:
-        check_device(cfg.device, here=True)
-    except ValueError as e:
-        raise ValueError(f"--device: {e}") from None
-    _check_precision(study, cfg.precision, cfg.device, "--precision")
+    _check_run_device(study, cfg, {})
     pre = study.pretraining
     if pre.corpus not in PRETRAINING_SOURCES and not Path(pre.corpus).is_file():
         raise study.error("pretraining.corpus", f"no such file: {pre.corpus} (or the built-in text: "
@@ -525,33 +484,27 @@ def check_study(study: Study, cfg: AblateConfig) -> None:
     _check_cells(study, {t.name: t.settings for t in study.tasks if not t.source}, cfg)
 
 
-def _fail(study: Study, where: str, message: str) -> ValueError:
-    """An error about a flag (``where`` "--device") or a field of the study file."""
-    return ValueError(f"{where}: {message}") if where.startswith("--") else study.error(where, message)
-
-
-def _check_precision(study: Study, precision: str, device: str, where: str) -> None:
-    """fp16 (its gradient scaler) needs a CUDA device; the other precisions run anywhere."""
+def _check_run_device(study: Study, cfg: AblateConfig, settings: dict[str, Any], origin: Any = None) -> None:
+    """A run's device (its settings', else --device) on this machine, and fp16 only on CUDA (its gradient
+    scaler); ``origin(key)`` names the study field a key of ``settings`` comes from."""
     from bertforge.train.distributed import resolve_device
 
+    device = settings.get("device", cfg.device)
+    where = origin("device") if "device" in settings else "--device"
+    try:
+        check_device(device, here=True)
+    except ValueError as e:
+        raise _fail(study, where, str(e)) from None
     kind = resolve_device(device).type
-    if precision == "fp16" and kind != "cuda":
+    if settings.get("precision", cfg.precision) == "fp16" and kind != "cuda":
+        where = origin("precision") if "precision" in settings else where if "device" in settings else "--precision"
         raise _fail(study, where, f"fp16 needs a CUDA device (its gradient scaler), and the runs go on {kind}; "
                                   "use bf16, fp32 or auto")
 
 
-def _check_run_device(study: Study, cfg: AblateConfig, settings: dict[str, Any], origin: Any) -> None:
-    """A run's device (its settings', else --device) on this machine, and its precision on that device;
-    ``origin(key)`` names the field a setting of ``settings`` comes from."""
-    device = settings.get("device", cfg.device)
-    if "device" in settings:
-        try:
-            check_device(device, here=True)
-        except ValueError as e:
-            raise study.error(origin("device"), str(e)) from None
-    precision = settings.get("precision", cfg.precision)
-    _check_precision(study, precision, device, origin("precision") if "precision" in settings
-                     else origin("device") if "device" in settings else "--precision")
+def _fail(study: Study, where: str, message: str) -> ValueError:
+    """An error about a flag (``where`` "--device") or a field of the study file."""
+    return ValueError(f"{where}: {message}") if where.startswith("--") else study.error(where, message)
 
 
 def _encoder_config(study: Study, variant: Variant) -> Any:
@@ -560,20 +513,17 @@ def _encoder_config(study: Study, variant: Variant) -> Any:
     from bertforge.model.config import BertConfig
 
     settings = {**study.pretraining.pretrain, **variant.pretrain}
-    if variant.checkpoint:
-        source, where = variant.checkpoint, f"{study.field(variant)}.checkpoint"
-    elif settings.get("init_from"):
-        source, where = settings["init_from"], f"{study.field(variant)}.pretrain.init_from"
-    else:
-        source, where = _model(settings), f"{study.field(variant)}.pretrain.model"
+    source = variant.checkpoint or settings.get("init_from") or _model(settings)
+    key = ("checkpoint" if variant.checkpoint else "pretrain.init_from" if settings.get("init_from")
+           else "pretrain.model")
     try:
         if isinstance(source, dict):
             return BertConfig.from_dict({"vocab_size": 100, **source})
-        if source.endswith(".json") or Path(source).is_dir() or variant.checkpoint or settings.get("init_from"):
+        if source.endswith(".json") or Path(source).is_dir() or key != "pretrain.model":
             return BertConfig.load(source)
         return BertConfig.preset(source)
     except (OSError, ValueError) as e:
-        raise study.error(where, f"cannot read the model's config ({e})") from None
+        raise study.error(f"{study.field(variant)}.{key}", f"cannot read the model's config ({e})") from None
 
 
 def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConfig) -> None:
@@ -611,17 +561,15 @@ def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConf
 
 
 def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> None:
-    """Every task file read as its cells' fine-tuning reads it (`bertforge.tasks.finetune.prepare_data`:
-    the task family's reader, each row checked), once per distinct way of reading it; then each cell's
-    batch against the training sequences, and its metric against those its dev files are scored with.
-    The files of a task whose cells are all finished are not read again."""
+    """Every task file read as its cells' fine-tuning reads it (`bertforge.tasks.finetune.prepare_data`),
+    once per distinct way of reading it, unless all its cells are finished; then each cell's batch against
+    the training sequences, and its metric against those its dev files are scored with."""
     from bertforge.tasks.finetune import INPUT_SETTINGS, prepare_data
 
     figure_task = study.figure.task if study.figure else None
     read: dict[str, tuple[int, set[str]]] = {}
     for v, t in study.cells():
-        folders = [out.cell(v.name, t.name, s) / CELL_FILE for s in study.seeds]
-        if t.name != figure_task and all(f.is_file() for f in folders):
+        if t.name != figure_task and all((out.cell(v.name, t.name, s) / CELL_FILE).is_file() for s in study.seeds):
             continue
         settings = {**inputs.tasks[t.name], **v.finetune}
         tokenizer = v.checkpoint or str(inputs.vocab)
@@ -680,23 +628,20 @@ def _reported_metrics(data: Any) -> set[str]:
 
 # ---------------------------------------------------------------------------- the study
 def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Path:
-    """Run every unfinished cell of ``study`` (a study file, a bundled study's name, or a loaded
-    `Study`), then write its report; return the report's path.
-
-    The study holds its folder's lock (`bertforge.train.lock.run_lock`) while it runs: a second run of it
-    into the same ``--out`` is refused at once. ``report_only`` reads finished cells only and takes no lock."""
+    """Run every unfinished cell of ``study`` (a study file, a bundled study's name, or a loaded `Study`)
+    holding its folder's lock (a second run into the same ``--out`` is refused at once), then write its
+    report; return the report's path. ``report_only`` runs nothing and takes no lock."""
     cfg = cfg or AblateConfig()
     study = study if isinstance(study, Study) else load_study(study)
     if cfg.seeds:
         study = dataclasses.replace(study, seeds=flag_seeds(cfg.seeds))
     out = StudyFolder(Path(cfg.out or Path("runs") / "ablate" / study.name))
-    if not cfg.report_only:
-        check_study(study, cfg)  # before any work: what the study file alone could not tell
     if cfg.report_only:
         out.root.mkdir(parents=True, exist_ok=True)
         if (user := folder_user(out.root)) is not None:
             logger.info(f"ablate: {out.root} is in use by {user}: the report holds the cells finished so far")
         return _write_report(study, out)
+    check_study(study, cfg)  # before any work: what the study file alone could not tell
 
     with run_lock(out.root):  # let go of however the study ends
         t0 = time.perf_counter()
@@ -710,23 +655,20 @@ def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Pat
         _check_cells(study, {t.name: tasks[t.name] for t in study.tasks if t.source}, cfg)  # their task now known
         inputs = _inputs(study, out, tasks)
         _check_task_files(study, inputs, out, cfg)  # the last check: then the first pre-training starts
-        pretrained: dict[str, dict[str, Any]] = {}
         done = 0
         for variant in study.variants:
             if variant.checkpoint:
                 start = Path(variant.checkpoint)
             else:
                 run = runs[variant.name]
-                pretrained[variant.name] = _pretrain(study, run, inputs, out, cfg)
+                _pretrain(study, run, inputs, out, cfg)
                 start = out.pretraining_run(run.name) / "model"
-            for v, task in cells:
-                if v is not variant:
-                    continue
+            for task in [t for v, t in cells if v is variant]:
                 for seed in study.seeds:
-                    folder = out.cell(v.name, task.name, seed)
-                    cell = _finetune_cell(folder, start, v, task, seed, inputs, cfg, study.keep_models)
+                    folder = out.cell(variant.name, task.name, seed)
+                    cell = _finetune_cell(folder, start, variant, task, seed, inputs, cfg, study.keep_models)
                     done += 1
-                    logger.info(f"ablate: [{done}/{total}] {v.name} | {task.name} | seed {seed}: {cell.metric} "
+                    logger.info(f"ablate: [{done}/{total}] {variant.name} | {task.name} | seed {seed}: {cell.metric} "
                                 f"{cell.value:.4f} ({cell.seconds:.0f} s)")
             _write_report(study, out)
         if study.figure:
