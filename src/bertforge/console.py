@@ -44,10 +44,8 @@ class _ConsoleHandler(logging.StreamHandler):
 def show_logs(verbose: bool = False, stream: str = "stdout") -> None:
     """Print the ``bertforge`` logger's messages: INFO (DEBUG if ``verbose``) as plain lines on
     ``stream`` ("stdout", or "stderr" for a command whose stdout is data to pipe on), WARNING and above
-    on stderr. Calling it again replaces what an earlier call set.
-
-    The logger stops handing its messages on to the root logger's handlers, which would show each
-    line a second time (``logging.basicConfig`` shows every level it receives)."""
+    on stderr; a second call replaces the first. The messages stop at this logger: the root logger's
+    handlers would show each line a second time."""
     if stream not in ("stdout", "stderr"):
         raise ValueError(f"stream must be stdout or stderr, got {stream!r}")
     logger = logging.getLogger(LOGGER)

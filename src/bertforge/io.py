@@ -1,14 +1,9 @@
-"""Crash-safe writes, one helper for a file and one for a folder: write under a temporary name beside
-the target, fsync, then rename over it.
+"""Crash-safe writes: write under a temporary name beside the target, fsync, then rename over it.
 
-- a file: `atomic_path` (a temporary path for writers that want a file name), with
-  `atomic_write_text` / `atomic_write_bytes` on top of it, and `atomic_write_texts` for files that
-  belong together (all replaced or none);
-- a folder: `atomic_dir` (a temporary sibling folder that takes the target's place whole; a checkpoint,
-  a best model, an unpacked download).
-
-A reader (or a resumed run) sees either the old file or folder or the new one in full, never a torn
-write, whatever kills the writer (exception, SIGKILL, power loss after the fsync).
+A file: `atomic_path` (a temporary path for writers that want a file name), `atomic_write_text`, and
+`atomic_write_texts` for files that belong together (all replaced or none). A folder: `atomic_dir` (a
+checkpoint, a best model, an unpacked download). A reader sees the old file or folder or the new one in
+full, never a torn write, whatever kills the writer (exception, SIGKILL, power loss after the fsync).
 
 A write that fails for want of space is a `NoSpaceError` ("no space left on PATH") naming the file
 or folder being written, however the writer reported it (`no_space`). `append_text` adds to a file
@@ -31,23 +26,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_bytes", "atomic_write_texts", "atomic_dir", "replace_dir",
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_texts", "atomic_dir", "replace_dir",
            "clear_stale", "append_text", "NoSpaceError", "no_space", "open_binary", "read_json_object",
            "COMPRESSED_SUFFIXES", "read_settings_file", "process_alive"]
 
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".lzma")
+_OPENERS: dict[str, Callable[..., IO[bytes]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open,
+                                                   ".lzma": lzma.open}
+COMPRESSED_SUFFIXES = tuple(_OPENERS)
 
 
 def open_binary(path: str | Path) -> IO[bytes]:
     """Open a file for reading bytes, decompressing ``.gz``, ``.bz2``, ``.xz`` / ``.lzma`` on the fly."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if suffix == ".bz2":
-        return bz2.open(path, "rb")  # type: ignore[return-value]
-    if suffix in (".xz", ".lzma"):
-        return lzma.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+    return _OPENERS.get(Path(path).suffix.lower(), open)(path, "rb")
 
 
 class NoSpaceError(OSError):
@@ -67,13 +57,11 @@ def no_space(error: BaseException, target: str | Path, temporary: Path | None = 
     """The `NoSpaceError` naming ``target`` that ``error``, raised while writing ``target``, stands for;
     None when a full disk did not cause it.
 
-    A full disk shows as ENOSPC / EDQUOT anywhere in the error's chain, or in the message of a writer
-    that wraps the OS error in its own (safetensors' SafetensorError). A writer that drops it (torch.save
-    to a file name raises a bare RuntimeError) leaves only the symptom: the target's folder has (almost)
-    no space left; so call this before removing the partial write, which holds the space it took.
+    A full disk shows as ENOSPC / EDQUOT in the error's chain or in the message of a writer that wraps
+    the OS error (safetensors). A writer that drops it (torch.save raises a bare RuntimeError) leaves only
+    the symptom, a folder with (almost) no space left: so call this before removing the partial write.
     OSErrors and ValueErrors give their own reason and are never taken for a full disk that way. A
-    `NoSpaceError` already is kept, unless it names a path inside ``temporary`` (the folder being
-    written under a temporary name), which would mean nothing to the user.
+    `NoSpaceError` is kept, unless it names a path inside ``temporary`` (meaningless to the user).
     """
     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
         return None
@@ -131,12 +119,9 @@ def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path |
 
 @contextlib.contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in ``target``'s folder; on success it replaces ``target`` atomically.
-
-    Use it with writers that want a file name (e.g. ``safetensors.torch.save_file``). On an
-    exception the temporary file is removed and ``target`` is left untouched; a full disk is a
-    `NoSpaceError` naming ``target``.
-    """
+    """Yield a temporary path in ``target``'s folder, for writers that want a file name; on success it
+    replaces ``target`` atomically. On an exception the temporary file is removed and ``target`` is left
+    untouched; a full disk is a `NoSpaceError` naming ``target``."""
     target = Path(target)
     tmp: Path | None = None
 
@@ -192,24 +177,15 @@ def atomic_write_texts(folder: str | Path, files: dict[str, str]) -> None:
                 f.write(text)
 
 
-def atomic_write_bytes(target: str | Path, data: bytes) -> None:
-    """Replace ``target`` with ``data`` atomically."""
-    with atomic_path(target) as tmp:
-        tmp.write_bytes(data)
-
-
 @contextlib.contextmanager
 def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``target``; when the block completes, every file in it
     is fsynced and the folder takes ``target``'s place whole (`replace_dir`).
 
     On an exception the temporary folder is removed and ``target`` is left untouched; a full disk is a
-    `NoSpaceError` naming ``target``, whichever file in it was being written. A writer killed
-    outright leaves it behind as ``.NAME.tmp-PID`` (never mistaken for ``target``); the next write of
-    ``target`` clears it (`clear_stale`). With ``replace=False`` a ``target`` that exists when the block
-    completes wins and the new folder is discarded: for content that any of several processes may
-    fetch at once, where the first complete copy is as good as the next.
-    """
+    `NoSpaceError` naming ``target``. A writer killed outright leaves ``.NAME.tmp-PID`` behind, which the
+    next write of ``target`` clears (`clear_stale`). With ``replace=False`` a ``target`` that exists when
+    the block completes wins (content several processes may fetch at once: the first copy is as good)."""
     target = Path(target)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     with _undone_on_failure(target, lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
@@ -261,11 +237,8 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Put the complete folder ``tmp`` in place of ``final`` (the swap at the end of `atomic_dir`).
-
-    An existing ``final`` is first renamed aside to ``.NAME.old-PID`` and deleted once ``tmp`` is in
-    place, so one of the two is whole at every moment.
-    """
+    """Put the complete folder ``tmp`` in place of ``final``: an existing ``final`` is first renamed aside
+    to ``.NAME.old-PID`` and deleted once ``tmp`` is in place, so one of the two is whole at every moment."""
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
@@ -304,27 +277,19 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is another live process on this machine (this process's own leftovers are stale:
-    it writes one target at a time)."""
-    return pid != os.getpid() and process_alive(pid)
-
-
 def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: True) -> list[Path]:
     """Remove the ``.NAME.tmp-PID`` / ``.NAME.old-PID`` folders a killed `atomic_dir` left in ``folder``,
-    for the targets NAME that ``owns(NAME)`` accepts; return what was removed.
-
-    Only leftovers of processes no longer running on this machine are touched, so a concurrent writer's
-    folder stays. A kill between `replace_dir`'s two renames leaves no ``NAME`` but a whole
-    ``.NAME.old-PID``: that one is put back as ``NAME`` (the previous complete version) rather than removed.
-    """
+    for the targets NAME that ``owns(NAME)`` accepts, and return them. Only leftovers of processes no longer
+    running are touched. A kill between `replace_dir`'s two renames leaves no ``NAME`` but a whole
+    ``.NAME.old-PID``: that one is put back as ``NAME`` (the previous complete version)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     stale: dict[str, list[tuple[str, Path]]] = {}
     for p in folder.iterdir():
         m = _LEFT_OVER.match(p.name)
-        if m and owns(m["name"]) and not _running(int(m["pid"])):
+        # This process's own leftovers are stale too: it writes one target at a time.
+        if m and owns(m["name"]) and (int(m["pid"]) == os.getpid() or not process_alive(int(m["pid"]))):
             stale.setdefault(m["name"], []).append((m["kind"], p))
     removed: list[Path] = []
     for name, found in stale.items():

@@ -25,30 +25,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "accuracy",
-    "f1_binary",
-    "matthews_corrcoef",
-    "pearson",
-    "spearman",
-    "GLUE_METRICS",
-    "glue_metrics",
-    "SCHEMES",
-    "entity_spans",
-    "ner_metrics",
-    "normalize_answer",
-    "squad_exact",
-    "squad_f1",
-    "squad_metrics",
-]
+__all__ = ["accuracy", "f1_binary", "matthews_corrcoef", "pearson", "spearman", "GLUE_METRICS", "glue_metrics",
+           "SCHEMES", "entity_spans", "ner_metrics", "normalize_answer", "squad_exact", "squad_f1", "squad_metrics"]
 
 
-# ----------------------------------------------------------------------------------------------
-# Classification and regression (GLUE)
+# ------------------------------------------------------------------------------ classification and regression (GLUE)
 
-
-def _as_pair(a: Any, b: Any,
-             names: tuple[str, str] = ("predictions", "labels")) -> tuple[np.ndarray, np.ndarray]:
+def _as_pair(a: Any, b: Any, names: tuple[str, str] = ("predictions", "labels")) -> tuple[np.ndarray, np.ndarray]:
     """Two 1-D arrays of the same, non-zero length (lists, numpy arrays and CPU tensors are accepted)."""
     x, y = np.asarray(a), np.asarray(b)
     if x.ndim != 1 or y.ndim != 1:
@@ -67,10 +50,8 @@ def accuracy(preds: Any, labels: Any) -> float:
 
 
 def f1_binary(preds: Any, labels: Any, positive: Any = 1) -> float:
-    """F1 of the `positive` class, 2TP / (2TP + FP + FN), as scikit-learn's `f1_score` (binary).
-
-    0.0 when the positive class is neither predicted nor present (scikit-learn's zero_division).
-    """
+    """F1 of the `positive` class, 2TP / (2TP + FP + FN), as scikit-learn's `f1_score` (binary); 0.0 when
+    the positive class is neither predicted nor present (scikit-learn's zero_division)."""
     p, y = _as_pair(preds, labels)
     tp = int(np.sum((p == positive) & (y == positive)))
     wrong = int(np.sum((p == positive) != (y == positive)))  # FP + FN
@@ -134,18 +115,11 @@ def spearman(x: Any, y: Any) -> float:
 #: transformers' `glue_compute_metrics`). "mnli-m" / "mnli-mm" are MNLI's matched and mismatched
 #: dev/test sets; "ax" is GLUE's diagnostic set, scored with the multi-class Matthews correlation.
 GLUE_METRICS: dict[str, tuple[str, ...]] = {
-    "cola": ("matthews",),
-    "sst2": ("accuracy",),
-    "mrpc": ("accuracy", "f1", "acc_and_f1"),
-    "qqp": ("accuracy", "f1", "acc_and_f1"),
+    "cola": ("matthews",), "sst2": ("accuracy",),
+    "mrpc": ("accuracy", "f1", "acc_and_f1"), "qqp": ("accuracy", "f1", "acc_and_f1"),
     "stsb": ("pearson", "spearman", "corr"),
-    "mnli": ("accuracy",),
-    "mnli-m": ("accuracy",),
-    "mnli-mm": ("accuracy",),
-    "qnli": ("accuracy",),
-    "rte": ("accuracy",),
-    "wnli": ("accuracy",),
-    "ax": ("matthews",),
+    "mnli": ("accuracy",), "mnli-m": ("accuracy",), "mnli-mm": ("accuracy",),
+    "qnli": ("accuracy",), "rte": ("accuracy",), "wnli": ("accuracy",), "ax": ("matthews",),
 }
 
 # Spellings met in the wild, keyed with "-" and "_" removed: "SST-2", "sts_b", "mnli_matched", ...
@@ -171,13 +145,10 @@ def _task_metrics(task: str) -> tuple[str, tuple[str, ...]]:
 
 
 def glue_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:
-    """The metrics GLUE reports for `task` (see `GLUE_METRICS`), as fractions.
-
-    "acc_and_f1" is the mean of accuracy and F1 (MRPC, QQP: F1 of class 1, "equivalent"), "corr"
-    the mean of Pearson and Spearman (STS-B, whose predictions are floats). Case, "-" and "_" do
-    not matter ("SST-2", "sts_b", "MNLI-mm"). Any other task name is scored as classification with
-    accuracy only: macro F1 is left out so the keys never depend on how many classes a batch shows.
-    """
+    """The metrics GLUE reports for `task` (see `GLUE_METRICS`), as fractions. "acc_and_f1" is the mean
+    of accuracy and F1 (of class 1), "corr" the mean of Pearson and Spearman. Case, "-" and "_" do not
+    matter ("SST-2", "sts_b", "MNLI-mm"). Any other task is scored with accuracy only: macro F1 is left
+    out so the keys never depend on how many classes a batch shows."""
     name, names = _task_metrics(task)
     p, y = _as_pair(preds, labels)
     if name != "stsb" and p.dtype.kind == "f" and not np.all(np.mod(p, 1) == 0):
@@ -191,9 +162,7 @@ def glue_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:
     return scores
 
 
-# ----------------------------------------------------------------------------------------------
-# Tagging (conlleval)
-
+# ------------------------------------------------------------------------------ tagging (conlleval)
 #: Tagging scheme -> the tag prefixes it allows besides "O". BIO is IOB2 (every entity opens with
 #: B-); IOB1 uses B- only between two touching entities of one type; BIOES adds E- (end) and S-
 #: (single). conlleval reads all of them with one set of rules, so they differ only in what is valid.
@@ -261,13 +230,10 @@ def _prf(correct: int, predicted: int, true: int) -> tuple[float, float, float]:
 
 def ner_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]],
                 scheme: str = "BIO") -> dict[str, Any]:
-    """Entity-level scores as conlleval computes them, as fractions.
-
-    An entity is right when its type, start and end all match (micro-averaged over every entity of
-    every sequence: "FB1"); "accuracy" is the share of tokens whose whole tag is right. Returns
-    {"precision", "recall", "f1", "accuracy", "support", "per_type": {type: {"precision", "recall",
-    "f1", "support"}}}, where support counts the true entities.
-    """
+    """Entity-level scores as conlleval computes them, as fractions: an entity is right when its type,
+    start and end all match (micro-averaged: "FB1"); "accuracy" is the share of tokens whose whole tag is
+    right. Returns {"precision", "recall", "f1", "accuracy", "support", "per_type": {type: {"precision",
+    "recall", "f1", "support"}}}, where support counts the true entities."""
     if len(true_seqs) != len(pred_seqs):
         raise ValueError(f"{len(true_seqs)} true sequences but {len(pred_seqs)} predicted")
     true_spans: set[tuple[str, int, int, int]] = set()
@@ -294,9 +260,7 @@ def ner_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence
             "support": len(true_spans), "per_type": per_type}
 
 
-# ----------------------------------------------------------------------------------------------
-# Question answering (SQuAD)
-
+# ------------------------------------------------------------------------------ question answering (SQuAD)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only: the official scripts keep "’", "“", "—"
 
@@ -333,10 +297,7 @@ def _token_f1(pred: str, gold: str, version: str) -> float:
     if version == "2.0" and not (pred_tokens and gold_tokens):
         return float(pred_tokens == gold_tokens)
     same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return _prf(same, len(pred_tokens), len(gold_tokens))[2]
 
 
 def squad_exact(pred: str, golds: str | Iterable[str], version: str = "2.0") -> float:
@@ -391,9 +352,8 @@ def _percent(scores: Mapping[str, float], qids: Sequence[str]) -> float:
     return 100.0 * sum(scores.get(q, 0.0) for q in qids) / len(qids)
 
 
-def _best_threshold(raw: Mapping[str, float], predictions: Mapping[str, str],
-                    null_odds: Mapping[str, float], has_answer: Mapping[str, bool],
-                    total: int) -> tuple[float, float]:
+def _best_threshold(raw: Mapping[str, float], predictions: Mapping[str, str], null_odds: Mapping[str, float],
+                    has_answer: Mapping[str, bool], total: int) -> tuple[float, float]:
     """The official v2.0 `find_best_thresh`: start from every question answered null (right on
     exactly the unanswerable ones), then in increasing order of null odds let each keep its answer
     (+score if answerable, -1 if unanswerable and non-empty); return the best running total (percent)
@@ -455,8 +415,7 @@ def squad_metrics(dataset_json_or_examples: Any, predictions: Mapping[str, str],
                 out |= {f"{prefix}_exact": _percent(exact, subset), f"{prefix}_f1": _percent(f1, subset),
                         f"{prefix}_total": len(subset)}
     if null_odds is not None:
-        out["best_exact"], out["best_exact_thresh"] = _best_threshold(exact_raw, predictions, null_odds,
-                                                                      has_answer, len(qids))
-        out["best_f1"], out["best_f1_thresh"] = _best_threshold(f1_raw, predictions, null_odds,
-                                                                has_answer, len(qids))
+        for name, raw in (("exact", exact_raw), ("f1", f1_raw)):
+            out[f"best_{name}"], out[f"best_{name}_thresh"] = _best_threshold(raw, predictions, null_odds,
+                                                                              has_answer, len(qids))
     return out

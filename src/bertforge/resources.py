@@ -29,21 +29,9 @@ from pathlib import Path
 
 from bertforge.io import atomic_dir
 
-__all__ = [
-    "cache_dir",
-    "FetchError",
-    "minilm_folder",
-    "wikipedia_leads_file",
-    "iter_wikipedia_leads",
-    "movie_reviews_file",
-    "movie_reviews",
-    "movie_review_split",
-    "SENTIMENT_SETS",
-    "sentiment_intensity",
-    "brown_corpus_folder",
-    "brown_tagged",
-    "normalise_brown_tag",
-]
+__all__ = ["cache_dir", "FetchError", "minilm_folder", "wikipedia_leads_file", "iter_wikipedia_leads", "movie_reviews",
+           "movie_review_split", "SENTIMENT_SETS", "sentiment_intensity", "brown_corpus_folder", "brown_tagged",
+           "normalise_brown_tag"]
 
 logger = logging.getLogger("bertforge")
 
@@ -65,8 +53,7 @@ VADER_SDIST = _Package("vaderSentiment", "3.3.2")
 
 def cache_dir() -> Path:
     """Where fetched resources live (``$BERTFORGE_CACHE`` or ``~/.cache/bertforge``)."""
-    root = os.environ.get("BERTFORGE_CACHE") or os.path.join(Path.home(), ".cache", "bertforge")
-    return Path(root)
+    return Path(os.environ.get("BERTFORGE_CACHE") or os.path.join(Path.home(), ".cache", "bertforge"))
 
 
 class FetchError(OSError):
@@ -91,8 +78,7 @@ def _installed(pkg: _Package) -> Path:
     done = target / ".complete"
     if done.exists():
         return target
-    # Installed into a temporary sibling that takes the target's name when complete, so an interrupted fetch
-    # never looks complete; when another process (e.g. a parallel test worker) finishes first, its copy stays.
+    # An interrupted fetch never looks complete; when another process finishes first, its copy stays.
     with atomic_dir(target, replace=False) as tmp:
         _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
         (tmp / ".complete").write_text("ok\n")
@@ -145,22 +131,12 @@ def _vader_folder() -> Path:
     return folder
 
 
-def movie_reviews_file() -> Path:
-    """Pang & Lee's movie-review snippets with human valence (TSV: id, score, sentence; CRLF)."""
-    return _vader_folder() / "movieReviewSnippets_GroundTruth.txt"
-
-
 def movie_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
-    """The 10,568 movie-review sentences with a non-zero valence and their polarity (1: positive,
-    0: negative), in file order (DATA.md's task). Errors name the file and line."""
-    path = path or movie_reviews_file()
-    texts: list[str] = []
-    labels: list[int] = []
-    for score, text in _valence_rows(path):
-        if score != 0:
-            texts.append(text.strip())
-            labels.append(1 if score > 0 else 0)
-    return texts, labels
+    """The 10,568 sentences of Pang & Lee's movie-review snippets with a non-zero human valence and their
+    polarity (1: positive, 0: negative), in file order (DATA.md's task). Errors name the file and line."""
+    path = path or _vader_folder() / "movieReviewSnippets_GroundTruth.txt"
+    rows = [(score, text) for score, text in _valence_rows(path) if score != 0]
+    return [text.strip() for _, text in rows], [1 if score > 0 else 0 for score, _ in rows]
 
 
 def movie_review_split(seed: int = 0, dev_share: float = 0.1, path: Path | None = None
@@ -189,27 +165,20 @@ def sentiment_intensity(name: str, path: Path | None = None) -> tuple[list[str],
     regression task in the STS-B sense. ``name``: tweets (4,200), nyt (5,190) or amazon (3,708);
     ``path`` reads another file of the same layout.
 
-    The files are TSV (``id <TAB> mean valence <TAB> text``) with CRLF line ends and no final one.
-    All four pinned files decode as UTF-8 (the NYT and Amazon sets are pure ASCII; the tweets hold a
-    pound sign and an n with tilde), so they are read strictly as UTF-8, a byte that is not being an
-    error naming the line, and split on CRLF or LF alike. The texts were HTML-escaped when collected
-    (``&amp;``, ``&lt;3``, and in the Amazon set twice, ``&amp;#38;``): the character references are
-    resolved, so a model sees ``<3`` and ``&`` as the raters did. Errors name the file and line.
+    The files are TSV (``id <TAB> mean valence <TAB> text``), read strictly as UTF-8 (all four pinned
+    files are), CRLF or LF. The texts were HTML-escaped when collected (``&lt;3``, in the Amazon set
+    twice: ``&amp;#38;``): the references are resolved, so a model sees ``<3`` and ``&`` as the raters
+    did. Errors name the file and line.
     """
     if name not in SENTIMENT_SETS:
         raise ValueError(f"unknown sentiment set {name!r}; choose one of: {', '.join(SENTIMENT_SETS)}")
     path = path or _vader_folder() / SENTIMENT_SETS[name]
-    texts: list[str] = []
-    scores: list[float] = []
-    for score, text in _valence_rows(path):
-        texts.append(_unescape(text).strip())
-        scores.append(score)
-    return texts, scores
+    rows = list(_valence_rows(path))
+    return [_unescape(text).strip() for _, text in rows], [score for score, _ in rows]
 
 
 def _valence_rows(path: Path) -> Iterator[tuple[float, str]]:
-    """(mean valence, text) of each non-blank line of a ``hutto_ICWSM_2014`` file (TSV: id, mean
-    valence, text); errors name the file and line."""
+    """(mean valence, text) of each non-blank line of a ``hutto_ICWSM_2014`` file."""
     for n, line in _utf8_lines(path):
         if not line.strip():
             continue
@@ -270,7 +239,10 @@ def brown_corpus_folder() -> Path:
             data = response.read()
     except OSError as e:  # URLError, a timeout, a dropped connection
         raise FetchError(f"could not fetch {BROWN_URL} ({getattr(e, 'reason', e)}); check the network") from e
-    _check_digests(data, BROWN_URL)
+    sha1 = hashlib.sha1(data).hexdigest()
+    if sha1 != BROWN_SHA1 or base64.b64encode(hashlib.sha512(data).digest()).decode("ascii") != BROWN_SHA512:
+        raise FetchError(f"{BROWN_URL}: the download's digest differs from the pinned one (sha1 {sha1}, "
+                         f"expected {BROWN_SHA1}); not unpacking it")
     with atomic_dir(target, replace=False) as tmp:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.extractall(tmp, filter="data")
@@ -278,14 +250,6 @@ def brown_corpus_folder() -> Path:
     if not (target / ".complete").exists():
         raise FetchError(f"{target} is an incomplete download in the way; remove it")
     return folder
-
-
-def _check_digests(data: bytes, source: str) -> None:
-    sha1 = hashlib.sha1(data).hexdigest()
-    sha512 = base64.b64encode(hashlib.sha512(data).digest()).decode("ascii")
-    if sha1 != BROWN_SHA1 or sha512 != BROWN_SHA512:
-        raise FetchError(f"{source}: the download's digest differs from the pinned one (sha1 {sha1}, "
-                           f"expected {BROWN_SHA1}); not unpacking it")
 
 
 def normalise_brown_tag(tag: str) -> str:
@@ -308,10 +272,9 @@ def brown_tagged(folder: Path | None = None) -> list[tuple[str, list[tuple[list[
     """Every text of the Brown corpus as (file id, sentences), file ids sorted (``ca01`` first), each
     sentence (words, normalised tags: `normalise_brown_tag`).
 
-    The files are ASCII: one sentence per line (indented by a tab in most files), sentences separated
-    by blank lines, each token ``word/tag``. A word may itself hold slashes (``and/or/cc``, ``1/2/cd``,
-    ``//in``), so a token is split at its last one. 57,340 sentences, 1,161,192 tokens. A token with
-    no slash, an empty word or an empty tag is an error naming the file and line.
+    The files hold one sentence per line, each token ``word/tag``; a word may itself hold slashes
+    (``and/or/cc``, ``//in``), so a token is split at its last one. 57,340 sentences, 1,161,192 tokens.
+    A token with no slash, an empty word or an empty tag is an error naming the file and line.
     """
     folder = folder or brown_corpus_folder()
     names = sorted(p.name for p in folder.iterdir() if _BROWN_FILE.fullmatch(p.name))

@@ -16,6 +16,7 @@ is counted in `CorpusStats`, with the first place it happened, for the user to s
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import lzma
@@ -34,11 +35,8 @@ MAX_LINE_CHARS = 1_000_000  # a "line" longer than this is not prose (base64, a 
 
 @dataclass
 class RawDocument:
-    """One document as read: sentences already (Google's format), or prose still to be split.
-
-    Splitting is deferred to ``sentences()`` so that it runs in the worker processes, not in the
-    single process that reads the input.
-    """
+    """One document as read: sentences already (Google's format), or prose still to be split, by
+    ``sentences()``, in the worker processes rather than the single process that reads the input."""
 
     texts: list[str]
     presplit: bool
@@ -64,13 +62,6 @@ class CorpusStats:
     def note(self, kind: str, where: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         self.first_problem.setdefault(kind, where)
-
-    def merge(self, other: "CorpusStats") -> None:
-        for name in ("files", "documents", "characters", "invalid_utf8_lines", "long_lines_skipped",
-                     "empty_documents", "bad_json_records"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for k, v in other.first_problem.items():
-            self.first_problem.setdefault(k, v)
 
 
 def expand_inputs(patterns: Iterable[str | Path]) -> list[Path]:
@@ -123,6 +114,7 @@ def _regex_split(text: str) -> list[str]:
     return [s.strip() for s in _FALLBACK_BOUNDARY.split(text) if s.strip()]
 
 
+@functools.cache
 def _sentence_splitter() -> Callable[[str], list[str]]:
     try:
         import blingfire  # Microsoft's rule-based (finite-state) splitter: fast, no model download
@@ -135,16 +127,10 @@ def _sentence_splitter() -> Callable[[str], list[str]]:
     return split
 
 
-_SPLIT: Callable[[str], list[str]] | None = None
-
-
 def split_sentences(text: str) -> list[str]:
     """Split prose into sentences (blingfire where available, a punctuation rule otherwise)."""
-    global _SPLIT
-    if _SPLIT is None:
-        _SPLIT = _sentence_splitter()
     text = text.strip()
-    return _SPLIT(text) if text else []
+    return _sentence_splitter()(text) if text else []
 
 
 # ------------------------------------------------------------------------------ formats
@@ -206,10 +192,8 @@ def _wiki_json(path: Path, stats: CorpusStats, text_field: str) -> Iterator[RawD
 
 def iter_documents(files: Iterable[str | Path], *, fmt: str = "auto", text_field: str = "text",
                    stats: CorpusStats | None = None) -> Iterator[RawDocument]:
-    """Stream documents from ``files``; problems go into ``stats``.
-
-    Sentences are counted by whoever calls ``sentences()`` (the shard builders, in parallel).
-    """
+    """Stream documents from ``files``; problems go into ``stats``. Sentences are counted by whoever calls
+    ``sentences()`` (the shard builders, in parallel)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; choose from {', '.join(FORMATS)}")
     stats = stats if stats is not None else CorpusStats()

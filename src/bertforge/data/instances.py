@@ -20,12 +20,10 @@ same generator and sequence of calls as the original script: ``randint(a, b)`` i
 ``Generator`` for the masks, which are drawn for many instances at once. A seed fixes the output
 exactly.
 
-Columnar, for speed. A `DocumentPool` holds the documents as one flat token array plus sentence
-boundaries; the structure pass records each instance as token *ranges* (A, and B from this or
-another document) instead of building token lists, and the instances of a pool are then assembled
-into one `InstanceBatch` (flat ``input_ids`` + offsets, the shard layout) and masked with whole-
-array numpy operations. The per-instance API (`create_instances_from_document`,
-`create_packed_instances`, `truncate_seq_pair`, `mask_instances`, `apply_masks`) runs the same code.
+Columnar, for speed: a `DocumentPool` holds the documents as one flat token array plus sentence
+boundaries; the structure pass records each instance as token *ranges*, which are assembled into one
+`InstanceBatch` (the shard layout) and masked with whole-array numpy operations. The per-instance API
+(`create_instances_from_document`, `create_packed_instances`, `mask_instances`, ...) runs the same code.
 """
 
 from __future__ import annotations
@@ -34,23 +32,13 @@ import random
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
-__all__ = [
-    "MaskingConfig",
-    "SpecialIds",
-    "TrainingInstance",
-    "InstanceBatch",
-    "DocumentPool",
-    "create_instances",
-    "create_instances_from_document",
-    "create_packed_instances",
-    "mask_batch",
-    "apply_masks",
-    "mask_instances",
-    "truncate_seq_pair",
-]
+__all__ = ["MaskingConfig", "SpecialIds", "TrainingInstance", "InstanceBatch", "DocumentPool", "create_instances",
+           "create_instances_from_document", "create_packed_instances", "mask_batch", "apply_masks", "mask_instances",
+           "truncate_seq_pair"]
 
 Document = Sequence[Sequence[int]]  # sentences, each a list of token ids
 
@@ -103,13 +91,8 @@ class TrainingInstance:
 
 @dataclass
 class InstanceBatch:
-    """Many instances in columnar form: the arrays of a shard (see ``bertforge.data.shards``).
-
-    Instance i is ``input_ids[offsets[i]:offsets[i+1]]``, its first ``num_a[i]`` tokens
-    (``[CLS] A [SEP]``) of token type 0; its predictions are
-    ``masked_positions/labels[mask_offsets[i]:mask_offsets[i+1]]`` (positions sorted, relative to
-    the instance); ``next_sentence`` is 1 for NotNext. Unmasked batches have no predictions.
-    """
+    """Many instances in columnar form: the arrays of a shard, laid out as ``bertforge.data.shards``
+    describes (positions relative to their instance). Unmasked batches have no predictions."""
 
     input_ids: np.ndarray
     offsets: np.ndarray
@@ -186,12 +169,9 @@ class DocumentPool:
         counts = counts[counts > 0]
         cum = np.concatenate([[0], np.cumsum(lengths[keep])]).tolist()  # token offset of each kept sentence
         first = np.concatenate([[0], np.cumsum(counts)]).tolist()  # first kept sentence of each document
-        bounds = []
-        for f, last in zip(first[:-1], first[1:]):
-            base = cum[f]
-            bounds.append([x - base for x in cum[f:last + 1]])
-        starts = np.array([cum[f] for f in first[:-1]], dtype=np.int64)
-        return cls(tokens, starts, bounds)
+        starts = [cum[f] for f in first[:-1]]
+        bounds = [[x - base for x in cum[f:last + 1]] for f, last, base in zip(first[:-1], first[1:], starts)]
+        return cls(tokens, np.array(starts, dtype=np.int64), bounds)
 
     @classmethod
     def from_documents(cls, documents: Sequence[Document]) -> DocumentPool:
@@ -353,10 +333,7 @@ class _LazyBounds(Sequence):
 
     def __getitem__(self, d):  # type: ignore[override]
         if d not in self.cache:
-            b = [0]
-            for s in self.documents[d]:
-                b.append(b[-1] + len(s))
-            self.cache[d] = b
+            self.cache[d] = [0, *accumulate(map(len, self.documents[d]))]
         return self.cache[d]
 
 
@@ -370,15 +347,9 @@ def _make_instance(tokens_a: list[int], tokens_b: list[int] | None, is_random_ne
     return TrainingInstance(np.array(tokens, dtype=np.int64), num_a, empty, empty, is_random_next)
 
 
-def create_instances_from_document(
-    documents: Sequence[Document],
-    document_index: int,
-    *,
-    max_seq_length: int,
-    short_seq_prob: float,
-    special: SpecialIds,
-    rng: random.Random,
-) -> list[TrainingInstance]:
+def create_instances_from_document(documents: Sequence[Document], document_index: int, *, max_seq_length: int,
+                                   short_seq_prob: float, special: SpecialIds,
+                                   rng: random.Random) -> list[TrainingInstance]:
     """All NSP instances of one document in one dupe pass (Google's function of the same name),
     unmasked (`apply_masks` masks them). ``documents`` is the pool NotNext segments come from."""
     out: list[int] = []
@@ -388,12 +359,8 @@ def create_instances_from_document(
             for d, a0, a1, db, b0, b1, nr in zip(*[iter(out)] * 7)]
 
 
-def create_packed_instances(
-    document: Document,
-    *,
-    max_seq_length: int,
-    special: SpecialIds,
-) -> list[TrainingInstance]:
+def create_packed_instances(document: Document, *, max_seq_length: int,
+                            special: SpecialIds) -> list[TrainingInstance]:
     """No-NSP mode (RoBERTa's "doc-sentences"): pack whole consecutive sentences of one document
     into ``[CLS] ... [SEP]`` up to ``max_seq_length``; a sentence longer than that is cut into pieces."""
     out: list[int] = []

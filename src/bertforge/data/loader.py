@@ -13,19 +13,16 @@ Resume. ``state_dict()`` is ``{"epoch", "position", "seed", "global_batch"}`` (p
 of the epoch consumed by all ranks); ``load_state_dict`` continues from there with the very same
 batches.
 
-`EpochCursor` (the epoch / position bookkeeping, rank slices and resume state) and
-`epoch_permutation` (the seeded order) are what any epoch-by-epoch loader shares: fine-tuning's
-loader over encoded inputs in memory (`bertforge.tasks.encoding.EncodedBatches`) is built on them too.
+`EpochCursor` (epoch / position bookkeeping, rank slices, resume state) and `epoch_permutation` (the
+seeded order) are shared with fine-tuning's loader (`bertforge.tasks.encoding.EncodedBatches`).
 
 Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
 generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same
 whatever the number of ranks.
 
 Re-masking (``masking=``): a loader given its own `MaskingConfig` masks every instance afresh each
-epoch, as above, at that rate, whatever the data was prepared with: statically masked instances get
-their original tokens back first (each label written back at its position). A small corpus repeated
-for many epochs then never shows the same masks twice, and the masking rate becomes a training
-setting rather than a property of the prepared data.
+epoch at that rate, statically masked instances getting their original tokens back first. A small
+corpus repeated for many epochs then never shows the same masks twice.
 """
 
 from __future__ import annotations
@@ -58,10 +55,8 @@ def epoch_permutation(n: int, seed: int, *keys: int) -> np.ndarray:
 
 
 class EpochCursor:
-    """Where an epoch-by-epoch walk over ``size`` items stands, in global batches of
-    ``batch_size * world_size`` consecutive items of which rank ``rank`` takes the ``rank``-th
-    slice. The last incomplete global batch of an epoch is dropped, so every rank takes the same
-    number of steps. ``state_dict`` / ``load_state_dict`` resume the walk exactly."""
+    """Where an epoch-by-epoch walk over ``size`` items stands, in global batches of which rank ``rank``
+    takes the ``rank``-th slice (see "Ranks" above); ``state_dict`` / ``load_state_dict`` resume it exactly."""
 
     def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
@@ -255,24 +250,13 @@ def _check_special(special: SpecialIds, dataset: PretrainingDataset) -> None:
 class PretrainingLoader(CursorLoader):
     """Iterates batches of one epoch per ``iter()``; the next ``iter()`` continues with the next epoch."""
 
-    def __init__(
-        self,
-        dataset: PretrainingDataset,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        special: SpecialIds | None = None,
-        pad_to_multiple_of: int = 8,
-        masking: MaskingConfig | None = None,
-    ):
+    def __init__(self, dataset: PretrainingDataset, batch_size: int, *, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, special: SpecialIds | None = None, pad_to_multiple_of: int = 8,
+                 masking: MaskingConfig | None = None):
         self.cursor = EpochCursor(len(dataset), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.pad_to_multiple_of = pad_to_multiple_of
         cfg = dataset.config
         self.max_predictions = cfg["max_predictions_per_seq"]
@@ -290,22 +274,16 @@ class PretrainingLoader(CursorLoader):
         self.special = special
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
 
-    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(shard order, start offset of each visited shard in the epoch)."""
-        order = epoch_permutation(len(self.dataset.sizes), self.seed, epoch)
-        starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])
-        return order, starts
-
     def _permutation(self, epoch: int, shard: int) -> np.ndarray:
         """The shard's instance order in ``epoch``; kept while batches read the same shard."""
         if self._perm is None or self._perm[0] != (epoch, shard):
-            perm = epoch_permutation(int(self.dataset.sizes[shard]), self.seed, epoch, shard)
-            self._perm = ((epoch, shard), perm)
+            self._perm = ((epoch, shard), epoch_permutation(int(self.dataset.sizes[shard]), self.seed, epoch, shard))
         return self._perm[1]
 
     def _instances(self, epoch: int, begin: int, end: int) -> list[tuple[int, int]]:
         """(shard, index in shard) of the epoch's instances begin..end-1."""
-        order, starts = self._order(epoch)
+        order = epoch_permutation(len(self.dataset.sizes), self.seed, epoch)
+        starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])  # of each shard in the epoch
         out = []
         j = int(np.searchsorted(starts, begin, side="right")) - 1
         g = begin

@@ -6,10 +6,9 @@ sentences, tokenize, run Google's instance algorithm ``dupe_factor`` times with 
 write. Memory is bounded by the window, not the corpus.
 
 The one deviation from Google's script, which holds the whole corpus in memory: a NotNext segment
-B is drawn from another document *of the same window* (Google: of the whole corpus), and instances
-are shuffled within their shard (the loader then shuffles shards and instances every epoch). With
-windows of thousands of documents, the statistics of the output are the same; only a pair of
-documents that fall in different windows can never meet as A and B.
+B is drawn from another document *of the same window*, and instances are shuffled within their shard
+(the loader shuffles shards and instances every epoch). With windows of thousands of documents the
+statistics are the same; only documents in different windows can never meet as A and B.
 
 Determinism: a window's content depends only on the input, and its random generator only on the
 seed and its index, so the same inputs and settings give byte-identical shards whatever the number
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -40,14 +40,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from bertforge.data.corpus import FORMATS, MAX_LINE_CHARS, CorpusStats, RawDocument, expand_inputs, iter_documents
-from bertforge.data.instances import (
-    DocumentPool,
-    InstanceBatch,
-    MaskingConfig,
-    SpecialIds,
-    create_instances,
-    mask_batch,
-)
+from bertforge.data.instances import (DocumentPool, InstanceBatch, MaskingConfig, SpecialIds, create_instances,
+                                      mask_batch)
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
 from bertforge.settings import check_settings, setting
@@ -58,6 +52,8 @@ logger = logging.getLogger("bertforge")
 
 MANIFEST = "manifest.json"
 SETTINGS = "settings.json"
+# The counts of each shard's sidecar that the manifest's totals add up.
+_COUNTS = ("instances", "tokens", "input_tokens", "documents", "one_sentence_documents", "sentences", "not_next")
 
 
 @dataclass
@@ -128,17 +124,13 @@ class _ShardJob:
     fingerprint: str
 
 
-_TOKENIZER_CACHE: dict[str, Any] = {}
-
-
+@functools.cache
 def _tokenizer(folder: str):
-    if folder not in _TOKENIZER_CACHE:
-        from bertforge.text.tokenizer import BertTokenizer
+    from bertforge.text.tokenizer import BertTokenizer
 
-        # Corpus text is plain text: "[MASK]" or "[SEP]" written in it must not become the special
-        # tokens (Google's tokenizer splits them into "[", "mask", "]" too).
-        _TOKENIZER_CACHE[folder] = BertTokenizer.from_pretrained(folder, split_special_tokens=True)
-    return _TOKENIZER_CACHE[folder]
+    # Corpus text is plain text: "[MASK]" or "[SEP]" written in it must not become the special
+    # tokens (Google's tokenizer splits them into "[", "mask", "]" too).
+    return BertTokenizer.from_pretrained(folder, split_special_tokens=True)
 
 
 def shard_rngs(seed: int, index: int) -> tuple[random.Random, np.random.Generator]:
@@ -152,17 +144,15 @@ def special_ids(tok) -> SpecialIds:
     `prepare` and in the loader's dynamic masking)."""
     vocab = tok.vocab
     continuation = np.zeros(len(vocab), dtype=bool)
-    for token, i in vocab.items():
-        continuation[i] = token.startswith("##")
+    continuation[[i for token, i in vocab.items() if token.startswith("##")]] = True
     return SpecialIds(cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                       vocab_size=len(vocab), continuation=continuation)
 
 
 def passes(cfg: PrepareConfig) -> int:
-    """Dupe passes actually built. Without NSP, packing draws nothing, so the passes are identical
-    token sequences: with static masks each copy gets its own masks (worth storing); with dynamic
-    masking the copies would be byte-identical, so one is stored (the loader masks afresh every
-    epoch: train more epochs instead)."""
+    """Dupe passes actually built. Without NSP, packing draws nothing, so the passes are identical token
+    sequences: worth storing with static masks (each copy gets its own), byte-identical with dynamic
+    masking, so then one is stored (the loader masks afresh every epoch)."""
     return 1 if not cfg.nsp and cfg.dynamic_masking else cfg.dupe_factor
 
 
@@ -180,10 +170,9 @@ def build_instances(pool: DocumentPool, cfg: PrepareConfig, special: SpecialIds,
 def _instance_stats(batch: InstanceBatch, cfg: PrepareConfig, special: SpecialIds) -> dict[str, Any]:
     npred = np.diff(batch.mask_offsets)
     at = batch.input_ids[np.repeat(batch.offsets[:-1], npred) + batch.masked_positions]
-    labels = batch.masked_labels
     # A random replacement that happens to draw the original token counts as "keep" (1 in V).
     mask = int((at == special.mask).sum())
-    keep = int(((at == labels) & (at != special.mask)).sum())
+    keep = int(((at == batch.masked_labels) & (at != special.mask)).sum())
     return {
         "not_next": int(batch.next_sentence.sum()),
         "length_histogram": np.bincount(batch.lengths(), minlength=cfg.max_seq_length + 1).tolist(),
@@ -218,9 +207,9 @@ def build_shard(task: _ShardJob) -> dict[str, Any]:
         "warnings": notes,
         **_instance_stats(batch, cfg, special),
     }
-    path = Path(task.out_dir) / shard_name(task.index)
     info["seconds"] = round(time.perf_counter() - t0, 3)
-    return write_shard(path, batch, vocab_size=special.vocab_size, vocab_hash=tok.vocab_hash, info=info)
+    return write_shard(Path(task.out_dir) / shard_name(task.index), batch, vocab_size=special.vocab_size,
+                       vocab_hash=tok.vocab_hash, info=info)
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -248,26 +237,14 @@ def _finished(out: Path, index: int, fingerprint: str) -> dict[str, Any] | None:
     return entry if entry.get("fingerprint") == fingerprint else None
 
 
-def prepare(
-    inputs: list[str | Path],
-    out_dir: str | Path,
-    tokenizer: str | Path,
-    config: PrepareConfig | None = None,
-    *,
-    workers: int = 1,
-    num_shards: int = 1,
-    shard_index: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Prepare pre-training shards from ``inputs`` into ``out_dir``; return the manifest.
+def prepare(inputs: list[str | Path], out_dir: str | Path, tokenizer: str | Path, config: PrepareConfig | None = None,
+            *, workers: int = 1, num_shards: int = 1, shard_index: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Prepare pre-training shards from ``inputs`` into ``out_dir`` with the tokenizer of a checkpoint or
+    vocab folder; return the manifest. ``num_shards`` / ``shard_index`` split the work across machines:
+    this call builds the windows whose index is ``shard_index`` modulo ``num_shards``.
 
-    ``tokenizer`` is a checkpoint folder or vocab folder (``vocab.txt`` + settings).
-    ``num_shards`` / ``shard_index`` split the work across machines: this call builds the windows
-    whose index is ``shard_index`` modulo ``num_shards``.
-
-    Raises ``ValueError`` when the inputs hold no document (empty, blank, or only lines over the
-    length limit) or when no instance can be built from them (too little text), with the counts of
-    what was read, rather than writing an empty dataset.
+    Raises ``ValueError``, with the counts of what was read, when the inputs hold no document or too
+    little text for any instance, rather than writing an empty dataset.
     """
     from bertforge.text.tokenizer import BertTokenizer
 
@@ -329,10 +306,9 @@ def _settings(cfg: PrepareConfig, tok: Any, files: list[Path]) -> dict[str, Any]
     # The shards are made of these files: a folder of shards of other inputs must not be resumed.
     # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
     input_files = [[f.name, f.stat().st_size] for f in files]
-    fingerprint = cfg.fingerprint(tok.vocab_hash, input_files, tok.normalization)
     return {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
             "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "normalization": tok.normalization,
-            "fingerprint": fingerprint,
+            "fingerprint": cfg.fingerprint(tok.vocab_hash, input_files, tok.normalization),
             "inputs": [str(f) for f in files], "input_files": input_files}
 
 
@@ -346,10 +322,10 @@ def _resumable_fingerprint(out: Path, settings: dict[str, Any], cfg: PrepareConf
     if not settings_path.is_file():
         return fingerprint
     old = json.loads(settings_path.read_text(encoding="utf-8"))
-    earlier = _fingerprint_before_normalization(cfg, vocab_hash, settings["input_files"])
+    # The fingerprint of folders prepared before the normalisation was recorded (no "normalization"): with
+    # the same settings, vocab and inputs, their shards keep it once shown to be what this tokenizer makes.
+    earlier = _digest(cfg, vocab_hash, settings["input_files"])
     if old.get("fingerprint") == earlier and old.get("normalization", normalization) == normalization:
-        # Prepared before the normalisation was part of the fingerprint: the same settings, vocab and
-        # inputs. Its shards keep their fingerprint, once they are shown to be what this tokenizer makes.
         if "normalization" not in old:
             _check_unrecorded_normalization(out, files, cfg, tokenizer_dir, earlier)
         return earlier
@@ -422,23 +398,15 @@ def _checked_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, 
     return manifest
 
 
-def _fingerprint_before_normalization(cfg: PrepareConfig, vocab_hash: str, inputs: list) -> str:
-    """`PrepareConfig.fingerprint` as folders prepared before the tokenizer's normalisation was part of
-    the data's identity recorded it (their settings.json has no "normalization")."""
-    return _digest(cfg, vocab_hash, inputs)
-
-
 def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareConfig, tokenizer_dir: str,
                                     fingerprint: str) -> None:
     """Establish that the finished shards of ``out``, prepared before the tokenizer's normalisation was
     recorded, are what the tokenizer in ``tokenizer_dir`` makes, or raise a ValueError saying what to do.
 
-    A normalisation setting (lower-casing, accent stripping, CJK splitting) shows in a shard only if
-    the tokenizer with that setting flipped tokenizes the shard's text differently. Windows where such
-    a setting, not yet established, would show are rebuilt (in a temporary folder) and must equal
-    their stored shard byte for byte, which establishes the setting; windows where none would show
-    cannot depend on them. So at most three shards are rebuilt (one is usual: most text shows all
-    the settings it has characters for), and the input is read up to the last finished window at most."""
+    A normalisation setting shows in a shard only if the tokenizer with that setting flipped tokenizes
+    the shard's text differently. A window where a setting not yet established would show is rebuilt (in
+    a temporary folder) and must equal its stored shard byte for byte, which establishes the setting. So
+    at most three shards are rebuilt, and the input is read up to the last finished window at most."""
     import tempfile
 
     from bertforge.text.tokenizer import CJK_RANGES, BertTokenizer
@@ -490,8 +458,7 @@ def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareCo
 def _last_index(out: Path) -> int:
     """The highest shard index with a file in ``out`` (-1: none)."""
     names = (re.fullmatch(r"shard-(\d+)\.json", p.name) for p in out.glob("shard-*.json"))
-    indices = [int(m.group(1)) for m in names if m]
-    return max(indices, default=-1)
+    return max((int(m.group(1)) for m in names if m), default=-1)
 
 
 def _names(files: list[Path]) -> str:
@@ -526,13 +493,7 @@ def _build_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, to
     P = settings["config"]["max_predictions_per_seq"] + 1
     totals: dict[str, Any] = {
         "shards": len(shards),
-        "instances": sum(e["instances"] for e in shards),
-        "tokens": sum(e["tokens"] for e in shards),
-        "input_tokens": sum(e["input_tokens"] for e in shards),
-        "documents": sum(e["documents"] for e in shards),
-        "one_sentence_documents": sum(e["one_sentence_documents"] for e in shards),
-        "sentences": sum(e["sentences"] for e in shards),
-        "not_next": sum(e["not_next"] for e in shards),
+        **{k: sum(e[k] for e in shards) for k in _COUNTS},
         "length_histogram": np.sum([e["length_histogram"] for e in shards], axis=0).tolist() if shards else [0] * L,
         "predictions_histogram": (np.sum([e["predictions_histogram"] for e in shards], axis=0).tolist()
                                   if shards else [0] * P),
@@ -563,8 +524,7 @@ def load_manifest(folder: str | Path) -> dict[str, Any]:
     config = {"max_seq_length": count, "max_predictions_per_seq": count, "masked_lm_prob": number,
               "mask_token_prob": number, "random_token_prob": number, "whole_word_mask": "true or false",
               "dupe_factor": count, "nsp": "true or false", "dynamic_masking": "true or false"}
-    totals = {**dict.fromkeys(("shards", "instances", "tokens", "input_tokens", "documents", "one_sentence_documents",
-                               "sentences", "not_next"), count),
+    totals = {**dict.fromkeys(("shards", *_COUNTS), count),
               "length_histogram": "a list", "predictions_histogram": "a list", "replacements": "an object"}
     corpus = dict.fromkeys(("files", "documents", "invalid_utf8_lines", "long_lines_skipped", "empty_documents",
                             "bad_json_records"), count)

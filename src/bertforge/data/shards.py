@@ -56,24 +56,14 @@ class Shard(InstanceBatch):
     """A shard's arrays in memory, with instance-level access (``instance(i)``, ``lengths()``)."""
 
 
-def _id_dtype(vocab_size: int) -> type:
-    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-
-
 def write_shard(path: Path, instances: InstanceBatch | Sequence[TrainingInstance], *, vocab_size: int,
                 vocab_hash: str, info: dict[str, Any]) -> dict[str, Any]:
     """Write ``instances`` to ``path`` (atomically) and its sidecar; return the sidecar entry."""
     batch = instances if isinstance(instances, InstanceBatch) else InstanceBatch.from_instances(instances)
-    id_dtype = _id_dtype(vocab_size)
-    arrays = {
-        "input_ids": batch.input_ids.astype(id_dtype),
-        "offsets": batch.offsets.astype(np.int64),
-        "num_a": batch.num_a.astype(np.uint16),
-        "next_sentence": batch.next_sentence.astype(np.uint8),
-        "mask_offsets": batch.mask_offsets.astype(np.int64),
-        "masked_positions": batch.masked_positions.astype(np.uint16),
-        "masked_labels": batch.masked_labels.astype(id_dtype),
-    }
+    id_dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+    dtypes = {"input_ids": id_dtype, "offsets": np.int64, "num_a": np.uint16, "next_sentence": np.uint8,
+              "mask_offsets": np.int64, "masked_positions": np.uint16, "masked_labels": id_dtype}
+    arrays = {k: getattr(batch, k).astype(dtype) for k, dtype in dtypes.items()}
     # A single metadata entry: safetensors keeps the metadata in a hash map whose iteration order
     # changes from run to run, so two entries would make the header (and the file's sha256) differ
     # between identical runs.

@@ -13,14 +13,11 @@ Three layers, as in Google's ``tokenization.py``:
 3. *Model inputs* (``__call__``): ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with token types
    0 for ``[CLS] A [SEP]`` and 1 for ``B [SEP]``, truncation, padding, tensors.
 
-All three run in Rust. Layer 1 is *not* ``tokenizers``' ``BertNormalizer``/``BertPreTokenizer``:
-those differ from Google's Python code on rare characters (they drop private-use characters, use
-Unicode tables older than Python's for Cf, Mn and P*, miss the CJK range U+2B820..U+2B91F and lower-case
-capital sigma without the final form ``ς``). Instead the same steps are assembled from ``tokenizers``
-primitives (regex ``Replace``, ``Lowercase``, ``NFD``, ``WhitespaceSplit``, ``Split``) driven by
-character classes computed from the running Python's ``unicodedata``, which is exactly what Google's
-code consults. On ordinary text the result is identical to ``BertNormalizer``+``BertPreTokenizer``
-(and therefore to transformers' ``BertTokenizer``).
+All three run in Rust. Layer 1 is *not* ``tokenizers``' ``BertNormalizer``/``BertPreTokenizer``, which
+differ from Google's Python code on rare characters (private-use characters, older Unicode tables, the CJK
+range U+2B820..U+2B91F, the final sigma ``ς``): it is assembled from ``tokenizers`` primitives driven by
+character classes computed from this Python's ``unicodedata``, which is what Google's code consults. On
+ordinary text the result equals ``BertNormalizer``+``BertPreTokenizer`` (so transformers' ``BertTokenizer``).
 """
 
 from __future__ import annotations
@@ -40,14 +37,7 @@ from typing import Any, Literal
 from bertforge.io import atomic_write_texts
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-__all__ = [
-    "BatchEncoding",
-    "BertTokenizer",
-    "VocabError",
-    "bert_normalizer",
-    "bert_pre_tokenizer",
-    "read_vocab_file",
-]
+__all__ = ["BatchEncoding", "BertTokenizer", "VocabError", "bert_normalizer", "bert_pre_tokenizer", "read_vocab_file"]
 
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"
@@ -57,6 +47,10 @@ TOKENIZER_FILE = "tokenizer.json"
 # transformers writes int(1e30) as model_max_length to mean "no limit"; BERT's position table has 512.
 _DEFAULT_MODEL_MAX_LENGTH = 512
 _UNSET_MAX_LENGTH = 10**12
+# Settings saved to (and read from) tokenizer_config.json, and the special tokens' names.
+_SETTINGS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word",
+             "model_max_length", "split_special_tokens")
+_SPECIAL_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 TruncationArg = bool | Literal["longest_first", "only_first", "only_second", "do_not_truncate"] | None
 PaddingArg = bool | Literal["longest", "max_length", "do_not_pad"] | None
@@ -66,21 +60,12 @@ class VocabError(ValueError):
     """A vocabulary that cannot be used; the message names the file (or list) and the line."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Character classes (Google's definitions, evaluated with this Python's unicodedata)
-# --------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------ character classes
+# Google's definitions, evaluated with this Python's unicodedata.
 
 # The "CJK Unified Ideographs" blocks Google's _is_chinese_char checks (Hangul, kana are not in it).
-CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
+CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
 @dataclass(frozen=True)
@@ -153,23 +138,17 @@ def _unicode_tables() -> _UnicodeTables:
     # Canonical decompositions newer than the Rust crate's tables (U+11938 with tokenizers 0.23):
     # patch them with literal replacements.
     ours = normalizers.NFD().normalize_str("\n".join(decomposable)).split("\n")
-    fixes = tuple(
-        (ch, unicodedata.normalize("NFD", ch)) for ch, got in zip(decomposable, ours)
-        if got != unicodedata.normalize("NFD", ch)
-    )
+    fixes = tuple((ch, unicodedata.normalize("NFD", ch)) for ch, got in zip(decomposable, ours)
+                  if got != unicodedata.normalize("NFD", ch))
     cjk = "[" + "".join(_range(a, b) for a, b in CJK_RANGES) + "]"
-    return _UnicodeTables(
-        drop=_regex_class(drop), space=_regex_class(sorted(space)), marks=_regex_class(marks),
-        punct=_regex_class(punct), cjk=cjk, final_sigma=final_sigma, nfd_fixes=fixes,
-    )
+    return _UnicodeTables(drop=_regex_class(drop), space=_regex_class(sorted(space)), marks=_regex_class(marks),
+                          punct=_regex_class(punct), cjk=cjk, final_sigma=final_sigma, nfd_fixes=fixes)
 
 
 def bert_normalizer(*, do_lower_case: bool = True, strip_accents: bool | None = None) -> normalizers.Normalizer:
-    """The text clean-up, lower-casing and accent stripping of Google's ``BasicTokenizer``.
-
-    ``strip_accents=None`` follows ``do_lower_case`` (as in transformers). CJK spacing and
-    punctuation splitting live in :func:`bert_pre_tokenizer`, which is equivalent and keeps offsets.
-    """
+    """The text clean-up, lower-casing and accent stripping of Google's ``BasicTokenizer``;
+    ``strip_accents=None`` follows ``do_lower_case`` (as in transformers). CJK spacing and punctuation
+    splitting live in :func:`bert_pre_tokenizer`, which is equivalent and keeps offsets."""
     t = _unicode_tables()
     steps: list[normalizers.Normalizer] = [
         normalizers.Replace(Regex(t.drop), ""),
@@ -194,34 +173,23 @@ def bert_pre_tokenizer(*, tokenize_chinese_chars: bool = True) -> pre_tokenizers
     ])
 
 
-# --------------------------------------------------------------------------------------------------
-# Vocabulary files
-# --------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------ vocabulary files
 
 def read_vocab_file(path: str | os.PathLike[str]) -> list[str]:
-    """Read ``vocab.txt`` (one token per line, line i = id i-1) and validate it.
-
-    Raises :class:`VocabError` naming the file and line for invalid UTF-8, empty lines and
-    duplicate tokens. A CRLF line ending and a leading UTF-8 byte-order mark are tolerated.
-    """
+    """Read ``vocab.txt`` (one token per line, line i = id i-1) and validate it: a :class:`VocabError`
+    names the file and line of invalid UTF-8, an empty line or a duplicate token. CRLF and a BOM are fine."""
     path = Path(path)
-    data = path.read_bytes()
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    lines = data.split(b"\n")
+    lines = path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
     tokens = []
     for lineno, raw in enumerate(lines, 1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
+        raw = raw.removesuffix(b"\r")
         try:
             tokens.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise VocabError(
-                f"{path}, line {lineno}: invalid UTF-8 at byte {e.start} of the line "
-                f"({raw[e.start:e.start + 4]!r}); a vocabulary must be UTF-8 text"
-            ) from None
+            raise VocabError(f"{path}, line {lineno}: invalid UTF-8 at byte {e.start} of the line "
+                             f"({raw[e.start:e.start + 4]!r}); a vocabulary must be UTF-8 text") from None
     _check_tokens(tokens, str(path), "line")
     return tokens
 
@@ -275,8 +243,8 @@ class BertTokenizer:
         do_lower_case: lower-case, and (by default) strip accents, as the uncased models expect.
         strip_accents: NFD + drop combining marks; ``None`` follows ``do_lower_case``.
         tokenize_chinese_chars: make every CJK ideograph its own word.
-        max_input_chars_per_word: longer words become ``[UNK]``. The default 100 is transformers';
-            Google's TF release uses 200, and ``max_input_chars_per_word=200`` reproduces it.
+        max_input_chars_per_word: longer words become ``[UNK]``: 100 as in transformers; Google's
+            release uses 200.
         model_max_length: the length ``truncation=True`` and ``padding="max_length"`` use when no
             ``max_length`` is given.
         split_special_tokens: by default (as in transformers) ``"[MASK]"`` written in the text is the
@@ -292,22 +260,11 @@ class BertTokenizer:
         [2, 5, 6, 7, 3]
     """
 
-    def __init__(
-        self,
-        vocab: str | os.PathLike[str] | Sequence[str] | Mapping[str, int],
-        *,
-        do_lower_case: bool = True,
-        strip_accents: bool | None = None,
-        tokenize_chinese_chars: bool = True,
-        max_input_chars_per_word: int = 100,
-        model_max_length: int = _DEFAULT_MODEL_MAX_LENGTH,
-        split_special_tokens: bool = False,
-        unk_token: str = "[UNK]",
-        sep_token: str = "[SEP]",
-        pad_token: str = "[PAD]",
-        cls_token: str = "[CLS]",
-        mask_token: str = "[MASK]",
-    ) -> None:
+    def __init__(self, vocab: str | os.PathLike[str] | Sequence[str] | Mapping[str, int], *,
+                 do_lower_case: bool = True, strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
+                 max_input_chars_per_word: int = 100, model_max_length: int = _DEFAULT_MODEL_MAX_LENGTH,
+                 split_special_tokens: bool = False, unk_token: str = "[UNK]", sep_token: str = "[SEP]",
+                 pad_token: str = "[PAD]", cls_token: str = "[CLS]", mask_token: str = "[MASK]") -> None:
         if isinstance(vocab, (str, os.PathLike)):
             source = str(vocab)
             tokens = read_vocab_file(vocab)
@@ -324,10 +281,7 @@ class BertTokenizer:
             raise ValueError(f"model_max_length must be >= 1, got {model_max_length}")
         self._tokens: list[str] = tokens
         self._vocab: dict[str, int] = {t: i for i, t in enumerate(tokens)}
-        self._special: dict[str, str] = {
-            "unk_token": unk_token, "sep_token": sep_token, "pad_token": pad_token,
-            "cls_token": cls_token, "mask_token": mask_token,
-        }
+        self._special = dict(zip(_SPECIAL_NAMES, (unk_token, sep_token, pad_token, cls_token, mask_token)))
         missing = [f"{t!r} ({name})" for name, t in self._special.items() if t not in self._vocab]
         if missing:
             raise VocabError(f"{source}: the vocabulary has no {', '.join(missing)} token")
@@ -339,14 +293,17 @@ class BertTokenizer:
         self.split_special_tokens = split_special_tokens
         self.vocab_hash: str = hashlib.sha256("".join(t + "\n" for t in tokens).encode("utf-8")).hexdigest()
         """sha256 of the tokens in id order, one per line: the sha256 of the saved ``vocab.txt``."""
+        self._start_backends()
+
+    # -- construction -----------------------------------------------------------------------------
+
+    def _start_backends(self) -> None:
         # Two Rust tokenizers: `_tok` is never reconfigured (tokenize, encode_batch_ids, decode);
         # `_tok_call` gets per-call truncation/padding under a lock and is reset afterwards, so no
         # setting leaks from one call into the next or into another thread.
         self._tok = self._build_backend()
         self._tok_call = self._build_backend()
         self._lock = threading.Lock()
-
-    # -- construction -----------------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable (DataLoader workers, deepcopy): the lock cannot be pickled and the Rust backends
@@ -355,20 +312,15 @@ class BertTokenizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._tok = self._build_backend()
-        self._tok_call = self._build_backend()
-        self._lock = threading.Lock()
+        self._start_backends()
 
     def _build_backend(self) -> Tokenizer:
-        tok = Tokenizer(models.WordPiece(
-            self._vocab, unk_token=self.unk_token, continuing_subword_prefix="##",
-            max_input_chars_per_word=self.max_input_chars_per_word,
-        ))
+        tok = Tokenizer(models.WordPiece(self._vocab, unk_token=self.unk_token, continuing_subword_prefix="##",
+                                         max_input_chars_per_word=self.max_input_chars_per_word))
         tok.normalizer = bert_normalizer(do_lower_case=self.do_lower_case, strip_accents=self.strip_accents)
         tok.pre_tokenizer = bert_pre_tokenizer(tokenize_chinese_chars=self.tokenize_chinese_chars)
-        tok.post_processor = processors.BertProcessing(
-            (self.sep_token, self.sep_token_id), (self.cls_token, self.cls_token_id)
-        )
+        tok.post_processor = processors.BertProcessing((self.sep_token, self.sep_token_id),
+                                                       (self.cls_token, self.cls_token_id))
         tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
         specials = sorted(set(self._special.values()), key=self._vocab.__getitem__)
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
@@ -411,16 +363,7 @@ class BertTokenizer:
         transformers' ``AutoTokenizer`` load the same tokenizer. Returns the folder."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": self.do_lower_case,
-            "strip_accents": self.strip_accents,
-            "tokenize_chinese_chars": self.tokenize_chinese_chars,
-            "max_input_chars_per_word": self.max_input_chars_per_word,
-            "model_max_length": self.model_max_length,
-            "split_special_tokens": self.split_special_tokens,
-            **self._special,
-        }
+        config = {"tokenizer_class": "BertTokenizer", **{k: getattr(self, k) for k in _SETTINGS}, **self._special}
         atomic_write_texts(folder, {VOCAB_FILE: "".join(t + "\n" for t in self._tokens),
                                     TOKENIZER_FILE: self._tok.to_str(pretty=True),
                                     SPECIAL_TOKENS_FILE: json.dumps(self._special, indent=2) + "\n",
@@ -440,12 +383,8 @@ class BertTokenizer:
 
     @property
     def normalization(self) -> dict[str, bool]:
-        """The text normalisation that, with the vocabulary, fixes which ids a text gets: lower-casing,
-        accent stripping (``strip_accents=None`` resolved to what it does) and CJK splitting.
-
-        Two tokenizers with the same ``vocab.txt`` but other settings tokenize differently, so data
-        and models record these next to the vocab hash and are checked against them.
-        """
+        """The settings that, with the vocabulary, fix which ids a text gets (``strip_accents=None``
+        resolved): data and models record them next to the vocab hash and are checked against them."""
         strip = self.strip_accents if self.strip_accents is not None else self.do_lower_case
         return {"do_lower_case": bool(self.do_lower_case), "strip_accents": bool(strip),
                 "tokenize_chinese_chars": bool(self.tokenize_chinese_chars)}
@@ -544,21 +483,11 @@ class BertTokenizer:
         """:meth:`decode` for each sequence."""
         return [self.decode(s, skip_special_tokens) for s in _as_list(sequences)]
 
-    def __call__(
-        self,
-        text: str | Sequence[str],
-        text_pair: str | Sequence[str] | None = None,
-        *,
-        add_special_tokens: bool = True,
-        max_length: int | None = None,
-        truncation: TruncationArg = None,
-        padding: PaddingArg = False,
-        pad_to_multiple_of: int | None = None,
-        return_tensors: Literal["pt", "np"] | None = None,
-        return_offsets_mapping: bool = False,
-        return_special_tokens_mask: bool = False,
-        return_word_ids: bool = False,
-    ) -> BatchEncoding:
+    def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
+                 add_special_tokens: bool = True, max_length: int | None = None, truncation: TruncationArg = None,
+                 padding: PaddingArg = False, pad_to_multiple_of: int | None = None,
+                 return_tensors: Literal["pt", "np"] | None = None, return_offsets_mapping: bool = False,
+                 return_special_tokens_mask: bool = False, return_word_ids: bool = False) -> BatchEncoding:
         """Encode one text (or pair) or a batch, with transformers' conventions.
 
         A single ``str`` gives flat lists, a list of ``str`` a list of lists, ``return_tensors``
@@ -606,33 +535,24 @@ class BertTokenizer:
                 if strategy is not None:
                     tok.enable_truncation(limit, stride=0, strategy=strategy, direction="right")
                 if pad_mode is not None:
-                    tok.enable_padding(
-                        direction="right", pad_id=self.pad_token_id, pad_type_id=0,
-                        pad_token=self.pad_token, length=limit if pad_mode == "max_length" else None,
-                        pad_to_multiple_of=pad_to_multiple_of,
-                    )
+                    tok.enable_padding(direction="right", pad_id=self.pad_token_id, pad_type_id=0,
+                                       pad_token=self.pad_token, length=limit if pad_mode == "max_length" else None,
+                                       pad_to_multiple_of=pad_to_multiple_of)
                 return tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
             except Exception as e:  # tokenizers raises a plain Exception("Truncation error: ...")
                 if "truncat" not in str(e).lower():
                     raise
-                raise ValueError(
-                    f"cannot truncate to max_length={limit} with truncation={strategy!r}: {e}"
-                ) from None
+                raise ValueError(f"cannot truncate to max_length={limit} with truncation={strategy!r}: {e}") from None
             finally:
                 tok.no_truncation()
                 tok.no_padding()
 
     def __repr__(self) -> str:
-        return (
-            f"BertTokenizer(vocab_size={self.vocab_size}, do_lower_case={self.do_lower_case}, "
-            f"strip_accents={self.strip_accents}, tokenize_chinese_chars={self.tokenize_chinese_chars}, "
-            f"max_input_chars_per_word={self.max_input_chars_per_word}, model_max_length={self.model_max_length})"
-        )
+        settings = "".join(f", {k}={getattr(self, k)}" for k in _SETTINGS if k != "split_special_tokens")
+        return f"BertTokenizer(vocab_size={self.vocab_size}{settings})"
 
 
-# --------------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------ call arguments and settings
 
 def _check_text(text: Any, what: str = "text") -> None:
     if not isinstance(text, str):
@@ -672,18 +592,11 @@ def _model_inputs(text: str | Sequence[str], text_pair: str | Sequence[str] | No
 def _encoding_fields(encodings: list[Any], *, offsets: bool, special_tokens_mask: bool,
                      word_ids: bool) -> dict[str, list[Any]]:
     """The model inputs of each encoding, and the extras asked for, as lists per field."""
-    fields: dict[str, list[Any]] = {
-        "input_ids": [e.ids for e in encodings],
-        "token_type_ids": [e.type_ids for e in encodings],
-        "attention_mask": [e.attention_mask for e in encodings],
-    }
-    if offsets:
-        fields["offset_mapping"] = [e.offsets for e in encodings]
-    if special_tokens_mask:
-        fields["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
-    if word_ids:
-        fields["word_ids"] = [e.word_ids for e in encodings]
-    return fields
+    wanted = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask",
+              "offset_mapping": "offsets" if offsets else None,
+              "special_tokens_mask": "special_tokens_mask" if special_tokens_mask else None,
+              "word_ids": "word_ids" if word_ids else None}
+    return {key: [getattr(e, attr) for e in encodings] for key, attr in wanted.items() if attr is not None}
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -738,15 +651,11 @@ def _settings_from_config(config: dict[str, Any], where: Path) -> dict[str, Any]
     """BertTokenizer keyword arguments from a transformers ``tokenizer_config.json``."""
     if config.get("do_basic_tokenize", True) is False:
         raise ValueError(f"{where}: do_basic_tokenize=false is not supported")
-    out: dict[str, Any] = {}
-    for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word",
-                "split_special_tokens"):
-        if key in config:
-            out[key] = config[key]
+    out = {k: config[k] for k in _SETTINGS if k in config and k != "model_max_length"}
     if isinstance(config.get("model_max_length"), (int, float)):
         n = int(config["model_max_length"])
         out["model_max_length"] = n if n < _UNSET_MAX_LENGTH else _DEFAULT_MODEL_MAX_LENGTH
-    for key in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+    for key in _SPECIAL_NAMES:
         value = config.get(key)
         if isinstance(value, dict):  # an AddedToken serialised by older transformers
             value = value.get("content")
@@ -760,10 +669,7 @@ def _settings_from_tokenizer_json(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     model = data.get("model") or {}
     if model.get("type") == "WordPiece":
-        if "max_input_chars_per_word" in model:
-            out["max_input_chars_per_word"] = model["max_input_chars_per_word"]
-        if "unk_token" in model:
-            out["unk_token"] = model["unk_token"]
+        out.update({k: model[k] for k in ("max_input_chars_per_word", "unk_token") if k in model})
     norm = data.get("normalizer") or {}
     if norm.get("type") == "BertNormalizer":
         out["do_lower_case"] = norm.get("lowercase", True)

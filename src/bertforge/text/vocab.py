@@ -21,7 +21,6 @@ import os
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO
 
 from tokenizers import Tokenizer, models, trainers
 
@@ -63,16 +62,12 @@ def _alphabet(text: Callable[[], Iterable[str]], do_lower_case: bool, limit: int
 
 
 def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield the non-blank lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` decompressed).
-
-    Invalid UTF-8 raises ``ValueError`` naming the file, the line and the byte offset in the
-    (decompressed) text.
-    """
+    """Yield the non-blank lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` decompressed); invalid
+    UTF-8 is a ``ValueError`` naming the file, the line and the byte offset in the (decompressed) text."""
     path = Path(path)
     offset = 0
     with open_binary(path) as f:
-        raw_lines: IO[bytes] = f  # type: ignore[assignment]
-        for lineno, raw in enumerate(raw_lines, 1):
+        for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -86,24 +81,15 @@ def iter_text_lines(path: str | os.PathLike[str]) -> Iterator[str]:
                 yield line
 
 
-def learn_vocab(
-    files: Iterable[str | os.PathLike[str]] | Iterable[str],
-    out_dir: str | os.PathLike[str],
-    *,
-    vocab_size: int = 30522,
-    do_lower_case: bool = True,
-    min_frequency: int = 2,
-    limit_alphabet: int = 1000,
-    num_unused: int = 99,
-    show_progress: bool = True,
-) -> BertTokenizer:
+def learn_vocab(files: Iterable[str | os.PathLike[str]] | Iterable[str], out_dir: str | os.PathLike[str], *,
+                vocab_size: int = 30522, do_lower_case: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
+                num_unused: int = 99, show_progress: bool = True) -> BertTokenizer:
     """Learn a WordPiece vocabulary, save the tokenizer to ``out_dir`` and return it.
 
     Args:
         files: text to learn from. A list or tuple (or a single path) names files, read line by
-            line, ``.gz``/``.bz2``/``.xz`` transparently; any other iterable (a generator, an
-            iterator over lines) yields the text itself, and is held in memory (the text is read
-            twice: once to choose the alphabet, once to train).
+            line, ``.gz``/``.bz2``/``.xz`` transparently; any other iterable yields the text itself
+            and is held in memory (the text is read twice: for the alphabet, then to train).
         out_dir: where :meth:`BertTokenizer.save_pretrained` writes ``vocab.txt`` and the rest.
         vocab_size: upper bound on the size of the whole vocabulary, special and ``[unused]``
             tokens included (a small corpus can give fewer pieces).
@@ -160,29 +146,20 @@ def _learn_pieces(text: Callable[[], Iterable[str]], trainer_size: int, *, do_lo
                   limit_alphabet: int, show_progress: bool) -> list[str]:
     """WordPiece pieces learned from ``text`` (``trainer_size``: their number with the special tokens),
     the same on every run for the same text, in the canonical order."""
-    # tokenizers' trainer is not deterministic by itself (tokenizers #1794): it numbers the "##"
-    # characters in hash-map order, breaks ties between equally frequent merges by those numbers, and
-    # cuts the alphabet at `limit_alphabet` among equal counts in hash-map order, so which pieces make
-    # the cut changed from run to run. Here the alphabet is chosen beforehand (frequency, then code
-    # point) and passed as the trainer's whole alphabet, and every "##" character is given to it up
-    # front, in code point order, so all its numbers, and with them the ties, are the same on every run.
+    # tokenizers' trainer alone is not deterministic (tokenizers #1794): it numbers the "##" characters,
+    # breaks ties between equally frequent merges by those numbers, and cuts the alphabet among equal
+    # counts, all in hash-map order. So the alphabet is chosen here (frequency, then code point) and every
+    # "##" character is given to the trainer up front, in code point order: the same ties on every run.
     alphabet = _alphabet(text, do_lower_case, limit_alphabet)
     continuations = [f"##{c}" for c in alphabet if not _own_word(c)]
 
     backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     backend.normalizer = bert_normalizer(do_lower_case=do_lower_case)
     backend.pre_tokenizer = bert_pre_tokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=trainer_size,
-        min_frequency=min_frequency,
-        limit_alphabet=len(alphabet),
-        initial_alphabet=alphabet,
-        special_tokens=[*SPECIAL_TOKENS, *continuations],
-        continuing_subword_prefix="##",
-        show_progress=show_progress,
-    )
+    trainer = trainers.WordPieceTrainer(vocab_size=trainer_size, min_frequency=min_frequency,
+                                        limit_alphabet=len(alphabet), initial_alphabet=alphabet,
+                                        special_tokens=[*SPECIAL_TOKENS, *continuations],
+                                        continuing_subword_prefix="##", show_progress=show_progress)
     backend.train_from_iterator(text(), trainer=trainer)
-
-    # In a canonical order, not the trainer's: WordPiece's greedy longest match depends on the set
-    # only: characters, "##" characters, then longer pieces, each group sorted.
+    # WordPiece's greedy longest match depends on the set only, so the order is the canonical one.
     return sorted((t for t in backend.get_vocab() if t not in SPECIAL_TOKENS), key=_canonical)
