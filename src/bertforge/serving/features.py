@@ -9,38 +9,26 @@ the last four layers concatenated came within 0.3 F1 of fine-tuning on CoNLL-200
 Input: one text per line (UTF-8, optionally .gz / .bz2 / .xz; ``-`` reads stdin), read as the TF
 script reads it: each line is stripped and ``text_a ||| text_b`` is a pair, encoded as
 ``[CLS] a [SEP] b [SEP]`` with segments 0 and 1. A blank line is an input too (``[CLS] [SEP]``), so
-input ``i`` (``linex_index``) is line ``i + 1``. `extract_features` takes texts or (a, b) pairs.
+input ``i`` (``linex_index``) is line ``i + 1``. `extract_features` takes texts or (a, b) pairs, and
+its settings as one `FeatureSettings` (the flags of ``bertforge features``) or as keyword arguments.
 
-The settings below (layers, combine, pooling, window length and stride, batch size, precision,
-device, a progress bar) are one `FeatureSettings`, which ``bertforge features`` builds from its
-flags and the functions here take as it is (or as keyword arguments, for a call from Python).
-
-Layers are indexes into ``hidden_states``: 0 is the embedding output, 1..L the L Transformer
-layers, and negative indexes count from the end (-1 the last layer, -L the first, -(L+1) the
-embeddings). Negative indexes mean what they meant to the TF script; its non-negative ones were
-one lower (its 0 was the first Transformer layer: it had no access to the embeddings).
+Layers are indexes into ``hidden_states``: 0 the embedding output, 1..L the Transformer layers,
+negative ones from the end (-1 the last layer) as in the TF script (whose 0 was the first layer).
 ``combine="concat"`` puts the chosen layers side by side in the order given (L_chosen * H values
 per token); ``"sum"`` adds them (H values).
 
-Pooling: none gives one vector per token, [CLS] and [SEP] included (as the TF script writes them);
-``"cls"`` the vector at [CLS]; ``"mean"`` the mean over the input's tokens ([CLS] and [SEP]
-included, padding never: sentence-transformers' mean pooling). Both pool the chosen layers as
-combined; with pooling and no layers given, the last layer alone. The pooler (Dense + tanh over
-[CLS], trained for next-sentence prediction) is not used. A left-to-right model (config
-``is_decoder``, ``pretrain --objective ltr``) has no ``"cls"`` pooling: its [CLS] vector has seen
-[CLS] alone, nothing of the text. `embed` also pools ``"last"``, the input's last token (its final
-[SEP], from the last window), where a left-to-right model's sentence heads pool.
+Pooling: none gives a vector per token, [CLS] and [SEP] included (as the TF script writes them);
+``"cls"`` the vector at [CLS] (not the NSP pooler; refused for a left-to-right model, config
+``is_decoder``, whose [CLS] has seen [CLS] alone); ``"mean"`` the mean over the input's tokens,
+[CLS] and [SEP] included (sentence-transformers'); `embed` also ``"last"``, the final [SEP], where
+a left-to-right model's sentence heads pool. Pooled: the chosen layers as combined (default: -1).
 
-Long texts are never truncated. An input of more than ``max_seq_length`` tokens is cut into
-overlapping windows, ``stride`` tokens apart (half a window by default), each a forward pass of its
-own, and every token takes its vector from the window where it has the most context: the largest
-min(tokens left of it, tokens right of it) within the window's piece, plus 0.01 * the piece's
-length, the first such window on ties (the TF release's SQuAD rule). [CLS] comes from the first
-window and the final [SEP] from the last. A pair that does not fit keeps its shorter segment whole
-in every window and cuts the longer one; the shorter segment and the [SEP] between the two take
-their vectors from the window whose piece adjoins them (the first window when the longer segment is
-the second, else the last). A pair whose shorter segment fills more than half a window is an error
-(raise ``max_seq_length``): cutting both would leave no window that sees them together.
+Long texts are never truncated: an input of more than ``max_seq_length`` tokens is cut into
+windows ``stride`` tokens apart (half a window by default), and every token takes its vector from
+the window where it has the most context (the TF release's SQuAD rule: the largest min(left, right
+context) + 0.01 * the piece's length, the first on ties); [CLS] comes from the first window, the
+final [SEP] from the last. A pair keeps its shorter segment whole in every window and cuts the
+longer one; a shorter segment of more than half a window is an error (raise ``max_seq_length``).
 
 Outputs, chosen by the file's suffix:
 
@@ -63,12 +51,8 @@ Outputs, chosen by the file's suffix:
     ``hidden_size``).
 
 Arrays are written through memory maps, so memory stays bounded by one chunk of inputs (about
-256 MB of vectors, or one input's vectors when it alone is more) whatever the size of the run.
-Their files' blocks are allocated before the first vector is computed (``posix_fallocate``, where
-the system has it), so a disk too small for them is an error naming the file at once, not a crash
-(SIGBUS) when the map writes a page the disk has no room for. Inputs are batched with others of
-similar length and padded to the batch's longest. Every file is written to a temporary name and
-renamed when complete.
+256 MB of vectors), their blocks allocated up front: a disk too small is an error naming the file,
+not a SIGBUS. Every file is written to a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -100,8 +84,7 @@ from bertforge.settings import check_settings, setting
 from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
 __all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
-           "split_pair", "parse_layers", "output_format", "COMBINES", "POOLINGS", "EmbedPooling", "SUFFIXES",
-           "DEFAULT_LAYERS"]
+           "split_pair", "parse_layers", "output_format", "POOLINGS", "EmbedPooling", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
@@ -109,9 +92,7 @@ DEFAULT_LAYERS = (-1, -2, -3, -4)
 DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's positions when it has fewer
 Combine = Literal["concat", "sum"]
 EmbedPooling = Literal["cls", "mean", "last"]
-COMBINES: tuple[str, ...] = typing.get_args(Combine)
-POOLINGS: tuple[str, ...] = ("cls", "mean")
-"""What `extract_features` and `write_features` pool by; `embed` also takes "last"."""
+POOLINGS: tuple[str, ...] = ("cls", "mean")  # extract_features' and write_features'; embed also takes "last"
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
@@ -120,11 +101,9 @@ _ENCODE_BATCH = 4096  # texts per call to the tokenizer
 # ---------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class FeatureSettings:
-    """Which vectors to take (layers, combine, pooling) and how inputs run through the model
-    (windows, batches, number format, device, progress bar); the module docstring describes each.
-    Checked when made (types, choices and ranges as every source of settings is: `bertforge.settings`);
-    what depends on the model (the layers it has, its positions, a left-to-right model's [CLS]) is
-    checked once the model is loaded."""
+    """Which vectors to take (layers, combine, pooling) and how inputs run through the model (module
+    docstring). Checked when made (`bertforge.settings`); what depends on the model (its layers and
+    positions, a left-to-right model's [CLS]) is checked once the model is loaded."""
 
     layers: tuple[int, ...] | None = None
     """comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output (none: -1,-2,-3,-4, or -1
@@ -135,8 +114,7 @@ class FeatureSettings:
     """one vector per input: at [CLS] (not for left-to-right models), its tokens' mean, or (`embed` only) its
     final [SEP] (none: a vector per token)"""
     max_seq_length: int | None = setting(None, at_least=4)
-    """tokens per forward pass; longer inputs are cut into windows (none: 128, or the model's positions if
-    fewer)"""
+    """tokens per forward pass; longer inputs are cut into windows (none: 128, or the model's positions if fewer)"""
     stride: int = setting(0, at_least=0)
     """tokens between window starts (0: half a window)"""
     batch_size: int = setting(32, at_least=1)
@@ -211,26 +189,22 @@ def _windows(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int, max_len: i
     parts = [[cls], a, [sep]] + ([b, [sep]] if b is not None else [])
     seq = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     n, n_a = len(seq), len(a) + 2
-    if n <= max_len:
-        every = np.arange(n)
-        return seq, [_Window(seq, n_a, every, every)]
     pos = np.arange(n)
+    if n <= max_len:
+        return seq, [_Window(seq, n_a, pos, pos)]
     piece_in_a = b is None or len(a) > len(b)  # the shorter segment of a pair (a on ties) stays whole
-    if b is None:
-        room = max_len - 2
-        pre, long, post = pos[:1], pos[1:-1], pos[-1:]
-    else:
-        room = max_len - 3
+    room = max_len - (2 if b is None else 3)
+    if b is not None:
         short = len(b) if piece_in_a else len(a)
         if short > room // 2:
             raise ValueError(f"input {index}: a pair of {len(a)} + {len(b)} tokens whose shorter segment is longer "
                              f"than half a window ({room // 2} tokens at max_seq_length {max_len}); raise "
                              "max_seq_length")
         room -= short
-        if piece_in_a:
-            pre, long, post = pos[:1], pos[1:n_a - 1], pos[n_a - 1:]
-        else:
-            pre, long, post = pos[:n_a], pos[n_a:-1], pos[-1:]
+    if piece_in_a:  # a single text is one long segment between [CLS] and [SEP]
+        pre, long, post = pos[:1], pos[1:n_a - 1], pos[n_a - 1:]
+    else:
+        pre, long, post = pos[:n_a], pos[n_a:-1], pos[-1:]
     step = stride or max(1, room // 2)
     if step > room:
         raise ValueError(f"stride {stride} is longer than a window's room ({room} tokens): tokens between "
@@ -240,11 +214,10 @@ def _windows(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int, max_len: i
     # The max-context rule: each token of the cut segment keeps the window where it sits most centrally.
     owner = max_context_window(starts, np.minimum(starts + room, m) - starts, np.arange(m))
     windows = []
-    last = len(starts) - 1
     for k, s in enumerate(starts):
         j = np.arange(s, min(s + room, m))
         where = np.concatenate([pre, long[j], post])
-        keep = np.concatenate([np.full(len(pre), k == 0), owner[j] == k, np.full(len(post), k == last)])
+        keep = np.concatenate([np.full(len(pre), k == 0), owner[j] == k, np.full(len(post), k == len(starts) - 1)])
         src = np.flatnonzero(keep)
         windows.append(_Window(seq[where], len(j) + 2 if piece_in_a else n_a, src, where[src]))
     return seq, windows
@@ -266,9 +239,7 @@ class _Spec:
 
 def _collate(windows: list[_Window], device: torch.device) -> dict[str, torch.Tensor]:
     B, T = len(windows), max(len(w.ids) for w in windows)
-    ids = np.zeros((B, T), dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    types = np.zeros((B, T), dtype=np.int64)
+    ids, mask, types = np.zeros((3, B, T), dtype=np.int64)
     for i, w in enumerate(windows):
         ids[i, :len(w.ids)] = w.ids
         mask[i, :len(w.ids)] = 1
@@ -326,29 +297,24 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
 
     def flush(items: list[int]) -> None:
         for i, seq, vectors in _run_chunk(model, inputs, items, spec, cls, sep, bar):
-            if pooling == "cls":
-                vectors = vectors[0]
-            elif pooling == "last":
-                vectors = vectors[-1]
-            elif pooling == "mean":
+            if pooling == "mean":
                 vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
+            elif pooling:
+                vectors = vectors[0 if pooling == "cls" else -1]
             add(i, seq, vectors)
 
-    with frozen_weights(speed_up(model)), int8_weights(model, spec.precision == "int8"):
-        try:
-            chunk: list[int] = []
-            tokens = 0
-            for i, x in enumerate(inputs):
-                n = _length(*x)
-                if chunk and tokens + n > limit:
-                    flush(chunk)
-                    chunk, tokens = [], 0
-                chunk.append(i)
-                tokens += n
-            flush(chunk)
-        finally:
-            if bar is not None:
-                bar.close()
+    with (frozen_weights(speed_up(model)), int8_weights(model, spec.precision == "int8"),
+          bar or contextlib.nullcontext()):
+        chunk: list[int] = []
+        tokens = 0
+        for i, x in enumerate(inputs):
+            n = _length(*x)
+            if chunk and tokens + n > limit:
+                flush(chunk)
+                chunk, tokens = [], 0
+            chunk.append(i)
+            tokens += n
+        flush(chunk)
 
 
 # ---------------------------------------------------------------------------- setting up
@@ -432,21 +398,18 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
 # ---------------------------------------------------------------------------- results
 @dataclass
 class Extracted:
-    """Features of N inputs: per token (``offsets`` set) or pooled (one row per input)."""
+    """Features of N inputs, per token or pooled: ``values``, ``offsets`` and ``token_ids`` are the
+    arrays of the ``.npy`` layout (module docstring; the last two None when pooled), ``layers`` the
+    indexes as given, ``windowed`` the number of inputs longer than max_seq_length."""
 
     values: np.ndarray
-    """float32: (total_tokens, D), every input's tokens in input order; pooled: (N, D)."""
     offsets: np.ndarray | None
-    """int64 (N + 1,): input i is ``values[offsets[i]:offsets[i + 1]]``; None when pooled."""
     token_ids: np.ndarray | None
-    """int32 (total_tokens,): the token of each row of ``values``; None when pooled."""
     layers: tuple[int, ...]
-    """The layer indexes as given (module docstring)."""
     combine: str
     pooling: str | None
     hidden_size: int
     windowed: int = 0
-    """Inputs longer than max_seq_length (cut into windows)."""
 
     def __len__(self) -> int:
         return len(self.values) if self.offsets is None else len(self.offsets) - 1
@@ -461,14 +424,6 @@ class Extracted:
     def num_tokens(self) -> int:
         return len(self.values) if self.token_ids is not None else 0
 
-    def summary(self) -> str:
-        what = (f"{len(self):,} inputs" + ("" if self.pooling else f", {self.num_tokens:,} tokens")
-                + f", {self.values.shape[1]} values each (layers {','.join(map(str, self.layers))}, {self.combine}"
-                + (f", {self.pooling} pooling" if self.pooling else "") + ")")
-        if self.windowed:
-            what += f"; {self.windowed:,} inputs longer than max_seq_length were cut into windows"
-        return what
-
 
 def _layout(s: _Setup) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Name -> (dtype, shape) of the result's arrays (module docstring: the file layouts)."""
@@ -480,77 +435,63 @@ def _layout(s: _Setup) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
             "token_ids": (np.dtype(np.int32), (total,))}
 
 
-def _allocate(s: _Setup, make: Callable[[str, np.dtype, tuple[int, ...]], np.ndarray]) -> Extracted:
-    """An `Extracted` whose arrays ``make(name, dtype, shape)`` provides (in memory or memory-mapped)."""
+def _extract(s: _Setup, make: Callable[[str, np.dtype, tuple[int, ...]], np.ndarray]) -> Extracted:
+    """The features of ``s`` in arrays ``make(name, dtype, shape)`` provides: in memory, or memory-mapped
+    from a file (flushed to it at the end)."""
     arrays = {name: make(name, dtype, shape) for name, (dtype, shape) in _layout(s).items()}
-    offsets = arrays.get("offsets")
+    values, offsets, token_ids = arrays["features"], arrays.get("offsets"), arrays.get("token_ids")
     if offsets is not None:
         offsets[0] = 0
         np.cumsum([_length(*x) for x in s.inputs], out=offsets[1:])
-    return Extracted(arrays["features"], offsets, arrays.get("token_ids"), s.spec.layers, s.spec.settings.combine,
-                     s.spec.settings.pooling, s.model.config.hidden_size, s.windowed)
 
-
-def _fill(s: _Setup, result: Extracted) -> None:
     def add(i: int, seq: np.ndarray, vectors: np.ndarray) -> None:
-        if result.offsets is None:
-            result.values[i] = vectors
+        if offsets is None:
+            values[i] = vectors
         else:
-            a, b = result.offsets[i], result.offsets[i + 1]
-            result.values[a:b] = vectors
-            result.token_ids[a:b] = seq  # type: ignore[index]
+            a, b = offsets[i], offsets[i + 1]
+            values[a:b] = vectors
+            token_ids[a:b] = seq  # type: ignore[index]
 
     _run(s.model, s.inputs, s.spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add)
+    for array in arrays.values():
+        if isinstance(array, np.memmap):
+            array.flush()
+    return Extracted(values, offsets, token_ids, s.spec.layers, s.spec.settings.combine, s.spec.settings.pooling,
+                     s.model.config.hidden_size, s.windowed)
 
 
 def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]],
                      settings: FeatureSettings | None = None, **options: Any) -> Extracted:
-    """Token vectors (or pooled sentence vectors) of ``texts`` in memory; see the module docstring.
-
-    ``texts``: strings, or (text_a, text_b) pairs (``text_b`` may be None). ``settings``: a
-    `FeatureSettings` (default: its defaults); ``options``: any of its fields, given instead or over
-    it (``extract_features(path, texts, pooling="mean")``). Layers default to -1,-2,-3,-4 (with
-    ``pooling``: -1); ``max_seq_length`` to 128 (or the model's positions if fewer), longer inputs
-    cut into windows ``stride`` tokens apart (0: half a window). ``precision``: auto (the faster of
-    fp32 and bf16 on the device), fp32, bf16 (autocast, CPU or CUDA), fp16 (CUDA) or int8 (CPU,
-    `bertforge.fast.int8`).
-    """
+    """Token vectors (or pooled sentence vectors) of ``texts``, strings or (text_a, text_b or None) pairs,
+    in memory (module docstring). ``settings``: a `FeatureSettings` (default: its defaults); ``options``:
+    any of its fields, given instead or over it (``extract_features(path, texts, pooling="mean")``)."""
     s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))
-    result = _allocate(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
-    _fill(s, result)
-    return result
+    return _extract(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
 
 
 def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str | None]],
           settings: FeatureSettings | None = None, **options: Any) -> np.ndarray:
-    """(N, D) float32 pooled vectors of ``texts`` from a model already loaded (on its device, in eval
-    mode): `extract_features` with pooling for a model in memory, such as a predictor's encoder.
-
-    ``model``: a `BertModel` (a head's ``.bert``); ``tokenizer``: its tokenizer. ``settings`` and
-    ``options`` are `extract_features`'s, pooling "mean" by default (None is no choice here) and
-    "last" also allowed: the input's final [SEP] (from the last window), where a left-to-right
-    model's sentence heads pool. Long inputs are cut into windows, each token taken from the window
-    where it has the most context. ``precision`` is resolved for the model's device; int8 for this
-    call only. ``device`` is not used: the model runs where it is."""
+    """(N, D) float32 pooled vectors of ``texts`` from a `BertModel` already loaded (a head's ``.bert``,
+    on its device, in eval mode), such as a predictor's encoder. ``settings`` and ``options`` are
+    `extract_features`'s, pooling "mean" by default, never None, and "last" allowed (module docstring).
+    ``precision`` is resolved for the model's device (int8 for this call only); ``device`` is not used."""
     settings = _settings(settings, options, FeatureSettings(pooling="mean"))
     if settings.pooling is None:
         raise ValueError(f"pooling must be one of {', '.join(typing.get_args(EmbedPooling))}, got None")
     _check_pooling(model.config, settings.pooling, f"this {type(model).__name__}")
     spec = _resolve(settings, model.config, next(model.parameters()).device)
-    out = np.zeros((len(texts), spec.dim), dtype=np.float32)
-
-    def add(i: int, seq: np.ndarray, vector: np.ndarray) -> None:
-        out[i] = vector
-
-    _run(model, _encode(tokenizer, texts), spec, tokenizer.cls_token_id, tokenizer.sep_token_id, add)
-    return out
+    s = _Setup(model, tokenizer, _encode(tokenizer, texts), spec, windowed=0)
+    return _extract(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype)).values
 
 
 # ---------------------------------------------------------------------------- files
 def _jsonl(s: _Setup, out: Path) -> list[Path]:
     spec, H = s.spec, s.model.config.hidden_size
-    layers, combine, pooling = spec.layers, spec.settings.combine, spec.settings.pooling
+    layers, pooling = spec.layers, spec.settings.pooling
     tokens = s.tokenizer.convert_ids_to_tokens
+    # A token's entries: one per layer (concat), or one for the layers summed; (index, the row's values).
+    groups = ([(list(layers), slice(None))] if spec.settings.combine == "sum"
+              else [(given, slice(k * H, (k + 1) * H)) for k, given in enumerate(layers)])
 
     def rounded(v: np.ndarray) -> list[float]:
         return [round(x, 6) for x in v.tolist()]  # as the TF script rounds: round(float(x), 6)
@@ -561,41 +502,19 @@ def _jsonl(s: _Setup, out: Path) -> list[Path]:
                 record: dict[str, Any] = {"linex_index": i, "pooling": pooling, "layers": list(layers),
                                           "values": rounded(vectors)}
             else:
-                features = []
-                for token, row in zip(tokens(seq.tolist()), vectors):
-                    if combine == "concat":
-                        entries = [{"index": given, "values": rounded(row[k * H:(k + 1) * H])}
-                                   for k, given in enumerate(layers)]
-                    else:
-                        entries = [{"index": list(layers), "values": rounded(row)}]
-                    features.append({"token": token, "layers": entries})
-                record = {"linex_index": i, "features": features}
+                record = {"linex_index": i, "features": [
+                    {"token": token, "layers": [{"index": at, "values": rounded(row[part])} for at, part in groups]}
+                    for token, row in zip(tokens(seq.tolist()), vectors)]}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
         _run(s.model, s.inputs, spec, s.tokenizer.cls_token_id, s.tokenizer.sep_token_id, add)
     return [out]
 
 
-def _fill_mapped(s: _Setup, open_map: Callable[[str, np.dtype, tuple[int, ...]], np.memmap]) -> None:
-    """Fill arrays that ``open_map(name, dtype, shape)`` maps from a file, then flush them to it."""
-    maps: list[np.memmap] = []
-
-    def make(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        maps.append(open_map(name, dtype, shape))
-        return maps[-1]
-
-    _fill(s, _allocate(s, make))
-    for m in maps:
-        m.flush()
-
-
 def _allocate_file(path: Path, header: bytes, size: int) -> None:
-    """Write ``header`` to ``path``, followed by ``size`` bytes whose blocks are allocated now.
-
-    A file extended by truncate() alone is sparse: a memory map of it takes a block from the disk
-    when it first writes a page, and a full disk there kills the process with SIGBUS. Allocated
-    up front, a disk too small is an ENOSPC error before anything is computed. Systems without
-    posix_fallocate, and file systems that refuse it, keep the sparse file."""
+    """Write ``header`` to ``path``, then ``size`` bytes whose blocks are allocated now where the system
+    allows: a sparse file takes its blocks when a memory map first writes a page, and a full disk there
+    is a SIGBUS; allocated up front, it is an ENOSPC error before anything is computed."""
     with open(path, "wb") as f:
         f.write(header)
         f.truncate(len(header) + size)
@@ -621,7 +540,7 @@ def _npy(s: _Setup, out: Path) -> list[Path]:
         return np.memmap(tmp, dtype=dtype, mode="r+", offset=header.tell(), shape=shape)
 
     with contextlib.ExitStack() as stack:
-        _fill_mapped(s, open_map)
+        _extract(s, open_map)
     return [paths[name] for name in _layout(s)]
 
 
@@ -645,14 +564,13 @@ def _safetensors(s: _Setup, out: Path) -> list[Path]:
     data_start = 8 + len(text)
     with atomic_path(out) as tmp:
         _allocate_file(tmp, struct.pack("<Q", len(text)) + text, begin)
-        _fill_mapped(s, lambda name, dtype, shape: np.memmap(
+        _extract(s, lambda name, dtype, shape: np.memmap(
             tmp, dtype=dtype.newbyteorder("<"), mode="r+", offset=data_start + header[name]["data_offsets"][0],
             shape=shape))
     return [out]
 
 
-_WRITERS: dict[str, Callable[[_Setup, Path], list[Path]]] = {
-    ".jsonl": _jsonl, ".npy": _npy, ".safetensors": _safetensors}
+_WRITERS = {".jsonl": _jsonl, ".npy": _npy, ".safetensors": _safetensors}
 
 
 @dataclass
@@ -666,11 +584,9 @@ class Written:
     windowed: int
 
     def summary(self) -> str:
-        text = f"wrote {self.inputs:,} inputs ({self.tokens:,} tokens) as {self.dim}-value vectors to " + ", ".join(
-            map(str, self.files))
-        if self.windowed:
-            text += f"; {self.windowed:,} inputs longer than max_seq_length were cut into windows"
-        return text
+        windowed = f"; {self.windowed:,} inputs longer than max_seq_length were cut into windows"
+        return (f"wrote {self.inputs:,} inputs ({self.tokens:,} tokens) as {self.dim}-value vectors to "
+                + ", ".join(map(str, self.files)) + (windowed if self.windowed else ""))
 
 
 def output_format(out: str | Path) -> str:
@@ -689,5 +605,4 @@ def write_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str 
     out = Path(out)
     writer = _WRITERS[output_format(out)]
     s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))
-    files = writer(s, out)
-    return Written(files, len(s.inputs), sum(_length(*x) for x in s.inputs), s.spec.dim, s.windowed)
+    return Written(writer(s, out), len(s.inputs), sum(_length(*x) for x in s.inputs), s.spec.dim, s.windowed)

@@ -12,9 +12,8 @@ The head comes from config.json's ``architectures``: BertForMaskedLM / BertForPr
 fill-mask, BertForSequenceClassification -> classification (regression, multi-label),
 BertForTokenClassification -> tagging, BertForQuestionAnswering -> qa, BertForMultipleChoice ->
 multiple-choice, BertModel -> embeddings; ``head="embeddings"`` takes sentence embeddings of any
-checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with (lengths,
-truncation or windows, SQuAD's limits, the tag scheme; `bertforge.tasks.finetune`), which ``settings``
-override (`bertforge.tasks.finetune.input_settings`: each checked as its flag is).
+checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with, which
+``settings`` override (`bertforge.tasks.finetune.input_settings`).
 
 Inputs. A string, ``"a ||| b"`` for a pair (QA: ``"question ||| context"``; multiple choice:
 ``"context ||| choice 1 ||| choice 2 ..."``), a list of strings, or a mapping: ``{"text",
@@ -27,9 +26,7 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
   its ``start`` / ``end`` characters and the ``top_k`` most likely tokens, each ``{"token", "id",
   "score", "sequence"}`` (softmax probability, best first; ``sequence``: the text with that mask
   filled in). A text without a mask, or longer than the model's positions, is an `InputError`. A
-  left-to-right checkpoint (config ``is_decoder``, ``pretrain --objective ltr``) has no fill-mask: it
-  was trained to predict the next token and never saw [MASK], so its predictor refuses that head
-  (ValueError) and offers its embeddings.
+  left-to-right checkpoint (config ``is_decoder``) never saw [MASK]: it has no fill-mask (ValueError).
 - classification: ``label``, its ``score`` and ``probabilities`` of every label (softmax; for a
   multi-label head, sigmoids, and ``labels``: those above 0.5); regression: ``score``.
 - tagging: ``words`` (the tokenizer's words with their characters and tags) and ``entities``,
@@ -40,19 +37,15 @@ Records, one JSON-able dict per input, with its ``index`` and its text(s):
 - embeddings: ``embedding``: ``pooling`` "mean" (over the input's tokens, [CLS] and [SEP]
   included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]). A
   left-to-right model's [CLS] has seen only itself: "cls" is an `InputError` there, and its pooler
-  reads the input's last token (the final [SEP]), where its sentence heads pool
-  (`bertforge.model.heads`).
+  reads the final [SEP], where its sentence heads pool (`bertforge.model.heads`).
 
-The work is the fine-tuning families' own (`bertforge.tasks`: each family's ``predict_texts``):
-truncation or windows for long inputs and their averaging or max-context rules, first-WordPiece tags and
-conlleval's entity spans, SQuAD's n-best post-processing; embeddings are the features module's
-(`bertforge.serving.features.embed`: windows and pooling). Inputs run in batches of similar length
-(sorted, then put back in order); the model skips padding in its dense layers.
+The work is the fine-tuning families' own (each family's ``predict_texts``: long inputs, tags and
+entity spans, SQuAD's n-best post-processing); embeddings are `bertforge.serving.features.embed`'s.
+Inputs run in batches of similar length (sorted, then put back in order).
 
-Precision: ``precision`` is `bertforge.train.precision`'s: "fp32" (the default), "bf16" (autocast,
-CPU or CUDA), "fp16" (CUDA), "int8" (CPU: the encoder's dense layers in int8, `bertforge.fast.int8`)
-or "auto" (the faster of fp32 and bf16 on the device).
-``dtype`` names the same as a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
+Precision (`bertforge.train.precision`): "fp32" (the default), "bf16" (autocast, CPU or CUDA), "fp16"
+(CUDA), "int8" (CPU: the encoder's dense layers, `bertforge.fast.int8`) or "auto" (the faster of fp32
+and bf16 on the device); or ``dtype``, a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
 """
 
 from __future__ import annotations
@@ -84,16 +77,14 @@ logger = logging.getLogger("bertforge")
 HEADS = ("fill-mask", "classification", "tagging", "qa", "multiple-choice", "embeddings")
 Pooling = Literal["mean", "cls", "pooler"]
 POOLINGS: tuple[str, ...] = typing.get_args(Pooling)
-SEPARATOR = " ||| "
-"""Between the texts of one input line (the TF release's extract_features convention)."""
+SEPARATOR = " ||| "  # between the texts of one input line (the TF release's extract_features convention)
 
 _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fill-mask",
                        "BertForSequenceClassification": "classification", "BertForTokenClassification": "tagging",
                        "BertForQuestionAnswering": "qa", "BertForMultipleChoice": "multiple-choice",
                        "BertModel": "embeddings"}
 """A head class -> the predictor's head; a subclass (a BiLSTM variant) reads as the head it extends."""
-FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")
-"""Heads read through their fine-tuning family (and able to predict on the family's files)."""
+FINE_TUNED_HEADS = ("classification", "tagging", "qa", "multiple-choice")  # read through their fine-tuning family
 _DTYPE_PRECISIONS = {torch.float32: "fp32", "float32": "fp32", torch.bfloat16: "bf16", "bfloat16": "bf16",
                      torch.float16: "fp16", "float16": "fp16", **{p: p for p in INFERENCE_PRECISIONS}}
 _INPUT_KEYS = (("text", "text_pair"), ("question", "context"), ("context", "choices"))
@@ -110,9 +101,8 @@ class InputError(ValueError):
 
 # ---------------------------------------------------------------------------- inputs
 def parse_input(x: Any, index: int | None = None) -> tuple[str, ...]:
-    """One input as its texts: ``"a ||| b"`` -> ("a", "b"); a list of strings; or a mapping with the
-    keys of a pair (``text`` / ``text_pair``), a question (``question`` / ``context``) or a choice
-    (``context`` / ``choices``)."""
+    """One input as its texts: ``"a ||| b"`` -> ("a", "b"); a list of strings; or a mapping of a pair
+    (``text`` / ``text_pair``), a question (``question`` / ``context``) or a choice (``context`` / ``choices``)."""
     if isinstance(x, str):
         return tuple(x.split(SEPARATOR))
     if isinstance(x, (list, tuple)) and x and all(isinstance(t, str) for t in x):
@@ -167,14 +157,10 @@ def _one_or_many(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Predictor:
-    """A checkpoint's model, tokenizer and settings, ready for raw text (module docstring).
-
-    Not for concurrent calls from several threads unless its forward passes take turns (`take_turns`,
-    as `bertforge.serving.http` does), or the calls are serialised.
-    Its model is prepared for fast inference with frozen weights (`bertforge.fast.speed_up`): do not train it.
-
-    ``settings``: a fine-tuned head's `bertforge.tasks.base.TaskSettings` (a `FinetuneConfig`), and
-    ``family`` its task family (default: the settings' task's)."""
+    """A checkpoint's model, tokenizer and settings (a fine-tuned head's `FinetuneConfig`, and its task
+    ``family``), ready for raw text (module docstring). Its model is prepared for inference with frozen
+    weights (`bertforge.fast.speed_up`): do not train it. Calls from several threads must take turns
+    (`take_turns`, as `bertforge.serving.http` does) or be serialised."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device | str,
                  precision: str = "fp32", dtype: torch.dtype | str | None = None, settings: Any = None,
@@ -196,7 +182,6 @@ class Predictor:
         if settings is not None and settings.eval_batch_size != batch_size:
             settings = dataclasses.replace(settings, eval_batch_size=batch_size)
         self.settings = settings
-        """The fine-tuning settings (a `FinetuneConfig`) of a fine-tuned head; None otherwise."""
         if family is None and settings is not None:
             from bertforge.tasks import family_for
 
@@ -205,42 +190,26 @@ class Predictor:
         self.batch_size = batch_size
         positions = model.config.max_position_embeddings
         self.max_seq_length = min(max_seq_length or positions, positions)
-        """Tokens per forward pass (fill-mask, embeddings): longer texts are an error for fill-mask,
-        windows for embeddings."""
+        """Tokens per forward pass: longer texts are an error for fill-mask, windows for embeddings."""
         self.stride = stride
         self.name = name
         self.stopped_early: dict[str, Any] | None = None
-        """The model folder's stop marker (`bertforge.train.rundir.STOP_MARKER`: the step, max_steps and reason
-        of a training run that stopped before its end, so the model is partial); None for a finished model."""
+        """The stop marker (`bertforge.train.rundir.STOP_MARKER`) of a partial model; None for a finished one."""
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
                         precision: str = "fp32", head: str | None = None, batch_size: int = 32,
                         settings: Mapping[str, Any] | None = None) -> Predictor:
-        """Load a checkpoint folder for inference. ``precision`` (or ``dtype``): module docstring.
-        ``head``: None (the checkpoint's) or "embeddings". ``settings``:
-        `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride, SQuAD's limits,
-        tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose training
-        stopped early loads with a warning and `stopped_early` set."""
-        from bertforge.train.rundir import read_stop_marker
-
-        predictor = cls._load(path, device, dtype, precision=precision, head=head, batch_size=batch_size,
-                              settings=settings)
-        predictor.stopped_early = read_stop_marker(path)
-        if predictor.stopped_early is not None:
-            mark = predictor.stopped_early
-            logger.warning("%s: a partial model: its training stopped early at step %s of %s (%s)", path,
-                           mark.get("step", "?"), mark.get("max_steps", "?"), mark.get("reason", "unknown reason"))
-        return predictor
-
-    @classmethod
-    def _load(cls, path: str | Path, device: str, dtype: torch.dtype | str | None, *, precision: str,
-              head: str | None, batch_size: int, settings: Mapping[str, Any] | None) -> Predictor:
-        from bertforge.model.heads import infer_model_class
+        """Load a checkpoint folder for inference. ``head``: None (the checkpoint's) or "embeddings".
+        ``settings``: `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride,
+        SQuAD's limits, tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose
+        training stopped early loads with a warning and `stopped_early` set."""
         from bertforge.model.config import BertConfig
-        from bertforge.train.distributed import setup
+        from bertforge.model.heads import infer_model_class
         from bertforge.tasks.finetune import SETTINGS_KEY, input_settings, load_finetuned
         from bertforge.text.tokenizer import BertTokenizer
+        from bertforge.train.distributed import setup
+        from bertforge.train.rundir import read_stop_marker
 
         model_class = infer_model_class(path)
         own = _ARCHITECTURE_HEADS[model_class.__name__]
@@ -255,17 +224,22 @@ class Predictor:
             if head == "qa" and not settings.get("task") and not BertConfig.load(path).extra.get(SETTINGS_KEY):
                 settings["task"] = "squad"  # fine-tuned elsewhere: always answer (task squad2 allows no answer)
             ft = load_finetuned(path, {**settings, "device": device})
-            positions = ft.model.config.max_position_embeddings
-            cfg = dataclasses.replace(ft.settings, max_seq_length=min(ft.settings.max_seq_length, positions),
-                                      eval_batch_size=batch_size)
-            return cls(ft.model, ft.tokenizer, head, device=ft.device, precision=precision, dtype=dtype, settings=cfg,
-                       family=ft.family, batch_size=batch_size, max_seq_length=cfg.max_seq_length, stride=cfg.stride,
-                       name=str(path))
-        dev = setup(device).device
-        model = model_class.from_pretrained(path).to(dev)
-        return cls(model, BertTokenizer.from_pretrained(path), head, device=dev, precision=precision, dtype=dtype,
-                   batch_size=batch_size, max_seq_length=settings.get("max_seq_length", 0),
-                   stride=settings.get("stride", 0), name=str(path))
+            cfg = dataclasses.replace(ft.settings, max_seq_length=min(ft.settings.max_seq_length,
+                                                                      ft.model.config.max_position_embeddings))
+            predictor = cls(ft.model, ft.tokenizer, head, device=ft.device, precision=precision, dtype=dtype,
+                            settings=cfg, family=ft.family, batch_size=batch_size, max_seq_length=cfg.max_seq_length,
+                            stride=cfg.stride, name=str(path))
+        else:
+            dev = setup(device).device
+            predictor = cls(model_class.from_pretrained(path).to(dev), BertTokenizer.from_pretrained(path), head,
+                            device=dev, precision=precision, dtype=dtype, batch_size=batch_size,
+                            max_seq_length=settings.get("max_seq_length", 0), stride=settings.get("stride", 0),
+                            name=str(path))
+        mark = predictor.stopped_early = read_stop_marker(path)
+        if mark is not None:
+            logger.warning("%s: a partial model: its training stopped early at step %s of %s (%s)", path,
+                           mark.get("step", "?"), mark.get("max_steps", "?"), mark.get("reason", "unknown reason"))
+        return predictor
 
     # -------------------------------------------------------------------- helpers
     @property
@@ -321,9 +295,8 @@ class Predictor:
         self._need(head)
         if head == "fill-mask":
             return self.fill_mask(inputs, top_k=top_k)
-        run = {"classification": self.classify, "tagging": self.tag, "qa": self.answer,
-               "multiple-choice": self.choose}[head]
-        return run(inputs)
+        return {"classification": self.classify, "tagging": self.tag, "qa": self.answer,
+                "multiple-choice": self.choose}[head](inputs)
 
     @_one_or_many
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
@@ -371,11 +344,10 @@ class Predictor:
             for slot, p in enumerate(q for q, t in enumerate(ids) if t == mask_id):
                 text = a if types[p] == 0 else b
                 start, end = offsets[p]
-                preds = []
-                for t, s in zip(top[slot].tolist(), probs[slot].tolist()):
-                    token = tok.convert_ids_to_tokens(t)
-                    preds.append({"token": token, "id": t, "score": s,
-                                  "sequence": text[:start] + token.removeprefix("##") + text[end:]})
+                best = top[slot].tolist()
+                preds = [{"token": token, "id": t, "score": score,
+                          "sequence": text[:start] + token.removeprefix("##") + text[end:]}
+                         for token, t, score in zip(tok.convert_ids_to_tokens(best), best, probs[slot].tolist())]
                 masks.append({"start": start, "end": end, **({"segment": types[p]} if b is not None else {}),
                               "predictions": preds})
             records.append(self._record(i, a, b, masks=masks))
@@ -384,12 +356,11 @@ class Predictor:
     def _tokenize(self, items: Sequence[tuple[str, str | None]]) -> list[tuple[list[int], list[int], list]]:
         """(ids, token types, character offsets in its own text) of ``[CLS] a [SEP] (b [SEP])`` per item."""
         out: list[Any] = [None] * len(items)
-        singles = [i for i, (_, b) in enumerate(items) if b is None]
-        pairs = [i for i, (_, b) in enumerate(items) if b is not None]
-        for where, texts in ((singles, ([items[i][0] for i in singles],)),
-                             (pairs, ([items[i][0] for i in pairs], [items[i][1] for i in pairs]))):
+        for paired in (False, True):  # the single texts in one call, the pairs in another
+            where = [i for i, (_, b) in enumerate(items) if (b is not None) == paired]
             if where:
-                enc = self.tokenizer(*texts, return_offsets_mapping=True)
+                enc = self.tokenizer(*([items[i][j] for i in where] for j in range(1 + paired)),
+                                     return_offsets_mapping=True)
                 for i, ids, types, offs in zip(where, enc["input_ids"], enc["token_type_ids"], enc["offset_mapping"]):
                     out[i] = (ids, types, offs)
         return out
@@ -401,9 +372,8 @@ class Predictor:
 
     @_one_or_many
     def classify(self, inputs: Sequence[Any], top_k: int | None = None) -> list[dict[str, Any]]:
-        """Label and probabilities (regression: the score) of each text or pair; a long input is cut
-        into windows whose logits are averaged (`bertforge.tasks.classification`). ``top_k``: only the
-        ``top_k`` most likely labels in ``probabilities``, best first (None: every label, in label order)."""
+        """Label and probabilities (regression: the score) of each text or pair (`bertforge.tasks.classification`).
+        ``top_k``: only the ``top_k`` most likely labels in ``probabilities``, best first (None: all, in order)."""
         self._need("classification")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
@@ -415,9 +385,8 @@ class Predictor:
 
     @_one_or_many
     def tag(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-        """A tag per word and the entities they make, with character offsets (`bertforge.tasks.tagging`:
-        first-WordPiece tags, max-context windows, conlleval's chunks). Words are the tokenizer's
-        (whitespace and punctuation split), as in CoNLL files."""
+        """A tag per word and the entities they make, with character offsets (`bertforge.tasks.tagging`);
+        words are the tokenizer's (whitespace and punctuation split), as in CoNLL files."""
         self._need("tagging")
         return self._predict_texts(self._texts(inputs, (1,), "tagging takes one text"))
 
@@ -460,17 +429,15 @@ class Predictor:
 
     @_one_or_many
     def embed(self, inputs: Sequence[Any], pooling: str = "mean", normalize: bool = False) -> np.ndarray:
-        """(N, H) float32 sentence embeddings of any checkpoint (module docstring). Long inputs are cut
-        into windows, each token taken from the window where it has the most context
-        (`bertforge.serving.features`); a left-to-right model's pooler reads the final [SEP] of the
-        last window. ``normalize``: each of unit length (cosine similarity is then a dot product)."""
+        """(N, H) float32 sentence embeddings of any checkpoint (module docstring), long inputs cut into
+        windows as `bertforge.serving.features` cuts them. ``normalize``: each of unit length (cosine
+        similarity is then a dot product)."""
         from bertforge.serving.features import FeatureSettings, embed
 
         self.check_pooling(pooling)
         bert = getattr(self.model, "bert", self.model)
-        causal = bert.config.is_decoder
         items = self._pairs(inputs)
-        at = "last" if causal else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
+        at = "last" if bert.config.is_decoder else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
         settings = FeatureSettings(pooling=at if pooling == "pooler" else pooling, max_seq_length=self.max_seq_length,
                                    stride=self.stride, batch_size=self.batch_size, precision=self.precision)
         out = embed(bert, self.tokenizer, items, settings)
@@ -485,11 +452,9 @@ class Predictor:
 
 # ---------------------------------------------------------------------------- taking turns
 class TurnLock:
-    """A lock handed to its waiters in the order they asked (first come, first served).
-
-    `threading.Lock` is not fair: a thread that releases it and asks again at once usually gets it
-    back before a waiting thread wakes up, so a long call taking it batch after batch would still
-    keep a short one waiting to the end."""
+    """A lock handed to its waiters in the order they asked. `threading.Lock` is not fair: a thread that
+    releases it and asks again at once usually gets it back before a waiter wakes up, so a long call
+    taking it batch after batch would keep a short one waiting to the end."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition(threading.Lock())
@@ -500,8 +465,7 @@ class TurnLock:
         with self._changed:
             ticket = self._issued
             self._issued += 1
-            while ticket != self._serving:
-                self._changed.wait()
+            self._changed.wait_for(lambda: ticket == self._serving)
 
     def __exit__(self, *exc: Any) -> None:
         with self._changed:
@@ -510,14 +474,10 @@ class TurnLock:
 
 
 def take_turns(predictor: Predictor) -> TurnLock:
-    """Make every forward pass of ``predictor``'s model (one batch) hold one `TurnLock`, released
-    between batches, and return it. Calls from several threads then share the model batch by batch
-    in arrival order: a short call waits for one batch of a long call rather than all of it, and the
-    machine's cores still go to one forward pass at a time. Calling it again returns the same lock.
-
-    The lock is taken by forward hooks on the model and on its encoder (the embeddings call the
-    encoder, and the pooler, alone); a call inside a call (the head calling its encoder) keeps the
-    lock it has."""
+    """Make every forward pass (one batch) of ``predictor``'s model hold one `TurnLock`, and return it
+    (the same one when called again). Calls from several threads then share the model batch by batch in
+    arrival order: a short call waits for one batch of a long call, not all of it. Forward hooks on the
+    model, its encoder and pooler (which embeddings call alone) take the lock; a call inside a call keeps it."""
     lock = getattr(predictor.model, "_turns", None)
     if lock is not None:
         return lock
@@ -544,10 +504,6 @@ def take_turns(predictor: Predictor) -> TurnLock:
 
 
 # ---------------------------------------------------------------------------- output
-def _score(x: float) -> str:
-    return f"{x:.4f}"
-
-
 def format_record(record: Mapping[str, Any], head: str) -> str:
     """One record as readable text (one or more lines, no trailing newline)."""
     text = record.get("text", "")
@@ -558,23 +514,22 @@ def format_record(record: Mapping[str, Any], head: str) -> str:
     if head == "fill-mask":
         lines = [text]
         for m in record["masks"]:
-            best = ", ".join(f"{p['token']} {_score(p['score'])}" for p in m["predictions"])
+            best = ", ".join(f"{p['token']} {p['score']:.4f}" for p in m["predictions"])
             lines.append(f"  [{m['start']}:{m['end']}] {best}")
         return "\n".join(lines)
     if head == "classification":
         if "label" not in record:
-            return f"{_score(record['score'])}\t{text}"
+            return f"{record['score']:.4f}\t{text}"
         labels = ",".join(record["labels"]) if "labels" in record else record["label"]
-        return f"{labels}\t{_score(record['score'])}\t{text}"
+        return f"{labels}\t{record['score']:.4f}\t{text}"
     if head == "tagging":
         found = [f"  {e['type']}\t[{e['start']}:{e['end']}]\t{e['text']}" for e in record["entities"]]
         return "\n".join([text, *(found or ["  (no entities)"])])
     if head == "qa":
-        answer = ("(no answer)" if record["no_answer"]
-                  else f"{record['answer']}\t[{record['start']}:{record['end']}]")
-        return f"{answer}\t{_score(record['score'])}\t{record['question']}"
+        answer = "(no answer)" if record["no_answer"] else f"{record['answer']}\t[{record['start']}:{record['end']}]"
+        return f"{answer}\t{record['score']:.4f}\t{record['question']}"
     if head == "multiple-choice":
-        return f"{record['choice']}\t{_score(record['probabilities'][record['choice']])}\t{record['text']}"
+        return f"{record['choice']}\t{record['probabilities'][record['choice']]:.4f}\t{record['text']}"
     raise ValueError(f"unknown head {head!r}")
 
 
