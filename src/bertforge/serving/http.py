@@ -12,28 +12,20 @@ Routes:
     POST /fill-mask, /classify, /tag, /answer, /choose    the same, on the route of the model's own head
     POST /embed      pooled sentence embeddings of any checkpoint ("pooling": mean, cls or pooler)
 
-Inputs are what `bertforge.serving.predictor.parse_input` reads: strings (``"a ||| b"`` for a pair,
-``"question ||| context"`` for QA), lists of strings, or objects (``{"text", "text_pair"}``,
-``{"question", "context"}``, ``{"context", "choices"}``); a single input may stand without its list.
-The predictions are `bertforge.serving.predictor.Predictor`'s records, one per input, in order.
+Inputs are what `bertforge.serving.predictor.parse_input` reads (``"a ||| b"`` for a pair or a question
+and its context, or objects); the predictions are the `Predictor`'s records, one per input, in order.
 
 Errors are JSON ``{"error": message}``: 400 for a body that is not a JSON object with ``inputs``
-(or a bad ``top_k`` / ``pooling``, or an unknown key), is not valid Unicode text (a lone surrogate
-such as ``"\\ud800"``) or nests deeper than `MAX_DEPTH`; 413 for a body over ``max_request_bytes``,
-more inputs than ``max_batch`` or more tokens than ``max_request_tokens``; 422 for inputs the model
-cannot take (none at all, no [MASK] for fill-mask, a fill-mask text longer than the model's
-positions, a QA input without its context, an input of the wrong type, ``"pooling": "cls"`` of a
-left-to-right model), naming the input; 404 and 405 for unknown routes and methods. A bad request
-never stops the server. A left-to-right checkpoint (config ``is_decoder``) has no fill-mask: its
-`Predictor` refuses that head, so such a service never starts (serve its embeddings instead).
+(or a bad ``top_k`` / ``pooling``, or an unknown key), is not valid Unicode text or nests deeper than
+`MAX_DEPTH`; 413 for a body over ``max_request_bytes``, more inputs than ``max_batch`` or more tokens
+than ``max_request_tokens`` (the bytes alone do not bound a request's work); 422 for inputs the model
+cannot take, naming the input; 404 and 405 for unknown routes and methods. A bad request never stops
+the server.
 
-Each request's inputs run as one call, in a worker thread so the server keeps accepting
-connections. The model runs one forward pass (one batch) at a time, the requests taking turns
-batch by batch in arrival order (`bertforge.serving.predictor.take_turns`): concurrent requests are
-safe, the machine's cores go to one forward pass rather than several fighting over them, and a
-short request waits for one batch of a long one, not for all of it. ``max_request_tokens`` bounds
-the work of one request (its bytes alone do not: 1 MiB of text is some 250,000 tokens), counted as
-the model runs it (`MAX_REQUEST_TOKENS`: a multiple-choice context once per choice).
+Each request's inputs run as one call, in a worker thread so the server keeps accepting connections.
+The model runs one batch at a time, the requests taking turns batch by batch in arrival order
+(`bertforge.serving.predictor.take_turns`): the cores go to one forward pass rather than several
+fighting over them, and a short request waits for one batch of a long one, not for all of it.
 """
 
 from __future__ import annotations
@@ -54,9 +46,8 @@ MAX_BATCH = 32
 MAX_REQUEST_BYTES = 1 << 20
 """Bytes of a request body, by default (1 MiB)."""
 MAX_REQUEST_TOKENS = 16384
-"""Tokens of a request, by default, counted as the model runs them: each input's WordPiece tokens plus
-[CLS] and a [SEP] per text; a multiple-choice input is one sequence per choice, ``[CLS] context [SEP]
-choice [SEP]``, so its context counts once per choice (32 inputs of 512 tokens)."""
+"""Tokens of a request, by default (32 inputs of 512), counted as the model runs them: [CLS] and a [SEP]
+per text, and a multiple-choice context once per choice."""
 MAX_DEPTH = 32
 """JSON nesting a request body may have (a request needs 4: body, inputs, an input, its choices)."""
 HEAD_ROUTES = {"fill-mask": "/fill-mask", "classification": "/classify", "tagging": "/tag", "qa": "/answer",
@@ -65,10 +56,9 @@ _KEYS = ("inputs", "top_k", "pooling")
 
 
 def _unservable(data: Any) -> str:
-    """Why a parsed body cannot be served ("" if it can): nesting deeper than `MAX_DEPTH`, which
-    the code reading it would have to recurse through, or a string holding a lone surrogate (JSON's
-    ``"\\ud800"`` escape decodes to one), which no UTF-8 text, and so no tokenizer or response, can
-    hold. Walked without recursion, so any depth the parser returned is safe to look at."""
+    """Why a parsed body cannot be served ("" if it can): nesting deeper than `MAX_DEPTH`, or a string
+    holding a lone surrogate (JSON's ``"\\ud800"`` escape decodes to one), which no UTF-8 text can hold.
+    Walked without recursion, so any depth the parser returned is safe to look at."""
     if isinstance(data, str) and not _is_utf8(data):
         return f"the body has a lone surrogate ({ascii(data)[:80]}): not valid Unicode text"
     stack = [(data, 1, "the body")]  # the objects and lists still to look into
@@ -102,9 +92,8 @@ def _json_type(x: Any) -> str:
 
 
 class _Service:
-    """What one application answers with: the predictor, the limits on a request, the defaults of
-    the options a request does not name, and the routes; `create_app` routes requests to its
-    handlers. Starlette is imported where a handler needs it, so that this module loads without it."""
+    """One application's predictor, request limits, option defaults and handlers. Starlette is imported
+    where a handler needs it, so that this module loads without it."""
 
     def __init__(self, predictor: Predictor, *, max_batch: int, max_request_bytes: int, max_request_tokens: int,
                  top_k: int, pooling: str):
@@ -118,8 +107,7 @@ class _Service:
         self.max_request_bytes = max_request_bytes
         self.max_request_tokens = max_request_tokens
         self.top_k, self.pooling = top_k, pooling
-        self.heads = list(dict.fromkeys([predictor.head, "embeddings"]))
-        """The heads with a route of their own: the model's, and embeddings (any checkpoint's)."""
+        self.heads = list(dict.fromkeys([predictor.head, "embeddings"]))  # the model's, and any checkpoint's
         self.posts = ["/predict", *(HEAD_ROUTES[h] for h in self.heads)]
 
     # -------------------------------------------------------------------- a request
@@ -144,8 +132,7 @@ class _Service:
             raise HTTPException(400, f"the body is not valid JSON ({e}); send {{\"inputs\": [...]}}") from None
         except RecursionError:
             raise HTTPException(400, f"the body nests JSON deeper than {MAX_DEPTH} levels") from None
-        problem = _unservable(data)
-        if problem:
+        if problem := _unservable(data):
             raise HTTPException(400, problem)
         return data
 
@@ -179,25 +166,20 @@ class _Service:
             raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
         return inputs, {"top_k": k, "pooling": how}
 
-    def count_tokens(self, inputs: list[Any], head: str) -> int:
-        """The request's tokens (`MAX_REQUEST_TOKENS`) as ``head`` will run them, counted before any model work."""
+    def predict(self, inputs: list[Any], head: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+        """The predictor's records for ``inputs`` once their tokens (`MAX_REQUEST_TOKENS`, as ``head`` will run
+        them) are known to be within the limit (run in a worker thread: the tokenizer's and the model's work)."""
+        from starlette.exceptions import HTTPException
+
         texts = [parse_input(x, i) for i, x in enumerate(inputs)]  # InputError: 422, as the predictor's
         pieces = iter(map(len, self.predictor.tokenizer.encode_batch_ids([t for group in texts for t in group])))
-        total = 0
+        tokens = 0
         for group in texts:
             lengths = [next(pieces) for _ in group]
             if head == "multiple-choice":  # [CLS] context [SEP] choice [SEP], once per choice
-                total += sum(lengths[0] + n + 3 for n in lengths[1:])
+                tokens += sum(lengths[0] + n + 3 for n in lengths[1:])
             else:
-                total += sum(lengths) + len(group) + 1
-        return total
-
-    def predict(self, inputs: list[Any], head: str, options: dict[str, Any]) -> list[dict[str, Any]]:
-        """The predictor's records for ``inputs`` once their tokens are known to be within the limit
-        (run in a worker thread: the tokenizer's and the model's work)."""
-        from starlette.exceptions import HTTPException
-
-        tokens = self.count_tokens(inputs, head)
+                tokens += sum(lengths) + len(group) + 1
         if tokens > self.max_request_tokens:
             raise HTTPException(413, f"{tokens:,} tokens; the limit is {self.max_request_tokens:,} per request "
                                      "(--max-request-tokens): send fewer or shorter inputs")
@@ -255,8 +237,7 @@ class _Service:
 
 def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_bytes: int = MAX_REQUEST_BYTES,
                max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5, pooling: str = "mean") -> Any:
-    """The Starlette application serving ``predictor`` (module docstring); ``top_k`` and ``pooling``
-    are the defaults of requests that do not name them."""
+    """The Starlette application serving ``predictor``; ``top_k`` and ``pooling``: requests' defaults."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -272,14 +253,12 @@ def create_app(predictor: Predictor, *, max_batch: int = MAX_BATCH, max_request_
                      exception_handlers={HTTPException: service.http_error, Exception: service.server_error})
 
 
-def serve(predictor: Predictor, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
-          max_request_bytes: int = MAX_REQUEST_BYTES, max_request_tokens: int = MAX_REQUEST_TOKENS, top_k: int = 5,
-          pooling: str = "mean", log_level: str = "info") -> None:
-    """Serve ``predictor`` with uvicorn until interrupted (Ctrl-C / SIGTERM)."""
+def serve(predictor: Predictor, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          **options: Any) -> None:
+    """Serve ``predictor`` with uvicorn until interrupted (Ctrl-C / SIGTERM); ``options``: `create_app`'s."""
     import uvicorn
 
-    app = create_app(predictor, max_batch=max_batch, max_request_bytes=max_request_bytes,
-                     max_request_tokens=max_request_tokens, top_k=top_k, pooling=pooling)
+    app = create_app(predictor, **options)
     logger.info(f"bertforge serve: {predictor.name} ({predictor.head}, {predictor.device}) on http://{host}:{port} "
                 "(GET /health, POST /predict)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)

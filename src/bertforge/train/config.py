@@ -1,10 +1,8 @@
 """The shared training loop's settings (`TrainConfig`), and the rules a resumed run's settings obey.
 
-A setting's range and resume rules are declared on its field (`bertforge.settings.setting`); the range holds
-on every path a value comes by. ``resumable`` settings may change when a run resumes (its length, how
-often it saves or logs), every other recorded setting must match the checkpoint's; ``absent`` says what a
-checkpoint recorded before the setting existed means by leaving it out. A config class that gives a field a
-new default keeps what its base class declared. `ResumeRules.of` collects the resume rules of a class.
+A setting's range and resume rules are declared on its field (`bertforge.settings.setting`): ``resumable``
+settings may change when a run resumes (its length, how often it saves or logs), every other recorded
+setting must match the checkpoint's; ``absent`` says what a record that leaves the setting out means.
 """
 
 from __future__ import annotations
@@ -152,11 +150,8 @@ class TrainConfig:
         config class's default (`DEFAULT_WARMUP_STEPS` or `DEFAULT_WARMUP_RATIO`, exactly one of them set)."""
         if self.warmup_steps is not None:
             return self.warmup_steps
-        if self.warmup_ratio is not None:
-            return int(self.warmup_ratio * self.max_steps)
-        if self.DEFAULT_WARMUP_RATIO is not None:
-            return int(self.DEFAULT_WARMUP_RATIO * self.max_steps)
-        return self.DEFAULT_WARMUP_STEPS
+        ratio = self.warmup_ratio if self.warmup_ratio is not None else self.DEFAULT_WARMUP_RATIO
+        return int(ratio * self.max_steps) if ratio is not None else self.DEFAULT_WARMUP_STEPS
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward pass on each process."""

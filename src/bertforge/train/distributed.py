@@ -1,9 +1,7 @@
 """Running on one device or many, through PyTorch's own distributed engine.
 
-``torchrun --nproc_per_node=N -m bertforge pretrain ...`` sets ``RANK`` / ``WORLD_SIZE`` /
-``LOCAL_RANK``; `setup` reads them, joins the process group (NCCL on GPUs, gloo on CPU) and picks
-the device. Wrapping (DDP, or FSDP for models that do not fit on one device) is applied to the
-model from outside by `wrap_model`; the model code knows nothing of it.
+``torchrun --nproc_per_node=N -m bertforge pretrain ...`` sets the variables `setup` reads to join the
+process group; `wrap_model` applies DDP or FSDP from outside: the model code knows nothing of it.
 """
 
 from __future__ import annotations
@@ -73,11 +71,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
                          f"{str(device)!r}") from None
 
 
-def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
-    """Join the process group when launched by torchrun; return this process's place and device.
-
-    ``device``: "auto" (CUDA if present, else CPU), "cpu", "cuda", or "cuda:K".
-    """
+def setup(device: str = "auto") -> Distributed:
+    """Join the process group when launched by torchrun; return this process's place and ``device``
+    (`resolve_device`; "cuda" on torchrun: the process's local GPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -90,7 +86,7 @@ def setup(device: str = "auto", timeout_minutes: float = 30.0) -> Distributed:
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 

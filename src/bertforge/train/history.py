@@ -1,11 +1,10 @@
 """A run's metrics history: the open logging window, ``OUT/metrics.jsonl`` and TensorBoard's events.
 
 ``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every multiple of
-``log_every`` over the steps since the previous multiple (plus one at the step a run stops at), and one
-eval line per evaluation. The sums of the open logging window (`LogWindow`) are part of the checkpoint,
-so a resumed run logs the same windows as an uninterrupted one; the line a stopped run wrote for its
-partial window is replaced by the full window's line (`MetricsLog.open`). TensorBoard's events
-(``OUT/tensorboard/``, where tensorboard is installed) are trimmed the same way.
+``log_every`` (plus one at the step a run stops at), and one eval line per evaluation. The open logging
+window (`LogWindow`) is part of the checkpoint, so a resumed run logs the same windows as an uninterrupted
+one; the line a stopped run wrote for its partial window is replaced (`MetricsLog.open`), and so are
+TensorBoard's events.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def rounded(metrics: dict[str, float]) -> dict[str, float]:
 
 @dataclass
 class LogWindow:
-    """The steps since the last metrics line: this process's loss and statistic sums and tokens, the
-    global counts, and the window's seconds and steps."""
+    """The steps since the last metrics line: this process's sums and tokens, and the global counts."""
 
     loss: dict[str, float] = field(default_factory=dict)
     count: dict[str, float] = field(default_factory=dict)
@@ -73,8 +71,7 @@ class LogWindow:
                 sums[k] = sums.get(k, 0.0) + v
 
     def reduced(self, dist: Distributed, device: torch.device) -> LogWindow:
-        """The window with every process's loss sums, statistic sums and tokens added up (a collective
-        call; counts are global already)."""
+        """The window with every process's sums and tokens added up (a collective call)."""
         loss, stat = sorted(self.loss), sorted(self.stat)
         local = torch.tensor([self.loss[k] for k in loss] + [self.stat[k] for k in stat] + [self.tokens],
                              dtype=torch.float64, device=device)
@@ -85,14 +82,13 @@ class LogWindow:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's record of a reduced window."""
-        return {"loss": {k: self.loss[k] for k in sorted(self.loss)},
-                "stat": {k: self.stat[k] for k in sorted(self.stat)},
+        return {"loss": dict(sorted(self.loss.items())), "stat": dict(sorted(self.stat.items())),
                 "count": dict(self.count), "tokens": self.tokens, "seconds": self.seconds, "steps": self.steps}
 
     @classmethod
     def from_state(cls, saved: Mapping[str, Any] | None, main: bool) -> LogWindow:
-        """Reopen a checkpoint's window: the main process holds its summed totals, the others zeros (the
-        next line adds every process's sums); counts are global already. None: a window starting afresh."""
+        """Reopen a checkpoint's window (None: a fresh one): the main process holds its summed totals, the
+        others zeros, since the next line adds every process's sums."""
         if not saved:
             return cls()
         return cls(loss={k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
@@ -113,10 +109,9 @@ class MetricsLog:
         self._tb: Any = None
 
     def open(self, step: int, reopened: bool) -> dict[str, Any] | None:
-        """Start logging at ``step``: drop lines logged after it (a run that went on past its last checkpoint
-        before it was killed) and, with ``reopened`` (training continues a partial window), the train line
-        written at it; open TensorBoard's writer. Returns the eval line already logged at ``step`` (its
-        metrics), if any."""
+        """Start logging at ``step``: drop lines logged after it (a run killed past its last checkpoint) and,
+        with ``reopened`` (training continues a partial window), the train line written at it; open
+        TensorBoard's writer. Returns the metrics of the eval line already logged at ``step``, if any."""
         if not self.main:
             return None
         logged_eval: dict[str, Any] | None = None

@@ -1,21 +1,14 @@
 """One run at a time in a folder: a lock file that the running process holds.
 
-Two runs writing into one ``--out`` would each do all the work, append each metrics line twice, and
-trip over each other's temporary checkpoint folders. A run therefore holds ``FOLDER/run.lock``, which
-records who holds it (process id, host, start time, command line) as JSON, and a second run into
-that folder is refused with one line naming the holder::
+Two runs writing into one ``--out`` would trip over each other's files. A run therefore holds
+``FOLDER/run.lock``, which records who holds it as JSON, and a second run is refused naming the holder::
 
     runs/base is in use by process 4242 (started 2024-05-01 12:00:03): wait for it, or stop it
 
-The lock itself is the operating system's, through ``filelock`` (``flock`` on Linux and macOS,
-``LockFileEx`` on Windows): the kernel lets go of it when the process ends, however it ends, so a run
-killed with ``kill -9`` never leaves a folder blocked, and a lock file that is a symbolic link is refused
-rather than followed. The file is removed when the lock is let go of; one left behind by a killed process
-is no result of a run (`bertforge.train.rundir.run_files` does not list it) and is reused by the next run.
-
-`FolderLock` is the lock as a context manager; `run_lock` is the one a run takes around all it does
-with its folder, in its main process only under torchrun, every process raising the main one's
-refusal. Forked children (data-loader workers) do not inherit the hold.
+The lock is the operating system's, through ``filelock``: the kernel lets go of it when the process ends,
+however it ends, so a run killed with ``kill -9`` never leaves a folder blocked. A lock file that is a
+symbolic link is refused rather than followed; one left behind by a killed process is reused.
+Forked children (data-loader workers) do not inherit the hold.
 """
 
 from __future__ import annotations
@@ -24,7 +17,6 @@ import contextlib
 import datetime
 import errno
 import json
-import logging
 import os
 import socket
 import sys
@@ -39,10 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LOCK_FILE", "FolderInUse", "FolderLock", "run_lock", "folder_user"]
 
-logger = logging.getLogger("bertforge")
-
 LOCK_FILE = "run.lock"
-"""The lock's file name inside the folder it guards."""
 
 
 class FolderInUse(ValueError):
@@ -56,31 +45,13 @@ class FolderInUse(ValueError):
         return type(self), (str(self), self.owner)
 
 
-def _host() -> str:
-    return socket.gethostname()
-
-
-def _parse(text: str) -> dict[str, Any] | None:
+def _read(path: Path) -> dict[str, Any] | None:
+    """What a lock file records (None: unreadable)."""
     try:
-        owner = json.loads(text)
-    except ValueError:
+        owner = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError included
         return None
     return owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return _parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _when(started: Any) -> str:
-    """An ISO time as local ``YYYY-MM-DD HH:MM:SS`` ("" if it is not one)."""
-    try:
-        return datetime.datetime.fromisoformat(str(started)).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return ""
 
 
 def _who(owner: dict[str, Any] | None) -> str:
@@ -88,13 +59,12 @@ def _who(owner: dict[str, Any] | None) -> str:
     if owner is None:
         return "another process"
     host = owner.get("host")
-    when = _when(owner.get("started"))
-    return (f"process {owner['pid']}" + (f" on {host}" if host and host != _host() else "")
-            + (f" (started {when})" if when else ""))
-
-
-def _in_use(folder: Path, owner: dict[str, Any] | None) -> FolderInUse:
-    return FolderInUse(f"{folder} is in use by {_who(owner)}: wait for it, or stop it", owner)
+    try:
+        started = datetime.datetime.fromisoformat(str(owner.get("started"))).astimezone()
+        when = f" (started {started:%Y-%m-%d %H:%M:%S})"
+    except ValueError:  # not an ISO time
+        when = ""
+    return f"process {owner['pid']}" + (f" on {host}" if host and host != socket.gethostname() else "") + when
 
 
 class FolderLock:
@@ -107,10 +77,6 @@ class FolderLock:
         self.path = self.folder / LOCK_FILE
         self._lock: filelock.BaseFileLock | None = None
         self._created: list[Path] = []  # folders acquiring made, deepest first
-
-    @property
-    def held(self) -> bool:
-        return self._lock is not None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
@@ -127,13 +93,12 @@ class FolderLock:
         if self.folder.exists() and not self.folder.is_dir():
             raise ValueError(f"{self.folder} is a file, not a folder")
         self.folder.mkdir(parents=True, exist_ok=True)
-        if missing:
-            self._created = missing
+        self._created = missing or self._created
 
     @staticmethod
     def _record(fd: int) -> None:
         """Write who holds the lock into the locked file (``filelock``'s ``on_acquired``)."""
-        owner = {"pid": os.getpid(), "host": _host(),
+        owner = {"pid": os.getpid(), "host": socket.gethostname(),
                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                  "command": " ".join(sys.argv)}
         os.ftruncate(fd, 0)
@@ -151,7 +116,9 @@ class FolderLock:
                 lock.acquire()
             except filelock.Timeout:
                 if self.path.exists():
-                    raise _in_use(self.folder, _read(self.path)) from None
+                    owner = _read(self.path)
+                    raise FolderInUse(f"{self.folder} is in use by {_who(owner)}: wait for it, or stop it",
+                                      owner) from None
                 continue
             except FileNotFoundError:
                 continue
@@ -165,8 +132,7 @@ class FolderLock:
         raise OSError(errno.EAGAIN, f"{self.path}: could not be locked (it keeps changing)")
 
     def release(self) -> None:
-        """Let go of the lock (nothing if not held): remove the lock file, then the folders acquiring made
-        if they are empty."""
+        """Let go of the lock (if held): remove the lock file, then the folders acquiring made if empty."""
         lock, self._lock = self._lock, None
         if lock is None:
             return
@@ -189,13 +155,9 @@ class FolderLock:
 
 @contextlib.contextmanager
 def run_lock(folder: str | Path, dist: Distributed | None = None) -> Iterator[None]:
-    """Hold ``folder``'s lock (created if missing) for the ``with`` block, or raise `FolderInUse`; let go
-    of it when the block ends, however it ends (and remove the folder if taking the lock created it and
-    it stayed empty: a run refused or failing before it wrote anything leaves nothing behind).
-
-    Under torchrun (``dist``: the run's `bertforge.train.distributed.Distributed`) only the main process
-    takes the lock, and every process raises its refusal: the others would otherwise wait for it at
-    their next barrier. Every process must enter the block."""
+    """Hold ``folder``'s lock (created if missing) for the ``with`` block, or raise `FolderInUse`. Under
+    torchrun only the main process takes it, and every process raises its refusal: the others would
+    otherwise wait for it at their next barrier. Every process must enter."""
     lock = FolderLock(folder)
     refusal: Exception | None = None
     if dist is None or dist.is_main:
@@ -225,8 +187,8 @@ def folder_user(folder: str | Path) -> str | None:
         probe.acquire()
     except filelock.Timeout:
         owner = _read(path)
-        return None if owner is not None and owner.get("pid") == os.getpid() and owner.get("host") == _host() \
-            else _who(owner)
+        mine = owner is not None and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname()
+        return None if mine else _who(owner)
     except OSError:
         return None
     probe.release()

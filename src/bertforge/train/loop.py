@@ -1,34 +1,16 @@
 """The one training loop, shared by pre-training and every fine-tuning task.
 
-A training run (`bertforge.train.run.TrainingRun`: pre-training, fine-tuning) hands the `Trainer` a model ready
-to train (the speed layer and distributed wrapping applied), a `Objective` (how a batch becomes loss terms and
-statistics), a resumable batch source and, optionally, an evaluation; the loop owns everything around
-them: gradient accumulation, mixed precision, clipping, the optimizer and schedule, checkpoints, resume,
-signals, logging and the progress bar.
+A training run hands the `Trainer` a model ready to train, an `Objective` (how a batch becomes loss terms and
+statistics), a resumable batch source and an evaluation; the loop owns the rest: accumulation, precision,
+clipping, the optimizer and schedule, checkpoints, resume, signals, logging and the progress bar.
 
-Loss normalisation. A task returns each loss term as a *sum* (e.g. summed MLM cross-entropy) and
-says beforehand how many items each term averages over (`Objective.counts`). The loop divides each sum
-by its count over the whole optimizer step (every micro-batch on every process), so the gradient is
-the one of a single big batch whatever the number of processes or accumulation steps, even though
-micro-batches hold different numbers of masked tokens. (A mean per micro-batch, averaged again by
-DDP, would weight the tokens of short micro-batches more.)
+Loss normalisation. A task returns each loss term as a *sum* and says beforehand how many items it averages
+over (`Objective.counts`). The loop divides each sum by its count over the whole optimizer step (every
+micro-batch on every process), so the gradient is that of one big batch whatever the number of processes or
+accumulation steps. (A mean per micro-batch, averaged again by DDP, would weight short micro-batches more.)
 
-Checkpoints. ``OUT/checkpoints/step-NNNNNNNN/`` is a normal checkpoint folder plus the trainer's state
-(`bertforge.train.state`). A folder is written under a temporary name and renamed when complete
-(`bertforge.io.atomic_dir`), so a crash or ``kill -9`` at any moment leaves every earlier checkpoint
-intact; only then are checkpoints beyond the last ``keep_checkpoints`` removed. SIGINT / SIGTERM finish
-the current step, save and stop.
-
-Metrics (`bertforge.train.history`): ``OUT/metrics.jsonl`` holds one history, whatever the interruptions.
-A run resumed at its last step (finished, or killed while saving its final model) does not evaluate again
-when its final evaluation is logged.
-
-Settings: `bertforge.train.config.TrainConfig`; what a resumed run may change is declared on its fields
-(`bertforge.train.config.ResumeRules`). Checkpoint files: `bertforge.train.state`.
-
-The run folder (`bertforge.train.rundir`) is admitted by the training run. The run's settings (`RUN_CONFIG`)
-are written once its checkpoint's settings are found to match (`Trainer.fit`, at once on a fresh start):
-a refused resume leaves the folder as it was.
+Checkpoints (`bertforge.train.state`) are written whole or not at all, so a crash leaves every earlier one
+intact; SIGINT / SIGTERM finish the current step, save and stop. Metrics: `bertforge.train.history`.
 """
 
 from __future__ import annotations
@@ -72,7 +54,8 @@ class Objective(Protocol):
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(summed loss per term, summed statistics such as correct predictions)."""
 
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]
+                ) -> dict[str, float]:
         """Readable metrics (accuracies, ...) from totals over a logging window."""
 
 
@@ -86,8 +69,7 @@ class BatchSource(Protocol):
 
 @dataclass
 class Evaluation:
-    """What an evaluation returns when it asks for more than its metrics be logged: the model saved into
-    ``save_to`` (a new best on dev, say) with ``files`` (name -> text) beside it."""
+    """An evaluation's metrics, and the model saved into ``save_to`` (a new best, say) with ``files`` beside it."""
 
     metrics: dict[str, float]
     save_to: Path | None = None
@@ -106,7 +88,6 @@ class TrainResult:
     stop_signal: int = 0
     """The signal that stopped the run (0: none)."""
     max_steps: int = 0
-    """The steps the run was set to train."""
     budget_minutes: float = 0.0
     """The run's time budget (0: none; its length is then max_steps)."""
     elapsed_seconds: float = 0.0
@@ -119,41 +100,21 @@ class TrainResult:
         return 128 + self.stop_signal if self.stopped_early and self.stop_signal else 0
 
 
-def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
 class Trainer:
     """Trains ``model`` on ``batches`` with ``objective``; writes metrics and checkpoints into ``out_dir``.
 
-    ``model`` comes ready to train: on its device, with the speed layer of `bertforge.fast` and, with several
-    processes, wrapped for DDP or FSDP (`bertforge.train.run.build_trainer`); the trainer saves and
-    evaluates the bare model inside it.
-    ``run_config`` (any JSON-able dict, e.g. the run's config) is stored with every checkpoint;
-    resuming with a config that differs outside what ``resume_rules`` allow (default: those the config's
-    class declares) is an error naming the fields.
-    ``write_run_config``: `fit` writes ``run_config`` into ``out_dir`` (`RUN_CONFIG`) once a resumed
-    checkpoint's settings are found to match (at once on a fresh start), so that a refused resume leaves
-    the run's record as it was.
-    ``evaluate(model, step) -> metrics`` (or an `Evaluation`, which may ask for the model to be saved) runs
-    every ``eval_every`` steps and at the end, on every process.
+    ``model`` comes ready to train (`bertforge.train.run.build_trainer`); the trainer saves and evaluates the
+    bare model inside it. ``run_config`` (JSON-able) is stored with every checkpoint; resuming with one that
+    differs outside what ``resume_rules`` allow is an error naming the fields. ``write_run_config``: `fit`
+    writes ``run_config`` into ``out_dir`` (`RUN_CONFIG`) once a resumed checkpoint's settings match, so a
+    refused resume changes nothing. ``evaluate(model, step)`` runs every ``eval_every`` steps and at the end.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        objective: Objective,
-        batches: BatchSource,
-        config: TrainConfig,
-        out_dir: str | Path,
-        *,
-        dist: Distributed | None = None,
-        evaluate: Callable[[nn.Module, int], dict[str, float] | Evaluation] | None = None,
-        tokenizer: Any = None,
-        run_config: dict[str, Any] | None = None,
-        resume_rules: ResumeRules | None = None,
-        write_run_config: bool = False,
-    ):
+    def __init__(self, model: nn.Module, objective: Objective, batches: BatchSource, config: TrainConfig,
+                 out_dir: str | Path, *, dist: Distributed | None = None,
+                 evaluate: Callable[[nn.Module, int], dict[str, float] | Evaluation] | None = None,
+                 tokenizer: Any = None, run_config: dict[str, Any] | None = None,
+                 resume_rules: ResumeRules | None = None, write_run_config: bool = False):
         self.cfg = config
         self.dist = dist or Distributed()
         self.objective = objective
@@ -168,26 +129,20 @@ class Trainer:
         self.device = self.dist.device
         if self.device.type == "cpu":
             keep_freed_memory()
-
         self.model = unwrap_model(model)  # the bare model (saving, evaluation)
         self.wrapped = model  # what trains: DDP's wrapper, or the model (sharded in place under FSDP)
         self.fsdp = self.dist.enabled and config.strategy == "fsdp"
-        self.optimizer = build_optimizer(
-            model, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
-            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-            bias_correction=config.bias_correction)
-        if config.budget_minutes:  # the schedule follows the training clock: the decay ends when the time does
-            self.scheduler = build_schedule(
-                self.optimizer, budget_seconds=config.budget_minutes * 60, total_steps=CLOCK_UNITS,
-                warmup_steps=int(config.budget_warmup_share * CLOCK_UNITS), schedule=config.schedule,
-                power=config.power, end_factor=config.end_lr_ratio)
-        else:
-            self.scheduler = build_schedule(self.optimizer, total_steps=config.max_steps, warmup_steps=config.warmup,
-                                            schedule=config.schedule, power=config.power,
-                                            end_factor=config.end_lr_ratio)
+        self.optimizer = build_optimizer(model, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                                         betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                                         bias_correction=config.bias_correction)
+        # a time budget's schedule follows the training clock: the decay ends when the time does
+        total, warmup = ((CLOCK_UNITS, int(config.budget_warmup_share * CLOCK_UNITS)) if config.budget_minutes
+                         else (config.max_steps, config.warmup))
+        self.scheduler = build_schedule(self.optimizer, budget_seconds=config.budget_minutes * 60, total_steps=total,
+                                        warmup_steps=warmup, schedule=config.schedule, power=config.power,
+                                        end_factor=config.end_lr_ratio)
         self.train_model = torch.compile(model) if config.compile else model
         self.ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-
         self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on
         if config.precision == "auto" and self.dist.enabled:  # each process timed its own CPU: bf16 only if all did
             votes = self.dist.all_reduce_sum(torch.tensor([float(self.precision == "bf16")], device=self.device))
@@ -210,8 +165,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_model(self, folder: str | Path, extra_files: dict[str, str] | None = None) -> None:
-        """Write the model (and tokenizer, and ``extra_files``: name -> text) as a checkpoint folder,
-        replacing ``folder`` whole and atomically; every process must call this."""
+        """`bertforge.train.state.save_model` of the bare model and tokenizer; every process must call this."""
         checkpoints.save_model(folder, self.model, self.tokenizer, self.dist, self.fsdp, extra_files)
 
     def save_checkpoint(self) -> Path:
@@ -244,8 +198,7 @@ class Trainer:
             logger.warning("%s was written by %d processes, resuming with %d: the data order is the same "
                            "(global batches), dropout draws differ", folder, state["world_size"], self.dist.world_size)
         checkpoints.load_weights(folder, self.model, self.optimizer, state["optimizer"], self.fsdp)
-        # The saved optimizer holds the rates of the saved run's schedule; max_steps may have changed since
-        # (a run extended): the next step's rate comes from this run's schedule, at its step and clock.
+        # the next step's rate is this run's schedule's (max_steps may have grown), not the saved optimizer's
         self.elapsed = float(state.get("elapsed", 0.0))
         self.scheduler.set_elapsed(self.elapsed)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -263,11 +216,10 @@ class Trainer:
     def _final_evaluation(self, trained: bool) -> dict[str, float]:
         """The evaluation at the end of training, run once per step: a run that took no step here
         (resumed at its last step) reuses the eval line it already logged there."""
-        logged = None if trained else self._logged_eval
         if not trained:  # every process must agree (the evaluation is a collective call)
-            flag = torch.tensor([float(logged is not None)], device=self.device)
+            flag = torch.tensor([float(self._logged_eval is not None)], device=self.device)
             if self.dist.all_reduce_sum(flag).item() > 0:
-                return dict(logged or {})
+                return dict(self._logged_eval or {})
         return self.run_evaluation()
 
     def run_evaluation(self) -> dict[str, float]:
@@ -306,7 +258,8 @@ class Trainer:
                 out, it, new_epoch = [], iter(self.batches), True
         return out, it
 
-    def train_step(self, micro: list[dict[str, torch.Tensor]]) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
+    def train_step(self, micro: list[dict[str, torch.Tensor]]
+                   ) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
         """One optimizer step over ``micro`` (this process's micro-batches).
 
         Returns this process's loss sums and stats, the step's global counts, and the gradient norm."""
@@ -318,25 +271,19 @@ class Trainer:
         counts_t = self.dist.all_reduce_sum(torch.tensor([counts_local[k] for k in names], dtype=torch.float64,
                                                          device=self.device))
         counts = dict(zip(names, counts_t.tolist()))
-        loss_sums: dict[str, float] = {}
-        stats: dict[str, float] = {}
         sums_acc: list[torch.Tensor] = []
-        keys: list[str] | None = None
         for i, b in enumerate(micro):
-            b = _to_device(b, self.device)
+            b = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
             # DDP averages gradients only on the last micro-batch of the step.
             sync = self.wrapped.no_sync() if self.ddp and i < len(micro) - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
                     terms, st = self.objective.forward(self.train_model, b)
                     loss = sum(terms[k] / max(counts[k], 1.0) for k in terms) * self.dist.world_size
-                if self.scaler is not None:
-                    self.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             # Totals stay on the device until the step's end: one transfer, no sync per micro-batch.
-            if keys is None:
-                keys = [f"loss:{k}" for k in terms] + [f"stat:{k}" for k in st]
+            if i == 0:
+                loss_names, stat_names = list(terms), list(st)
             sums_acc.append(torch.stack([t.detach().float() for t in terms.values()]
                                         + [s.detach().float() for s in st.values()]))
         if self.scaler is not None:
@@ -356,10 +303,8 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         totals = torch.stack(sums_acc).sum(0).tolist()
-        for key, value in zip(keys or [], totals):
-            kind, name = key.split(":", 1)
-            (loss_sums if kind == "loss" else stats)[name] = value
-        return loss_sums, stats, counts, float(grad_norm)
+        stats = dict(zip(stat_names, totals[len(loss_names):]))
+        return dict(zip(loss_names, totals)), stats, counts, float(grad_norm)
 
     def fit(self, resume_from: str | Path | None = None) -> TrainResult:
         """Train until ``max_steps`` (or the time limit, or a signal); return the final state."""
@@ -439,13 +384,10 @@ class Trainer:
     def _log_train(self, grad_norm: float, bar: Any) -> dict[str, float]:
         """Log the open window's metrics line (a collective call) and show them on the progress bar."""
         window = self._window.reduced(self.dist, self.device)
-        metrics: dict[str, float] = {
+        metrics = rounded({
             **objective_metrics(self.objective, window.loss, window.count, window.stat, per_term=len(window.loss) > 1),
-            "lr": self.scheduler.get_last_lr()[0],
-            "grad_norm": grad_norm,
-            "tokens_per_s": window.tokens / max(window.seconds, 1e-9),
-        }
-        metrics = rounded(metrics)
+            "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+            "tokens_per_s": window.tokens / max(window.seconds, 1e-9)})
         self.metrics_log.write({"split": "train", "step": self.step, "time": round(self.elapsed, 3), **metrics})
         if bar is not None:
             shown = {k: metrics[k] for k in ("loss", "mlm_accuracy", "nsp_accuracy", "accuracy") if k in metrics}

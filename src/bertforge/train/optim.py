@@ -1,11 +1,9 @@
 """Optimizers and learning-rate schedules of the paper (and of large-batch BERT training).
 
-* AdamW with decoupled weight decay, not applied to LayerNorm weights and biases (the paper;
-  Google's ``AdamWeightDecayOptimizer``). With ``bias_correction=True`` (the default, like
-  transformers and PyTorch) it is ``torch.optim.AdamW``; ``bias_correction=False`` reproduces the
-  TF release's optimizer, which has none (``Lamb`` with ``trust_ratio=False`` then does the step).
-* LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning"): Adam's update plus
-  decoupled weight decay, rescaled per parameter tensor by the trust ratio ||w|| / ||update||.
+* AdamW with decoupled weight decay, not applied to LayerNorm weights and biases (the paper). With
+  ``bias_correction=False`` it reproduces the TF release's optimizer, which has none (``Lamb`` then does it).
+* LAMB (You et al., 2019): Adam's update plus decoupled weight decay, rescaled per parameter tensor by the
+  trust ratio ||w|| / ||update||.
 * Schedules: linear warmup from 0, then linear (the paper), polynomial, cosine or constant decay.
 
 The update formulas, for one tensor ``w`` with gradient ``g`` at step ``t`` (1-based):
@@ -112,28 +110,25 @@ class Lamb(torch.optim.Optimizer):
 def build_optimizer(model: nn.Module, name: str = "adamw", *, lr: float, weight_decay: float,
                     betas: tuple[float, float], eps: float, bias_correction: bool = True) -> torch.optim.Optimizer:
     """The optimizer ``name`` over ``model``'s parameters, with the paper's weight-decay exclusions."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
     groups = param_groups(model, weight_decay)
-    if name == "adamw":
-        if not bias_correction:
-            return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        bias_correction=False, trust_ratio=False)
+    if name == "adamw" and bias_correction:
         # The fused kernel (one pass over all tensors) exists on CPU and CUDA in recent PyTorch.
         fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
-    if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
-    raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+    return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
+                trust_ratio=name == "lamb")
 
 
 def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str = "linear",
               power: float = 1.0, end_factor: float = 0.0) -> float:
     """Multiplier of the peak learning rate at ``step`` (0-based, the step about to be taken).
 
-    Warmup rises linearly from 1/warmup to 1 over ``warmup_steps``; then the factor decays from 1
-    to ``end_factor`` at ``total_steps``: linearly, as ``(1 - progress) ** power``, along a half
-    cosine, or not at all (constant). ``range`` is a learning-rate range test (Smith, 2017): the factor
-    rises geometrically from 10 ** -`RANGE_DECADES` to 1 over the run, so each step's loss tells how
-    the model trains at that rate.
+    Warmup rises linearly from 1/warmup to 1 over ``warmup_steps``; then the factor decays from 1 to
+    ``end_factor`` at ``total_steps``: linearly, as ``(1 - progress) ** power``, along a half cosine, or
+    not at all (constant). ``range`` is a learning-rate range test (Smith, 2017): the factor rises
+    geometrically from 10 ** -`RANGE_DECADES` to 1 over the run.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
@@ -159,11 +154,9 @@ CLOCK_UNITS = 1_000_000
 
 class Schedule(torch.optim.lr_scheduler.LRScheduler):
     """The peak rate times `lr_factor` at the schedule's position: the optimizer steps taken or, with
-    ``budget_seconds``, the training time spent (`elapsed`, which the loop advances: `set_elapsed`) in
-    `CLOCK_UNITS` of the budget, so that warmup and decay are laid over the time and end when it does.
+    ``budget_seconds``, the training time spent (`set_elapsed`) in `CLOCK_UNITS` of the budget.
 
-    Its state is the step count alone: a resumed run's schedule is this run's settings' (max_steps may have
-    grown), at the step and, under a time budget, the clock it resumes at."""
+    Its state is the step count alone: a resumed run follows its own settings (max_steps may have grown)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, **factor: Any):
         lr_factor(0, **factor)  # validate now, not at the first step
@@ -207,6 +200,5 @@ class Schedule(torch.optim.lr_scheduler.LRScheduler):
 
 
 def build_schedule(optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, **kwargs: Any) -> Schedule:
-    """The `Schedule` applying `lr_factor` (keyword arguments as there) at each step, or over ``budget_seconds``
-    of training time."""
+    """The `Schedule` of `lr_factor`'s keyword arguments, over steps or ``budget_seconds`` of training time."""
     return Schedule(optimizer, budget_seconds=budget_seconds, **kwargs)

@@ -1,17 +1,9 @@
 """A training run's curves as one PNG, drawn from the run folder's ``metrics.jsonl``.
 
-The training loop appends one JSON object per line: ``split`` ("train", "eval", "dev", ...),
-``step`` (optimizer steps), ``time`` (seconds since start) and numeric metrics. This module reads
-that file defensively, since it is written by a process that may be killed or resumed:
-
-- a resumed run appends lines whose steps go back; for a repeated (split, step) the later line
-  wins, so the resumed run's values are the ones drawn;
-- a last line cut off mid-write is skipped with a warning; any other unreadable line is an error;
-- values that are not finite numbers (strings, booleans, null, NaN) are ignored, as are lines'
-  unknown keys: a curve is drawn for every numeric key in a panel's family.
-
-matplotlib is imported inside :func:`plot_run` only, so ``import bertforge.train.plot`` stays cheap,
-and the figure is bound to an Agg canvas of its own instead of switching pyplot's global backend.
+The training loop appends one JSON object per line: ``split`` ("train", "eval", "dev", ...), ``step``,
+``time`` and numeric metrics. The file is read defensively, since its writer may be killed or resumed
+(`read_metrics`); values that are not finite numbers are ignored, and a curve is drawn for every numeric
+key in a panel's family. matplotlib is imported inside `plot_run` only, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -42,16 +34,14 @@ Records = dict[str, list[dict[str, float]]]
 def read_metrics(path: str | Path) -> Records:
     """Records of a ``metrics.jsonl`` (or of a run folder holding one), by split, sorted by step.
 
-    Each record holds ``step`` (an int) and the line's finite numeric values (``time`` included).
-    A step repeated within a split keeps its later line. Raises ``ValueError`` naming the file and
-    line for an unreadable line that is not the last one (the last one is skipped with a warning:
-    it is what a writer killed mid-line leaves behind).
+    Each record holds ``step`` (an int) and the line's finite numeric values. A step repeated within a split
+    keeps its later line (a resumed run's). An unreadable line is a ``ValueError`` naming the file and line,
+    unless it is the last one, which is skipped with a warning: what a writer killed mid-line leaves.
     """
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    lines = path.read_bytes().split(b"\n")
-    numbered = [(i, line) for i, line in enumerate(lines, start=1) if line.strip()]
+    numbered = [(i, line) for i, line in enumerate(path.read_bytes().split(b"\n"), start=1) if line.strip()]
     by_split: dict[str, dict[int, dict[str, float]]] = {}
     for lineno, raw in numbered:
         try:
@@ -64,26 +54,20 @@ def read_metrics(path: str | Path) -> Records:
                               stacklevel=2)
                 continue
             raise ValueError(f"{path}:{lineno}: unreadable line: {e}") from None
-        split, step = _split_and_step(obj, f"{path}:{lineno}")
-        record: dict[str, float] = {k: float(v) for k, v in obj.items() if _is_number(v)}
-        record["step"] = step
-        by_split.setdefault(split, {})[step] = record  # a later line for the same step replaces it
+        split, step = obj.get("split"), obj.get("step")
+        if not isinstance(split, str) or not split:
+            raise ValueError(f"{path}:{lineno}: 'split' must be a non-empty string, got {split!r}")
+        if not _is_number(step) or step != int(step):
+            raise ValueError(f"{path}:{lineno}: 'step' must be an integer, got {step!r}")
+        step = int(step)
+        # a later line for the same step replaces it
+        by_split.setdefault(split, {})[step] = {**{k: float(v) for k, v in obj.items() if _is_number(v)}, "step": step}
     return {split: [steps[s] for s in sorted(steps)] for split, steps in by_split.items()}
 
 
 def _is_number(value: object) -> bool:
     # bool is an int subclass, but True is not a metric value.
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _split_and_step(obj: dict, where: str) -> tuple[str, int]:
-    """A line's ``split`` and ``step`` (an integral number), or a ``ValueError`` saying what is wrong."""
-    split, step = obj.get("split"), obj.get("step")
-    if not isinstance(split, str) or not split:
-        raise ValueError(f"{where}: 'split' must be a non-empty string, got {split!r}")
-    if not _is_number(step) or step != int(step):
-        raise ValueError(f"{where}: 'step' must be an integer, got {step!r}")
-    return split, int(step)
 
 
 def ema(values: Sequence[float], span: int) -> list[float]:
@@ -101,15 +85,6 @@ def ema(values: Sequence[float], span: int) -> list[float]:
     return out
 
 
-def smoothing_span(n: int) -> int:
-    """EMA span for a train series of ``n`` points: a 20th of the run, between 1 and 200 points.
-
-    Tied to the series length rather than fixed, so a curve looks equally smooth whatever the
-    logging interval; a series under 40 points (span 1) is drawn raw.
-    """
-    return max(1, min(200, n // 20))
-
-
 # The panels, in drawing order: title, which keys belong, whether train series are smoothed.
 PANELS: list[tuple[str, Callable[[str], bool], bool]] = [
     ("loss", lambda k: k.endswith("loss"), True),
@@ -120,12 +95,10 @@ PANELS: list[tuple[str, Callable[[str], bool], bool]] = [
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw ``run_dir/metrics.jsonl`` to ``out`` (default ``run_dir/curves.png``); return its path.
+    """Draw ``run_dir/metrics.jsonl`` to ``out`` (default ``run_dir/curves.png``), atomically; return its path.
 
-    One panel per metric family that has data (losses, accuracies and fine-tuning scores, learning
-    rate, throughput), against the step, titled with the run folder's name. Train series are drawn
-    faintly as logged plus their EMA (:func:`ema`, span :func:`smoothing_span`); other splits as
-    markers joined by lines. The PNG is written atomically.
+    One panel per metric family that has data (`PANELS`), against the step, titled with the run folder's
+    name. The figure renders with Agg; pyplot's global backend is left alone.
     """
     run_dir = Path(run_dir)
     metrics_path = run_dir / METRICS_FILE
@@ -143,7 +116,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ncols = 1 if len(panels) == 1 else 2
     nrows = -(-len(panels) // ncols)
     fig = Figure(figsize=(6.5 * ncols, 4.0 * nrows), layout="constrained")
-    FigureCanvasAgg(fig)  # this figure renders with Agg; pyplot's global backend is left alone
+    FigureCanvasAgg(fig)
     fig.suptitle(run_dir.resolve().name)
     for i, (title, keys, smooth) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
@@ -153,7 +126,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))  # lr as 1e-4, not 0.00010
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-
     target = run_dir / CURVES_FILE if out is None else Path(out)
     with atomic_path(target) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
@@ -183,7 +155,8 @@ def _draw_panel(ax: Axes, records: Records, splits: list[str], keys: list[str], 
                 marker = markers[others.index(split) % len(markers)]
                 ax.plot(steps, values, color=color, marker=marker, markersize=4, linewidth=1.2, label=label)
                 continue
-            span = smoothing_span(len(values)) if smooth else 1
+            # a 20th of the series (equally smooth whatever the logging interval): under 40 points, drawn raw
+            span = max(1, min(200, len(values) // 20)) if smooth else 1
             if span == 1:
                 ax.plot(steps, values, color=color, linewidth=1.0, label=label)
             else:

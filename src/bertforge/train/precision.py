@@ -1,27 +1,19 @@
 """Numeric precision: one place that turns ``--precision {auto,fp32,bf16,fp16}`` into autocast.
 
 Training, inference and feature extraction all run the model through `autocast`. The weights stay
-float32; bf16 and fp16 are autocast's mixed precision (matrix products in the low dtype, reductions
-and LayerNorm in float32). fp16 also needs a gradient scaler in training (`needs_grad_scaler`).
+float32; bf16 and fp16 are autocast's mixed precision. fp16 also needs a gradient scaler in training.
 
 "auto" means the faster of fp32 and bf16 on the device:
 
 - a CUDA GPU: bf16 where it computes it natively (from Ampere on), else fp32;
-- a CPU without native bf16 (neither AVX-512 BF16 nor AMX): fp32, as it only emulates bf16, tens of
-  times slower than fp32;
+- a CPU without native bf16 (neither AVX-512 BF16 nor AMX): fp32, as bf16 is emulated, tens of times slower;
 - a CPU with AMX: bf16, whose matrix products run there several times as fast as fp32's;
 - any other CPU (AVX-512 BF16 without AMX): whichever a short probe finds faster (`bf16_faster`).
-  Native bf16 is not always the faster there: on an Intel Xeon with AVX-512 BF16 and no AMX, fp32 ran
-  a mini pre-training step in about half bf16's time. On an AMD EPYC (Zen 5, family 26 model 2,
-  AVX-512 BF16, no AMX), one thread, torch 2.13, bf16 is the faster: the probe's BERT-mini layer
-  forward and backward took 21-26 ms against 43-62 ms in fp32 (0.36-0.51x over nine runs; 43 ms
-  against 88 ms, 0.49x, with the core shared by three other jobs), a mini pre-training step of 16
-  sequences 406 ms against 981 ms (0.41x) and a mini forward of 32 sentences 285 ms against 798 ms
-  (0.36x).
+  Either can win there: on an Intel Xeon fp32 ran a mini pre-training step in about half bf16's time;
+  on an AMD EPYC (Zen 5) bf16 took 0.36-0.51x fp32's time.
 
 Inference on CPU also takes "int8" (`INFERENCE_PRECISIONS`): the encoder's dense layers in int8
-(`bertforge.fast.int8`, applied to the model by whoever runs it), everything else in the float
-precision "auto" picks. Training refuses it.
+(`bertforge.fast.int8`), everything else in the float precision "auto" picks. Training refuses it.
 """
 
 from __future__ import annotations
@@ -38,16 +30,19 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from torch import nn
 
-__all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of",
-           "has_amx", "native_bf16", "needs_grad_scaler", "probe_file", "probe_timings", "resolve_precision"]
+from bertforge.io import atomic_write_text
+from bertforge.resources import cache_dir
+
+__all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster",
+           "check_precision", "cpu_flags", "cpu_name", "dtype_of", "has_amx", "native_bf16", "needs_grad_scaler",
+           "probe_file", "probe_timings", "resolve_precision"]
 
 logger = logging.getLogger("bertforge")
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
-"""A training precision."""
 InferencePrecision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
-"""An inference precision: a training one, or int8 on CPU."""
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 INFERENCE_PRECISIONS: tuple[str, ...] = typing.get_args(InferencePrecision)
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -81,8 +76,7 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
 
 
 def cpu_name() -> str:
-    """The CPU's model name and its widest matrix / bf16 unit: what a measured time depends on, and
-    whether bf16 is native or emulated on it."""
+    """The CPU's model name and its widest matrix / bf16 unit: what a measured time depends on."""
     name, flags = _cpuinfo()
     units = ("AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else
              "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
@@ -95,15 +89,13 @@ def cpu_flags() -> frozenset[str]:
 
 
 def has_amx() -> bool:
-    """Whether the CPU has AMX for bf16 (``amx_bf16`` among its flags, which Linux lists only where
-    processes may use the tiles): bf16 matrix products then run several times as fast as fp32's, so
-    "auto" picks bf16 without a probe."""
+    """Whether the CPU has AMX for bf16 (``amx_bf16``, which Linux lists only where processes may use the
+    tiles): "auto" then picks bf16 without a probe."""
     return "amx_bf16" in cpu_flags()
 
 
 def check_precision(precision: str, *, inference: bool = False) -> str:
-    """``precision`` if it is one of `PRECISIONS` (``inference``: `INFERENCE_PRECISIONS`), else a
-    ValueError naming the choices."""
+    """``precision`` if it is one of `PRECISIONS` (``inference``: `INFERENCE_PRECISIONS`), else a ValueError."""
     if precision == "int8" and not inference:
         raise ValueError("precision int8 is for inference (predict, evaluate, features, serve); training runs in "
                          "fp32, bf16 or fp16")
@@ -114,9 +106,8 @@ def check_precision(precision: str, *, inference: bool = False) -> str:
 
 
 def resolve_precision(precision: str, device: torch.device | str, *, inference: bool = False) -> str:
-    """fp32, bf16, fp16 (or, ``inference``, int8) for ``device``: "auto" the faster of fp32 and bf16
-    there (module docstring); fp16 refused off CUDA, int8 off CPU; a warning for bf16 where it is
-    emulated."""
+    """fp32, bf16, fp16 (or, ``inference``, int8) for ``device``: "auto" the faster of fp32 and bf16 there;
+    fp16 refused off CUDA, int8 off CPU; a warning for bf16 where it is emulated."""
     device = torch.device(device)
     check_precision(precision, inference=inference)
     if precision == "auto":
@@ -151,24 +142,19 @@ def _note(message: str) -> None:
     logger.debug(message)
 
 
-# The probe: one BERT-mini encoder layer (BertConfig.preset("mini")'s sizes) on a few sequences of
-# pre-training length. Its version is part of the cache's key, so a changed probe measures afresh.
+# The probe: one BERT-mini encoder layer on a few sequences; its version is part of the cache's key.
 _PROBE = dict(hidden=256, heads=4, intermediate=1024, sequences=4, length=128, version=1)
 _KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx_ne_convert", "amx_tile", "amx_bf16")
 """The CPU flags that decide how fast fp32 and bf16 matrix products run: part of the cache's key."""
 
 
 def probe_file() -> Path:
-    """Where `bf16_faster` keeps its answers, one per machine: ``precision_probe.json`` in bertforge's
-    cache folder (``$BERTFORGE_CACHE`` or ``~/.cache/bertforge``)."""
-    from bertforge.resources import cache_dir
-
+    """Where `bf16_faster` keeps its answers, one per machine, in bertforge's cache folder."""
     return cache_dir() / "precision_probe.json"
 
 
 def _machine_key() -> str:
-    """What a probe's answer holds for: the CPU model, its `_KEY_FLAGS`, the torch version (its oneDNN
-    kernels) and the probe's version. A home folder shared by different machines keeps one entry each."""
+    """What a probe's answer holds for: the CPU model, its `_KEY_FLAGS`, the torch and the probe's version."""
     name, flags = _cpuinfo()
     return (f"{name}; {' '.join(f for f in _KEY_FLAGS if f in flags) or 'no vector flags'}; torch {torch.__version__}; "
             f"probe {_PROBE['version']}")
@@ -178,13 +164,9 @@ def _machine_key() -> str:
 def bf16_faster() -> bool:
     """Whether bf16 autocast runs a BERT layer faster than fp32 on this CPU, by `probe_timings`.
 
-    Asked once per process; the answer is kept per machine (`_machine_key`) in `probe_file`, so a
-    machine pays for the probe once. What is kept is the two times, and the answer is derived from
-    them: an entry that is not two positive, finite times, or a file that is not such JSON, is
-    ignored and rewritten with a fresh measurement. A cache that cannot be written costs one probe per
-    process, nothing more. The decision is logged (INFO when measured, DEBUG when read back)."""
-    from bertforge.io import atomic_write_text
-
+    Asked once per process; the two times are kept per machine (`_machine_key`) in `probe_file`, so a machine
+    pays for the probe once (an unusable entry is measured afresh, a cache that cannot be written costs one
+    probe per process). The decision is logged (INFO when measured, DEBUG when read back)."""
     path, key = probe_file(), _machine_key()
     entries = _read_probe_file(path)
     times = _probe_times(entries.get(key))
@@ -210,8 +192,7 @@ def bf16_faster() -> bool:
 
 
 def _read_probe_file(path: Path) -> dict[str, dict]:
-    """The entries of `probe_file` that hold two usable times; none where the file is absent or not
-    what `bf16_faster` writes (it is then rewritten whole)."""
+    """The entries of `probe_file` that hold two usable times; none where it is absent or not what it should be."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -228,27 +209,18 @@ def _read_probe_file(path: Path) -> dict[str, dict]:
 
 def _probe_times(entry: object) -> tuple[float, float] | None:
     """(fp32 ms, bf16 ms) of a cache entry, or None unless both are positive, finite numbers."""
-    if not isinstance(entry, dict):
-        return None
-    times = entry.get("fp32_ms"), entry.get("bf16_ms")
-    if all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf for t in times):
-        return times  # type: ignore[return-value]
-    return None
+    times = (entry.get("fp32_ms"), entry.get("bf16_ms")) if isinstance(entry, dict) else (None, None)
+    ok = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf for t in times)
+    return times if ok else None  # type: ignore[return-value]
 
 
 def probe_timings(repeats: int = 3) -> dict[str, float]:
-    """Seconds of one forward and backward of a BERT-mini encoder layer (hidden 256, 4 heads,
-    feed-forward 1024, GELU; 4 sequences of 128 tokens) in fp32 and under bf16 autocast: the fastest
-    of ``repeats`` after one warm-up each, the two alternating, so that other load hits both alike.
-
-    On one thread, so a busy second core does not decide it; well under a second where bf16 is native
-    (0.35-0.41 s, the layer's making included, on the AMD EPYC of the module docstring; 0.6 s with its
-    core shared by three other jobs), and it stops after the first repeat that finds bf16 over 4x
-    fp32's time, a clear answer.
+    """Seconds of one forward and backward of a BERT-mini encoder layer (`_PROBE`) in fp32 and under bf16
+    autocast: the fastest of ``repeats`` after one warm-up each, the two alternating, so that other load
+    hits both alike. On one thread, so a busy second core does not decide it; well under a second where
+    bf16 is native, and it stops after a repeat that finds bf16 over 4x fp32's time, a clear answer.
     The thread count, the global random state and any autocast, no_grad or inference mode around the
     call are left as they were."""
-    from torch import nn
-
     threads = torch.get_num_threads()
     times = {"fp32": math.inf, "bf16": math.inf}
     with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():

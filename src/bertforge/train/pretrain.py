@@ -1,9 +1,8 @@
 """``bertforge pretrain``: the paper's pre-training (masked LM + next sentence prediction) on prepared shards.
 
-A pre-training run: a model (a preset size, a ``config.json``, or the weights of an earlier phase), the
-prepared data of ``bertforge prepare`` (MLM + NSP, or MLM only for ``--no-nsp`` data), the
-objective below (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for ltr: the
-paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
+A model (a preset size, a ``config.json``, or the weights of an earlier phase), the prepared data of
+``bertforge prepare``, an objective (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for
+ltr: the paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
 
 The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
 at length 512 that starts from the phase-1 weights with its own steps and schedule::
@@ -26,12 +25,18 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from bertforge.data.instances import MaskingConfig
+from bertforge.data.loader import PretrainingDataset, PretrainingLoader
+from bertforge.data.prepare import load_manifest, special_ids
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
+from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
 from bertforge.settings import setting
+from bertforge.text.tokenizer import BertTokenizer
 from bertforge.train.config import TrainConfig
 from bertforge.train.history import objective_metrics
 from bertforge.train.loop import BatchSource, Objective, TrainResult
+from bertforge.train.plot import plot_run
 from bertforge.train.run import Evaluate, TrainingRun
 
 __all__ = ["RECIPES", "LeftToRightObjective", "PretrainConfig", "PretrainRun", "PretrainingObjective",
@@ -41,7 +46,6 @@ logger = logging.getLogger("bertforge")
 
 ObjectiveName = Literal["auto", "mlm+nsp", "mlm", "ltr"]
 RecipeName = Literal["paper", "budget"]
-"""The named settings of `RECIPES`."""
 
 
 @dataclass
@@ -83,18 +87,12 @@ class PretrainConfig(TrainConfig):
     """Delete an earlier run's files in --out (metrics, checkpoints, model) and start afresh."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # types, ranges and choices of every field (`bertforge.settings.setting`)
-        self._check_recipe_applied()
-
-    def _check_recipe_applied(self) -> None:
-        """Refuse a recipe that is named but not applied (``PretrainConfig(recipe="budget")``: every setting the
-        recipe sets still at the paper's default), which would be recorded and ignored; `from_recipe` (and
-        ``--recipe``, and ``recipe:`` in a config file) applies one."""
+        super().__post_init__()
+        # A recipe named but not applied (every setting it sets still at the paper's default) would be
+        # recorded and ignored: `from_recipe` (``--recipe``, ``recipe:`` in a config file) applies one.
         preset = RECIPES.get(self.recipe)
-        if not preset:
-            return
         paper = {f.name: f.default for f in dataclasses.fields(self)}
-        if all(getattr(self, name) == paper[name] for name in preset):
+        if preset and all(getattr(self, name) == paper[name] for name in preset):
             raise ValueError(f"recipe {self.recipe!r} is named but none of its settings is applied: build the "
                              f"config with PretrainConfig.from_recipe({self.recipe!r}, ...)")
 
@@ -106,11 +104,8 @@ class PretrainConfig(TrainConfig):
         return cls(**{**RECIPES[name], **settings, "recipe": name})
 
     def masking(self, data: Mapping[str, Any]) -> Any:
-        """The `MaskingConfig` of ``masked_lm_prob`` for data prepared with settings ``data`` (a manifest's
-        config): its length sets the slots, and what replaces a chosen token (the [MASK] / random shares,
-        whole words) stays as prepared. None: the data's masks as prepared."""
-        from bertforge.data.instances import MaskingConfig
-
+        """The `MaskingConfig` of ``masked_lm_prob`` for data prepared with settings ``data``: its length sets
+        the slots, what replaces a chosen token stays as prepared. None: the data's masks as prepared."""
         if self.masked_lm_prob is None:
             return None
         slots = max(1, math.ceil(self.masked_lm_prob * int(data["max_seq_length"])))
@@ -127,19 +122,10 @@ class PretrainConfig(TrainConfig):
         return self.objective
 
 
-
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
-    "budget": {
-        "objective": "mlm",
-        "masked_lm_prob": 0.15,
-        "dropout": 0.0,
-        "lr": 2e-3,
-        "adam_beta2": 0.98,
-        "warmup_ratio": 0.06,
-        "batch_size": 32,
-        "model": "tiny",
-    },
+    "budget": {"objective": "mlm", "masked_lm_prob": 0.15, "dropout": 0.0, "lr": 2e-3, "adam_beta2": 0.98,
+               "warmup_ratio": 0.06, "batch_size": 32, "model": "tiny"},
 }
 """Named pre-training settings. ``paper``: the paper's (the defaults). ``budget``: what learns most in a
 fixed time budget (with ``budget_minutes``; measured in docs/pretraining.md)."""
@@ -186,7 +172,8 @@ class PretrainingObjective:
             stats["nsp_correct"] = _correct(nsp_logits, nsp_labels)
         return terms, stats
 
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]
+                ) -> dict[str, float]:
         out = {"mlm_accuracy": stats.get("mlm_correct", 0.0) / max(counts.get("mlm", 0.0), 1.0)}
         if self.nsp:
             out["nsp_accuracy"] = stats.get("nsp_correct", 0.0) / max(counts.get("nsp", 0.0), 1.0)
@@ -220,7 +207,8 @@ class LeftToRightObjective:
         return ({"ltr": losses.masked_lm_loss(logits, labels, reduction="sum")},
                 {"ltr_correct": _correct(logits, labels)})
 
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float], stats: dict[str, float]
+                ) -> dict[str, float]:
         n = max(counts.get("ltr", 0.0), 1.0)
         return {"ltr_accuracy": stats.get("ltr_correct", 0.0) / n,
                 "ltr_perplexity": math.exp(min(loss_sums.get("ltr", 0.0) / n, 50.0))}
@@ -228,13 +216,9 @@ class LeftToRightObjective:
 
 def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max_seq_length: int,
                             objective: str | None = None) -> nn.Module:
-    """The model ``objective`` trains (default: the data's own, see `PretrainConfig.resolve_objective`),
-    fresh or from --init-from: `BertForPreTraining` for mlm+nsp; `BertForMaskedLM` for mlm (no pooler,
-    no NSP head: nothing in the checkpoint that was not trained); for ltr a `BertForMaskedLM` whose
-    config is causal (``is_decoder``), its MLM head predicting the next token at every position.
-    ``nsp``: whether the data holds sentence pairs (segment B has token type 1)."""
-    from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
-
+    """The model ``objective`` trains (default: the data's own), fresh or from --init-from:
+    `BertForPreTraining` for mlm+nsp; `BertForMaskedLM` for mlm (nothing in the checkpoint that was not
+    trained) and, causal (``is_decoder``), for ltr. ``nsp``: whether the data holds sentence pairs."""
     objective = objective or cfg.resolve_objective(nsp)
     cls = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
     overrides: dict[str, Any] = dict(dropout_overrides(cfg.dropout), is_decoder=objective == "ltr")
@@ -265,8 +249,6 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
 
 def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfig, dist: Any, special: Any):
     """The objective's held-out loss and accuracy over the same instances at every evaluation."""
-    from bertforge.data.loader import PretrainingLoader
-
     batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
 
     def evaluate(model: nn.Module, step: int) -> dict[str, float]:
@@ -278,8 +260,7 @@ def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfi
             if i >= cfg.eval_batches:
                 break
             counts = objective.counts(b)
-            b = {k: v.to(dist.device) for k, v in b.items()}
-            terms, stats = objective.forward(model, b)
+            terms, stats = objective.forward(model, {k: v.to(dist.device) for k, v in b.items()})
             values = {**{f"loss:{k}": v.float() for k, v in terms.items()},
                       **{f"count:{k}": torch.tensor(c, device=dist.device) for k, c in counts.items()},
                       **{f"stat:{k}": v.float() for k, v in stats.items()}}
@@ -296,20 +277,16 @@ def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfi
 
 
 def pretrain(cfg: PretrainConfig) -> TrainResult:
-    """Run (or resume) a pre-training run; return the loop's final state. The run holds its folder's lock
-    (`bertforge.train.lock.run_lock`) from before its admission until its last process is done."""
+    """Run (or resume) a pre-training run, holding its folder's lock; return the loop's final state."""
     return PretrainRun(cfg).run()
 
 
 class PretrainRun(TrainingRun[TrainResult]):
-    """Pre-training (`bertforge.train.run.TrainingRun`): prepared shards, the objective and model, and
-    a held-out evaluation."""
+    """Pre-training: prepared shards, the objective and model, and a held-out evaluation."""
 
     cfg: PretrainConfig
 
     def __init__(self, cfg: PretrainConfig):
-        from bertforge.text.tokenizer import BertTokenizer
-
         super().__init__(cfg)
         if not cfg.data:
             raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
@@ -319,11 +296,7 @@ class PretrainRun(TrainingRun[TrainResult]):
         self.tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
 
     def setup_data(self) -> None:
-        """The training shards (checked now, not hours in), their loader, the objective and the
-        held-out evaluation."""
-        from bertforge.data.loader import PretrainingDataset, PretrainingLoader
-        from bertforge.data.prepare import load_manifest, special_ids
-
+        """The training shards (checked now, not hours in), their loader, the objective and the evaluation."""
         cfg, dist, tok = self.cfg, self.dist, self.tokenizer
         self.manifest = load_manifest(cfg.data)
         self.data_cfg = data_cfg = self.manifest["config"]
@@ -331,10 +304,9 @@ class PretrainRun(TrainingRun[TrainResult]):
         if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
             raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
         held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
-        train_shards = [i for i in range(n_shards) if i not in held_out]
-        vocab_hash, normalization = tok.vocab_hash, tok.normalization  # the data must have been made with these
-        self.dataset = PretrainingDataset(cfg.data, vocab_hash=vocab_hash, normalization=normalization,
-                                          shards=train_shards)
+        made_with = {"vocab_hash": tok.vocab_hash, "normalization": tok.normalization}  # the data's must match
+        self.dataset = PretrainingDataset(cfg.data, **made_with,
+                                          shards=[i for i in range(n_shards) if i not in held_out])
         self.dataset.check_files()  # every shard's size and checksum now, not hours in when the loader reaches it
         self.masking = cfg.masking(data_cfg)
         special = special_ids(tok) if data_cfg.get("dynamic_masking") or self.masking else None
@@ -342,11 +314,12 @@ class PretrainRun(TrainingRun[TrainResult]):
                                         world_size=dist.world_size, special=special, masking=self.masking)
         self.nsp = nsp = bool(data_cfg["nsp"])
         self.objective_name = objective = cfg.resolve_objective(nsp)
-        self.objective = LeftToRightObjective() if objective == "ltr" else PretrainingObjective(nsp=objective == "mlm+nsp")
+        self.objective = (LeftToRightObjective() if objective == "ltr"
+                          else PretrainingObjective(nsp=objective == "mlm+nsp"))
         self.evaluate: Evaluate | None = None
         if cfg.eval_data or held_out:
-            eval_set = PretrainingDataset(cfg.eval_data or cfg.data, vocab_hash=vocab_hash,
-                                          normalization=normalization, shards=None if cfg.eval_data else list(held_out))
+            eval_set = PretrainingDataset(cfg.eval_data or cfg.data, **made_with,
+                                          shards=None if cfg.eval_data else list(held_out))
             if objective == "mlm+nsp" and not eval_set.config["nsp"]:
                 raise ValueError(f"{cfg.eval_data}: prepared without next sentence prediction, which objective "
                                  "mlm+nsp evaluates")
@@ -370,8 +343,8 @@ class PretrainRun(TrainingRun[TrainResult]):
 
     def run_facts(self, model: nn.Module) -> dict[str, Any]:
         model_config = model.config.to_dict() | {"bertforge_version": None}
-        if not model.config.is_decoder:  # recorded when true only: a bidirectional run's settings read the same
-            del model_config["is_decoder"]  # whichever version of bertforge recorded them
+        if not model.config.is_decoder:  # recorded when true only: older records read the same
+            del model_config["is_decoder"]
         return {"data_vocab_hash": self.manifest["vocab_hash"], "model_config": model_config}
 
     def facts_absent_mean(self) -> Mapping[str, Any]:
@@ -401,9 +374,6 @@ class PretrainRun(TrainingRun[TrainResult]):
 
 def _plot(out: Path) -> None:
     try:
-        from bertforge.train.plot import plot_run
-
-        path = plot_run(out)
-        logger.info(f"pretrain: curves in {path}")
+        logger.info(f"pretrain: curves in {plot_run(out)}")
     except ImportError as e:  # matplotlib missing: the metrics are still in metrics.jsonl
         logger.warning("no plot (%s); metrics are in %s", e, out / "metrics.jsonl")

@@ -1,17 +1,6 @@
-"""The run folder: what a run writes into ``--out``, admitting a run into it, and the marker of a
-model a stopped run saved.
-
-A run writes ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN/`` (`bertforge.train.state` says what a
-checkpoint holds besides the model), the final ``model/`` and ``curves.png`` (`RUN_FILES`; a kind of run adds
-its own, e.g. fine-tuning's ``best/``), and before its first result its settings (`RUN_CONFIG`) and
-TensorBoard events (`RUN_SETUP`).
-
-`open_run_dir` admits a run: a folder holding an earlier run's files is refused unless the run resumes it
-(``--resume``) or replaces it (``--overwrite``), and temporary folders a killed run left there are tidied.
-A training run holds the folder's lock (`bertforge.train.lock.run_lock`) around all it does with the folder,
-admission first: another run into that folder is refused at once, naming the process that holds it. A
-run that stops before ``max_steps`` marks the model it saves with `STOP_MARKER` (`stop_marker`), which
-``bertforge info`` and the predictor report.
+"""The run folder: what a run writes into ``--out`` (`RUN_FILES`, `RUN_SETUP`), admitting a run into it
+(`open_run_dir`), and the marker (`STOP_MARKER`) of a model a run that stopped before ``max_steps`` saved,
+which ``bertforge info`` and the predictor report.
 """
 
 from __future__ import annotations
@@ -29,8 +18,8 @@ from bertforge.train.distributed import Distributed
 from bertforge.train.state import STATE_PT
 
 __all__ = ["CHECKPOINTS_DIR", "METRICS_FILE", "RUN_CONFIG", "RUN_FILES", "RUN_SETUP", "STOP_MARKER", "checkpoint_dir",
-           "checkpoints", "latest_checkpoint", "prune_checkpoints", "run_files", "open_run_dir", "resume_point",
-           "stop_marker", "read_stop_marker"]
+           "checkpoints", "latest_checkpoint", "prune_checkpoints", "run_files", "open_run_dir", "stop_marker",
+           "read_stop_marker"]
 
 logger = logging.getLogger("bertforge")
 
@@ -41,14 +30,12 @@ STOP_MARKER = "stopped_early.json"
 RUN_FILES = (METRICS_FILE, CHECKPOINTS_DIR, "model", "curves.png")
 """The results a run writes into its folder (a kind of run adds its own, e.g. fine-tuning's best/)."""
 RUN_CONFIG = "run_config.json"
-"""The run's settings (`bertforge.train.loop.Trainer` ``run_config``) as JSON: `Trainer.fit` writes them once
-the run is admitted and its settings are accepted (``write_run_config``)."""
+"""The run's settings (`bertforge.train.loop.Trainer` ``run_config``) as JSON, written once they are accepted."""
 RUN_SETUP = (RUN_CONFIG, "tensorboard")
 """What a run writes before its first result: a folder holding only these is a run that failed at its start."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-# ---------------------------------------------------------------------------- checkpoints
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     """The folder of the checkpoint at ``step``."""
     return Path(run_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
@@ -73,14 +60,12 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     """Remove all but the last ``keep`` checkpoints (0: keep all) and what crashed saves left."""
     folder = Path(run_dir) / CHECKPOINTS_DIR
     if keep:
-        done = sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))
-        for old in done[:-keep]:
+        for old in sorted(p for p in folder.iterdir() if _STEP_DIR.match(p.name))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     for stale in [*folder.glob(".step-*.tmp-*"), *folder.glob(".step-*.old-*")]:  # left by a crashed save
         shutil.rmtree(stale, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------- admission
 def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[str, ...] = RUN_FILES) -> list[str]:
     """The non-empty files and folders of an earlier run's results in ``run_dir`` (``names`` and
     ``outputs``); folders end in "/"."""
@@ -97,14 +82,9 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
                  dist: Distributed | None = None) -> Path | None:
     """Admit a run into ``run_dir`` and return the checkpoint it continues from (None: a fresh start).
 
-    A folder holding an earlier run's files (`run_files`) is refused, with what it holds and the two
-    ways on: ``resume`` continues from its newest checkpoint, ``overwrite`` deletes those files first.
-    Its files are untouched when refused: starting afresh over them would mix two runs' metrics and
-    replace a finished model. Then temporary folders that killed writes left (`bertforge.io.clear_stale`)
-    are tidied. Every process calls this; only the main one changes the folder.
-
-    The caller holds the folder's lock (`bertforge.train.lock.run_lock`) from before this call until the
-    run's end: the lock keeps other runs out, and this call takes none.
+    A folder holding an earlier run's files (`run_files`) is refused, untouched, unless ``resume`` continues
+    from its newest checkpoint or ``overwrite`` deletes them. Every process calls this (holding the folder's
+    lock); only the main one changes the folder.
     """
     dist = dist or Distributed()
     folder = Path(run_dir)
@@ -128,8 +108,7 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
 
 
 def _clear(folder: Path, held: list[str] | None, overwrite: bool, outputs: tuple[str, ...]) -> None:
-    """Delete the earlier run's files ``held`` (None: a resumed run keeps them) and what a run that failed
-    before its first result left, then the temporary folders of killed writes."""
+    """Delete the earlier run's files ``held`` (None: a resumed run keeps them), then what killed writes left."""
     if overwrite and held:
         logger.warning("--overwrite: deleting the previous run's %s in %s", ", ".join(held), folder)
     # a fresh start also drops what a run that failed before its first result left (settings, events)
@@ -145,12 +124,6 @@ def _clear(folder: Path, held: list[str] | None, overwrite: bool, outputs: tuple
         logger.info("removed %s, left by a run that was killed", p)
 
 
-def resume_point(run_dir: str | Path, resume: bool) -> Path | None:
-    """`open_run_dir` without ``overwrite``, in one process."""
-    return open_run_dir(run_dir, resume)
-
-
-# ---------------------------------------------------------------------------- a stopped run's model
 class _Ended(Protocol):
     """How a run ended, as `bertforge.train.loop.TrainResult` says it."""
 
@@ -161,8 +134,7 @@ class _Ended(Protocol):
 
 
 def stop_marker(result: _Ended) -> dict[str, str]:
-    """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped before
-    max_steps (that model is partial), else none."""
+    """The extra file (name -> text) for the model a run saves: `STOP_MARKER` if it stopped early, else none."""
     if not result.stopped_early:
         return {}
     reason = signal.Signals(result.stop_signal).name if result.stop_signal else "time limit (max_time_minutes)"

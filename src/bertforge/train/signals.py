@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from typing import Any
@@ -21,10 +22,8 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers, the run stops only at its end
                 self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: no handlers, the run stops only at its end
-                pass
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:

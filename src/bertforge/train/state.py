@@ -1,18 +1,10 @@
-"""What a checkpoint holds besides the model: the trainer's state, random-generator states, and the check
-that a run may continue from it.
+"""A training checkpoint: the weights (gathered from and spread over FSDP's shards), the trainer's state,
+random-generator states, and the check that a run may continue from it (`check_compatible`).
 
-The weights go in and out here too (`save_model`, `write_checkpoint`, `load_weights`), gathered from and
-spread over the processes' shards under FSDP.
-
-A checkpoint folder is a normal checkpoint folder (config.json, model.safetensors, tokenizer files) plus
-``trainer_state.pt`` (optimizer, schedule, step, every process's random-generator states, the batch
-source's position, the open logging window; read back with ``torch.load(weights_only=True)``) and
-``trainer_state.json`` (the same facts, readable, with the run's recorded settings). Both formats are
-fixed: runs written by earlier versions must resume.
-
-A resumed run's settings are compared with those its checkpoint recorded (`check_compatible`): a
-difference outside the settings a resumed run may change (`bertforge.train.config.ResumeRules`) is refused
-with a message naming the settings and, for the warmup settings, the flag that resumes the run.
+A checkpoint folder is a normal checkpoint folder plus ``trainer_state.pt`` (optimizer, schedule, step, every
+process's random-generator states, the batch source's position, the open logging window; read back with
+``torch.load(weights_only=True)``) and ``trainer_state.json`` (the same facts, readable, with the run's
+recorded settings). Both formats are fixed: runs written by earlier versions must resume.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ import numpy as np
 import torch
 
 from bertforge.io import atomic_dir, atomic_write_text
+from bertforge.model.checkpoint import CheckpointError, read_state_dict, save_pretrained
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,19 +27,16 @@ if TYPE_CHECKING:
     from bertforge.train.config import ResumeRules
     from bertforge.train.distributed import Distributed
 
-__all__ = ["STATE_PT", "STATE_JSON", "rng_state", "set_rng_state", "write_state", "read_info", "read_state",
-           "check_compatible", "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
-
+__all__ = ["STATE_PT", "STATE_JSON", "rng_state", "set_rng_state", "read_info", "read_state", "check_compatible",
+           "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
 
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 
 
-# ---------------------------------------------------------------------------- random generators
 def rng_state() -> dict[str, Any]:
-    """This process's random-generator states (torch, Python, numpy, CUDA), in a form ``torch.load`` with
-    ``weights_only=True`` reads back."""
-    # numpy's key array goes in as a tensor: torch.load(weights_only=True) refuses numpy arrays.
+    """This process's random-generator states (torch, Python, numpy, CUDA); numpy's key array as a tensor,
+    since ``torch.load(weights_only=True)`` refuses numpy arrays."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                              "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
@@ -65,18 +55,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# ---------------------------------------------------------------------------- the trainer's state files
-def write_state(folder: Path, state: dict[str, Any], info: dict[str, Any]) -> None:
-    """Write ``state`` (tensors and plain values) as `STATE_PT` and ``info`` (JSON-able) as `STATE_JSON`."""
-    torch.save(state, folder / STATE_PT)
-    atomic_write_text(folder / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
-
-
 def read_info(folder: Path) -> dict[str, Any]:
     """The readable record (`STATE_JSON`) of a checkpoint folder; an error if the folder is no training
     checkpoint."""
-    from bertforge.model.checkpoint import CheckpointError
-
     info_path, state_path = folder / STATE_JSON, folder / STATE_PT
     if not state_path.is_file() or not info_path.is_file():
         raise CheckpointError(f"{folder}: not a training checkpoint (no {STATE_PT} / {STATE_JSON})")
@@ -85,8 +66,6 @@ def read_info(folder: Path) -> dict[str, Any]:
 
 def read_state(folder: Path) -> dict[str, Any]:
     """The trainer's state (`STATE_PT`) of a checkpoint folder."""
-    from bertforge.model.checkpoint import CheckpointError
-
     path = folder / STATE_PT
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -94,7 +73,6 @@ def read_state(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: unreadable training state: {e}") from e
 
 
-# ---------------------------------------------------------------------------- weights in and out
 def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool
                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The full (unsharded) model and optimizer state; a collective call under FSDP."""
@@ -109,8 +87,6 @@ def save_model(folder: str | Path, model: nn.Module, tokenizer: Any, dist: Distr
                extra_files: dict[str, str] | None = None) -> None:
     """Write ``model`` (and ``tokenizer``, and ``extra_files``: name -> text) as a checkpoint folder, replacing
     ``folder`` whole and atomically; every process must call this."""
-    from bertforge.model.checkpoint import save_pretrained
-
     weights = None
     if fsdp:  # each process holds a shard: gathering the full weights is a collective call
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -127,21 +103,18 @@ def save_model(folder: str | Path, model: nn.Module, tokenizer: Any, dist: Distr
 def write_checkpoint(folder: Path, model: nn.Module, weights: dict[str, torch.Tensor], tokenizer: Any,
                      state: dict[str, Any], info: dict[str, Any]) -> None:
     """Write a training checkpoint (the main process): ``model``'s checkpoint folder with ``weights`` and
-    ``tokenizer``, and the trainer's ``state`` / ``info`` (`write_state`). A checkpoint of the same step
-    (a resumed run's) is swapped in whole."""
-    from bertforge.model.checkpoint import save_pretrained
-
+    ``tokenizer``, the trainer's ``state`` as `STATE_PT` and ``info`` as `STATE_JSON`. A checkpoint of the
+    same step (a resumed run's) is swapped in whole."""
     with atomic_dir(folder) as tmp:
         save_pretrained(model, tmp, tokenizer=tokenizer, state_dict=weights)
-        write_state(tmp, state, info)
+        torch.save(state, tmp / STATE_PT)
+        atomic_write_text(tmp / STATE_JSON, json.dumps(info, indent=1, default=str) + "\n")
 
 
 def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
                  fsdp: bool) -> None:
     """``model``'s weights from a checkpoint folder and the optimizer's state; an error naming the weights
     that do not fit the model."""
-    from bertforge.model.checkpoint import CheckpointError, read_state_dict
-
     weights = read_state_dict(folder)
     expected = model.state_dict()
     bad = sorted(k for k in expected if k not in weights or weights[k].shape != expected[k].shape)
@@ -158,16 +131,12 @@ def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
         optimizer.load_state_dict(optimizer_state)
 
 
-# ---------------------------------------------------------------------------- may a run continue from it
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules: ResumeRules, folder: Path) -> None:
     """Refuse to resume from ``folder``, whose run recorded the settings ``saved``, with the settings
-    ``current`` if they differ outside what ``rules`` let a resumed run change (a setting missing from a
-    record means what ``rules.absent`` says)."""
+    ``current`` if they differ outside what ``rules`` let a resumed run change."""
     steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
     if steps is not None and ratio is not None:
-        # Recorded before a warmup setting could be left unset: both were always recorded, and the ratio
-        # won when above 0. The same warmup as this run's (the earlier default 10,000 steps against
-        # today's unset default, say) is no change; another one is recorded as given.
+        # an old record holds both, the ratio winning when above 0: the same warmup as this run's is no change
         given = (current.get("warmup_steps"), current.get("warmup_ratio"))
         recorded = (None, ratio) if ratio > 0 else (steps, None)
         if _warmup_rule(*recorded, rules) == _warmup_rule(*given, rules):
@@ -187,8 +156,7 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules
 
 
 def _warmup_rule(steps: int | None, ratio: float | None, rules: ResumeRules) -> tuple[str, float]:
-    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved as the run's config class resolves
-    them: ("steps", n) or ("ratio", share of max_steps)."""
+    """The warmup settings ``steps`` / ``ratio`` (None: not given) resolved: ("steps", n) or ("ratio", share)."""
     if steps is not None:
         return "steps", steps
     if ratio is not None:
@@ -200,10 +168,9 @@ def _warmup_rule(steps: int | None, ratio: float | None, rules: ResumeRules) -> 
 
 def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
                  skip: frozenset[str], prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a
-    setting missing from one meaning ``absent[name]``. A nested record (a model's config) is compared
-    field by field, so a difference names the fields ("model_config.hidden_size"), not the whole
-    record. Top-level settings come first."""
+    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a setting
+    missing from one meaning ``absent[name]``; a nested record is compared field by field
+    ("model_config.hidden_size"). Top-level settings come first."""
     out = []
     for k in sorted(set(saved) | set(current)):
         name = prefix + k
@@ -218,8 +185,7 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: M
 
 
 def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None, given_ratio: float | None) -> str:
-    """What to pass to resume a run recorded with warmup settings ``steps`` / ``ratio`` (None: not given)
-    when this one was given ``given_steps`` / ``given_ratio``."""
+    """What to pass to resume a run recorded with warmup ``steps`` / ``ratio``, given ``given_*``."""
     if steps is not None:
         return f"pass --warmup-steps {steps}" + (" instead of --warmup-ratio" if given_ratio is not None else "")
     if ratio is not None:
