@@ -11,16 +11,8 @@ through the shared loop is `bertforge.tasks.finetune`, which no family imports.
 """
 
 from bertforge.tasks.base import EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings, TrainData
-from bertforge.tasks.classification import (
-    GLUE_TASKS,
-    ClassificationFamily,
-    ClassificationObjective,
-    Example,
-    GlueDataset,
-    encode_examples,
-    glue_files,
-    read_examples,
-)
+from bertforge.tasks.classification import (GLUE_TASKS, ClassificationFamily, ClassificationObjective, Example,
+                                            GlueDataset, encode_examples, glue_files, read_examples)
 from bertforge.tasks.encoding import EncodedBatches, Windows
 from bertforge.tasks.multiple_choice import MultipleChoiceFamily
 from bertforge.tasks.squad import SquadFamily

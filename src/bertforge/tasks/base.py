@@ -1,13 +1,9 @@
 """The contract between the fine-tuning run and a task family, the settings a family reads, and
-reading task files.
+reading task files. `bertforge.tasks.finetune` drives any family (`TaskFamily`) the same way:
 
-A *family* (`TaskFamily`) is one of the paper's fine-tuning setups: sequence classification /
-regression, token tagging, extractive QA, multiple choice. `bertforge.tasks.finetune` drives any of them
-through the shared loop the same way:
-
-    family = family_for(cfg.task)                        # the registry in bertforge.tasks
-    cfg = family.configure(cfg)                          # the family's defaults, once (SQuAD: max_seq_length 384)
-    train = family.train_data(cfg, tokenizer)            # TrainData: encoded inputs with targets, head kwargs, label set
+    family = family_for(cfg.task)                  # the registry in bertforge.tasks
+    cfg = family.configure(cfg)                    # the family's defaults, once (SQuAD: max_seq_length 384)
+    train = family.train_data(cfg, tokenizer)      # TrainData: encoded inputs with targets, head kwargs, label set
     dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
     model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
     Trainer(model, family.objective(model.config), EncodedBatches(train.encoded, ...), ...)
@@ -16,18 +12,9 @@ through the shared loop the same way:
     text = family.format_predictions(records, out_path)            # the family's native prediction file
     records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
 
-Settings. A family reads only `TaskSettings`: the task, its files and columns, lengths, windows or
-truncation, SQuAD's limits, the tag scheme. `bertforge.tasks.finetune.FinetuneConfig` extends it
-with the training loop's settings, so the fine-tuning run hands its config to the family as is. `configure` fills in
-what the family decides (a length, the way long inputs are handled) and checks what it cannot take; a run
-calls it once, and a configured config configures to itself.
-
-Encoded inputs and batches (`bertforge.tasks.encoding`): a family's encoded inputs are an `EncodedSet`;
-`EncodedBatches` makes the training batches and `predict_items` runs a model over them.
-
-Reading. `ReadReport` counts what a reader kept and skipped (with line numbers): nothing is dropped
-silently. `csv_rows` and `text_lines` read (possibly compressed) UTF-8 text with errors naming the
-file and line.
+A family reads only `TaskSettings`, which `bertforge.tasks.finetune.FinetuneConfig` extends with the
+training loop's settings. `ReadReport` counts what a reader kept and skipped (with line numbers): nothing
+is dropped silently.
 """
 
 from __future__ import annotations
@@ -38,7 +25,7 @@ import io
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -50,9 +37,10 @@ from bertforge.io import COMPRESSED_SUFFIXES, open_binary
 from bertforge.settings import check_settings, setting
 from bertforge.tasks.encoding import EncodedSet
 
-__all__ = ["TaskSettings", "LONG_INPUTS", "long_inputs_for", "ReadReport", "text_lines", "csv_rows", "read_records",
-           "not_utf8", "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table",
-           "TrainData", "EvalData", "EvalResult", "TaskFamily", "FamilyDefaults", "refuse_label_names"]
+__all__ = ["TaskSettings", "LONG_INPUTS", "ReadReport", "text_lines", "csv_rows", "read_records", "not_utf8",
+           "file_format", "split_files", "unseen_labels", "PREDICTION_TABLE", "prediction_table", "TrainData",
+           "EvalData", "EvalResult", "TaskFamily", "AccuracyObjective", "model_logits",
+           "numpy_logits"]
 
 logger = logging.getLogger("bertforge")
 
@@ -124,16 +112,6 @@ class TaskSettings:
                              f"{self.label_names!r}")
 
 
-def long_inputs_for(cfg: TaskSettings, family: str, supported: tuple[str, ...], why: str = "") -> str:
-    """``cfg.long_inputs`` for a family that handles long inputs in the ways ``supported`` (its default
-    first): "auto" is the default; a way the family cannot take is an error saying ``why``."""
-    if cfg.long_inputs == "auto":
-        return supported[0]
-    if cfg.long_inputs not in supported:
-        raise ValueError(f"--long-inputs {cfg.long_inputs} does not apply to {family} ({cfg.task}): {why}")
-    return cfg.long_inputs
-
-
 # ---------------------------------------------------------------------------- reading
 @dataclass
 class ReadReport:
@@ -144,19 +122,34 @@ class ReadReport:
     blank_lines: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)
     """Reason -> line numbers of the rows skipped for it."""
+    skip_bad_rows: bool = field(default=False, repr=False, compare=False)
 
     def skip(self, reason: str, line: int) -> None:
         self.skipped.setdefault(reason, []).append(line)
+
+    def bad(self, line: int, message: str, reason: str = "malformed") -> None:
+        """A malformed row: an error naming the file and line, or with ``skip_bad_rows`` a skip."""
+        if not self.skip_bad_rows:
+            raise ValueError(f"{self.path}:{line}: {message}")
+        self.skip(reason, line)
+
+    def finish(self, examples: int) -> None:
+        """Records the examples kept, and logs the summary when rows were skipped."""
+        self.examples = examples
+        if self.num_skipped:
+            logger.warning("%s", self.summary())
 
     @property
     def num_skipped(self) -> int:
         return sum(len(v) for v in self.skipped.values())
 
-    def summary(self) -> str:
-        text = f"{self.path}: {self.examples:,} examples"
-        for reason, lines in self.skipped.items():
-            shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-            text += f"; skipped {len(lines):,} rows ({reason}; lines {shown})"
+    def summary(self, unit: str = "examples", skipped: dict[str, list[Any]] | None = None, by: str = "lines") -> str:
+        """``path: N examples; skipped n rows (reason; lines 3, 7, ...)``: ``skipped`` (default: the rows)
+        by ``by``, counted in ``unit``."""
+        text = f"{self.path}: {self.examples:,} {unit}"
+        for reason, items in (self.skipped if skipped is None else skipped).items():
+            shown = ", ".join(map(str, items[:5])) + (", ..." if len(items) > 5 else "")
+            text += f"; skipped {len(items):,} {'rows' if skipped is None else unit} ({reason}; {by} {shown})"
         return text
 
 
@@ -166,9 +159,9 @@ def text_lines(path: Path) -> io.TextIOWrapper:
     return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
-def csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
+def csv_rows(path: Path, fmt: str, report: ReadReport) -> Iterator[tuple[int, list[str]]]:
     """(first line of the record, fields) of a CSV (``fmt="csv"``: standard quoting) or TSV file
-    (``"tsv"``: no quoting, as the TF release reads GLUE); blank lines give []."""
+    (``"tsv"``: no quoting, as the TF release reads GLUE); blank lines are counted in ``report``."""
     old_limit = csv.field_size_limit()
     csv.field_size_limit(1 << 30)  # a long document is a normal input here (it gets windows)
     start = 1
@@ -185,7 +178,10 @@ def csv_rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
                     return
                 except csv.Error as e:
                     raise ValueError(f"{path}:{reader.line_num}: malformed {fmt.upper()} ({e})") from None
-                yield start, row
+                if row and row != [""]:
+                    yield start, row
+                else:
+                    report.blank_lines += 1
                 start = reader.line_num + 1
     except UnicodeDecodeError:
         raise not_utf8(path) from None
@@ -380,93 +376,99 @@ class EvalResult:
     main: str
     """The metric the best checkpoint is chosen by (a key of ``metrics``)."""
     files: dict[str, str] = field(default_factory=dict)
-    """The per-example prediction files of this evaluation (name -> text), in the family's `predict`
-    layout with the gold beside each prediction where the layout has room: classification,
-    regression and multiple choice `PREDICTION_TABLE` (index, prediction, gold), tagging
-    predictions.conll (token, gold, predicted tag), SQuAD predictions.json, nbest_predictions.json
-    and null_odds.json (the official scripts' inputs). The fine-tuning run keeps them in ``best/`` with the
-    best model; ``evaluate --out`` writes them."""
+    """The per-example prediction files (name -> text), with the gold beside each prediction where the
+    layout has room: `PREDICTION_TABLE`, tagging's predictions.conll, SQuAD's predictions.json,
+    nbest_predictions.json and null_odds.json. Kept in ``best/`` with the best model; ``evaluate --out``
+    writes them."""
 
 
 class TaskFamily(Protocol):
-    """One of the paper's fine-tuning setups, as `bertforge.tasks.finetune` drives it."""
+    """One of the paper's fine-tuning setups, as `bertforge.tasks.finetune` drives it, with what most
+    families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; ``long_inputs`` auto -> the first
+    of ``long_inputs_supported`` (another one is an error saying ``long_inputs_why``); --label-names only
+    where ``settings`` holds it; files named by a comma-separated list."""
 
     name: str
-    """The family's name (classification, tagging, squad, multiple_choice)."""
     tasks: tuple[str, ...]
     """The ``--task`` names it handles."""
-    model_class: type
-    """The ``BertFor...`` head class (bertforge.model.heads)."""
-    settings: tuple[str, ...]
+    head: str
+    """The name of its ``BertFor...`` head class in bertforge.model.heads (`model_class`)."""
+    settings: tuple[str, ...] = ()
     """TaskSettings fields that evaluation and prediction must reuse (stored in the checkpoint's config.json)."""
+    default_max_seq_length = 128
+    long_inputs_supported: tuple[str, ...] = ("truncate", "windows")
+    long_inputs_why = ""
+
+    @property
+    def model_class(self) -> type:
+        from bertforge.model import heads
+
+        return getattr(heads, self.head)
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
-        """``cfg`` with the family's defaults filled in (e.g. max_seq_length 0 -> its default, long_inputs
-        auto -> its way); a setting the family cannot take is an error. A configured ``cfg`` comes back
-        unchanged."""
-        ...
+        """``cfg`` with the family's defaults filled in; a setting the family cannot take is an error. A
+        configured ``cfg`` comes back unchanged."""
+        if cfg.label_names and "label_names" not in self.settings:
+            raise ValueError(f"--label-names names the integer labels of classification; {self.name} ({cfg.task}) "
+                             "takes its labels as its files write them")
+        long_inputs = self.long_inputs_supported[0] if cfg.long_inputs == "auto" else cfg.long_inputs
+        if long_inputs not in self.long_inputs_supported:
+            raise ValueError(f"--long-inputs {long_inputs} does not apply to {self.name} ({cfg.task}): "
+                             f"{self.long_inputs_why}")
+        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
+                                   long_inputs=long_inputs)
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
-        """The files of ``split`` (train, dev, test) named by ``spec`` (comma-separated; a folder for GLUE)."""
-        ...
+        """The files of ``split`` (train, dev, test) named by ``spec`` (comma-separated)."""
+        return split_files(spec)
 
     def train_data(self, cfg: TaskSettings, tokenizer: Any) -> TrainData: ...
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path,
                   label2id: dict[str, int] | None) -> EvalData:
-        """A labelled file. A label outside ``label2id`` (one the model was not trained on) is scored as a
-        prediction the model could not make, with a warning (`unseen_labels`); training files refuse it."""
-        ...
+        """A labelled file. A label outside ``label2id`` is scored as a prediction the model could not
+        make, with a warning (`unseen_labels`); training files refuse it."""
 
     def objective(self, config: Any) -> Any:
-        """The `bertforge.train.loop.Objective` (summed loss terms and statistics) for a model with ``config``."""
-        ...
+        """The `bertforge.train.loop.Objective` for a model with ``config``."""
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
-                 dist: Any = None) -> EvalResult:
-        """The metrics of a labelled file and its per-example prediction files (`EvalResult.files`)."""
-        ...
+                 dist: Any = None) -> EvalResult: ...
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
         """One JSON-able record per example of ``path`` (labels not needed)."""
-        ...
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """The text of the family's native prediction file (GLUE TSV, CoNLL columns, SQuAD JSON)."""
-        ...
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """One JSON-able record per input of raw text, with its ``index`` and texts, in input order
-        (`bertforge.serving.predictor.Predictor`'s records). Each input is its texts: a text or a pair
-        (classification), a text (tagging), a question and a context (SQuAD), a context and its choices
-        (multiple choice: every input with as many)."""
-        ...
+        """One JSON-able record per input of raw text, in input order (`bertforge.serving.predictor.Predictor`'s
+        records). Each input is its texts: a text or a pair (classification), a text (tagging), a question and
+        a context (SQuAD), a context and its choices (multiple choice: every input with as many)."""
 
 
-def refuse_label_names(cfg: TaskSettings, family: str, named: bool) -> None:
-    """A ValueError for --label-names given to a family whose labels it does not name (``named`` False)."""
-    if cfg.label_names and not named:
-        raise ValueError(f"--label-names names the integer labels of classification; {family} ({cfg.task}) "
-                         "takes its labels as its files write them")
+def model_logits(model: Any, batch: Mapping[str, torch.Tensor]) -> Any:
+    """The model's output for a batch of `bertforge.tasks.encoding.Windows`."""
+    return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
 
 
-class FamilyDefaults:
-    """What most families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; ``long_inputs``
-    auto -> the first of ``long_inputs_supported`` (another one is an error saying ``long_inputs_why``);
-    files named by a comma-separated list."""
+def numpy_logits(model: Any, batch: Mapping[str, torch.Tensor], indices: Sequence[int]) -> Any:
+    """(B, ...) float logits as numpy: a `bertforge.tasks.encoding.predict_items` run."""
+    return model_logits(model, batch).logits.float().cpu().numpy()
 
-    name: str
-    default_max_seq_length = 128
-    long_inputs_supported: tuple[str, ...] = ("truncate", "windows")
-    long_inputs_why = ""
 
-    def configure(self, cfg: TaskSettings) -> TaskSettings:
-        refuse_label_names(cfg, self.name, "label_names" in getattr(self, "settings", ()))
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
-                                   long_inputs=long_inputs_for(cfg, self.name, self.long_inputs_supported,
-                                                               self.long_inputs_why))
+class AccuracyObjective:
+    """A `bertforge.train.loop.Objective` of one summed loss ``term`` over the batch's items (rows of
+    ``labels``) and the statistic ``correct``, reported as ``metric``: correct / items."""
 
-    def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
-        return split_files(spec)
+    term = ""
+    metric = "accuracy"
+
+    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return {self.term: float(batch["labels"].shape[0])}
+
+    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
+                stats: dict[str, float]) -> dict[str, float]:
+        return {self.metric: stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}

@@ -1,37 +1,22 @@
 """Sequence classification and regression, one sentence or a pair: files -> examples -> encoded inputs ->
 batches -> losses, predictions and metrics.
 
-Files. `read_examples` reads GLUE's own TSV layouts, selected by task name (`GLUE_TASKS`: CoLA's
-header-less train/dev, MRPC's ``Quality`` / ``#1 String`` columns, MNLI's ``gold_label``, ...; test
-files without labels too), and generic CSV / TSV / JSONL with named columns. GLUE's TSVs are read
-with no quoting (quotes are part of the text), as the TF release reads them; generic ``.tsv`` too,
-``.csv`` with standard CSV quoting. A missing column, a malformed row or JSON record is an error
-naming the file and line (``skip_bad_rows`` skips malformed rows instead); rows that carry no label
-(an empty label, MNLI's ``-``) are skipped, unless labels are not needed (prediction). Whatever is skipped is counted in the `ReadReport`,
-with its line numbers, and logged: nothing is dropped silently.
+Files. `read_examples` reads GLUE's own TSV layouts, selected by task name (`GLUE_TASKS`), and generic
+CSV / TSV / JSONL with named columns. TSVs are read with no quoting (quotes are part of the text), as
+the TF release reads GLUE; ``.csv`` with standard CSV quoting. A missing column or malformed row is an
+error naming the file and line (``skip_bad_rows`` skips and counts malformed rows instead); rows without
+a label (an empty label, MNLI's ``-``) are skipped unless labels are not needed.
 
-Labels. The label set of a GLUE task is fixed (its list below, in the TF release's order); for
-other files it is the sorted set of the training file's labels (numerically sorted when all are
-integers). A label outside the set in a training file (GLUE) is an error naming file and line; in
-an evaluation file it is a label the model cannot predict: its examples are scored as wrong (their
-class id is `UNSEEN`, which no prediction equals), with a warning naming the file, the labels and
-how many examples carry them. STS-B (and ``regression=True``) reads the label as a float score.
+Labels. A GLUE task's label set is fixed (in the TF release's order); otherwise it is the sorted set
+of the training labels (numerically when all are integers). A label outside the set is an error in a
+training file; in an evaluation file its examples are scored as wrong (class id `UNSEEN`) with a
+warning. STS-B and ``regression`` read the label as a float score.
 
-Long inputs: truncated or windowed, never silently. ``[CLS] A [SEP]`` (or ``[CLS] A [SEP] B [SEP]``)
-longer than ``max_seq_length`` is handled as ``long_inputs`` says:
-
-- ``truncate`` (the default, as the paper's code and transformers' run_glue do): one sequence per
-  example, a text cut at its end, a pair cut the TF release's way (``_truncate_seq_pair``: a token
-  at a time from the end of the longer segment; `bertforge.tasks.encoding.longest_first`).
-- ``windows``: overlapping windows. Window k holds the tokens from ``k * stride`` on (``stride``
-  defaults to half a window), and windows follow each other until one reaches the end of the text.
-  For a pair, the shorter segment is kept whole in every window (up to half the room; beyond that it
-  is cut, and such pairs are counted) and the longer one is windowed. Training uses every window,
-  each with its example's label, so a long text weighs more and costs a pass per window; prediction
-  averages the windows' logits per example (regression: their scores).
-
-Either way one prediction comes out per example, and the examples truncated or windowed are
-counted in the encoded inputs' summary and logged.
+Long inputs (``long_inputs``): ``truncate`` (the default, as the paper's code does) cuts a text at its
+end and a pair the TF release's way (`bertforge.tasks.encoding.longest_first`); ``windows`` cuts the
+text into windows every ``stride`` tokens (default: half a window), a pair's shorter segment staying
+whole in every window (up to half the room). Training uses every window with its example's label;
+prediction averages the windows' logits per example. What was cut is counted in the summary and logged.
 """
 
 from __future__ import annotations
@@ -47,9 +32,9 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
-                                  TrainData, csv_rows, file_format, read_records, prediction_table, split_files,
-                                  unseen_labels)
+from bertforge.tasks.base import (PREDICTION_TABLE, AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily,
+                                  TaskSettings, TrainData, csv_rows, file_format, model_logits, numpy_logits,
+                                  prediction_table, read_records, split_files, unseen_labels)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items, window_starts
 
 __all__ = ["Example", "GlueDataset", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
@@ -129,22 +114,12 @@ def glue_files(task: str, path: str | Path, split: str) -> list[Path]:
     return files
 
 
-def read_examples(
-    path: str | Path,
-    task: str | None = None,
-    *,
-    text_column: str | None = None,
-    text_pair_column: str | None = None,
-    label_column: str | None = None,
-    require_labels: bool = True,
-    skip_bad_rows: bool = False,
-) -> tuple[list[Example], ReadReport]:
-    """Examples of one file, and what was skipped.
-
-    ``task``: a GLUE task name (its columns and layout) or None for generic files (the text in a column
-    ``text``, the label in ``label``, unless named); the column arguments override the task's.
-    ``require_labels=False`` reads files without a label column (GLUE's test files, files to predict on).
-    """
+def read_examples(path: str | Path, task: str | None = None, *, text_column: str | None = None,
+                  text_pair_column: str | None = None, label_column: str | None = None, require_labels: bool = True,
+                  skip_bad_rows: bool = False) -> tuple[list[Example], ReadReport]:
+    """Examples of one file, and what was skipped. ``task``: a GLUE task name (its columns and layout) or
+    None for generic files (the text in a column ``text``, the label in ``label``, unless named); the
+    column arguments override the task's. ``require_labels=False`` reads files without a label column."""
     path = Path(path)
     glue = GLUE_TASKS.get(task or "")
     col_a = text_column or (glue.text_a if glue else "text")
@@ -154,7 +129,8 @@ def read_examples(
     no_label = set(glue.no_label) if glue else set()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    report = ReadReport(str(path))
+    report = ReadReport(str(path), skip_bad_rows=skip_bad_rows)
+    bad = report.bad
     examples: list[Example] = []
 
     def add(line: int, a: Any, b: Any, label: Any, has_label: bool) -> None:
@@ -165,11 +141,6 @@ def read_examples(
                 return
             label = ""
         examples.append(Example(a, b, label or None, line))
-
-    def bad(line: int, message: str) -> None:
-        if not skip_bad_rows:
-            raise ValueError(f"{path}:{line}: {message}")
-        report.skip("malformed", line)
 
     if file_format(path) == "records":
         for n, record in read_records(path, report, bad):
@@ -182,14 +153,10 @@ def read_examples(
                 continue
             add(n, a, b, record.get(col_label), col_label in record)
     else:
-        rows = csv_rows(path, file_format(path))
         header: list[str] | None = None
         positions: dict[str, int] = {}
         width = 0
-        for line, row in rows:
-            if not row or row == [""]:
-                report.blank_lines += 1
-                continue
+        for line, row in csv_rows(path, file_format(path), report):
             if header is None and not positions:
                 if glue and glue.positional and col_a not in row:  # CoLA train / dev: no header
                     positions, width = dict(glue.positional), glue.width
@@ -207,9 +174,7 @@ def read_examples(
             has_label = col_label in positions
             add(line, row[positions[col_a]], row[positions[col_b]] if col_b else None,
                 row[positions[col_label]] if has_label else None, has_label)
-    report.examples = len(examples)
-    if report.num_skipped:
-        logger.warning("%s", report.summary())
+    report.finish(len(examples))
     return examples, report
 
 
@@ -266,10 +231,6 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
 
 
 # ---------------------------------------------------------------------------- encoding
-"""Classification's encoded: the sequence (or windows) of every example (`bertforge.tasks.encoding.Windows`),
-with one label per sequence (its example's) when training or evaluating."""
-
-
 def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length: int,
                     stride: int = 0, long_inputs: str = "truncate") -> Windows:
     """Tokenize; truncate long examples, or cut them into windows (``long_inputs``: module docstring).
@@ -288,29 +249,30 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
     example: list[int] = []
+
+    def emit(i: int, seq: list[int], n_a: int) -> None:
+        out_ids.append(np.array(seq, dtype=np.int64))
+        num_a.append(n_a)
+        example.append(i)
+
     windowed = truncated = cut_pairs = 0
     for i, (a, b) in enumerate(zip(ids_a, ids_b)):
         if long_inputs == "truncate":
             if b is None:
                 n_a = min(len(a), max_seq_length - 2)
-                seq = [cls, *a[:n_a], sep]
+                emit(i, [cls, *a[:n_a], sep], n_a + 2)
                 truncated += n_a < len(a)
             else:
                 n_a, n_b = longest_first(len(a), len(b), max_seq_length - 3)
-                seq = [cls, *a[:n_a], sep, *b[:n_b], sep]
+                emit(i, [cls, *a[:n_a], sep, *b[:n_b], sep], n_a + 2)
                 truncated += n_a + n_b < len(a) + len(b)
-            out_ids.append(np.array(seq, dtype=np.int64))
-            num_a.append(n_a + 2)
-            example.append(i)
             continue
         if b is None:
             room, fixed, long, fixed_first = max_seq_length - 2, [], a, True
         else:
             room = max_seq_length - 3
             if len(a) + len(b) <= room:
-                out_ids.append(np.array([cls, *a, sep, *b, sep], dtype=np.int64))
-                num_a.append(len(a) + 2)
-                example.append(i)
+                emit(i, [cls, *a, sep, *b, sep], len(a) + 2)
                 continue
             fixed_first = len(a) <= len(b)  # the shorter segment stays whole in every window
             fixed, long = (a, b) if fixed_first else (b, a)
@@ -326,32 +288,26 @@ def encode_examples(examples: Sequence[Example], tokenizer: Any, max_seq_length:
         for s in starts:
             piece = long[s:s + room]
             if b is None:
-                seq, n_a = [cls, *piece, sep], len(piece) + 2
+                emit(i, [cls, *piece, sep], len(piece) + 2)
             elif fixed_first:
-                seq, n_a = [cls, *fixed, sep, *piece, sep], len(fixed) + 2
+                emit(i, [cls, *fixed, sep, *piece, sep], len(fixed) + 2)
             else:
-                seq, n_a = [cls, *piece, sep, *fixed, sep], len(piece) + 2
-            out_ids.append(np.array(seq, dtype=np.int64))
-            num_a.append(n_a)
-            example.append(i)
+                emit(i, [cls, *piece, sep, *fixed, sep], len(piece) + 2)
     return Windows(out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(examples),
                     windowed=windowed, truncated=truncated, cut_pairs=cut_pairs, max_seq_length=max_seq_length)
 
 
 # ---------------------------------------------------------------------------- the task
-class ClassificationObjective:
+class ClassificationObjective(AccuracyObjective):
     """Summed cross-entropy (or squared error, regression) over the windows of a batch; accuracy."""
 
     def __init__(self, regression: bool = False):
         self.regression = regression
         self.term = "regression" if regression else "classification"
 
-    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        return {self.term: float(batch["labels"].shape[0])}
-
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, C)
+        logits = model_logits(model, batch).logits  # (B, C)
         labels = batch["labels"]
         problem = "regression" if self.regression else "single_label_classification"
         loss = losses.sequence_classification_loss(logits, labels, problem, reduction="sum")
@@ -361,20 +317,14 @@ class ClassificationObjective:
 
     def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
                 stats: dict[str, float]) -> dict[str, float]:
-        if self.regression:
-            return {}
-        return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
+        return {} if self.regression else super().metrics(loss_sums, counts, stats)
 
 
 def predict_logits(model: nn.Module, encoded: Windows, batch_size: int, device: torch.device | str = "cpu",
                    dist: Any = None) -> np.ndarray:
     """(examples, labels) logits, each the mean over its example's windows. With ``dist``, every
     process predicts a part and all get the whole."""
-
-    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
-        return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
-
-    rows = predict_items(model, encoded, batch_size, device, run, dist)
+    rows = predict_items(model, encoded, batch_size, device, numpy_logits, dist)
     C = getattr(getattr(model, "config", None), "num_labels", None) or (len(rows[0]) if rows else 1)
     per_window = np.array(rows, dtype=np.float64).reshape(len(rows), C)
     sums = np.zeros((encoded.num_examples, C), dtype=np.float64)
@@ -425,31 +375,28 @@ def prediction_records(examples: Sequence[Example], logits: np.ndarray, id2label
     """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
     line, the label name (regression: the score) and the logits averaged over its windows; with
     ``gold``, also the example's label as the file writes it."""
-    records = []
-    for i, (e, row) in enumerate(zip(examples, logits)):
+
+    def prediction(row: np.ndarray) -> Any:
         best = int(row.argmax())
-        pred: Any = float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
-        record = {"index": i, "line": e.line, "prediction": pred, "scores": [round(float(x), 6) for x in row]}
-        if gold:
-            record["gold"] = e.label
-        records.append(record)
-    return records
+        return float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
+
+    return [{"index": i, "line": e.line, "prediction": prediction(row), "scores": [round(float(x), 6) for x in row],
+             **({"gold": e.label} if gold else {})} for i, (e, row) in enumerate(zip(examples, logits))]
 
 
 # ---------------------------------------------------------------------------- the family
-class ClassificationFamily(FamilyDefaults):
+class ClassificationFamily(TaskFamily):
     """Sequence classification and regression (`bertforge.tasks.base.TaskFamily`): GLUE by task name,
     ``classification`` / ``regression`` for generic files."""
 
     name = "classification"
+    head = "BertForSequenceClassification"
     tasks = (*GLUE_TASKS, "classification", "regression")
     settings = ("task", "max_seq_length", "long_inputs", "stride", "text_column", "text_pair_column",
                 "label_column", "label_names")
-    long_inputs_supported = ("truncate", "windows")  # the paper's code truncates
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
-        """The defaults (`FamilyDefaults`); a --stride is refused unless long inputs get windows (truncation
-        would ignore it)."""
+        """The defaults; a --stride is refused unless long inputs get windows (truncation would ignore it)."""
         cfg = super().configure(cfg)
         glue = GLUE_TASKS.get(cfg.task)
         if cfg.label_names and (self.regression(cfg.task) or (glue is not None and glue.labels is not None)):
@@ -459,12 +406,6 @@ class ClassificationFamily(FamilyDefaults):
             raise ValueError(f"--stride {cfg.stride} places windows, but long inputs are truncated "
                              "(--long-inputs truncate); pass --long-inputs windows, or no --stride")
         return cfg
-
-    @property
-    def model_class(self) -> type:
-        from bertforge.model.heads import BertForSequenceClassification
-
-        return BertForSequenceClassification
 
     @staticmethod
     def regression(task: str) -> bool:
@@ -484,8 +425,7 @@ class ClassificationFamily(FamilyDefaults):
 
     @staticmethod
     def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Windows:
-        """The examples encoded by ``cfg``; what was truncated or windowed is logged, naming ``what``
-        (the file; nothing is logged without it)."""
+        """The examples encoded; what was truncated or windowed is logged, naming ``what`` (the file)."""
         encoded = encode_examples(examples, tokenizer, cfg.max_seq_length, cfg.stride, cfg.long_inputs)
         if what and (encoded.truncated or encoded.windowed):
             logger.info("%s: %s", what, encoded.summary())

@@ -1,21 +1,10 @@
-"""What the task families share once their files are read: the encoded windows, the rules that cut
-long inputs into windows or truncate them, training batches over encoded inputs in memory and prediction
-over them.
+"""What the task families share once their files are read: encoded windows, the rules that cut long
+inputs into windows or truncate them, training batches and prediction over encoded inputs in memory.
 
-Windows. `Windows` is the encoded record every family builds on: the token ids of each window
-(``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``), how many of its tokens are of type 0, and the
-example each window comes from. Classification uses it as is, tagging and multiple choice wrap it,
-SQuAD extends it. `window_starts` places overlapping windows over a long input and
-`max_context_window` gives each token the window where it has the most context (the TF release's
-SQuAD rule); `longest_first` truncates a pair the TF release's way. `offsets_through_marks`
-extends token character ranges over combining marks the tokenizer drops, so an answer or a word
-keeps its accents.
-
-Encoded inputs. A family's encoded inputs are any object with ``len()``, ``lengths`` (tokens per item, to
-batch similar lengths together at prediction) and ``collate(indices) -> dict of tensors`` (with
-the training targets when they have them): an `EncodedSet`. `EncodedBatches` turns them
-into the training loop's resumable, rank-sliced, shuffled batches; `predict_items` runs a model
-over them in length-sorted batches (split across processes when distributed).
+`Windows` is the encoded record every family builds on (classification uses it as is, tagging and
+multiple choice wrap it, SQuAD extends it). A family's encoded inputs are an `EncodedSet`:
+`EncodedBatches` turns them into the training loop's resumable, rank-sliced, shuffled batches, and
+`predict_items` runs a model over them in length-sorted batches (split across processes when distributed).
 """
 
 from __future__ import annotations
@@ -153,7 +142,7 @@ class EncodedSet(Protocol):
     """Model inputs of a task: items (windows, sequences or sets of choices) ready to batch."""
 
     lengths: np.ndarray
-    """Tokens per item (the longest sequence of an item with several)."""
+    """Tokens per item (the longest sequence of an item with several), to batch similar lengths together."""
 
     def __len__(self) -> int: ...
 
@@ -165,39 +154,28 @@ class EncodedSet(Protocol):
 class EncodedBatches(CursorLoader):
     """Training batches over encoded inputs in memory, for `bertforge.train.loop.Trainer`.
 
-    Order: epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
-    (`bertforge.data.loader.epoch_permutation`; the 0 is the one "shard" encoded inputs in memory make,
-    so the order is the pre-training loader's over a one-shard dataset). Each ``iter()`` yields the
-    rest of one epoch; the next continues with the next epoch. Ranks: every global batch of
-    ``batch_size * world_size`` items is cut into rank slices, the last incomplete one dropped
-    (`bertforge.data.loader.EpochCursor`). Resume: ``state_dict`` / ``load_state_dict`` (epoch and
-    position) continue with the very same batches."""
+    Epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
+    (`bertforge.data.loader.epoch_permutation` over one "shard"). Each ``iter()`` yields the rest of one
+    epoch. Every global batch of ``batch_size * world_size`` items is cut into rank slices, the last
+    incomplete one dropped (`bertforge.data.loader.EpochCursor`); ``state_dict`` / ``load_state_dict``
+    resume with the very same batches."""
 
     def __init__(self, encoded: EncodedSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
                  name: str = "training data"):
-        """``name``: the data's name in errors (the training file)."""
         self.encoded = encoded
         self.cursor = EpochCursor(len(encoded), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.name = name
         self._order: tuple[int, np.ndarray] | None = None
 
-    @property
-    def batch_size(self) -> int:
-        return self.cursor.batch_size
-
-    @property
-    def seed(self) -> int:
-        return self.cursor.seed
-
     def order(self, epoch: int) -> np.ndarray:
         """The items in the order ``epoch`` visits them."""
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_permutation(len(self.encoded), self.seed, epoch, 0))
+            self._order = (epoch, epoch_permutation(len(self.encoded), self.cursor.seed, epoch, 0))
         return self._order[1]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for epoch, first in self.cursor.batches(self.name):
-            items = self.order(epoch)[first:first + self.batch_size]
+            items = self.order(epoch)[first:first + self.cursor.batch_size]
             yield self.encoded.collate([int(i) for i in items])
 
 

@@ -1,12 +1,10 @@
 """The paper's feature-based approach on the shared loop: the frozen encoder's features computed once.
 
 A frozen encoder (`bertforge.model.heads.BertFeatureBiLSTMForTokenClassification` and its sequence
-twin with ``freeze``) gives the same hidden states in every epoch, so they are computed in one pass
-over the training items before training (`cache_features`) and kept in memory as float16, only the
-chosen layers and only each item's real tokens. `CachedFeatures` serves them with the item's own
-batch (``features`` beside ``input_ids``, ``labels``, ...) and `CachedObjective` hands them to the model,
-so training steps run the BiLSTM and the output layer alone. Evaluation runs the whole model (the
-encoder included), so a saved model needs no cache.
+twin with ``freeze``) gives the same hidden states in every epoch, so `cache_features` computes them
+once before training and keeps the chosen layers of each item's real tokens in memory as float16.
+`CachedObjective` hands them to the model, so training steps run the BiLSTM and the output layer alone.
+Evaluation runs the whole model, so a saved model needs no cache.
 """
 
 from __future__ import annotations
@@ -75,9 +73,8 @@ def cache_features(model: nn.Module, encoded: EncodedSet, batch_size: int, devic
     cache = predict_items(model, encoded, batch_size, device, run, dist)
     model.train(was_training)
     n, _, H = cache[0].shape
-    size = sum(c.numel() for c in cache) * 2
     logger.info("features: cached %d layer%s x %d values for %s items (%.1f MB, float16)", n, "s" * (n > 1), H,
-                f"{len(cache):,}", size / 2**20)
+                f"{len(cache):,}", sum(c.numel() for c in cache) * 2 / 2**20)
     return CachedFeatures(encoded, cache)
 
 

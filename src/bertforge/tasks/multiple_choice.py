@@ -5,30 +5,21 @@ the pooled output (`bertforge.model.heads.BertForMultipleChoice`), softmax over 
 against the right one; accuracy.
 
 Files.
-- ``swag``: SWAG's own CSVs (``train.csv`` / ``val.csv`` / ``test.csv`` of rowanz/swagaf, or a
-  folder holding them): a header naming ``video-id, fold-ind, startphrase, sent1, sent2,
-  gold-source, ending0..ending3, label`` (after an unnamed index column; ``test.csv`` has no
-  ``label``). Read as google's and transformers' SWAG scripts read it: the context is ``sent1``
-  and choice k is ``sent2 + " " + ending<k>`` (``sent2`` is the start shared by every ending).
-- ``multiple_choice``: CSV / TSV / JSONL. The context is ``--text-column`` (default ``context``);
-  the choices are named by ``--text-pair-column`` NAME (default ``choices``): a JSONL key holding a
-  list of strings, or numbered columns (keys) NAME0, NAME1, ... (or NAME1, NAME2, ...) as far as
-  they run; the label, ``--label-column`` (default ``label``), is the index of the right choice
-  from 0. The column arguments override SWAG's names too.
+- ``swag``: SWAG's own CSVs (``train.csv`` / ``val.csv`` / ``test.csv`` of rowanz/swagaf, or their
+  folder), read as google's and transformers' SWAG scripts read them: the context is ``sent1`` and
+  choice k is ``sent2 + " " + ending<k>`` (``sent2`` is the start shared by every ending).
+- ``multiple_choice``: CSV / TSV / JSONL. The context is ``--text-column`` (default ``context``); the
+  choices, ``--text-pair-column`` NAME (default ``choices``), are a JSONL list or numbered columns
+  NAME0, NAME1, ... (or from 1); the label, ``--label-column`` (default ``label``), is the right choice's
+  index from 0. The column arguments override SWAG's names too.
 
-A missing column is an error naming file and line. A row whose label is not a choice index
-(0..C-1), whose number of choices differs from the first example's (every example of a run has
-the same C: batches are (B, C, T)), or that is malformed is an error naming file and line, or,
-with ``skip_bad_rows``, skipped; rows without a label are skipped, unless labels are not needed
-(prediction). Skips are counted, with line numbers, in the `ReadReport`.
+A row whose label is not a choice index, whose number of choices differs from the first example's
+(batches are (B, C, T)), or that is malformed is an error naming file and line, or with
+``skip_bad_rows`` skipped and counted; rows without a label are skipped unless labels are not needed.
 
-Length. A pair longer than ``max_seq_length`` is cut the TF release's way (``_truncate_seq_pair``,
-transformers' ``longest_first``): a token at a time from the end of the longer segment (of the
-choice on a tie). transformers' fast tokenizers agree but for one token: when both segments are
-cut to halves of an odd room, they leave the odd token to the longer one (the choice on a tie), the
-TF loop always to the context. A choice
-cannot be windowed like a classification text, since the C scores must be compared; cut pairs are
-counted in the encoded inputs' summary and logged, never silent.
+Length. A pair longer than ``max_seq_length`` is cut the TF release's way (``_truncate_seq_pair``; fast
+tokenizers differ by one token on an odd room). A choice cannot be windowed, since the C scores must be
+compared; cut pairs are counted in the summary and logged.
 """
 
 from __future__ import annotations
@@ -45,8 +36,9 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (PREDICTION_TABLE, EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings,
-                                  TrainData, csv_rows, file_format, read_records, prediction_table, split_files)
+from bertforge.tasks.base import (PREDICTION_TABLE, AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily,
+                                  TaskSettings, TrainData, csv_rows, file_format, model_logits, numpy_logits,
+                                  prediction_table, read_records, split_files)
 from bertforge.tasks.encoding import Windows, longest_first, predict_items
 
 __all__ = ["ChoiceExample", "Columns", "SWAG_COLUMNS", "columns_for", "read_choices", "ChoiceInputs",
@@ -125,34 +117,20 @@ def _choice_index(raw: Any, num_choices: int) -> int | None:
     return raw
 
 
-def read_choices(
-    path: str | Path,
-    task: str | None = "multiple_choice",
-    *,
-    context_column: str | None = None,
-    choices_column: str | None = None,
-    label_column: str | None = None,
-    require_labels: bool = True,
-    skip_bad_rows: bool = False,
-    num_choices: int = 0,
-) -> tuple[list[ChoiceExample], ReadReport]:
-    """Examples of one file, and what was skipped (module docstring for the layouts).
-
-    ``num_choices``: the number every example must have (0: the first example's), so that several
-    files of one run agree. ``require_labels=False`` reads files without a label column.
-    """
+def read_choices(path: str | Path, task: str | None = "multiple_choice", *, context_column: str | None = None,
+                 choices_column: str | None = None, label_column: str | None = None, require_labels: bool = True,
+                 skip_bad_rows: bool = False, num_choices: int = 0) -> tuple[list[ChoiceExample], ReadReport]:
+    """Examples of one file, and what was skipped (module docstring). ``num_choices``: the number every
+    example must have (0: the first example's), so that several files of one run agree.
+    ``require_labels=False`` reads files without a label column."""
     path = Path(path)
     cols = columns_for(task, context_column, choices_column, label_column)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    report = ReadReport(str(path))
+    report = ReadReport(str(path), skip_bad_rows=skip_bad_rows)
+    bad = report.bad
     examples: list[ChoiceExample] = []
     first = "the first file" if num_choices else ""
-
-    def bad(line: int, message: str) -> None:
-        if not skip_bad_rows:
-            raise ValueError(f"{path}:{line}: {message}")
-        report.skip("malformed", line)
 
     def add(line: int, record: Mapping[str, Any], choice_keys: list[str] | None) -> None:
         nonlocal num_choices, first
@@ -188,10 +166,8 @@ def read_choices(
     else:
         header: list[str] | None = None
         choice_keys: list[str] | None = None
-        for line, row in csv_rows(path, fmt):
-            if not row or row == [""]:
-                report.blank_lines += 1
-            elif header is None:
+        for line, row in csv_rows(path, fmt, report):
+            if header is None:
                 header = [h.strip() for h in row]
                 choice_keys = _locate(cols, header, require_labels, f"{path}:{line}", "column")
             elif len(row) != len(header):
@@ -199,9 +175,7 @@ def read_choices(
                           + (" (a tab inside a text?)" if fmt == "tsv" else ""))
             else:
                 add(line, dict(zip(header, row)), choice_keys)
-    report.examples = len(examples)
-    if report.num_skipped:
-        logger.warning("%s", report.summary())
+    report.finish(len(examples))
     return examples, report
 
 
@@ -279,35 +253,24 @@ def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_le
 
 
 # ---------------------------------------------------------------------------- the task
-class MultipleChoiceObjective:
+class MultipleChoiceObjective(AccuracyObjective):
     """Summed cross-entropy of the softmax over each example's choices; accuracy over examples."""
 
     term = "multiple_choice"
 
-    def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        return {self.term: float(batch["labels"].shape[0])}
-
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, C)
+        logits = model_logits(model, batch).logits  # (B, C)
         labels = batch["labels"]
         loss = losses.multiple_choice_loss(logits, labels, reduction="sum")
         return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}
-
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
-                stats: dict[str, float]) -> dict[str, float]:
-        return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
 def choice_scores(model: nn.Module, encoded: ChoiceInputs, batch_size: int, device: torch.device | str = "cpu",
                   dist: Any = None) -> np.ndarray:
     """(examples, C) scores (logits). ``batch_size``: sequences per forward pass (so batch_size // C
     examples). With ``dist``, every process scores a part and all get the whole."""
-
-    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> np.ndarray:
-        return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits.float().cpu().numpy()
-
-    rows = predict_items(model, encoded, max(1, batch_size // max(encoded.num_choices, 1)), device, run, dist)
+    rows = predict_items(model, encoded, max(1, batch_size // max(encoded.num_choices, 1)), device, numpy_logits, dist)
     return np.array(rows, dtype=np.float64).reshape(len(rows), encoded.num_choices)
 
 
@@ -322,21 +285,16 @@ def prediction_records(examples: Sequence[ChoiceExample], scores: np.ndarray,
 
 
 # ---------------------------------------------------------------------------- the family
-class MultipleChoiceFamily(FamilyDefaults):
+class MultipleChoiceFamily(TaskFamily):
     """Multiple choice (`bertforge.tasks.base.TaskFamily`): ``swag`` (SWAG's CSVs) and
     ``multiple_choice`` (generic CSV / TSV / JSONL)."""
 
     name = "multiple_choice"
+    head = "BertForMultipleChoice"
     tasks = ("swag", "multiple_choice")
     settings = ("task", "max_seq_length", "text_column", "text_pair_column", "label_column")
     long_inputs_supported = ("truncate",)
     long_inputs_why = "the choices' scores are compared, so each (context, choice) pair is one sequence, truncated"
-
-    @property
-    def model_class(self) -> type:
-        from bertforge.model.heads import BertForMultipleChoice
-
-        return BertForMultipleChoice
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         """The files named (comma-separated); a SWAG folder gives its train.csv, val.csv or test.csv."""

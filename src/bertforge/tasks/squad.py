@@ -2,59 +2,42 @@
 questions -> windows -> batches -> span losses, n-best answers, the official EM / F1 and the
 prediction files ``predictions.json``, ``nbest_predictions.json`` and ``null_odds.json``.
 
-Files. `read_squad` reads SQuAD's JSON (``{"data": [{"paragraphs": [{"context", "qas": [{"id",
-"question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}``; compressed too). Bad
-JSON is an error naming file, line and column; a missing or mistyped key names the place in the
-JSON (``data[3].paragraphs[0].qas[2]``) and the question id. Training uses each question's first
-answer, whose text must be the context's at ``answer_start`` (the TF release drops such questions
-with the warning "Could not find answer"): it is an error, or with ``skip_bad_rows`` the question
-is skipped and counted, with its id, in the `SquadReadReport` (as are malformed questions). SQuAD
-1.1 questions need an answer; in 2.0 a question is unanswerable when ``is_impossible`` (or, without
-that key, when it has no answers) and trains towards [CLS]. Evaluation scores every gold answer
-(``answer_start`` is not used there); prediction needs no answers.
+Files. `read_squad` reads SQuAD's JSON (compressed too); a missing or mistyped key names its place
+(``data[3].paragraphs[0].qas[2]``) and the question id. Training uses each question's first answer,
+whose text must be the context's at ``answer_start`` (the TF release drops such questions with "Could
+not find answer"): an error, or with ``skip_bad_rows`` a skip counted by id in the `SquadReadReport`.
+In 2.0 a question is unanswerable when ``is_impossible`` (without that key: when it has no answers).
 
-Windows, as the TF release's run_squad.py builds them. ``[CLS] question [SEP] context [SEP]``: the
-question cut to ``max_query_length`` tokens, the context cut into windows of the remaining room
-whose starts are ``doc_stride`` tokens apart (the last window reaches the end of the context). A
-training window's targets are the answer's first and last token, or [CLS] (position 0) when the
-question is unanswerable or the answer is not wholly inside the window. Every context token has one
-*max-context* window: the one where min(left, right context) + 0.01 * window length is largest
-(the first on a tie); an answer may only start at a token in its max-context window.
+Windows, as the TF release's run_squad.py builds them: ``[CLS] question [SEP] context [SEP]``, the
+question cut to ``max_query_length`` tokens, the context cut into windows every ``doc_stride`` tokens.
+A training window's targets are the answer's first and last token, or [CLS] when the question is
+unanswerable or the answer is not wholly inside the window.
 
-Answers. Per window, the ``n_best_size`` best start and end positions (over the window's real
-tokens; only the top k are kept, never all logits); candidate spans start and end inside the
-context, start in their max-context window, end no earlier and are at most ``max_answer_length``
-tokens long; they are ranked by start + end logit over all of a question's windows, the first
-``n_best_size`` distinct texts are the n-best, with probabilities from a softmax over their scores.
-SQuAD 2.0: the null score is start[0] + end[0] of the window where it is smallest; it joins the
-ranking, and the question is predicted unanswerable when null score - best span score (its *null
-odds*, written to null_odds.json) exceeds ``null_score_diff_threshold``. Metrics are the official
-scripts' (`bertforge.metrics.squad_metrics`); for 2.0 also HasAns / NoAns and the best threshold on
-the evaluated file (``best_f1_thresh``: the ``--null-score-diff-threshold`` to use).
+Answers. Per window, the ``n_best_size`` best start and end positions; candidate spans lie inside the
+context, start in their max-context window (`encoding.max_context_window`) and are at most
+``max_answer_length`` tokens long; ranked by start + end logit over a question's windows, the first
+``n_best_size`` distinct texts are the n-best. SQuAD 2.0: the null score is start[0] + end[0] of the
+window where it is smallest; the question is unanswerable when null score - best span score (its *null
+odds*) exceeds ``null_score_diff_threshold``. Metrics are the official scripts'
+(`bertforge.metrics.squad_metrics`), for 2.0 with the best threshold on the file (``best_f1_thresh``).
 
 Deliberate differences from run_squad.py:
 
 - Answer text. The TF release re-aligns the de-tokenized span with the whitespace-split words by a
-  character heuristic (``get_final_text``, falling back to the whole words when it fails, e.g. on
-  [UNK] or letters whose lower case has another length). Here the tokenizer's character offsets give
-  the span's characters in the context directly: "Steve Smith" out of "Steve Smith's", "1895" out of
-  "(1895-1943).", "Café" with its accent, whatever the normalisation (a decomposed accent the
-  tokenizer strips is added back: token ranges extend over the combining marks that follow them).
-  Whitespace inside an answer is kept as written (the TF release joins words with one space; the
-  official scoring ignores both). Likewise a training answer is mapped to the tokens its characters overlap, which is what the TF
-  release's word mapping plus ``_improve_answer_span`` reaches.
-- The training loss leaves padding positions out of the softmax (TF and transformers pad every
-  sequence to max_seq_length and include them), so it does not depend on how batches are padded.
-- A question with no valid span gets the answer "" (TF: the placeholder "empty"); in 2.0 its null
-  odds are 1e6 (TF fails on it). A context without tokens gets one window with an empty context part.
+  heuristic (``get_final_text``). Here the tokenizer's character offsets give the span's characters
+  directly: "Steve Smith" out of "Steve Smith's", "1895" out of "(1895-1943).", "Café" with its accent.
+  A training answer is mapped to the tokens its characters overlap, which is what the TF release's
+  word mapping plus ``_improve_answer_span`` reaches.
+- The training loss leaves padding positions out of the softmax, so it does not depend on how batches
+  are padded (TF and transformers pad every sequence to max_seq_length and include them).
+- A question with no valid span gets the answer "" (TF: "empty"); in 2.0 its null odds are 1e6.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -64,15 +47,13 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.tasks.base import (EvalData, EvalResult, ReadReport, TaskSettings, TrainData, long_inputs_for,
-                                  refuse_label_names, split_files, text_lines)
+from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
+                                  TrainData, model_logits, split_files, text_lines)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["VERSIONS", "Question", "SquadData", "SquadReadReport", "read_squad", "squad_files", "SquadWindows",
-           "encode_squad", "SpanObjective", "WindowScores", "top_k_scores", "predict_scores", "Prediction", "postprocess",
-           "prediction_files", "SquadFamily"]
-
-logger = logging.getLogger("bertforge")
+           "encode_squad", "SpanObjective", "WindowScores", "top_k_scores", "predict_scores", "Prediction",
+           "postprocess", "prediction_files", "SquadFamily"]
 
 VERSIONS = {"squad": "1.1", "squad2": "2.0"}
 """Task name -> SQuAD version."""
@@ -112,11 +93,7 @@ class SquadReadReport(ReadReport):
         return super().num_skipped + sum(len(v) for v in self.skipped_questions.values())
 
     def summary(self) -> str:
-        text = f"{self.path}: {self.examples:,} questions"
-        for reason, ids in self.skipped_questions.items():
-            shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
-            text += f"; skipped {len(ids):,} questions ({reason}; ids {shown})"
-        return text
+        return super().summary("questions", self.skipped_questions, "ids")
 
 
 @dataclass
@@ -203,9 +180,7 @@ def read_squad(path: str | Path, version: str = "1.1", *, mode: Literal["train",
                 seen[question.id] = where
                 questions.append(question)
             contexts.append(context)
-    report.examples = len(questions)
-    if report.num_skipped:
-        logger.warning("%s", report.summary())
+    report.finish(len(questions))
     return SquadData(contexts, questions, version, [report])
 
 
@@ -352,19 +327,17 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
         example += [i] * len(starts)
         doc_start.append(starts)
         doc_len.append(lengths)
-    lengths_all = np.concatenate(doc_len) if doc_len else np.zeros(0, np.int64)
-    encoded = SquadWindows(
+
+    def cat(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+    lengths_all = cat(doc_len)
+    return SquadWindows(
         out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(questions),
-        windowed=windowed,
-        doc_start=np.concatenate(doc_start) if doc_start else np.zeros(0, np.int64), doc_len=lengths_all,
-        max_context=np.concatenate(max_context) if max_context else np.zeros(0, bool),
-        max_context_at=np.concatenate([[0], np.cumsum(lengths_all)[:-1]]).astype(np.int64) if len(lengths_all)
-        else np.zeros(0, np.int64),
-        offsets=offsets, cut_questions=cut, without_answer=without)
-    if targets:
-        encoded.start_positions = np.array(start_pos, dtype=np.int64)
-        encoded.end_positions = np.array(end_pos, dtype=np.int64)
-    return encoded
+        windowed=windowed, doc_start=cat(doc_start), doc_len=lengths_all, max_context=cat(max_context, bool),
+        max_context_at=np.cumsum(lengths_all) - lengths_all, offsets=offsets,
+        start_positions=np.array(start_pos, dtype=np.int64) if targets else None,
+        end_positions=np.array(end_pos, dtype=np.int64) if targets else None, cut_questions=cut, without_answer=without)
 
 
 def _check_window_settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> None:
@@ -413,18 +386,19 @@ def _answer_tokens(data: SquadData, q: Question, offs: np.ndarray, skip_bad_rows
 
 
 # ---------------------------------------------------------------------------- the task
-class SpanObjective:
+class SpanObjective(AccuracyObjective):
     """Summed (CE(start) + CE(end)) / 2 over the windows of a batch, padding left out of the softmax;
     ``span_accuracy``: start and end both right."""
 
     term = "span"
+    metric = "span_accuracy"
 
     def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return {self.term: float(batch["start_positions"].shape[0])}
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        out = model_logits(model, batch)
         pad = batch["attention_mask"] == 0
         start = out.start_logits.float().masked_fill(pad, float("-inf"))  # (B, T)
         end = out.end_logits.float().masked_fill(pad, float("-inf"))
@@ -432,10 +406,6 @@ class SpanObjective:
         loss = losses.span_loss(start, end, sp, ep, reduction="sum")
         correct = ((start.argmax(-1) == sp) & (end.argmax(-1) == ep)).sum()
         return {self.term: loss}, {"correct": correct}
-
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
-                stats: dict[str, float]) -> dict[str, float]:
-        return {"span_accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
 # ---------------------------------------------------------------------------- answers
@@ -457,7 +427,6 @@ def top_k_scores(start_logits: torch.Tensor, end_logits: torch.Tensor, attention
     than k tokens are filled with position T and logit -inf."""
     pad = attention_mask == 0
     T = start_logits.shape[1]
-    rows = []
     picked = []
     for logits in (start_logits, end_logits):
         x = logits.float().masked_fill(pad, float("-inf"))
@@ -469,9 +438,7 @@ def top_k_scores(start_logits: torch.Tensor, end_logits: torch.Tensor, attention
     (si, sv), (ei, ev) = picked
     null_s = start_logits[:, 0].float().cpu().numpy()
     null_e = end_logits[:, 0].float().cpu().numpy()
-    for b in range(start_logits.shape[0]):
-        rows.append(WindowScores(si[b], sv[b], ei[b], ev[b], float(null_s[b]), float(null_e[b])))
-    return rows
+    return [WindowScores(si[b], sv[b], ei[b], ev[b], float(null_s[b]), float(null_e[b])) for b in range(len(si))]
 
 
 def predict_scores(model: nn.Module, encoded: SquadWindows, k: int, batch_size: int,
@@ -479,7 +446,7 @@ def predict_scores(model: nn.Module, encoded: SquadWindows, k: int, batch_size: 
     """`WindowScores` of every window (with ``dist``: every process runs a part, all get the whole)."""
 
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[WindowScores]:
-        out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        out = model_logits(m, batch)
         return top_k_scores(out.start_logits, out.end_logits, batch["attention_mask"], k)
 
     return predict_items(model, encoded, batch_size, device, run, dist)
@@ -551,6 +518,12 @@ def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowS
         nbest: list[dict[str, Any]] = []
         chars: list[tuple[int, int]] = []
         seen: set[str] = set()
+
+        def add(text: str, logits: tuple[float, float], where: tuple[int, int] = (-1, -1)) -> None:
+            seen.add(text)
+            nbest.append({"text": text, "probability": 0.0, "start_logit": logits[0], "end_logit": logits[1]})
+            chars.append(where)
+
         for c in np.argsort(-ranked, kind="stable"):
             if len(nbest) >= n_best_size:
                 break
@@ -559,17 +532,12 @@ def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowS
             else:
                 where = (int(offs[tok_s[c], 0]), int(offs[tok_e[c], 1]))
                 text, logits = context[where[0]:where[1]], (float(span_s[c]), float(span_e[c]))
-            if text in seen:
-                continue
-            seen.add(text)
-            nbest.append({"text": text, "probability": 0.0, "start_logit": logits[0], "end_logit": logits[1]})
-            chars.append(where)
+            if text not in seen:
+                add(text, logits, where)
         if v2 and "" not in seen and null_score is not None:
-            nbest.append({"text": "", "probability": 0.0, "start_logit": null_logits[0], "end_logit": null_logits[1]})
-            chars.append((-1, -1))
+            add("", null_logits)
         if not nbest:
-            nbest.append({"text": "", "probability": 0.0, "start_logit": 0.0, "end_logit": 0.0})
-            chars.append((-1, -1))
+            add("", (0.0, 0.0))
         probs = _softmax(np.array([e["start_logit"] + e["end_logit"] for e in nbest]))
         for e, p in zip(nbest, probs):
             e["probability"] = float(p)
@@ -616,37 +584,22 @@ def _score(data: SquadData, predictions: Sequence[Prediction], threshold: float)
 
 
 # ---------------------------------------------------------------------------- the family
-@dataclass
-class _EvalSet:
-    data: SquadData
-    encoded: SquadWindows
-
-
-class SquadFamily:
+class SquadFamily(TaskFamily):
     """Extractive QA (`bertforge.tasks.base.TaskFamily`): ``squad`` (v1.1) and ``squad2`` (v2.0)."""
 
     name = "squad"
+    head = "BertForQuestionAnswering"
     tasks = tuple(VERSIONS)
     settings = ("task", "max_seq_length", "stride", "max_query_length", "max_answer_length", "n_best_size",
                 "null_score_diff_threshold")
     default_max_seq_length = 384
     default_stride = 128
-
-    @property
-    def model_class(self) -> type:
-        from bertforge.model.heads import BertForQuestionAnswering
-
-        return BertForQuestionAnswering
+    long_inputs_supported = ("windows",)
+    long_inputs_why = "a long context is cut into windows every --stride tokens (doc_stride)"
 
     def configure(self, cfg: TaskSettings) -> TaskSettings:
-        refuse_label_names(cfg, self.name, False)
-        cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
-                                  stride=cfg.stride or self.default_stride,
-                                  long_inputs=long_inputs_for(cfg, self.name, ("windows",), "a long context is cut "
-                                                              "into windows every --stride tokens (doc_stride)"))
-        if cfg.max_seq_length <= cfg.max_query_length + 3:
-            raise ValueError(f"max_seq_length ({cfg.max_seq_length}) must be greater than max_query_length "
-                             f"({cfg.max_query_length}) + 3")
+        cfg = dataclasses.replace(super().configure(cfg), stride=cfg.stride or self.default_stride)
+        _check_window_settings(cfg.max_seq_length, cfg.stride, cfg.max_query_length)
         return cfg
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
@@ -670,7 +623,7 @@ class SquadFamily:
 
     def eval_data(self, cfg: TaskSettings, tokenizer: Any, path: Path, label2id: dict[str, int] | None) -> EvalData:
         data, encoded = self._encode(cfg, tokenizer, [path], "eval")
-        return EvalData(path, _EvalSet(data, encoded), data.reports[0], encoded.summary())
+        return EvalData(path, (data, encoded), data.reports[0], encoded.summary())
 
     def objective(self, config: Any) -> SpanObjective:
         return SpanObjective()
@@ -686,10 +639,10 @@ class SquadFamily:
                  dist: Any = None) -> EvalResult:
         """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
         prediction files."""
-        got: _EvalSet = data.data
-        predictions = self._predictions(model, got.data, got.encoded, cfg, device, dist)
-        metrics = _score(got.data, predictions, cfg.null_score_diff_threshold)
-        return EvalResult(metrics, "f1", prediction_files(predictions, got.data.version))
+        squad, encoded = data.data
+        predictions = self._predictions(model, squad, encoded, cfg, device, dist)
+        metrics = _score(squad, predictions, cfg.null_score_diff_threshold)
+        return EvalResult(metrics, "f1", prediction_files(predictions, squad.version))
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
@@ -697,15 +650,7 @@ class SquadFamily:
         the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
         probability), plus ``null_odds`` for SQuAD 2.0."""
         data, encoded = self._encode(cfg, tokenizer, [path], "predict")
-        records = []
-        for p in self._predictions(model, data, encoded, cfg, device):
-            answered = p.text != ""
-            record = {"id": p.id, "answer": p.text, "start": p.start if answered else None,
-                      "end": p.end if answered else None, "score": round(p.probability, 6), "no_answer": not answered}
-            if p.null_odds is not None:
-                record["null_odds"] = round(p.null_odds, 6)
-            records.append(record)
-        return records
+        return [{"id": p.id, **_answer(p, round)} for p in self._predictions(model, data, encoded, cfg, device)]
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """SQuAD's predictions.json: ``{question id: answer}``."""
@@ -722,13 +667,16 @@ class SquadFamily:
                          [Question(str(i), q, i, (), -1, False, f"input {i}") for i, (q, _) in enumerate(items)],
                          VERSIONS[cfg.task], [])
         encoded = encode_squad(data, tokenizer, cfg.max_seq_length, cfg.stride, cfg.max_query_length)
-        records = []
-        for i, ((q, c), p) in enumerate(zip(items, self._predictions(model, data, encoded, cfg, device))):
-            answered = p.text != ""
-            record = {"index": i, "question": q, "context": c, "answer": p.text,
-                      "start": p.start if answered else None, "end": p.end if answered else None,
-                      "score": p.probability, "no_answer": not answered}
-            if p.null_odds is not None:
-                record["null_odds"] = p.null_odds
-            records.append(record)
-        return records
+        return [{"index": i, "question": q, "context": c, **_answer(p, lambda x, _: x)}
+                for i, ((q, c), p) in enumerate(zip(items, self._predictions(model, data, encoded, cfg, device)))]
+
+
+def _answer(p: Prediction, rounded: Callable[[float, int], float]) -> dict[str, Any]:
+    """A prediction record's answer, its characters in the context (None for no answer), its n-best
+    probability and SQuAD 2.0's null odds, each number ``rounded(x, 6)``."""
+    answered = p.text != ""
+    record = {"answer": p.text, "start": p.start if answered else None, "end": p.end if answered else None,
+              "score": rounded(p.probability, 6), "no_answer": not answered}
+    if p.null_odds is not None:
+        record["null_odds"] = rounded(p.null_odds, 6)
+    return record

@@ -1,53 +1,32 @@
 """Token classification (NER and other tagging): column files -> sentences -> first-WordPiece labels
 in windows -> losses, one prediction per word, conlleval's entity scores and CoNLL prediction files.
 
-Files. `read_sentences` reads CoNLL-2003 column files (task ``ner``) and generic ``token<TAB>tag``
-or whitespace-separated columns (task ``tagging``) alike: one word per line, the token in the first
-column and the tag in ``tag_column`` (-1: the last); a blank line ends a sentence; ``-DOCSTART-``
-lines separate documents and are skipped. A line holding a tab is split at tabs (a token may then
-hold spaces), any other at runs of whitespace. A row with too few columns, an empty token or bytes
-that are not UTF-8 is an error naming the file and line (``skip_bad_rows`` skips such rows instead,
-counted with their lines in the `ReadReport`).
+Files. `read_sentences` reads CoNLL-2003 column files (task ``ner``) and generic ``token<TAB>tag`` or
+whitespace-separated columns (task ``tagging``): one word per line, the token in the first column and
+the tag in ``tag_column`` (-1: the last); a blank line ends a sentence; ``-DOCSTART-`` lines are skipped.
+A line holding a tab is split at tabs (a token may then hold spaces), any other at whitespace.
 
-Gold tags the model was not trained on. An evaluation file may hold a tag outside the model's set
-(a type its training files never had, "B-movie"): the model cannot predict it, so the file is
-scored as conlleval scores it, those words wrong and their entities missed (lowering recall; the
-type gets its own ``f1_TYPE``), with a warning naming the file, the tags and how many words carry
-them. Such a tag must still be valid in the scheme (an S- tag for a BIO model is an error naming
-the file and line). Training files define the tag set, so every tag of theirs is known.
+Labels. "O" has id 0, then come the other training tags sorted (O, B-LOC, B-PER, I-LOC, ...); "O" is
+the prediction for words without tokens. An evaluation file's tag the model was not trained on is
+scored as conlleval scores it (those words wrong, their entities missed), with a warning.
 
-Labels. "O" has id 0, then come the other tags of the training files in sorted order (O, B-LOC,
-B-PER, I-LOC, I-PER, ...); they are saved in the checkpoint as id2label / label2id. "O" is in the
-set even when no training word carries it: it is the prediction for words without tokens (below).
+Schemes. Entity scores follow conlleval's chunk rules (`bertforge.metrics.ner_metrics`) for BIO, IOB1
+and BIOES alike: the scheme only decides which tags are valid. ``tag_scheme="auto"`` detects it:
+BIOES when a tag starts with S- or E-; otherwise IOB1 when more entities open with I- than with B-,
+else BIO. Tags that are not entity tags (part-of-speech, chunks) get token accuracy only (task
+``tagging``); task ``ner`` refuses them.
 
-Schemes. Entity scores follow conlleval's chunk rules (`bertforge.metrics.ner_metrics`), which read
-BIO, IOB1 and BIOES alike: the scheme only decides which tags are valid. ``tag_scheme="auto"``
-detects it from the tags: BIOES when a tag starts with S- or E-; otherwise IOB1 when more entities
-open with I- (first word, after O or after another type) than with B-, else BIO. Tags that are not
-all O or B-/I-/E-/S-TYPE (part-of-speech or chunk tags) have no entities: task ``tagging`` then
-scores token accuracy only, task ``ner`` refuses them (naming the line: often a wrong tag column).
+First-WordPiece labels (the paper). Each word is tokenized on its own ("U.S." -> u . s .). Its first
+sub-token carries the word's tag and its prediction; continuations, [CLS], [SEP] and padding get -100,
+which the loss ignores. A word that tokenizes to nothing is counted, not trained on and predicted "O".
 
-First-WordPiece labels (the paper). Each word is tokenized on its own (basic splitting + WordPiece:
-"U.S." -> u . s .). Its first sub-token carries the word's tag; continuations, [CLS], [SEP] and
-padding get -100, which the loss ignores; the word's prediction is read at its first sub-token. A
-word that tokenizes to nothing (control or zero-width characters the tokenizer drops) has no
-position to carry a tag: it is counted (see the summary), not trained on and predicted "O", and the
-other words' alignment is unaffected.
-
-Long sentences: windows and the max-context rule, never truncation. A sentence of more than
-``max_seq_length - 2`` sub-tokens is cut into overlapping windows of that many, starting every
-``stride`` sub-tokens (0: half a window) until one reaches the end, as classification cuts texts.
-Each word belongs to exactly one window: of the windows holding its first sub-token, the one where
-that sub-token has the most context, min(sub-tokens left of it, sub-tokens right of it) within the
-window plus 0.01 x the window's length (the TF release's SQuAD rule, `encoding.max_context_window`),
-ties going to the earlier window. The word is labelled and
-predicted in that window only (elsewhere it carries -100), so every word is trained on once and
-gets exactly one prediction.
+Long sentences are cut into windows every ``stride`` sub-tokens (0: half a window), never truncated.
+Each word is labelled and predicted only in the window where its first sub-token has the most context
+(`encoding.max_context_window`), so every word is trained on once and gets exactly one prediction.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,14 +39,12 @@ from torch import nn
 from bertforge.model import losses
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
-from bertforge.tasks.base import (EvalData, EvalResult, FamilyDefaults, ReadReport, TaskSettings, TrainData,
-                                  unseen_labels)
+from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
+                                  TrainData, model_logits, unseen_labels)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "TagWindows",
            "encode_sentences", "TaggingObjective", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
-
-logger = logging.getLogger("bertforge")
 
 OUTSIDE = "O"
 DOCSTART = "-DOCSTART-"
@@ -97,7 +74,8 @@ def read_sentences(path: str | Path, *, tag_column: int = -1, require_tags: bool
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     need = tag_column + 1 if tag_column > 0 else 1 - tag_column  # columns a tagged row must have
-    report = ReadReport(str(path))
+    report = ReadReport(str(path), skip_bad_rows=skip_bad_rows)
+    bad = report.bad
     sentences: list[Sentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -111,17 +89,12 @@ def read_sentences(path: str | Path, *, tag_column: int = -1, require_tags: bool
         tokens, tags, lines = [], [], []
         return True
 
-    def bad(line: int, reason: str, message: str) -> None:
-        if not skip_bad_rows:
-            raise ValueError(f"{path}:{line}: {message}")
-        report.skip(reason, line)
-
     with open_binary(path) as f:
         for n, raw in enumerate(f, 1):
             try:
                 text = raw.decode("utf-8").rstrip()
             except UnicodeDecodeError as e:
-                bad(n, "not UTF-8", f"not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+                bad(n, f"not UTF-8 text ({e.reason} at byte {e.start} of the line)", "not UTF-8")
                 continue
             if n == 1:
                 text = text.lstrip("\ufeff")
@@ -134,23 +107,21 @@ def read_sentences(path: str | Path, *, tag_column: int = -1, require_tags: bool
                 end_sentence()
                 continue
             if not cols[0]:
-                bad(n, "empty token", "empty token (the line starts with a tab)")
+                bad(n, "empty token (the line starts with a tab)", "empty token")
                 continue
             if require_tags:
                 if len(cols) < need:
-                    bad(n, "too few columns", f"{len(cols)} column{'s' * (len(cols) != 1)} where the token and "
-                        f"the tag (column {tag_column}) need {need}")
+                    bad(n, f"{len(cols)} column{'s' * (len(cols) != 1)} where the token and the tag (column "
+                        f"{tag_column}) need {need}", "too few columns")
                     continue
                 if not cols[tag_column]:
-                    bad(n, "empty tag", f"empty tag in column {tag_column}")
+                    bad(n, f"empty tag in column {tag_column}", "empty tag")
                     continue
                 tags.append(cols[tag_column])
             tokens.append(cols[0])
             lines.append(n)
     end_sentence()
-    report.examples = len(sentences)
-    if report.num_skipped:
-        logger.warning("%s", report.summary())
+    report.finish(len(sentences))
     return sentences, report
 
 
@@ -289,10 +260,6 @@ class TagWindows:
         return self.windows.lengths
 
     @property
-    def num_sentences(self) -> int:
-        return len(self.word_offsets) - 1
-
-    @property
     def num_words(self) -> int:
         return int(self.word_offsets[-1])
 
@@ -314,7 +281,7 @@ class TagWindows:
         return batch
 
     def summary(self) -> str:
-        text = f"{self.num_sentences:,} sentences ({self.num_words:,} words) -> {len(self):,} windows"
+        text = f"{len(self.word_offsets) - 1:,} sentences ({self.num_words:,} words) -> {len(self):,} windows"
         if self.windows.windowed:
             text += f" ({self.windows.windowed:,} sentences longer than one window)"
         if self.empty_words:
@@ -371,7 +338,7 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
 
 
 # ---------------------------------------------------------------------------- the task
-class TaggingObjective:
+class TaggingObjective(AccuracyObjective):
     """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy."""
 
     term = "tagging"
@@ -381,14 +348,10 @@ class TaggingObjective:
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
+        logits = model_logits(model, batch).logits  # (B, T, C)
         labels = batch["labels"]
         loss = losses.token_classification_loss(logits, labels, reduction="sum")
         return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}  # -100 never equals an argmax
-
-    def metrics(self, loss_sums: dict[str, float], counts: dict[str, float],
-                stats: dict[str, float]) -> dict[str, float]:
-        return {"accuracy": stats.get("correct", 0.0) / max(counts.get(self.term, 0.0), 1.0)}
 
 
 def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device: torch.device | str = "cpu",
@@ -397,8 +360,7 @@ def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device:
     without tokens. With ``dist``, every process predicts a part and all get the whole."""
 
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
-        logits = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
-        best = logits.argmax(-1).cpu().numpy()
+        best = model_logits(m, batch).logits.argmax(-1).cpu().numpy()  # (B, T)
         return [best[i, :len(encoded.words[k])][encoded.words[k] >= 0] for i, k in enumerate(idx)]
 
     per_window = predict_items(model, encoded, batch_size, device, run, dist)
@@ -408,18 +370,14 @@ def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device:
     return out
 
 
-def _tag_names(ids: np.ndarray, id2label: Mapping[int, str]) -> list[str]:
-    return [OUTSIDE if i < 0 else id2label.get(int(i), str(int(i))) for i in ids]
-
-
-def _by_sentence(flat: Sequence[str], offsets: np.ndarray) -> list[list[str]]:
-    return [list(flat[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-def _model_labels(model: nn.Module) -> list[str]:
-    config = model.config
-    id2label = config.id2label or {}
-    return [id2label.get(i, str(i)) for i in range(config.num_labels)]
+def _predicted_tags(model: nn.Module, encoded: TagWindows, cfg: TaskSettings, device: torch.device | str,
+                    dist: Any = None) -> tuple[list[list[str]], list[str]]:
+    """Each sentence's predicted tag per word ("O" for words without tokens), and the model's tags."""
+    id2label = model.config.id2label or {}
+    labels = [id2label.get(i, str(i)) for i in range(model.config.num_labels)]
+    flat = [OUTSIDE if i < 0 else labels[i] for i in predict_tags(model, encoded, cfg.eval_batch_size, device, dist)]
+    offsets = encoded.word_offsets
+    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])], labels
 
 
 # ---------------------------------------------------------------------------- metrics and files
@@ -450,27 +408,20 @@ def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentence
                    device: torch.device | str) -> tuple[list[list[str]], str | None]:
     """Each sentence's predicted tag per word, and the tag scheme their entities are read with."""
     encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
-    labels = _model_labels(model)
-    tags = _by_sentence(_tag_names(predict_tags(model, encoded, cfg.eval_batch_size, device),
-                                   dict(enumerate(labels))), encoded.word_offsets)
+    tags, labels = _predicted_tags(model, encoded, cfg, device)
     return tags, resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
 
 
-class TaggingFamily(FamilyDefaults):
+class TaggingFamily(TaskFamily):
     """Token classification (`bertforge.tasks.base.TaskFamily`): ``ner`` (CoNLL-2003 files, entity
     tags required) and ``tagging`` (any tag set: entity scores when the tags are entity tags)."""
 
     name = "tagging"
+    head = "BertForTokenClassification"
     tasks = ("ner", "tagging")
     settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme")
     long_inputs_supported = ("windows",)
     long_inputs_why = "every word gets a tag, so a long sentence is cut into windows"
-
-    @property
-    def model_class(self) -> type:
-        from bertforge.model.heads import BertForTokenClassification
-
-        return BertForTokenClassification
 
     @staticmethod
     def _read(cfg: TaskSettings, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
@@ -512,9 +463,7 @@ class TaggingFamily(FamilyDefaults):
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         encoded, sentences = data.data
-        labels = _model_labels(model)
-        pred = _by_sentence(_tag_names(predict_tags(model, encoded, cfg.eval_batch_size, device, dist),
-                                       dict(enumerate(labels))), encoded.word_offsets)
+        pred, labels = _predicted_tags(model, encoded, cfg, device, dist)
         gold = [s.tags for s in sentences]
         scheme = resolve_scheme(cfg.tag_scheme, cfg.task, labels, gold)
         metrics = tagging_metrics(gold, pred, scheme)
