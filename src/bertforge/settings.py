@@ -93,8 +93,7 @@ def out_of_range(config_class: type, name: str, value: Any) -> str | None:
     else:  # both: "in [0, 1)"
         words = (f"in {'[' if at_least is not None else '('}{show(at_least if at_least is not None else above)}, "
                  f"{show(at_most if at_most is not None else below)}{']' if at_most is not None else ')'}")
-    shown = HugeNumber(value) if huge else value
-    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {shown!r}"
+    return f"must be {'a finite number ' if isinstance(value, float) else ''}{words}, got {HugeNumber.shown(value)!r}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,6 +142,12 @@ class HugeNumber:
 
     def __repr__(self) -> str:
         return f"a {self.digits}-digit number"
+
+    @staticmethod
+    def shown(value: Any) -> Any:
+        """``value`` as a message shows it: an integer beyond what torch and numpy count in (64 bits) as a
+        `HugeNumber`, anything else as it is."""
+        return HugeNumber(value) if isinstance(value, int) and not -_INT64 <= value < _INT64 else value
 
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

@@ -127,8 +127,7 @@ class _AtLeast:
         if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
             raise SettingValueError(f"an integer >= {self.minimum}", value)
         if self.maximum is not None and value > self.maximum:
-            shown = HugeNumber(value) if value >= 2 ** 63 else value
-            raise SettingValueError(f"an integer in [{self.minimum}, {self.maximum:,}]", shown)
+            raise SettingValueError(f"an integer in [{self.minimum}, {self.maximum:,}]", HugeNumber.shown(value))
         return value
 
 

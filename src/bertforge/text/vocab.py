@@ -110,7 +110,7 @@ def learn_vocab(files: Iterable[str | os.PathLike[str]] | Iterable[str], out_dir
         raise ValueError(f"vocab_size={vocab_size} leaves no room beside {n_reserved} special and unused tokens")
     if vocab_size > MAX_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are stored as uint32), got "
-                         f"{HugeNumber(vocab_size) if vocab_size >= 2 ** 63 else vocab_size!r}")
+                         f"{HugeNumber.shown(vocab_size)!r}")
     text = _rereadable(files)
     # The trainer's size counts the special tokens it is given; the [unused] slots come on top.
     pieces = _learn_pieces(text, vocab_size - num_unused, do_lower_case=do_lower_case, min_frequency=min_frequency,
