@@ -106,10 +106,14 @@ class TaskSettings:
         check_settings(self)  # the ranges and choices declared on the fields
         if 0 < self.max_seq_length < 4:
             raise ValueError(f"max_seq_length must be 0 (the task's default) or >= 4, got {self.max_seq_length}")
-        names = self.label_names.split(",") if self.label_names else []
-        if any(not n.strip() for n in names) or len({n.strip() for n in names}) != len(names):
+        names = self.named_labels()
+        if any(not n for n in names) or len(set(names)) != len(names):
             raise ValueError(f"label_names must be distinct, non-empty names separated by commas, got "
                              f"{self.label_names!r}")
+
+    def named_labels(self) -> list[str]:
+        """``label_names`` as a list, in id order (empty: the labels as the files write them)."""
+        return [n.strip() for n in self.label_names.split(",")] if self.label_names else []
 
 
 # ---------------------------------------------------------------------------- reading
@@ -189,12 +193,13 @@ def csv_rows(path: Path, fmt: str, report: ReadReport) -> Iterator[tuple[int, li
         csv.field_size_limit(old_limit)
 
 
-def read_records(path: Path, report: ReadReport, bad: Callable[[int, str], None]) -> Iterator[tuple[int, dict]]:
+def read_records(path: Path, report: ReadReport) -> Iterator[tuple[int, dict]]:
     """(position, object) of every record of a file of records: JSON lines (the line), one JSON array of
     objects (the item, from 1; what ``json.dump`` of a list writes) or Parquet (the row, from 1; what
     `datasets` and pandas write). Blank lines are counted in ``report``; a record that is no JSON object
-    goes to ``bad(position, message)`` (which raises or counts a skip)."""
-    if file_format(path) == "records" and path.suffix.lower() == ".parquet":
+    goes to ``report.bad`` (which raises or counts a skip)."""
+    bad = report.bad
+    if path.suffix.lower() == ".parquet":
         yield from enumerate(_parquet_rows(path), 1)
         return
     with text_lines(path) as f:
@@ -233,8 +238,6 @@ def _json_array(path: Path, bad: Callable[[int, str], None]) -> Iterator[tuple[i
         raise not_utf8(path) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: not a JSON array of records ({e.msg}, column {e.colno})") from None
-    if not isinstance(items, list):
-        raise ValueError(f"{path}: expected JSON lines or one JSON array of objects, got a {type(items).__name__}")
     for n, record in enumerate(items, 1):
         if isinstance(record, dict):
             yield n, record

@@ -143,7 +143,7 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
         examples.append(Example(a, b, label or None, line))
 
     if file_format(path) == "records":
-        for n, record in read_records(path, report, bad):
+        for n, record in read_records(path, report):
             for col in (col_a, col_b, col_label if require_labels else None):
                 if col is not None and col not in record:
                     raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))}){hint}")
@@ -187,10 +187,6 @@ def label_list(examples: Sequence[Example], task: str | None = None) -> list[str
     if all(x.lstrip("-").isdigit() for x in found):
         return sorted(found, key=int)
     return sorted(found)
-
-
-def _label_names(cfg: TaskSettings) -> list[str]:
-    return [n.strip() for n in cfg.label_names.split(",")] if cfg.label_names else []
 
 
 def name_labels(examples: Sequence[Example], names: Sequence[str], path: str | Path) -> list[Example]:
@@ -421,7 +417,7 @@ class ClassificationFamily(TaskFamily):
                                          text_pair_column=cfg.text_pair_column or None,
                                          label_column=cfg.label_column or None, require_labels=require_labels,
                                          skip_bad_rows=cfg.skip_bad_rows)
-        return (name_labels(examples, _label_names(cfg), path) if cfg.label_names else examples), report
+        return (name_labels(examples, cfg.named_labels(), path) if cfg.label_names else examples), report
 
     @staticmethod
     def _encode(cfg: TaskSettings, tokenizer: Any, examples: Sequence[Example], what: str = "") -> Windows:
@@ -436,7 +432,7 @@ class ClassificationFamily(TaskFamily):
         examples = [e for _, got, _ in read for e in got]
         if not examples:
             raise ValueError(f"{cfg.train_file}: no labelled training examples")
-        labels = None if self.regression(cfg.task) else _label_names(cfg) or label_list(examples, cfg.task)
+        labels = None if self.regression(cfg.task) else cfg.named_labels() or label_list(examples, cfg.task)
         if labels is not None and len(labels) < 2:
             raise ValueError(f"{cfg.train_file}: one label only ({labels[0]!r}): nothing to classify")
         label2id = None if labels is None else {name: i for i, name in enumerate(labels)}

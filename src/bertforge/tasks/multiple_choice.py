@@ -161,7 +161,7 @@ def read_choices(path: str | Path, task: str | None = "multiple_choice", *, cont
 
     fmt = file_format(path)
     if fmt == "records":
-        for n, record in read_records(path, report, bad):
+        for n, record in read_records(path, report):
             add(n, record, _locate(cols, record, require_labels, f"{path}:{n}", "key", record))
     else:
         header: list[str] | None = None
