@@ -205,7 +205,7 @@ def test_a_folder_made_with_other_settings_is_refused(toy, root):  # noqa: F811
     data["finetune"]["lr"] = 5e-4
     changed.write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(StudyError, match=r"cells/bert/cls/seed-0 holds a fine-tuning made with other settings "
-                                         r"\(finetune\.lr [0-9.e-]+, now 0\.0005\)"):  # names what changed
+                                         r"\(finetune\.lr: [0-9.e-]+ -> 0\.0005\)"):  # names what changed
         run_study(changed, AblateConfig(out=str(out), precision="fp32", device="cpu"))
 
 

@@ -54,6 +54,7 @@ from bertforge.settings import check_device, out_of_range
 from bertforge.tasks.finetune import FinetuneConfig
 from bertforge.train.lock import folder_user, run_lock
 from bertforge.train.rundir import METRICS_FILE, checkpoints, latest_checkpoint
+from bertforge.train.state import changes_text, setting_changes
 
 __all__ = ["AblateConfig", "run_study", "check_study", "Cell", "read_cells", "read_pretraining"]
 
@@ -140,20 +141,12 @@ def _claim(folder: Path, settings: dict[str, Any], what: str) -> None:
         except (OSError, json.JSONDecodeError) as e:
             raise StudyError(f"{path}: unreadable ({e}); remove {folder} to redo the {what}") from None
         if before != key:
-            changed = "; ".join(_differences(before, key))
+            changed = changes_text(setting_changes(before, key))
             raise StudyError(f"{folder} holds a {what} made with other settings ({changed}): "
                              "remove that folder to redo it, or run the study into another --out")
         return
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(key, indent=1, sort_keys=True) + "\n")
-
-
-def _differences(before: Any, now: Any, where: str = "") -> list[str]:
-    """Each setting that differs between two records, by its path: "pretrain.max_steps 2, now 4"."""
-    if isinstance(before, dict) and isinstance(now, dict):
-        return [d for k in sorted(set(before) | set(now), key=str)
-                for d in _differences(before.get(k), now.get(k), f"{where}.{k}" if where else str(k))]
-    return [] if before == now else [f"{where} {json.dumps(before)}, now {json.dumps(now)}"]
 
 
 # ---------------------------------------------------------------------------- the study's inputs

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from bertforge.train.distributed import Distributed
 
 __all__ = ["STATE_PT", "STATE_JSON", "rng_state", "set_rng_state", "read_info", "read_state", "check_compatible",
-           "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
+           "setting_changes", "changes_text", "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
 
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
@@ -142,10 +142,10 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules
         if _warmup_rule(*recorded, rules) == _warmup_rule(*given, rules):
             recorded = given
         saved = {**saved, "warmup_steps": recorded[0], "warmup_ratio": recorded[1]}
-    changed = _differences(saved, current, rules.absent, rules.resumable)
+    changed = setting_changes(saved, current, rules.absent, rules.resumable)
     if not changed:
         return
-    details = "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:8])
+    details = changes_text(changed)
     end = "use the original settings or a new output folder"
     warmup = ("warmup_steps", "warmup_ratio")
     if any(k in warmup for k, _, _ in changed):
@@ -166,8 +166,8 @@ def _warmup_rule(steps: int | None, ratio: float | None, rules: ResumeRules) -> 
     return "steps", rules.default_warmup_steps
 
 
-def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any],
-                 skip: frozenset[str], prefix: str = "") -> list[tuple[str, Any, Any]]:
+def setting_changes(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any] | None = None,
+                    skip: frozenset[str] = frozenset(), prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a setting
     missing from one meaning ``absent[name]``; a nested record is compared field by field
     ("model_config.hidden_size"). Top-level settings come first."""
@@ -176,9 +176,9 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], absent: M
         name = prefix + k
         if name in skip:
             continue
-        was, now = saved.get(k, absent.get(name)), current.get(k, absent.get(name))
+        was, now = saved.get(k, (absent or {}).get(name)), current.get(k, (absent or {}).get(name))
         if isinstance(was, Mapping) and isinstance(now, Mapping):
-            out += _differences(was, now, absent, skip, name + ".")
+            out += setting_changes(was, now, absent, skip, name + ".")
         elif was != now:
             out.append((name, was, now))
     return sorted(out, key=lambda d: "." in d[0]) if not prefix else out
@@ -191,6 +191,11 @@ def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None
     if ratio is not None:
         return f"pass --warmup-ratio {ratio}" + (" instead of --warmup-steps" if given_steps is not None else "")
     return "give neither --warmup-steps nor --warmup-ratio"
+
+
+def changes_text(changed: list[tuple[str, Any, Any]], most: int = 8) -> str:
+    """``setting_changes`` on one line: "lr: 0.002 -> 0.5; model_config.hidden_size: 128 -> 256"."""
+    return "; ".join(f"{k}: {_short(was)} -> {_short(now)}" for k, was, now in changed[:most])
 
 
 def _short(value: Any, limit: int = 80) -> str:
