@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,11 +40,15 @@ from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
 from bertforge.tasks.feature_based import CachedObjective, cache_features
+from bertforge.tasks.memory import input_suffix, is_in_memory, temporary_input, write_input
+from bertforge.train.callbacks import EarlyStopping, EvalCallback
 from bertforge.train.lock import run_lock
 from bertforge.train.config import TrainConfig
 from bertforge.train.loop import BatchSource, Evaluation, Objective, TrainResult
 from bertforge.train.run import Evaluate, TrainingRun
+from bertforge.train.plot import read_metrics
 from bertforge.train.precision import autocast, resolve_precision
+from bertforge.train.rundir import METRICS_FILE
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
            "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "input_settings", "SETTINGS_KEY",
@@ -94,6 +98,11 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     metric_for_best: str = ""
     """Metric that decides the best model (default: the task's main one: MCC for CoLA, Pearson for STS-B, F1
     for MRPC / QQP / NER / SQuAD, accuracy otherwise; with several dev files, the first file's)."""
+    early_stopping_patience: int = setting(0, resumable=True, at_least=0)
+    """Stop once --metric-for-best (default: the task's main metric) has not improved for this many evaluations
+    in a row (0: train to the end); the run then ends as a finished one."""
+    early_stopping_min_delta: float = setting(0.0, resumable=True, at_least=0)
+    """With --early-stopping-patience: an improvement of at most this much does not count."""
     grid: str = ""
     """Run a grid and keep the best on dev: "paper" (lr 5e-5, 3e-5, 2e-5 x batch 16, 32 x epochs 2, 3, 4) or a
     subset such as "lr=5e-5,3e-5 batch_size=32 epochs=2,3" (unnamed settings: the run's)."""
@@ -272,11 +281,16 @@ def prepare_data(cfg: FinetuneConfig) -> PreparedData:
     return PreparedData(family, cfg, tok, train, dev)
 
 
-def finetune(cfg: FinetuneConfig, data: PreparedData | None = None) -> FinetuneResult:
+def finetune(cfg: FinetuneConfig, data: PreparedData | None = None, *, train: Any = None, dev: Any = None,
+             callbacks: Sequence[EvalCallback] = ()) -> FinetuneResult:
     """Run (or resume) a fine-tuning run; keep the best model on dev; return the outcome. ``data``:
-    the files already read by `prepare_data` with the same task, files and encoding settings. The run
-    holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its files to its end."""
-    return FinetuneRun(cfg, data).run()
+    the files already read by `prepare_data` with the same task, files and encoding settings. ``train`` /
+    ``dev``: the data itself instead of ``cfg.train_file`` / ``cfg.dev_file`` (a `datasets.Dataset`, a pandas
+    DataFrame, a list of records or a dict of columns: `bertforge.tasks.memory`), kept in ``OUT/inputs/``.
+    ``callbacks``: called after every evaluation (`bertforge.train.callbacks`); one that returns true ends the
+    run there. The run holds its folder's lock (`bertforge.train.lock.run_lock`) from before it reads its
+    files to its end."""
+    return FinetuneRun(cfg, data, train=train, dev=dev, callbacks=callbacks).run()
 
 
 class FinetuneRun(TrainingRun[FinetuneResult]):
@@ -286,19 +300,47 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
     outputs = (BEST_DIR,)
     cfg: FinetuneConfig
 
-    def __init__(self, cfg: FinetuneConfig, data: PreparedData | None = None):
+    def __init__(self, cfg: FinetuneConfig, data: PreparedData | None = None, *, train: Any = None,
+                 dev: Any = None, callbacks: Sequence[EvalCallback] = ()):
         if cfg.grid:
             raise ValueError("finetune() runs one configuration; finetune_grid() runs a grid")
-        if cfg.keep_best and not cfg.dev_file:
+        for name, given in (("train", train), ("dev", dev)):
+            if given is not None and (getattr(cfg, f"{name}_file") or data is not None):
+                raise ValueError(f"give the {name} data once: {name}= or {name}_file (or prepared data)")
+            if given is not None and not is_in_memory(given):
+                cfg = dataclasses.replace(cfg, **{f"{name}_file": str(given)})
+        if cfg.keep_best and not cfg.dev_file and not is_in_memory(dev):
             raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
         super().__init__(cfg)
         self.data = data
+        self.given = {name: d for name, d in (("train", train), ("dev", dev)) if is_in_memory(d)}
+        self.callbacks = list(callbacks)
+        if cfg.early_stopping_patience:
+            self.callbacks.append(EarlyStopping(cfg.metric_for_best, cfg.early_stopping_patience,
+                                                cfg.early_stopping_min_delta))
+        self.replayed = False
         self.best_dir = self.out / BEST_DIR
         self.best: dict[str, Any] | None = None
         """{"step", "metric", "value", "metrics"} of the best evaluation so far."""
 
+    def _write_given(self) -> None:
+        """Data given in memory written into ``OUT/inputs/`` (the main process writes, the others wait), and the
+        settings pointed at it; a ClassLabel's names name the labels unless --label-names does."""
+        cfg, dist = self.cfg, self.dist
+        for split, data in self.given.items():
+            path, names = write_input(data, cfg, self.out / "inputs", split, resume=cfg.resume) \
+                if dist.is_main else (None, "")
+            dist.barrier()
+            if path is None:
+                path, names = self.out / "inputs" / f"{split}{input_suffix(cfg.task)}", ""
+            cfg = dataclasses.replace(cfg, **{f"{split}_file": str(path)},
+                                      label_names=cfg.label_names or (names if split == "train" else ""))
+        self.cfg = cfg
+
     def read_inputs(self) -> None:
         """The task's files, read here unless given (then checked to have been read with this run's settings)."""
+        if self.given:
+            self._write_given()
         if self.data is None:
             self.data = prepare_data(self.cfg)
         else:
@@ -365,11 +407,34 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         main = cfg.metric_for_best or main
         if main not in metrics:
             raise ValueError(f"--metric-for-best {main!r} is not among the metrics ({', '.join(metrics)})")
+        stop = self._callbacks(step, metrics, main)
         if not (cfg.keep_best and _better(metrics[main], self.best["value"] if self.best else None)):
-            return Evaluation(metrics)
+            return Evaluation(metrics, stop=stop)
         self.best = {"step": step, "metric": main, "value": metrics[main], "metrics": metrics}
-        return Evaluation(metrics, save_to=self.best_dir,
+        return Evaluation(metrics, save_to=self.best_dir, stop=stop,
                           files={BEST_METRICS: json.dumps(self.best, indent=1) + "\n", **files})
+
+    def _callbacks(self, step: int, metrics: dict[str, float], main: str) -> str:
+        """The callbacks' answer on the main process (a reason to stop, or ""); a resumed run's early stopping
+        first replays the evaluations the run logged before this step."""
+        if not (self.callbacks and self.dist.is_main):
+            return ""
+        for callback in self.callbacks:
+            if isinstance(callback, EarlyStopping) and not callback.metric:
+                callback.metric = main
+        if not self.replayed:
+            self.replayed = True
+            logged = read_metrics(self.out).get("eval", []) if (self.out / METRICS_FILE).is_file() else []
+            history = [(int(r["step"]), r) for r in logged if r["step"] < step]
+            for callback in self.callbacks:
+                if isinstance(callback, EarlyStopping):
+                    callback.replay(history)
+        for callback in self.callbacks:
+            answer = callback(step, metrics)
+            if answer:
+                return answer if isinstance(answer, str) else f"{getattr(callback, '__name__', 'a callback')} " \
+                                                               "asked to stop"
+        return ""
 
     def run_facts(self, model: nn.Module) -> dict[str, Any]:
         return {"labels": self.prepared.train.labels}
@@ -595,9 +660,10 @@ def _label2id(model: nn.Module) -> dict[str, int] | None:
     return config.label2id or {str(i): i for i in range(config.num_labels)}
 
 
-def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None = None, precision: str = "fp32",
+def evaluate(checkpoint: str | Path, file: Any, *, out: str | Path | None = None, precision: str = "fp32",
              settings: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split).
+    """Metrics of a fine-tuned checkpoint on labelled file(s) (a GLUE folder: its dev split), or on labelled data
+    in memory (a `datasets.Dataset`, a DataFrame, records or columns: `bertforge.tasks.memory`).
 
     ``settings``: any of `INPUT_SETTINGS` (task, columns, max_seq_length, long_inputs, stride, SQuAD's limits, ...);
     unset ones are those the checkpoint was fine-tuned with. ``out``: a folder for the per-example
@@ -606,7 +672,8 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     `bertforge.train.precision.INFERENCE_PRECISIONS`: auto, fp32, bf16, fp16, int8."""
     ft = load_finetuned(checkpoint, settings)
     family, model, cfg, device = ft.family, ft.model, ft.settings, ft.device
-    data = [family.eval_data(cfg, ft.tokenizer, p, _label2id(model)) for p in family.files(cfg, str(file), "dev")]
+    with temporary_input(file, cfg, "dev", labelled=True) as path:
+        data = [family.eval_data(cfg, ft.tokenizer, p, _label2id(model)) for p in family.files(cfg, str(path), "dev")]
     precision = resolve_precision(precision, device, inference=True)
     quantize_int8(model, precision == "int8")
     with torch.no_grad(), autocast(precision, device):
@@ -618,23 +685,24 @@ def evaluate(checkpoint: str | Path, file: str | Path, *, out: str | Path | None
     return metrics
 
 
-def predict(checkpoint: str | Path, file: str | Path, out: str | Path | None = None, *, precision: str = "fp32",
+def predict(checkpoint: str | Path, file: Any, out: str | Path | None = None, *, precision: str = "fp32",
             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Predictions of a fine-tuned checkpoint for every example of ``file`` (labels not needed): one
-    JSON-able record per example (the family's: label and scores, tags, answer, choice).
+    """Predictions of a fine-tuned checkpoint for every example of ``file`` or of data in memory (as `evaluate`;
+    labels not needed): one JSON-able record per example (the family's: label and scores, tags, answer, choice).
 
     ``out``: ``.jsonl`` writes the records, anything else the task's own format (GLUE's
     ``index <TAB> prediction`` TSV, CoNLL columns, SQuAD's predictions.json). ``settings`` and
     ``precision``: as `evaluate`."""
     ft = load_finetuned(checkpoint, settings)
     family, cfg, device = ft.family, ft.settings, ft.device
-    files = family.files(cfg, str(file), "test")
-    if len(files) != 1:
-        raise ValueError(f"{file}: holds {len(files)} test files; name one")
     precision = resolve_precision(precision, device, inference=True)
     quantize_int8(ft.model, precision == "int8")
-    with torch.no_grad(), autocast(precision, device):
-        records = family.predict(ft.model, ft.tokenizer, cfg, files[0], device)
+    with temporary_input(file, cfg, "test", labelled=False) as path:
+        files = family.files(cfg, str(path), "test")
+        if len(files) != 1:
+            raise ValueError(f"{file}: holds {len(files)} test files; name one")
+        with torch.no_grad(), autocast(precision, device):
+            records = family.predict(ft.model, ft.tokenizer, cfg, files[0], device)
     if out is not None:
         out = Path(out)
         if out.suffix == ".jsonl":

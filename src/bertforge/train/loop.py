@@ -74,6 +74,8 @@ class Evaluation:
     metrics: dict[str, float]
     save_to: Path | None = None
     files: dict[str, str] = field(default_factory=dict)
+    stop: str = ""
+    """Why training should end here (early stopping; "": go on). The run ends as a finished one."""
 
 
 @dataclass
@@ -89,6 +91,8 @@ class TrainResult:
     """The signal that stopped the run (0: none)."""
     max_steps: int = 0
     budget_minutes: float = 0.0
+    early_stop: str = ""
+    """Why an evaluation ended training before max_steps (early stopping; "": it did not)."""
     """The run's time budget (0: none; its length is then max_steps)."""
     elapsed_seconds: float = 0.0
     """Training time, over every resume."""
@@ -149,6 +153,7 @@ class Trainer:
             self.precision = "bf16" if int(votes.item()) == self.dist.world_size else "fp32"
         self.scaler = torch.amp.GradScaler("cuda") if needs_grad_scaler(self.precision) else None
         self.step = 0
+        self.early_stop = ""
         self.elapsed = 0.0  # training seconds, carried across resumes
         self._window = LogWindow()
         self._logged_eval: dict[str, Any] | None = None  # the eval line already logged at the step resumed from
@@ -237,6 +242,10 @@ class Trainer:
             self.save_model(evaluation.save_to, extra_files=evaluation.files)
         metrics = rounded(evaluation.metrics)
         self.metrics_log.write({"split": "eval", "step": self.step, "time": round(self.elapsed, 3), **metrics})
+        stop = torch.tensor([float(bool(evaluation.stop) and self.dist.is_main)], device=self.device)
+        if self.dist.enabled:  # every process ends at the same step: the main process's decision
+            stop = self.dist.all_reduce_sum(stop)
+        self.early_stop = (evaluation.stop or "an evaluation asked to stop") if stop.item() > 0 else ""
         return metrics
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -353,19 +362,25 @@ class Trainer:
                     bar.update(min(dt, max(0.0, bar.total - bar.n)) if cfg.budget_minutes else 1)  # never past 100%
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                     eval_metrics = self.run_evaluation()
+                    done = bool(self.early_stop)
                 if self.step % cfg.checkpoint_every == 0 or done:
                     last_ckpt = self.save_checkpoint()
                 if stop_now:
                     stopped_early = not finished
                     break
+                if self.early_stop:
+                    if self.dist.is_main:
+                        logger.info("early stop at step %d of %d: %s", self.step, cfg.max_steps, self.early_stop)
+                    break
         if bar is not None:
             bar.close()
-        if not stop.requested:
+        if not (stop.requested or self.early_stop):
             eval_metrics = self._final_evaluation(trained=self.step > start) or eval_metrics
         self.metrics_log.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested,
                            stop_signal=stop.signum, max_steps=cfg.max_steps, budget_minutes=cfg.budget_minutes,
+                           early_stop=self.early_stop,
                            elapsed_seconds=self.elapsed)
 
     def _progress_bar(self) -> Any:
