@@ -401,7 +401,7 @@ def test_integer_labels_are_named_by_label_names_in_the_model_predictions_and_ev
                     label_names="negative,positive"))
     saved = json.loads((out / "model" / "config.json").read_text())
     assert saved["id2label"] == {"0": "negative", "1": "positive"}  # in the names' order, not sorted
-    assert {r["prediction"] for r in predict(out / "model", train)} <= {"negative", "positive"}
+    assert {r["label"] for r in predict(out / "model", train)} <= {"negative", "positive"}
     assert set(evaluate(out / "model", file=train)) == {"accuracy", "f1"}  # the dev's 0 / 1 named as in training
     bad = write(tmp_path / "bad.jsonl", json.dumps({"text": "x", "label": 2}) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: label '2' is not one of 0\.\.1, the indexes of --label-names"):
@@ -425,9 +425,9 @@ def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
     records = predict(out / "best", dev)
     gold = [e.label for e in read_examples(dev, text_column="review", label_column="sentiment")[0]]
     assert lines == ["index\tprediction\tgold",
-                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+                     *(f"{r['index']}\t{r['label']}\t{g}" for r, g in zip(records, gold))]
     best = json.loads((out / "best" / "eval_metrics.json").read_text())
-    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == best["metrics"]["accuracy"]
+    assert np.mean([r["label"] == g for r, g in zip(records, gold)]) == best["metrics"]["accuracy"]
     evaluate(out / "best", file=dev, out=tmp_path)  # evaluate --out writes the same table
     assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
 
@@ -445,10 +445,10 @@ def test_load_finetuned_gives_what_evaluation_and_prediction_use(learned, tmp_pa
     # The records of raw texts are those of the same texts read from a file (the same long-input handling).
     file = write(tmp_path / "texts.csv", "review\n" + "".join(f'"{t}"\n' for t in texts))
     from_file = predict(out / "best", file, settings={"max_seq_length": 16})
-    assert [r["label"] for r in records] == [r["prediction"] for r in from_file]
-    for r, f in zip(records, from_file):
-        scores = np.exp(f["scores"]) / np.exp(f["scores"]).sum()
-        assert [r["probabilities"]["neg"], r["probabilities"]["pos"]] == pytest.approx(scores, abs=1e-5)
+    for r, f in zip(records, from_file, strict=True):  # the same fields (the batches differ: values to 1e-5)
+        assert set(f) == {*r, "line"} and (f["text"], f["label"]) == (r["text"], r["label"])
+        assert f["probabilities"] == pytest.approx(r["probabilities"], abs=1e-5)
+    assert [f["line"] for f in from_file] == list(range(2, 14))
     with pytest.raises(ValueError, match="^unknown key 'lr'; expected "):
         load_finetuned(out / "best", {"lr": 1e-3})
 
@@ -483,9 +483,9 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_sequence_classification(
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     # predict(): one record per example, label names, TSV (GLUE's submission layout) or JSONL.
     records = predict(folder, dev, tmp_path / "p.tsv")
-    assert len(records) == 32 and {r["prediction"] for r in records} <= {"neg", "pos"}
+    assert len(records) == 32 and {r["label"] for r in records} <= {"neg", "pos"}
     tsv = (tmp_path / "p.tsv").read_text().splitlines()
-    assert tsv[0] == "index\tprediction" and tsv[1] == f"0\t{records[0]['prediction']}"
+    assert tsv[0] == "index\tprediction" and tsv[1] == f"0\t{records[0]['label']}"
     predict(folder, dev, tmp_path / "p.jsonl")
     assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[3]) == records[3]
 
@@ -523,7 +523,7 @@ def test_stsb_regression_learns_the_score(root, base):
     assert result.eval_metrics["pearson"] > 0.85 and result.eval_metrics["spearman"] > 0.8
     saved = json.loads((out / "model" / "config.json").read_text())
     assert saved["num_labels"] == 1 and saved["problem_type"] == "regression"
-    assert isinstance(predict(out / "model", train)[0]["prediction"], float)
+    assert set(predict(out / "model", train)[0]) == {"index", "line", "text", "text_pair", "score"}
     table = [line.split("\t") for line in (out / "best" / "predictions.tsv").read_text().splitlines()]
     assert table[0] == ["index", "prediction", "gold"] and len(table) == 65  # the predicted and the gold score
     scores = np.array([[float(x) for x in row[1:]] for row in table[1:]])

@@ -406,7 +406,7 @@ def test_cli_a_task_file_without_out_prints_the_family_records(clf, root, capsys
     tsv = write(root / "test.tsv", "sentence\na good book\nthe old road\n")
     assert cli.main(["predict", str(clf), str(tsv), "--text-column", "sentence"]) == 0
     records = _jsonl(capsys.readouterr().out)
-    assert [r["line"] for r in records] == [2, 3] and {r["prediction"] for r in records} <= {"neg", "pos", "mixed"}
+    assert [r["line"] for r in records] == [2, 3] and {r["label"] for r in records} <= {"neg", "pos", "mixed"}
 
 
 def test_format_records_text_and_jsonl(clf):

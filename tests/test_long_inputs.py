@@ -153,10 +153,18 @@ def test_evaluate_predict_and_the_predictor_use_the_saved_choice(root, base, fil
     assert load_finetuned(folder, {"long_inputs": other}).settings.long_inputs == other
     expected, overridden = _expected_scores(folder, files[1], saved), _expected_scores(folder, files[1], other)
     assert np.abs(expected - overridden).max() > 1e-5  # the handling changes the long examples' logits ...
-    got = predict(folder, files[1])  # ... and the records' scores (rounded to 6 decimals) tell which was used
-    np.testing.assert_allclose([r["scores"] for r in got], expected, rtol=0, atol=1e-6)
-    np.testing.assert_allclose([r["scores"] for r in predict(folder, files[1], settings={"long_inputs": other})],
-                               overridden, rtol=0, atol=1e-6)
+    got = predict(folder, files[1])  # ... and the records' probabilities tell which was used
+
+    def probabilities(records: list[dict]) -> np.ndarray:
+        return np.array([list(r["probabilities"].values()) for r in records])
+
+    def softmax(logits: np.ndarray) -> np.ndarray:
+        e = np.exp(logits - logits.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    np.testing.assert_allclose(probabilities(got), softmax(expected), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(probabilities(predict(folder, files[1], settings={"long_inputs": other})),
+                               softmax(overridden), rtol=0, atol=1e-6)
     texts = [line.rsplit(",", 1)[0].strip('"') for line in files[1].read_text().splitlines()[1:]]
     for given, scores in ((None, expected), (other, overridden)):
         p = Predictor.from_pretrained(folder, device="cpu", settings={"long_inputs": given})

@@ -68,7 +68,7 @@ def test_every_in_memory_form_trains_as_the_file_does_and_a_classlabel_names_the
     assert set(evaluate(out / "model", dataset)) == {"accuracy", "f1"}
     assert evaluate(out / "model", dataset) == evaluate(out / "model", pd.DataFrame(rows))  # ints named as trained
     predicted = predict(out / "model", [{"text": r["text"]} for r in rows[:3]])
-    assert len(predicted) == 3 and {r["prediction"] for r in predicted} <= {"negative", "positive"}
+    assert len(predicted) == 3 and {r["label"] for r in predicted} <= {"negative", "positive"}
 
 
 def test_a_run_given_data_resumes_from_its_folder_and_refuses_other_data(base, tmp_path):

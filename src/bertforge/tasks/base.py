@@ -337,10 +337,12 @@ multiple choice), kept beside the best model."""
 
 
 def prediction_table(records: Sequence[dict[str, Any]], sep: str = "\t") -> str:
-    """``index``, ``prediction`` and, when the records have it (an evaluated file), ``gold`` of each
-    record, one line each under a header: GLUE's submission layout."""
-    columns = ["index", "prediction", *(["gold"] if records and "gold" in records[0] else [])]
-    return "".join(sep.join(map(str, row)) + "\n" for row in [columns, *([r[c] for c in columns] for r in records)])
+    """``index``, ``prediction`` (the record's label, choice or score) and, when the records have it (an
+    evaluated file), ``gold`` of each record, one line each under a header: GLUE's submission layout."""
+    gold = ["gold"] if records and "gold" in records[0] else []
+    rows = [[r["index"], next(r[k] for k in ("label", "choice", "score", "prediction") if k in r),
+             *(r[c] for c in gold)] for r in records]
+    return "".join(sep.join(map(str, row)) + "\n" for row in [["index", "prediction", *gold], *rows])
 
 
 # ---------------------------------------------------------------------------- the contract

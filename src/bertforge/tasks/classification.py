@@ -39,7 +39,7 @@ from bertforge.tasks.encoding import Windows, longest_first, predict_items, wind
 
 __all__ = ["Example", "GlueDataset", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
            "targets", "encode_examples", "ClassificationObjective", "predict_logits",
-           "compute_metrics", "main_metric", "prediction_records", "ClassificationFamily"]
+           "compute_metrics", "main_metric", "label_fields", "prediction_records", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
 
@@ -366,18 +366,36 @@ def main_metric(task: str | None, metrics: Mapping[str, float], regression: bool
 
 
 # ---------------------------------------------------------------------------- predictions
-def prediction_records(examples: Sequence[Example], logits: np.ndarray, id2label: Mapping[int, str],
+def label_fields(config: Any, logits: np.ndarray) -> list[dict[str, Any]]:
+    """``{"label", "score", "probabilities"}`` per row of ``logits``: the best label, its probability and every
+    label's (softmax; a multi-label head: sigmoids, and ``labels``, those above 0.5); regression: ``{"score"}``."""
+    problem = getattr(config, "problem_type", None)
+    if config.num_labels == 1 or problem == "regression":
+        return [{"score": float(row[0])} for row in logits]
+    id2label = config.id2label or {}
+    names = [id2label.get(i, str(i)) for i in range(config.num_labels)]
+    multi = problem == "multi_label_classification"
+    probs = 1 / (1 + np.exp(-logits)) if multi else np.exp(logits - logits.max(1, keepdims=True))
+    if not multi:
+        probs /= probs.sum(1, keepdims=True)
+    fields = []
+    for p in probs:
+        best = int(p.argmax())
+        row: dict[str, Any] = {"label": names[best], "score": float(p[best])}
+        if multi:
+            row["labels"] = [names[c] for c in np.flatnonzero(p > 0.5)]
+        fields.append({**row, "probabilities": dict(zip(names, p.tolist()))})
+    return fields
+
+
+def prediction_records(examples: Sequence[Example], logits: np.ndarray, config: Any,
                        gold: bool = False) -> list[dict[str, Any]]:
-    """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0), its
-    line, the label name (regression: the score) and the logits averaged over its windows; with
-    ``gold``, also the example's label as the file writes it."""
-
-    def prediction(row: np.ndarray) -> Any:
-        best = int(row.argmax())
-        return float(row[0]) if len(row) == 1 else id2label.get(best, str(best))
-
-    return [{"index": i, "line": e.line, "prediction": prediction(row), "scores": [round(float(x), 6) for x in row],
-             **({"gold": e.label} if gold else {})} for i, (e, row) in enumerate(zip(examples, logits))]
+    """The Predictor's record of each example (``index``, ``text``, ``text_pair`` for pairs, `label_fields`)
+    with its ``line`` in the file; with ``gold``, also its label as the file writes it. With windows, the
+    logits are averaged over the example's windows."""
+    return [{"index": i, "line": e.line, "text": e.text_a, **({"text_pair": e.text_b} if e.text_b is not None else {}),
+             **fields, **({"gold": e.label} if gold else {})}
+            for i, (e, fields) in enumerate(zip(examples, label_fields(config, logits)))]
 
 
 # ---------------------------------------------------------------------------- the family
@@ -465,7 +483,7 @@ class ClassificationFamily(TaskFamily):
         C = logits.shape[1]
         preds = logits[:, 0] if C == 1 else logits.argmax(-1)
         metrics = compute_metrics(cfg.task if cfg.task in GLUE_TASKS else None, preds, y, C)
-        records = prediction_records(examples, logits, model.config.id2label or {}, gold=True)
+        records = prediction_records(examples, logits, model.config, gold=True)
         return EvalResult(metrics, main_metric(cfg.task, metrics, C == 1),
                           {PREDICTION_TABLE: self.format_predictions(records, Path(PREDICTION_TABLE))})
 
@@ -474,8 +492,7 @@ class ClassificationFamily(TaskFamily):
         """`prediction_records` of every example of ``path``."""
         examples, _ = self._read(cfg, path, False)
         encoded = self._encode(cfg, tokenizer, examples, str(path))
-        return prediction_records(examples, predict_logits(model, encoded, cfg.eval_batch_size, device),
-                                  model.config.id2label or {})
+        return prediction_records(examples, predict_logits(model, encoded, cfg.eval_batch_size, device), model.config)
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """GLUE's submission format: ``index <TAB> prediction``, and ``gold`` when the records have it."""
@@ -490,24 +507,5 @@ class ClassificationFamily(TaskFamily):
         pairs = [(t[0], t[1] if len(t) > 1 else None) for t in texts]
         encoded = self._encode(cfg, tokenizer, [Example(a, b, None, i + 1) for i, (a, b) in enumerate(pairs)])
         logits = predict_logits(model, encoded, cfg.eval_batch_size, device)  # (N, C)
-
-        def record(i: int, a: str, b: str | None, **fields: Any) -> dict[str, Any]:
-            return {"index": i, "text": a, **({"text_pair": b} if b is not None else {}), **fields}
-
-        config = model.config
-        if config.num_labels == 1 or config.problem_type == "regression":
-            return [record(i, a, b, score=float(row[0])) for i, ((a, b), row) in enumerate(zip(pairs, logits))]
-        id2label = config.id2label or {}
-        names = [id2label.get(i, str(i)) for i in range(config.num_labels)]
-        multi = config.problem_type == "multi_label_classification"
-        probs = 1 / (1 + np.exp(-logits)) if multi else np.exp(logits - logits.max(1, keepdims=True))
-        if not multi:
-            probs /= probs.sum(1, keepdims=True)
-        records = []
-        for i, ((a, b), p) in enumerate(zip(pairs, probs)):
-            best = int(p.argmax())
-            fields: dict[str, Any] = {"label": names[best], "score": float(p[best])}
-            if multi:
-                fields["labels"] = [names[c] for c in np.flatnonzero(p > 0.5)]
-            records.append(record(i, a, b, **fields, probabilities=dict(zip(names, p.tolist()))))
-        return records
+        return [{"index": i, "text": a, **({"text_pair": b} if b is not None else {}), **fields}
+                for i, ((a, b), fields) in enumerate(zip(pairs, label_fields(model.config, logits)))]
