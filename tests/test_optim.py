@@ -211,7 +211,8 @@ def test_warmup_ratio_is_a_share_of_max_steps_and_a_given_warmup_wins_over_the_d
     assert TrainConfig(max_steps=200, warmup_ratio=0.1).warmup == 20
     assert TrainConfig(max_steps=200, warmup_steps=7).warmup == 7
     assert TrainConfig(max_steps=200, warmup_ratio=0.0).warmup == 0
-    assert TrainConfig(max_steps=200).warmup == 10_000  # neither given: the paper's pre-training
+    assert TrainConfig(max_steps=20_000).warmup == 10_000  # neither given: the paper's pre-training ...
+    assert TrainConfig(max_steps=200).warmup == 2  # ... or its share (1%) of a run shorter than its warmup
     with pytest.raises(ValueError, match="both set"):
         TrainConfig(max_steps=200, warmup_ratio=0.1, warmup_steps=7)
 

@@ -93,7 +93,7 @@ def test_a_tiny_model_memorises_a_tiny_corpus_and_its_outputs_are_usable(memoris
 
     # model/ starts a second phase (its tokenizer too): the first loss is the trained model's.
     phase2 = tmp_path / "phase2"
-    pretrain(config(nsp_data, "", phase2, init_from=str(folder), max_steps=1))
+    pretrain(config(nsp_data, "", phase2, model="base", init_from=str(folder), max_steps=1))
     assert lines(phase2)[0]["loss"] < 0.1 * first["loss"]
 
     # The run drew its curves, and `bertforge plot` redraws them.

@@ -88,16 +88,17 @@ def _as_recorded_before_unset_warmup(out: Path, warmup_steps: int, warmup_ratio:
 
 def test_a_run_recorded_with_the_earlier_warmup_defaults_resumes(root, tok, nsp_data):
     out = root / "earlier-default-warmup"
-    pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=None))  # the default: 10,000 steps
+    pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=None))  # the default warmup
     _as_recorded_before_unset_warmup(out, 10_000, 0.0)
     assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None)).step == 2
-    # the checkpoints from here on record the settings as today's version does
+    # the checkpoints from here on record the settings as today's version does (the default warmup of a
+    # run shorter than the paper's 10,000 warmup steps: its 1% share, 0 steps of 2)
     recorded = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())["run_config"]
-    assert (recorded["warmup_steps"], recorded["warmup_ratio"], recorded["warmup_steps_used"]) == (None, None, 10_000)
+    assert (recorded["warmup_steps"], recorded["warmup_ratio"], recorded["warmup_steps_used"]) == (None, None, 0)
     # Another warmup now is a change, and the message says what to pass.
     _as_recorded_before_unset_warmup(out, 10_000, 0.0)
-    message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=3, warmup_steps=5))
-    assert "warmup_steps: 10000 -> 5" in message and "pass --warmup-steps 10000 to resume this run" in message
+    message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=3, warmup_steps=2))
+    assert "warmup_steps: 10000 -> 2" in message and "pass --warmup-steps 10000 to resume this run" in message
 
 
 def test_a_run_recorded_with_an_earlier_given_warmup_says_which_flag_resumes_it(root, tok, nsp_data):

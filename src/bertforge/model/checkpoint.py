@@ -155,9 +155,12 @@ def load_pretrained(cls: type[M], folder: str | Path, *, config: BertConfig | No
         config = config.replace(**config_overrides)
     model = cls(config)
     source = str(folder)
-    state = _normalize_keys(read_state_dict(folder), model, source)
+    given = _normalize_keys(read_state_dict(folder), model, source)
     expected = model.state_dict()
-    state, report = _match_state(cls, model, state, expected, source, ignore_mismatched_sizes)
+    state, report = _match_state(cls, model, given, expected, source, ignore_mismatched_sizes)
+    if cls.__name__ == "BertForMaskedLM":  # its pooler, unused, is carried into what it saves: fine-tuning after
+        # masked-LM pre-training from a full checkpoint starts from the checkpoint's pooler, not a random one
+        model.kept_weights = {k: given[k] for k in report.ignored if ".pooler." in f".{k}"}  # type: ignore[attr-defined]
     _check_floating_point(state, expected, source)
     model.load_state_dict(state, strict=False)
     _log_load(cls, source, report)
@@ -235,6 +238,7 @@ def save_pretrained(model: nn.Module, folder: str | Path, tokenizer: Any = None,
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in (state_dict or model.state_dict()).items()}
+    state = {**getattr(model, "kept_weights", {}), **state}
     with atomic_path(folder / SAFETENSORS_NAME) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     model.config.replace(architectures=[model_class_name(model)]).save(folder / "config.json")

@@ -48,6 +48,10 @@ class ResumeRules:
                                    absent={**self.absent, **(absent or {})})
 
 
+PAPER_STEPS = 1_000_000
+"""The paper's pre-training steps, over whose first `TrainConfig.DEFAULT_WARMUP_STEPS` it warms up."""
+
+
 @dataclass
 class TrainConfig:
     """Settings of the shared training loop (defaults: the paper's pre-training).
@@ -71,8 +75,8 @@ class TrainConfig:
     lr: float = setting(1e-4, above=0)
     """Peak learning rate."""
     warmup_steps: int | None = setting(None, at_least=0)
-    """Steps of linear warmup from 0 to the peak (not given, and no --warmup-ratio: 10,000, the paper's
-    pre-training; give one, not both)."""
+    """Steps of linear warmup from 0 to the peak, at most --max-steps (not given, and no --warmup-ratio: the
+    paper's pre-training's 10,000, or in a shorter run its share, 1%; give one, not both)."""
     warmup_ratio: float | None = setting(None, at_least=0, below=1)
     """Warmup over this share of max_steps, instead of --warmup-steps (give one, not both)."""
     schedule: ScheduleName = "linear"
@@ -117,6 +121,10 @@ class TrainConfig:
     """Evaluate on held-out data every this many steps (0: only at the end)."""
     max_time_minutes: float = setting(0.0, resumable=True, at_least=0, at_most=MAX_MINUTES)
     """Stop (with a checkpoint) after this much training time (0: no limit)."""
+    head_warmup_ratio: float | None = setting(None, absent=None, at_least=0, below=1)
+    """Train only the model's fresh head over this share of the run (the rest held still), then everything, the
+    rest with the schedule's warmup of its own (None: 0.1 where pre-training starts from a checkpoint without
+    the objective's head, such as an encoder-only one; else 0)."""
     budget_minutes: float = setting(0.0, absent=0.0, at_least=0, at_most=MAX_MINUTES)
     """Train for this much training time, with the schedule laid over time instead of steps: warmup over
     --warmup-ratio of it, then the decay, ending when the time does (0: the schedule spans max_steps).
@@ -133,6 +141,9 @@ class TrainConfig:
         if self.warmup_steps is not None and self.warmup_ratio is not None:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both "
                              "set; set one of them")
+        if self.warmup_steps is not None and self.max_steps and self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} is longer than the run (max_steps {self.max_steps}): "
+                             "the learning rate would never reach lr; give fewer warmup steps or a warmup_ratio")
         if self.budget_minutes and self.warmup_steps is not None:
             raise ValueError(f"budget_minutes lays the schedule over time: give its warmup as warmup_ratio (a share "
                              f"of the budget), not warmup_steps ({self.warmup_steps})")
@@ -151,7 +162,17 @@ class TrainConfig:
         if self.warmup_steps is not None:
             return self.warmup_steps
         ratio = self.warmup_ratio if self.warmup_ratio is not None else self.DEFAULT_WARMUP_RATIO
-        return int(ratio * self.max_steps) if ratio is not None else self.DEFAULT_WARMUP_STEPS
+        if ratio is not None:
+            return int(ratio * self.max_steps)
+        if self.warmup_scaled:
+            return int(self.DEFAULT_WARMUP_STEPS / PAPER_STEPS * self.max_steps)
+        return self.DEFAULT_WARMUP_STEPS
+
+    @property
+    def warmup_scaled(self) -> bool:
+        """Whether the default warmup steps, longer than this run, give way to the paper's share of it (1%)."""
+        return (self.warmup_steps is None and self.warmup_ratio is None and self.DEFAULT_WARMUP_RATIO is None
+                and 0 < self.max_steps < self.DEFAULT_WARMUP_STEPS)
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward pass on each process."""

@@ -104,6 +104,25 @@ class TrainResult:
         return 128 + self.stop_signal if self.stopped_early and self.stop_signal else 0
 
 
+FRESH_HEAD_SHARE = 0.1
+"""The head warm-up's share of the run where a pre-trained checkpoint lacked the head (`head_warmup`)."""
+
+
+def head_warmup(model: nn.Module, config: TrainConfig) -> tuple[list[str], float]:
+    """The parameters of ``model``'s head and the share of the run they train alone: ``head_warmup_ratio``, or
+    `FRESH_HEAD_SHARE` where the model marks a head its checkpoint lacked (``fresh_head``: names), else none.
+    The head is ``fresh_head``, else what the class starts afresh for a task (``_fresh_head_prefixes``)."""
+    fresh = list(getattr(model, "fresh_head", ()))
+    share = config.head_warmup_ratio if config.head_warmup_ratio is not None else FRESH_HEAD_SHARE * bool(fresh)
+    if not share:
+        return [], 0.0
+    prefixes = tuple(getattr(model, "_fresh_head_prefixes", ()))
+    head = fresh or [name for name, _ in model.named_parameters() if prefixes and name.startswith(prefixes)]
+    if not head:
+        raise ValueError(f"head_warmup_ratio {share}: {type(model).__name__} names no head to train alone")
+    return head, share
+
+
 class Trainer:
     """Trains ``model`` on ``batches`` with ``objective``; writes metrics and checkpoints into ``out_dir``.
 
@@ -136,15 +155,16 @@ class Trainer:
         self.model = unwrap_model(model)  # the bare model (saving, evaluation)
         self.wrapped = model  # what trains: DDP's wrapper, or the model (sharded in place under FSDP)
         self.fsdp = self.dist.enabled and config.strategy == "fsdp"
+        head, self.head_share = head_warmup(self.model, config)
         self.optimizer = build_optimizer(model, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                          betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                                         bias_correction=config.bias_correction)
+                                         bias_correction=config.bias_correction, head=head)
         # a time budget's schedule follows the training clock: the decay ends when the time does
         total, warmup = ((CLOCK_UNITS, int(config.budget_warmup_share * CLOCK_UNITS)) if config.budget_minutes
                          else (config.max_steps, config.warmup))
         self.scheduler = build_schedule(self.optimizer, budget_seconds=config.budget_minutes * 60, total_steps=total,
                                         warmup_steps=warmup, schedule=config.schedule, power=config.power,
-                                        end_factor=config.end_lr_ratio)
+                                        end_factor=config.end_lr_ratio, head_share=self.head_share)
         self.train_model = torch.compile(model) if config.compile else model
         self.ddp = isinstance(model, nn.parallel.DistributedDataParallel)
         self.precision = resolve_precision(config.precision, self.device)  # fp32, bf16 or fp16 from here on

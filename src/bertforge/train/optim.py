@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal
 
 import torch
@@ -35,17 +35,21 @@ RANGE_DECADES = 4
 """The ``range`` schedule's span: the rate rises from the peak / 10 ** RANGE_DECADES to the peak."""
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weight decay for weight matrices and embeddings; none for biases and
-    LayerNorm parameters (the paper's exclusion, by Google's names ``bias`` / ``LayerNorm``)."""
-    decay, no_decay = [], []
+def param_groups(model: nn.Module, weight_decay: float, head: Collection[str] = ()) -> list[dict]:
+    """Weight decay for weight matrices and embeddings; none for biases and LayerNorm parameters (the
+    paper's exclusion, by Google's names ``bias`` / ``LayerNorm``). The parameters named in ``head`` (as the
+    bare model names them) get groups of their own, marked ``"head": True`` (`Schedule`'s head warm-up)."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:  # tied parameters once
             continue
         seen.add(id(p))
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        bare = name.replace("_fsdp_wrapped_module.", "").replace("_orig_mod.", "").removeprefix("module.")
+        groups.setdefault((bare in head, not (name.endswith("bias") or "LayerNorm" in name)), []).append(p)
+    order = [(False, True), (False, False), (True, True), (True, False)]
+    return [{"params": groups.get(key, []), "weight_decay": weight_decay if key[1] else 0.0,
+             **({"head": True} if key[0] else {})} for key in order if key in groups or not key[0]]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -108,11 +112,13 @@ class Lamb(torch.optim.Optimizer):
 
 
 def build_optimizer(model: nn.Module, name: str = "adamw", *, lr: float, weight_decay: float,
-                    betas: tuple[float, float], eps: float, bias_correction: bool = True) -> torch.optim.Optimizer:
-    """The optimizer ``name`` over ``model``'s parameters, with the paper's weight-decay exclusions."""
+                    betas: tuple[float, float], eps: float, bias_correction: bool = True,
+                    head: Collection[str] = ()) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``'s parameters, with the paper's weight-decay exclusions and the
+    ``head`` parameters in groups of their own (`param_groups`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
-    groups = param_groups(model, weight_decay)
+    groups = param_groups(model, weight_decay, head)
     if name == "adamw" and bias_correction:
         # The fused kernel (one pass over all tensors) exists on CPU and CUDA in recent PyTorch.
         fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
@@ -156,11 +162,17 @@ class Schedule(torch.optim.lr_scheduler.LRScheduler):
     """The peak rate times `lr_factor` at the schedule's position: the optimizer steps taken or, with
     ``budget_seconds``, the training time spent (`set_elapsed`) in `CLOCK_UNITS` of the budget.
 
+    Head warm-up (``head_share`` > 0): over that share of the run only the groups marked ``"head"`` train (the
+    others' rate is 0); then the others join with the schedule laid over the rest of the run, warmup included,
+    so a fresh head learns before its gradients reach the encoder.
+
     Its state is the step count alone: a resumed run follows its own settings (max_steps may have grown)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, **factor: Any):
+    def __init__(self, optimizer: torch.optim.Optimizer, *, budget_seconds: float = 0.0, head_share: float = 0.0,
+                 **factor: Any):
         lr_factor(0, **factor)  # validate now, not at the first step
         self.factor = factor
+        self.head_until = int(head_share * factor["total_steps"])
         self.budget_seconds = budget_seconds
         self.elapsed = 0.0
         super().__init__(optimizer)
@@ -172,8 +184,14 @@ class Schedule(torch.optim.lr_scheduler.LRScheduler):
         return min(CLOCK_UNITS, int(self.elapsed / self.budget_seconds * CLOCK_UNITS))
 
     def get_lr(self) -> list[float]:
-        factor = lr_factor(self.position(), **self.factor)
-        return [base * factor for base in self.base_lrs]
+        at = self.position()
+        factor = lr_factor(at, **self.factor)
+        if not self.head_until:
+            return [base * factor for base in self.base_lrs]
+        rest = 0.0 if at < self.head_until else lr_factor(
+            at - self.head_until, **{**self.factor, "total_steps": self.factor["total_steps"] - self.head_until})
+        return [base * (factor if group.get("head") else rest)
+                for base, group in zip(self.base_lrs, self.optimizer.param_groups)]
 
     def get_last_lr(self) -> list[float]:
         """The rates the next optimizer step takes."""

@@ -88,6 +88,10 @@ class PretrainConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        size = RECIPES.get(self.recipe, {}).get("model", "base")
+        if self.init_from and self.model not in (size, ""):
+            raise ValueError(f"--model {self.model} and --init-from {self.init_from}: the model's size and shape are "
+                             f"the checkpoint's (its config.json); drop --model")
         # A recipe named but not applied (every setting it sets still at the paper's default) would be
         # recorded and ignored: `from_recipe` (``--recipe``, ``recipe:`` in a config file) applies one.
         preset = RECIPES.get(self.recipe)
@@ -225,6 +229,8 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
     if cfg.init_from:
         model = cls.from_pretrained(cfg.init_from, **overrides)
         config = model.config
+        # a head the checkpoint lacks (an encoder-only checkpoint's MLM head) trains alone first (the loop)
+        model.fresh_head = [k for k in model.load_report.newly_initialized if k.startswith(cls._fresh_head_prefixes)]
     else:
         if cfg.model.endswith(".json") or Path(cfg.model).is_dir():
             config = BertConfig.load(cfg.model).replace(vocab_size=vocab_size, **overrides)
@@ -336,6 +342,8 @@ class PretrainRun(TrainingRun[TrainResult]):
     def recorded_settings(self) -> dict[str, Any]:
         settings = super().recorded_settings()
         del settings["objective"]
+        if self.cfg.init_from:  # the size is the checkpoint's (model_config), not a preset's
+            settings["model"] = ""
         if self.objective_name != data_objective(self.nsp):
             # part of the run's identity; absent means the data's own objective (mlm+nsp or mlm), as "auto" gives
             settings["objective"] = self.objective_name
@@ -365,6 +373,15 @@ class PretrainRun(TrainingRun[TrainResult]):
                        if cfg.budget_minutes else f"warmup {cfg.warmup:,} steps")
                     + (f"; fresh masks on {cfg.masked_lm_prob:.0%} of the tokens" if self.masking else "")
                     + f"; precision {precision}")
+        if cfg.warmup_scaled and not cfg.budget_minutes:
+            logger.warning(f"pretrain: the paper's {cfg.DEFAULT_WARMUP_STEPS:,} warmup steps are longer than this run's "
+                           f"{cfg.max_steps:,}: warming up over {cfg.warmup:,} (the paper's share, 1%) instead; "
+                           "--warmup-steps or --warmup-ratio chooses")
+        fresh = getattr(model, "fresh_head", ())
+        if fresh and trainer.head_share:
+            head = ".".join(fresh[0].split(".")[:2])
+            logger.info(f"pretrain: {cfg.init_from} has no {head} head: it trains alone over the first "
+                        f"{trainer.head_share:.0%} of the run, then with the encoder (--head-warmup-ratio)")
 
     def finish(self, result: TrainResult) -> TrainResult:
         if self.dist.is_main:
