@@ -153,3 +153,18 @@ def test_remasking_trains_at_its_rate(root, tok):
                     objective="mlm"))
     train = lines(out)
     assert sum(r["loss"] for r in train[-5:]) < 0.8 * sum(r["loss"] for r in train[:5])
+
+
+def test_the_stop_marker_of_a_time_budget_run_speaks_of_minutes():
+    import json
+
+    from bertforge.train.loop import TrainResult
+    from bertforge.train.rundir import STOP_MARKER, stop_marker, stopped_where
+
+    stopped = dict(stopped_early=True, final_metrics={}, eval_metrics={}, checkpoint=None, interrupted=True,
+                   stop_signal=15)
+    record = json.loads(stop_marker(TrainResult(step=473, max_steps=1_000_000, budget_minutes=5,
+                                                elapsed_seconds=78, **stopped))[STOP_MARKER])
+    assert stopped_where(record) == "1.3 of its 5 budget minutes (step 473)"
+    record = json.loads(stop_marker(TrainResult(step=473, max_steps=1000, **stopped))[STOP_MARKER])
+    assert stopped_where(record) == "step 473 of 1000" and "budget_minutes" not in record

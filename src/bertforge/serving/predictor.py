@@ -209,7 +209,7 @@ class Predictor:
         from bertforge.tasks.finetune import SETTINGS_KEY, input_settings, load_finetuned
         from bertforge.text.tokenizer import BertTokenizer
         from bertforge.train.distributed import setup
-        from bertforge.train.rundir import read_stop_marker
+        from bertforge.train.rundir import read_stop_marker, stopped_where
 
         model_class = infer_model_class(path)
         own = _ARCHITECTURE_HEADS[model_class.__name__]
@@ -237,8 +237,8 @@ class Predictor:
                             name=str(path))
         mark = predictor.stopped_early = read_stop_marker(path)
         if mark is not None:
-            logger.warning("%s: a partial model: its training stopped early at step %s of %s (%s)", path,
-                           mark.get("step", "?"), mark.get("max_steps", "?"), mark.get("reason", "unknown reason"))
+            logger.warning("%s: a partial model: its training stopped early at %s (%s)", path, stopped_where(mark),
+                           mark.get("reason", "unknown reason"))
         return predictor
 
     # -------------------------------------------------------------------- helpers

@@ -10,6 +10,7 @@ import logging
 import re
 import shutil
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,7 +18,7 @@ from bertforge.io import clear_stale
 from bertforge.train.distributed import Distributed
 from bertforge.train.state import STATE_PT
 
-__all__ = ["CHECKPOINTS_DIR", "METRICS_FILE", "RUN_CONFIG", "RUN_FILES", "RUN_SETUP", "STOP_MARKER", "checkpoint_dir",
+__all__ = ["CHECKPOINTS_DIR", "METRICS_FILE", "RUN_CONFIG", "RUN_FILES", "RUN_SETUP", "STOP_MARKER", "checkpoint_dir", "stopped_where",
            "checkpoints", "latest_checkpoint", "prune_checkpoints", "run_files", "open_run_dir", "stop_marker",
            "read_stop_marker"]
 
@@ -131,6 +132,8 @@ class _Ended(Protocol):
     max_steps: int
     stopped_early: bool
     stop_signal: int
+    budget_minutes: float
+    elapsed_seconds: float
 
 
 def stop_marker(result: _Ended) -> dict[str, str]:
@@ -140,7 +143,18 @@ def stop_marker(result: _Ended) -> dict[str, str]:
     reason = signal.Signals(result.stop_signal).name if result.stop_signal else "time limit (max_time_minutes)"
     record = {"step": result.step, "max_steps": result.max_steps, "reason": reason,
               "note": "training stopped early: a partial model; continue the run with --resume"}
+    if result.budget_minutes:
+        record.update(budget_minutes=result.budget_minutes, minutes=round(result.elapsed_seconds / 60, 3))
     return {STOP_MARKER: json.dumps(record, indent=1) + "\n"}
+
+
+def stopped_where(record: Mapping[str, Any]) -> str:
+    """Where a stopped run stopped (a `STOP_MARKER` record or the same fields): "step 473 of 1000", or for a
+    time-budget run "1.3 of its 5 budget minutes (step 473)"."""
+    if record.get("budget_minutes"):
+        return f"{record.get('minutes', 0):.1f} of its {record['budget_minutes']:g} budget minutes (step " \
+               f"{record.get('step', '?')})"
+    return f"step {record.get('step', '?')} of {record.get('max_steps', '?')}"
 
 
 def read_stop_marker(folder: str | Path) -> dict[str, Any] | None:
