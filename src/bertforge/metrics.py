@@ -1,15 +1,9 @@
 """The standard metrics of BERT's task families, computed as their official definitions compute them.
 
-- GLUE (Wang et al., 2019): accuracy, binary F1, Matthews correlation (CoLA), Pearson / Spearman
-  (STS-B), with the leaderboard's choice per task (`GLUE_METRICS`). Values are fractions (0-1).
-- Tagging (CoNLL-2000 / 2003): entity-level precision, recall and F1 ("FB1") with the chunk rules of
-  `conlleval`, extended to BIOES the way its Python ports are. Values are fractions (conlleval prints
-  them x100).
-- Question answering: exact match and F1 of the official SQuAD v1.1 and v2.0 evaluation scripts,
-  v2.0's HasAns / NoAns breakdown and its search for the best no-answer threshold. Percent (0-100),
-  as those scripts report.
-
-numpy only (no scikit-learn, no scipy); each function names the definition it follows.
+GLUE's leaderboard metrics (`GLUE_METRICS`) and tagging's entity-level scores (`conlleval`'s chunk
+rules, BIOES too) are fractions (0-1); SQuAD v1.1 / v2.0's exact match and F1 (with v2.0's HasAns /
+NoAns breakdown and best no-answer threshold) are percent, as the official scripts report them.
+numpy only; each function names the definition it follows.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ __all__ = ["accuracy", "f1_binary", "matthews_corrcoef", "pearson", "spearman", 
 
 
 # ------------------------------------------------------------------------------ classification and regression (GLUE)
-
 def _as_pair(a: Any, b: Any, names: tuple[str, str] = ("predictions", "labels")) -> tuple[np.ndarray, np.ndarray]:
     """Two 1-D arrays of the same, non-zero length (lists, numpy arrays and CPU tensors are accepted)."""
     x, y = np.asarray(a), np.asarray(b)
@@ -50,8 +43,7 @@ def accuracy(preds: Any, labels: Any) -> float:
 
 
 def f1_binary(preds: Any, labels: Any, positive: Any = 1) -> float:
-    """F1 of the `positive` class, 2TP / (2TP + FP + FN), as scikit-learn's `f1_score` (binary); 0.0 when
-    the positive class is neither predicted nor present (scikit-learn's zero_division)."""
+    """F1 of the `positive` class (2TP / (2TP + FP + FN), 0.0 without TP), as scikit-learn's `f1_score`."""
     p, y = _as_pair(preds, labels)
     tp = int(np.sum((p == positive) & (y == positive)))
     wrong = int(np.sum((p == positive) != (y == positive)))  # FP + FN
@@ -59,13 +51,9 @@ def f1_binary(preds: Any, labels: Any, positive: Any = 1) -> float:
 
 
 def matthews_corrcoef(preds: Any, labels: Any) -> float:
-    """Matthews correlation in its multi-class form (Gorodkin's R_K), as scikit-learn computes it.
-
-    From the confusion matrix C (true x predicted), with t = row sums, p = column sums,
-    c = trace and s = total: (c*s - t.p) / sqrt((s^2 - p.p) * (s^2 - t.t)); 0.0 when undefined
-    (all labels or all predictions one class). On two classes it is the usual
-    (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)).
-    """
+    """Matthews correlation in its multi-class form (Gorodkin's R_K), as scikit-learn computes it:
+    (c*s - t.p) / sqrt((s^2 - p.p) * (s^2 - t.t)) of the confusion matrix's trace c, total s, row sums
+    t and column sums p; 0.0 when undefined (all labels or all predictions one class)."""
     p, y = _as_pair(preds, labels)
     _, ids = np.unique(np.concatenate([y, p]), return_inverse=True)
     k, n = int(ids.max()) + 1, len(y)
@@ -111,9 +99,8 @@ def spearman(x: Any, y: Any) -> float:
     return pearson(_average_ranks(a), _average_ranks(b))
 
 
-#: GLUE task -> the metrics its leaderboard reports (the paper's Table 1; the same choice as
-#: transformers' `glue_compute_metrics`). "mnli-m" / "mnli-mm" are MNLI's matched and mismatched
-#: dev/test sets; "ax" is GLUE's diagnostic set, scored with the multi-class Matthews correlation.
+#: GLUE task -> the metrics its leaderboard reports (as transformers' `glue_compute_metrics`); "mnli-m" /
+#: "mnli-mm": MNLI's matched and mismatched sets; "ax": the diagnostic set.
 GLUE_METRICS: dict[str, tuple[str, ...]] = {
     "cola": ("matthews",), "sst2": ("accuracy",),
     "mrpc": ("accuracy", "f1", "acc_and_f1"), "qqp": ("accuracy", "f1", "acc_and_f1"),
@@ -131,8 +118,7 @@ _METRIC_FNS = {"accuracy": accuracy, "f1": f1_binary, "matthews": matthews_corrc
 
 
 def _task_metrics(task: str) -> tuple[str, tuple[str, ...]]:
-    """(canonical task name, metric names). A name outside GLUE is a plain classification task,
-    unless it says it is GLUE ("glue/...", "glue-..."), in which case it must be one."""
+    """(canonical task name, metric names); a name outside GLUE is a plain classification task."""
     name = task.strip().lower()
     claims_glue = bool(_GLUE_PREFIX.match(name))
     name = _GLUE_PREFIX.sub("", name)
@@ -145,10 +131,8 @@ def _task_metrics(task: str) -> tuple[str, tuple[str, ...]]:
 
 
 def glue_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:
-    """The metrics GLUE reports for `task` (see `GLUE_METRICS`), as fractions. "acc_and_f1" is the mean
-    of accuracy and F1 (of class 1), "corr" the mean of Pearson and Spearman. Case, "-" and "_" do not
-    matter ("SST-2", "sts_b", "MNLI-mm"). Any other task is scored with accuracy only: macro F1 is left
-    out so the keys never depend on how many classes a batch shows."""
+    """The metrics GLUE reports for `task` (see `GLUE_METRICS`), as fractions ("acc_and_f1", "corr":
+    means of the two). Case, "-" and "_" do not matter; any other task is scored with accuracy only."""
     name, names = _task_metrics(task)
     p, y = _as_pair(preds, labels)
     if name != "stsb" and p.dtype.kind == "f" and not np.all(np.mod(p, 1) == 0):
@@ -163,9 +147,7 @@ def glue_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ tagging (conlleval)
-#: Tagging scheme -> the tag prefixes it allows besides "O". BIO is IOB2 (every entity opens with
-#: B-); IOB1 uses B- only between two touching entities of one type; BIOES adds E- (end) and S-
-#: (single). conlleval reads all of them with one set of rules, so they differ only in what is valid.
+#: Tagging scheme -> the tag prefixes it allows besides "O" (conlleval reads all with the same rules).
 SCHEMES: dict[str, str] = {"BIO": "BI", "IOB2": "BI", "IOB1": "BI", "BIOES": "BIES", "IOBES": "BIES"}
 
 
@@ -200,12 +182,8 @@ def _chunk_boundary(prev: tuple[str, str], cur: tuple[str, str]) -> tuple[bool, 
 
 
 def entity_spans(tags: Sequence[str], scheme: str = "BIO") -> list[tuple[str, int, int]]:
-    """Entities as (type, start, end-exclusive), found with conlleval's chunk start / end rules.
-
-    Lenient like conlleval: an I- (or E-) after O or after another type opens an entity, a type
-    switch closes one, and an unclosed B- or I- at the end still counts. For example
-    ["I-PER", "I-LOC", "O", "B-ORG", "I-ORG"] -> [("PER", 0, 1), ("LOC", 1, 2), ("ORG", 3, 5)].
-    """
+    """Entities as (type, start, end-exclusive), found with conlleval's lenient chunk rules:
+    ["I-PER", "I-LOC", "O", "B-ORG", "I-ORG"] -> [("PER", 0, 1), ("LOC", 1, 2), ("ORG", 3, 5)]."""
     parsed = _parse_tags(tags, scheme)
     spans: list[tuple[str, int, int]] = []
     prev, start = ("O", ""), -1
@@ -230,10 +208,8 @@ def _prf(correct: int, predicted: int, true: int) -> tuple[float, float, float]:
 
 def ner_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]],
                 scheme: str = "BIO") -> dict[str, Any]:
-    """Entity-level scores as conlleval computes them, as fractions: an entity is right when its type,
-    start and end all match (micro-averaged: "FB1"); "accuracy" is the share of tokens whose whole tag is
-    right. Returns {"precision", "recall", "f1", "accuracy", "support", "per_type": {type: {"precision",
-    "recall", "f1", "support"}}}, where support counts the true entities."""
+    """Entity-level scores as conlleval computes them, as fractions (micro-averaged; "accuracy": of
+    tokens), overall and ``per_type``; "support" counts the true entities."""
     if len(true_seqs) != len(pred_seqs):
         raise ValueError(f"{len(true_seqs)} true sequences but {len(pred_seqs)} predicted")
     true_spans: set[tuple[str, int, int, int]] = set()
@@ -267,8 +243,7 @@ _PUNCTUATION = frozenset(string.punctuation)  # ASCII only: the official scripts
 
 def normalize_answer(s: str) -> str:
     """The official SQuAD normalisation, in its order: lower-case, drop ASCII punctuation, replace
-    the words a / an / the by a space, collapse whitespace. ("An-the" -> "anthe": punctuation goes
-    first, so the hyphen no longer separates two articles.)"""
+    the words a / an / the by a space, collapse whitespace ("An-the" -> "anthe")."""
     s = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", s).split())
 
@@ -281,8 +256,7 @@ def _check_version(version: str) -> str:
 
 
 def _gold_texts(golds: str | Iterable[str], version: str) -> list[str]:
-    """v2.0 drops golds that normalise to nothing and stands "" for an unanswerable question;
-    v1.1 takes the golds as they are."""
+    """v2.0 drops golds that normalise to nothing ("" for unanswerable); v1.1 takes them as they are."""
     golds = [golds] if isinstance(golds, str) else list(golds)
     if _check_version(version) == "1.1":
         if not golds:
@@ -301,8 +275,7 @@ def _token_f1(pred: str, gold: str, version: str) -> float:
 
 
 def squad_exact(pred: str, golds: str | Iterable[str], version: str = "2.0") -> float:
-    """1.0 when the normalised prediction equals some normalised gold answer, else 0.0.
-    No golds (v2.0) means unanswerable: only an empty prediction is right."""
+    """1.0 when the normalised prediction equals some normalised gold answer (v2.0, none: ""), else 0.0."""
     target = normalize_answer(pred)
     return float(any(normalize_answer(g) == target for g in _gold_texts(golds, version)))
 
@@ -314,8 +287,7 @@ def squad_f1(pred: str, golds: str | Iterable[str], version: str = "2.0") -> flo
 
 
 def _answer_texts(answers: Any) -> list[str]:
-    """Gold texts from SQuAD JSON ([{"text", "answer_start"}]), plain strings, or the datasets
-    library's columnar {"text": [...], "answer_start": [...]}."""
+    """Gold texts from SQuAD JSON, plain strings, or the datasets library's columnar {"text": [...]}."""
     if isinstance(answers, Mapping):
         return list(answers["text"])
     return [a if isinstance(a, str) else a["text"] for a in answers]
@@ -354,11 +326,8 @@ def _percent(scores: Mapping[str, float], qids: Sequence[str]) -> float:
 
 def _best_threshold(raw: Mapping[str, float], predictions: Mapping[str, str], null_odds: Mapping[str, float],
                     has_answer: Mapping[str, bool], total: int) -> tuple[float, float]:
-    """The official v2.0 `find_best_thresh`: start from every question answered null (right on
-    exactly the unanswerable ones), then in increasing order of null odds let each keep its answer
-    (+score if answerable, -1 if unanswerable and non-empty); return the best running total (percent)
-    and the odds where it was first reached. Quirks kept: the start's threshold is 0.0, ties keep
-    the first, and questions tied in odds are switched one at a time."""
+    """The official v2.0 `find_best_thresh`, quirks kept: from every question answered null, let each
+    keep its answer in increasing order of null odds; the best total (percent) and its first odds."""
     score = best = sum(1 for q in raw if not has_answer[q])
     best_threshold = 0.0
     for q in sorted(null_odds, key=lambda k: null_odds[k]):
@@ -376,17 +345,12 @@ def _best_threshold(raw: Mapping[str, float], predictions: Mapping[str, str], nu
 def squad_metrics(dataset_json_or_examples: Any, predictions: Mapping[str, str],
                   null_odds: Mapping[str, float] | None = None, threshold: float = 0.0,
                   version: str | None = None) -> dict[str, float]:
-    """Exact match and F1 in percent, as the official SQuAD evaluation scripts compute them.
+    """Exact match and F1 in percent, as the official SQuAD evaluation scripts compute them (v2.0 when
+    any question has "is_impossible" or no answers, unless given; then also the HasAns / NoAns subsets).
 
-    The version is 2.0 when any question has "is_impossible" or no answers (else 1.1), unless given.
-    Returns "exact_match", "f1", "total" and, for v2.0, "HasAns_exact", "HasAns_f1", "HasAns_total",
-    "NoAns_exact", "NoAns_f1", "NoAns_total" (official names, for the subsets present).
-
-    With `null_odds` (question id -> odds of no answer, e.g. BERT's null score minus best span
-    score) an answer whose odds exceed `threshold` counts as "" in the main numbers, and
-    "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh" are the v2.0 script's threshold
-    search over the raw predictions. A question without a prediction scores 0 and stays in every
-    total (the v1.1 script's rule; v2.0's would fail), with a warning.
+    With `null_odds` (question id -> odds of no answer) an answer whose odds exceed `threshold` counts as
+    "" and "best_exact" / "best_f1" (and their thresholds) are the v2.0 script's threshold search. A
+    question without a prediction scores 0 (the v1.1 script's rule), with a warning.
     """
     questions, is_v2 = _squad_questions(dataset_json_or_examples)
     v = _check_version(version) if version is not None else ("2.0" if is_v2 else "1.1")

@@ -1,23 +1,13 @@
 """Google's original TensorFlow BERT checkpoints, read without TensorFlow and converted to a checkpoint folder.
 
-google-research/bert's releases and the outputs of its ``run_*.py`` scripts are TF 1 *tensor bundles*
-(``bert_model.ckpt.index`` + ``.data-00000-of-00001``) beside ``bert_config.json`` and ``vocab.txt``.
-They are read directly, needing neither TensorFlow nor protobuf:
+google-research/bert's checkpoints are TF 1 *tensor bundles* (``bert_model.ckpt.index`` +
+``.data-00000-of-00001``): the ``.index`` is a LevelDB-style table (CRC-checked blocks) whose values
+are ``BundleEntryProto`` messages, decoded by hand; a variable is ``size`` bytes at ``offset`` in a
+data shard, CRC-checked on every read. Compressed blocks and partitioned variables are refused.
 
-- the ``.index`` file is a LevelDB-style table (TF's ``core/lib/io/table``): prefix-compressed data
-  blocks, an index block of block handles and a 48-byte footer; each block's 5-byte trailer holds its
-  compression type (TF writes none; a compressed block is refused) and masked CRC-32C, which is checked;
-- its keys are variable names, its values ``BundleEntryProto`` messages decoded by hand (the empty key
-  holds the ``BundleHeaderProto``); partitioned variables are refused;
-- a variable's bytes are ``size`` bytes at ``offset`` in ``PREFIX.data-SSSSS-of-NNNNN``, CRC-checked on
-  every read.
-
-`convert_tf_checkpoint` maps Google's names to transformers' (``bert/encoder/layer_3/.../query/kernel``
--> ``bert.encoder.layer.3....query.weight``): dense ``kernel`` (in, out) is transposed into ``weight``,
-LayerNorm ``gamma`` / ``beta`` become ``weight`` / ``bias``, the heads' ``output_weights`` are already
-(out, in) (`_HEADS`). The class follows from the heads present unless ``model_class`` names one; training
-state and variables the class has not are reported, not converted (`TFConversionReport`). The release's
-``"gelu"`` is the tanh approximation, written as ``"gelu_new"``. See docs/interop.md.
+`convert_tf_checkpoint` maps Google's names to transformers' (dense kernels transposed, LayerNorm
+``gamma`` / ``beta`` as ``weight`` / ``bias``); the release's ``"gelu"`` (the tanh form) is written as
+``"gelu_new"``. See docs/interop.md.
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ _CRC_CHUNK = 1 << 24  # bytes copied at a time: google-crc32c reads only immutab
 
 
 def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
-    """CRC-32C (Castagnoli) of ``data``'s bytes, as TensorFlow's ``crc32c::Value`` (google-crc32c's C
-    implementation; an array is hashed as its elements' bytes, in order)."""
+    """CRC-32C (Castagnoli) of ``data``'s bytes (an array's elements, in order), as TensorFlow's."""
     if isinstance(data, np.ndarray):
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     else:
@@ -218,14 +207,7 @@ def _entry(name: str, value: bytes, where: str) -> TensorEntry:
 # ---------------------------------------------------------------------------- the reader
 class TFCheckpointReader:
     """The variables of a TF 1 checkpoint (``PREFIX.index`` + ``PREFIX.data-*``), as
-    ``tf.train.load_checkpoint(PREFIX)`` reads them, without TensorFlow.
-
-    >>> reader = TFCheckpointReader("uncased_L-12_H-768_A-12/bert_model.ckpt")
-    >>> reader.shapes["bert/pooler/dense/kernel"]
-    (768, 768)
-    >>> reader.read("bert/pooler/dense/kernel").dtype   # checked against its CRC-32C
-    dtype('float32')
-    """
+    ``tf.train.load_checkpoint(PREFIX)`` reads them, without TensorFlow."""
 
     def __init__(self, prefix: str | Path) -> None:
         self.prefix = Path(prefix)
@@ -299,9 +281,8 @@ class TFCheckpointReader:
 
 
 def find_tf_checkpoint(path: str | Path) -> Path | None:
-    """The prefix of the TF checkpoint ``path`` names, or None when it names none: a prefix
-    (``DIR/bert_model.ckpt``), its ``.index`` or a ``.data-*`` file, or a folder holding one checkpoint,
-    or several and TF's ``checkpoint`` file naming the latest (not one with bertforge weights)."""
+    """The prefix of the TF checkpoint ``path`` names (a prefix, its ``.index`` or ``.data-*`` file, or a
+    folder: its one checkpoint, or the latest), or None when it names none."""
     path = Path(path)
     if path.is_dir():
         if any((path / name).is_file() for name in (SAFETENSORS_NAME, SAFETENSORS_INDEX, BIN_NAME, BIN_INDEX)):
@@ -369,8 +350,7 @@ _TRAINING_VARIABLES = ("global_step", "beta1_power", "beta2_power")
 
 
 def bertforge_name(tf_name: str) -> tuple[str, bool] | None:
-    """bertforge's (transformers') name of one of Google's BERT variables and whether it is
-    transposed (dense kernels), or None for a name that is not one of them."""
+    """bertforge's name of one of Google's BERT variables and whether it is transposed, or None."""
     if tf_name in _HEADS:
         return _HEADS[tf_name], False
     if not _GOOGLE_NAMES.fullmatch(tf_name):
@@ -453,10 +433,9 @@ class TFConversionReport:
 
 def convert_tf_checkpoint(src: str | Path, dst: str | Path, *, model_class: str | None = None,
                           dtype: torch.dtype | None = None, config: str | Path | None = None) -> TFConversionReport:
-    """Write Google's TF checkpoint ``src`` (a folder or a prefix: `find_tf_checkpoint`) as a bertforge /
-    transformers checkpoint folder ``dst``. ``config``: the ``bert_config.json`` (default: beside the
-    checkpoint). ``vocab.txt`` beside it, if any, becomes the tokenizer with Google's settings: lower-cased
-    unless the vocab holds upper-case tokens (the cased models), 200 characters per word."""
+    """Write Google's TF checkpoint ``src`` (`find_tf_checkpoint`) as a checkpoint folder ``dst``;
+    ``config``: its ``bert_config.json`` (default: beside it). A ``vocab.txt`` beside it becomes the
+    tokenizer, with Google's settings."""
     prefix, config_path = _checkpoint_files(src, config)
     bert_config = load_tf_config(config_path)
     reader = TFCheckpointReader(prefix)
@@ -491,8 +470,7 @@ def _checkpoint_files(src: str | Path, config: str | Path | None) -> tuple[Path,
 
 
 def _map_names(reader: TFCheckpointReader, report: TFConversionReport) -> dict[str, tuple[str, bool]]:
-    """TF name -> (bertforge name, transposed) of each of Google's BERT variables; training state and
-    other names go to ``report``. A checkpoint without BERT's encoder is an error."""
+    """TF name -> (bertforge name, transposed) of each of Google's BERT variables; the rest to ``report``."""
     mapped: dict[str, tuple[str, bool]] = {}
     for name in sorted(reader.entries):
         target = None if _is_training_state(name) else bertforge_name(name)
@@ -509,9 +487,8 @@ def _map_names(reader: TFCheckpointReader, report: TFConversionReport) -> dict[s
 def _match_parameters(reader: TFCheckpointReader, mapped: dict[str, tuple[str, bool]], model: Any,
                       bert_config: BertConfig, config_path: Path,
                       report: TFConversionReport) -> dict[str, tuple[str, bool]]:
-    """The model's parameter -> (TF name, transposed) of every variable it takes. Encoder variables the
-    config does not describe, shapes the config does not give, and variables the class needs that the
-    checkpoint lacks (its fresh heads and the pooler aside, which are reported) are errors."""
+    """The model's parameter -> (TF name, transposed) of every variable it takes; encoder variables or
+    shapes the config does not give, and missing variables (fresh heads aside), are errors."""
     where, cls_name = reader.index_path, report.model_class
     expected = model.state_dict()
     bare = cls_name == "BertModel"  # its parameters have no "bert." prefix

@@ -1,27 +1,18 @@
 """Documents of tokenized sentences -> pre-training instances, as Google's ``create_pretraining_data.py``.
 
-The algorithm, quirks included (see ``shared/SPEC.md``, "Pre-training data"):
+The algorithm, quirks included: per document and dupe pass one target length (short with probability
+``short_seq_prob``); sentences accumulate into a chunk up to it; A takes a random number of them, B the
+rest (IsNext) or text from another document (NotNext, the unused sentences put back); the longer
+segment is trimmed at random ends; masking picks ``round(len * masked_lm_prob)`` positions (half to
+even; at least 1, at most ``max_predictions``), never [CLS] or [SEP]: 80% [MASK], 10% a random token
+of the whole vocabulary, 10% unchanged.
 
-* per document and dupe pass, one target length: ``max_seq_length - 3``, or with probability
-  ``short_seq_prob`` a random length in [2, max - 3];
-* sentences accumulate into a chunk until the target is reached (or the document ends); segment A
-  takes a random number of the chunk's sentences (at least 1), B the rest (IsNext) or, with
-  probability 0.5 or whenever the chunk has one sentence, text from another document (NotNext),
-  and the chunk's unused sentences are put back to be read again;
-* ``truncate_seq_pair`` trims the longer of A and B, from the front or the back at random;
-* masking picks ``min(max_predictions, max(1, round(len * masked_lm_prob)))`` positions (Python's
-  ``round``: half to even), never [CLS] or [SEP]; 80% [MASK], 10% a random token drawn from the
-  *whole* vocabulary (special and [unused] entries included), 10% unchanged; positions sorted;
-  whole-word masking takes a piece with all its ``##`` continuations.
-
-Randomness comes from explicit generators: a ``random.Random`` for the instance structure (the
-same generator and sequence of calls as the original script: ``randint(a, b)`` is called as the
-``a + _randbelow(b - a + 1)`` it is made of, which draws the very same numbers) and a numpy
-``Generator`` for the masks, which are drawn for many instances at once. A seed fixes the output
-exactly.
+The structure draws from a ``random.Random`` with the same calls as the original script
+(``randint(a, b)`` as its ``a + _randbelow(b - a + 1)``), the masks from a numpy ``Generator``, many
+instances at once. A seed fixes the output exactly.
 
 Columnar, for speed: a `DocumentPool` holds the documents as one flat token array plus sentence
-boundaries; the structure pass records each instance as token *ranges*, which are assembled into one
+boundaries; the structure pass records each instance as token *ranges*, assembled into one
 `InstanceBatch` (the shard layout) and masked with whole-array numpy operations. The per-instance API
 (`create_instances_from_document`, `create_packed_instances`, `mask_instances`, ...) runs the same code.
 """
@@ -91,8 +82,7 @@ class TrainingInstance:
 
 @dataclass
 class InstanceBatch:
-    """Many instances in columnar form: the arrays of a shard, laid out as ``bertforge.data.shards``
-    describes (positions relative to their instance). Unmasked batches have no predictions."""
+    """Many instances in columnar form: the arrays of a shard (``bertforge.data.shards``)."""
 
     input_ids: np.ndarray
     offsets: np.ndarray
@@ -110,13 +100,9 @@ class InstanceBatch:
 
     def instance(self, i: int) -> TrainingInstance:
         m0, m1 = self.mask_offsets[i], self.mask_offsets[i + 1]
-        return TrainingInstance(
-            input_ids=self.input_ids[self.offsets[i]:self.offsets[i + 1]].astype(np.int64),
-            num_a=int(self.num_a[i]),
-            masked_positions=self.masked_positions[m0:m1].astype(np.int64),
-            masked_labels=self.masked_labels[m0:m1].astype(np.int64),
-            is_random_next=bool(self.next_sentence[i]),
-        )
+        return TrainingInstance(self.input_ids[self.offsets[i]:self.offsets[i + 1]].astype(np.int64),
+                                int(self.num_a[i]), self.masked_positions[m0:m1].astype(np.int64),
+                                self.masked_labels[m0:m1].astype(np.int64), bool(self.next_sentence[i]))
 
     def instances(self) -> list[TrainingInstance]:
         return [self.instance(i) for i in range(len(self))]
@@ -159,8 +145,7 @@ class DocumentPool:
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[Sequence[int]], sentences_per_doc: Sequence[int]) -> DocumentPool:
-        """The token ids of consecutive sentences, ``sentences_per_doc[d]`` of them for document d.
-        Empty sentences, and documents left with none, are dropped (as Google's script does)."""
+        """Sentences' ids, ``sentences_per_doc[d]`` for document d; empty sentences and documents dropped."""
         lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
         tokens = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=int(lengths.sum()))
         doc_of = np.repeat(np.arange(len(sentences_per_doc)), np.asarray(sentences_per_doc, dtype=np.int64))
@@ -184,8 +169,7 @@ _HALF = 0.5
 
 def _cuts(len_a: int, len_b: int, excess: int, draw: Callable[[], float]) -> tuple[int, int, int, int]:
     """``truncate_seq_pair``'s cuts as counts (front A, back A, front B, back B), drawing the same
-    ``excess`` numbers in the same order. Which segment loses each token depends on the lengths
-    only: the longer one until the two are equal, then B (a tie trims B), A, B, A, ..."""
+    numbers: the longer segment loses tokens until the two are equal, then B, A, B, A, ..."""
     draws = [draw() for _ in range(excess)]
     lead = min(excess, abs(len_a - len_b))
     to_b, to_a = draws[lead::2], draws[lead + 1::2]
@@ -210,9 +194,8 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
 
 def _nsp_pass(bounds: Sequence[list[int]], d: int, max_num_tokens: int, short_seq_prob: float,
               rng: random.Random, out: list[int]) -> None:
-    """Google's ``create_instances_from_document`` for document ``d`` of the pool ``bounds``, on
-    token ranges: appends ``(d, a0, a1, doc_b, b0, b1, is_random_next)`` per instance to ``out``
-    (ranges relative to their document's first token)."""
+    """Google's ``create_instances_from_document`` for document ``d`` of the pool ``bounds``, on token
+    ranges: appends ``(d, a0, a1, doc_b, b0, b1, is_random_next)`` per instance to ``out``."""
     draw, below = rng.random, rng._randbelow  # randint(a, b) is a + _randbelow(b - a + 1)
     doc = bounds[d]
     n_sent = len(doc) - 1
@@ -271,8 +254,7 @@ def _pack(bounds: list[int], d: int, max_num_tokens: int, out: list[int]) -> Non
 
 def _assemble(tokens: np.ndarray, a_start: np.ndarray, len_a: np.ndarray, b_start: np.ndarray | None,
               len_b: np.ndarray | None, next_sentence: np.ndarray, special: SpecialIds) -> InstanceBatch:
-    """``[CLS] A [SEP] B [SEP]`` (``[CLS] A [SEP]`` without B) for every instance at once: one gather
-    of the concatenated ranges from ``tokens`` (the two specials appended at its end)."""
+    """``[CLS] A [SEP] B [SEP]`` (``[CLS] A [SEP]`` without B) for every instance at once: one gather."""
     n = len(len_a)
     cls_at, sep_at = len(tokens), len(tokens) + 1
     ones = np.ones(n, dtype=np.int64)
@@ -293,9 +275,8 @@ def _assemble(tokens: np.ndarray, a_start: np.ndarray, len_a: np.ndarray, b_star
 
 def create_instances(pool: DocumentPool, *, max_seq_length: int, short_seq_prob: float, dupe_factor: int,
                      nsp: bool, special: SpecialIds, rng: random.Random) -> InstanceBatch:
-    """Google's main loop over one pool: shuffle the documents, ``dupe_factor`` passes over them,
-    shuffle the instances. Returns them unmasked (`mask_batch` masks them). Without ``nsp``, each
-    document is packed (`create_packed_instances`); packing draws nothing, so the passes are copies."""
+    """Google's main loop over one pool: shuffle the documents, ``dupe_factor`` passes, shuffle the
+    instances; unmasked. Without ``nsp``, each document is packed (the passes are copies)."""
     order = list(range(len(pool)))
     rng.shuffle(order)
     bounds = [pool.bounds[k] for k in order]
@@ -350,8 +331,7 @@ def _make_instance(tokens_a: list[int], tokens_b: list[int] | None, is_random_ne
 def create_instances_from_document(documents: Sequence[Document], document_index: int, *, max_seq_length: int,
                                    short_seq_prob: float, special: SpecialIds,
                                    rng: random.Random) -> list[TrainingInstance]:
-    """All NSP instances of one document in one dupe pass (Google's function of the same name),
-    unmasked (`apply_masks` masks them). ``documents`` is the pool NotNext segments come from."""
+    """All NSP instances of one document in one dupe pass (Google's function of the same name), unmasked."""
     out: list[int] = []
     _nsp_pass(_LazyBounds(documents), document_index, max_seq_length - 3, short_seq_prob, rng, out)
     flat = lambda d: [t for s in documents[d] for t in s]  # noqa: E731
@@ -372,9 +352,8 @@ def create_packed_instances(document: Document, *, max_seq_length: int,
 # ------------------------------------------------------------------------------ masking (numpy Generator)
 def _mask_flat(ids: np.ndarray, offsets: np.ndarray, special: SpecialIds, cfg: MaskingConfig,
                rng: np.random.Generator, rows: int = 8192) -> tuple[np.ndarray, ...]:
-    """Google's ``create_masked_lm_predictions`` for the sequences ``ids[offsets[i]:offsets[i+1]]``:
-    (masked ids, mask offsets, sorted positions, original ids there). The choice runs on padded
-    blocks of ``rows`` sequences (the original loops over tokens in Python)."""
+    """Google's ``create_masked_lm_predictions`` for the sequences ``ids[offsets[i]:offsets[i+1]]``, in
+    padded blocks of ``rows``: (masked ids, mask offsets, sorted positions, original ids there)."""
     n = len(offsets) - 1
     lengths = np.diff(offsets)
     counts, positions = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
@@ -416,11 +395,10 @@ def _mask_flat(ids: np.ndarray, offsets: np.ndarray, special: SpecialIds, cfg: M
 
 
 def _choose_pieces(k: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """The ``k`` positions of smallest key in each row (a uniformly random subset of the candidates,
-    whose keys are < 1), sorted, in the first ``k`` columns of a ``(n, max k)`` array."""
+    """The ``k`` positions of smallest key in each row (a random subset of the candidates), sorted, in
+    the first ``k`` columns of a ``(n, max k)`` array."""
     kmax = int(k.max()) if len(k) else 0
-    # Ties between float64 keys have probability ~0 (and non-candidates, all 2.0, are never
-    # reached), so the unstable (SIMD) sort picks the same set on every machine.
+    # Ties between float64 keys have probability ~0: the unstable sort picks the same set everywhere.
     first = np.argsort(keys, axis=1)[:, :kmax]
     first[np.arange(kmax) >= k[:, None]] = keys.shape[1]  # past the row's count: sorts last
     first.sort(axis=1)
@@ -429,10 +407,8 @@ def _choose_pieces(k: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 def _choose_whole_words(tokens: np.ndarray, cand: np.ndarray, k: np.ndarray, keys: np.ndarray,
                         special: SpecialIds) -> np.ndarray:
-    """Whole-word choice: a word is a piece plus the ``##`` pieces after it (Google attaches a
-    ``##`` piece to the previous candidate word even across a [SEP]). Words in random order (the
-    key of their first piece); one that would overshoot the count is skipped, as in the original.
-    Vectorised over rows: step s looks at every row's s-th word."""
+    """Whole-word choice: a word is a piece plus the ``##`` pieces after it (even across a [SEP], as
+    Google's), in random order; one that would overshoot the count is skipped, as in the original."""
     if special.continuation is None:
         raise ValueError("whole-word masking needs the vocab's continuation ('##') flags")
     n = len(k)
@@ -469,16 +445,14 @@ def _choose_whole_words(tokens: np.ndarray, cand: np.ndarray, k: np.ndarray, key
 
 def mask_batch(batch: InstanceBatch, special: SpecialIds, cfg: MaskingConfig,
                rng: np.random.Generator) -> InstanceBatch:
-    """Static masks for an unmasked batch: each instance drawn independently (fresh for every
-    dupe pass's copy of it)."""
+    """Static masks for an unmasked batch: each instance (each dupe pass's copy) drawn independently."""
     masked, mask_offsets, positions, labels = _mask_flat(batch.input_ids, batch.offsets, special, cfg, rng)
     return InstanceBatch(masked, batch.offsets, batch.num_a, batch.next_sentence, mask_offsets, positions, labels)
 
 
 def mask_instances(sequences: Sequence[np.ndarray], special: SpecialIds, cfg: MaskingConfig,
                    rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Google's ``create_masked_lm_predictions`` for many sequences at once: per sequence, (masked
-    ids, sorted positions, original ids there)."""
+    """Google's ``create_masked_lm_predictions`` for many sequences: (masked ids, positions, labels) each."""
     n = len(sequences)
     if n == 0:
         return []

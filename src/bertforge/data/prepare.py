@@ -1,20 +1,13 @@
 """``bertforge prepare``: raw text -> a folder of pre-training shards, streamed, in parallel.
 
 The input is read once, as a stream, and cut into *windows* of whole documents (``shard_chars``
-characters each). Each window becomes one shard, built independently by a worker process: split
-sentences, tokenize, run Google's instance algorithm ``dupe_factor`` times with fresh masks, shuffle,
-write. Memory is bounded by the window, not the corpus.
+characters each); each window becomes one shard, built by a worker process with Google's instance
+algorithm. Unlike Google's script, which holds the whole corpus in memory, a NotNext segment B comes
+from another document of the same window, and instances are shuffled within their shard.
 
-The one deviation from Google's script, which holds the whole corpus in memory: a NotNext segment
-B is drawn from another document *of the same window*, and instances are shuffled within their shard
-(the loader shuffles shards and instances every epoch). With windows of thousands of documents the
-statistics are the same; only documents in different windows can never meet as A and B.
-
-Determinism: a window's content depends only on the input, and its random generator only on the
-seed and its index, so the same inputs and settings give byte-identical shards whatever the number
-of workers, and ``--num-shards K --shard-index k`` on K machines writes exactly the shards one
-machine would. Finished shards (those with a sidecar ``.json`` of the same settings) are skipped
-when the command runs again.
+A window's content depends only on the input, and its random generator only on the seed and its
+index: the same inputs and settings give byte-identical shards whatever the number of workers or
+machines. Finished shards (a sidecar ``.json`` of the same settings) are skipped when run again.
 """
 
 from __future__ import annotations
@@ -102,8 +95,7 @@ class PrepareConfig:
 
     def fingerprint(self, vocab_hash: str, inputs: list | None = None,
                     normalization: dict[str, bool] | None = None) -> str:
-        """What the shards are a function of: these settings, the vocab, the tokenizer's
-        normalisation and the input files."""
+        """What the shards are a function of: settings, vocab, normalisation and input files."""
         return _digest(self, vocab_hash, inputs, normalization=normalization)
 
 
@@ -128,20 +120,17 @@ class _ShardJob:
 def _tokenizer(folder: str):
     from bertforge.text.tokenizer import BertTokenizer
 
-    # Corpus text is plain text: "[MASK]" or "[SEP]" written in it must not become the special
-    # tokens (Google's tokenizer splits them into "[", "mask", "]" too).
+    # Corpus text is plain text: "[MASK]" written in it is no special token (as in Google's tokenizer).
     return BertTokenizer.from_pretrained(folder, split_special_tokens=True)
 
 
 def shard_rngs(seed: int, index: int) -> tuple[random.Random, np.random.Generator]:
-    """The generators of shard ``index`` (structure, masks): independent of worker count and of
-    other shards."""
+    """The generators of shard ``index`` (structure, masks): independent of workers and other shards."""
     return random.Random(f"bertforge-prepare:{seed}:{index}"), np.random.default_rng([seed, index])
 
 
 def special_ids(tok) -> SpecialIds:
-    """A tokenizer's [CLS] / [SEP] / [MASK] ids and ``##`` flags, as masking needs them (in
-    `prepare` and in the loader's dynamic masking)."""
+    """A tokenizer's [CLS] / [SEP] / [MASK] ids and ``##`` flags, as masking needs them."""
     vocab = tok.vocab
     continuation = np.zeros(len(vocab), dtype=bool)
     continuation[[i for token, i in vocab.items() if token.startswith("##")]] = True
@@ -150,16 +139,14 @@ def special_ids(tok) -> SpecialIds:
 
 
 def passes(cfg: PrepareConfig) -> int:
-    """Dupe passes actually built. Without NSP, packing draws nothing, so the passes are identical token
-    sequences: worth storing with static masks (each copy gets its own), byte-identical with dynamic
-    masking, so then one is stored (the loader masks afresh every epoch)."""
+    """Dupe passes actually built: without NSP the passes are identical token sequences, so with dynamic
+    masking one is stored."""
     return 1 if not cfg.nsp and cfg.dynamic_masking else cfg.dupe_factor
 
 
 def build_instances(pool: DocumentPool, cfg: PrepareConfig, special: SpecialIds, rng: random.Random,
                     mask_rng: np.random.Generator) -> InstanceBatch:
-    """Google's main loop over one pool of tokenized documents (shuffle documents, ``dupe_factor``
-    passes, shuffle instances), then static masks unless masking is dynamic."""
+    """Google's main loop over one pool of tokenized documents, then static masks unless dynamic."""
     batch = create_instances(pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
                              dupe_factor=passes(cfg), nsp=cfg.nsp, special=special, rng=rng)
     if not cfg.dynamic_masking:  # static masks, drawn per instance: fresh for every dupe pass (the paper)
@@ -240,12 +227,8 @@ def _finished(out: Path, index: int, fingerprint: str) -> dict[str, Any] | None:
 def prepare(inputs: list[str | Path], out_dir: str | Path, tokenizer: str | Path, config: PrepareConfig | None = None,
             *, workers: int = 1, num_shards: int = 1, shard_index: int = 0, progress: bool = True) -> dict[str, Any]:
     """Prepare pre-training shards from ``inputs`` into ``out_dir`` with the tokenizer of a checkpoint or
-    vocab folder; return the manifest. ``num_shards`` / ``shard_index`` split the work across machines:
-    this call builds the windows whose index is ``shard_index`` modulo ``num_shards``.
-
-    Raises ``ValueError``, with the counts of what was read, when the inputs hold no document or too
-    little text for any instance, rather than writing an empty dataset.
-    """
+    vocab folder; return the manifest. This call builds the windows whose index is ``shard_index``
+    modulo ``num_shards``. Inputs too small for any instance are a ``ValueError``."""
     from bertforge.text.tokenizer import BertTokenizer
 
     cfg = config or PrepareConfig()
@@ -303,8 +286,7 @@ def prepare(inputs: list[str | Path], out_dir: str | Path, tokenizer: str | Path
 
 def _settings(cfg: PrepareConfig, tok: Any, files: list[Path]) -> dict[str, Any]:
     """settings.json: what the shards of a folder are made with and of, and its fingerprint."""
-    # The shards are made of these files: a folder of shards of other inputs must not be resumed.
-    # Name and size, not the path, so machines that mount the corpus elsewhere can share a folder.
+    # Name and size, not the path: machines that mount the corpus elsewhere can share a folder.
     input_files = [[f.name, f.stat().st_size] for f in files]
     return {"format": "bertforge-pretraining-v1", "config": dataclasses.asdict(cfg),
             "vocab_hash": tok.vocab_hash, "vocab_size": tok.vocab_size, "normalization": tok.normalization,
@@ -314,16 +296,14 @@ def _settings(cfg: PrepareConfig, tok: Any, files: list[Path]) -> dict[str, Any]
 
 def _resumable_fingerprint(out: Path, settings: dict[str, Any], cfg: PrepareConfig, files: list[Path],
                            tokenizer_dir: str) -> str:
-    """The fingerprint this run's shards carry in ``out``: ``settings``', or, in a folder prepared before
-    the tokenizer's normalisation was part of it, the folder's own. A folder prepared with other
-    settings, vocab, normalisation or inputs is a ValueError naming what differs."""
+    """The fingerprint this run's shards carry in ``out``: ``settings``', or that of a folder prepared
+    before the normalisation was recorded. A folder prepared otherwise is a ValueError naming what differs."""
     fingerprint, vocab_hash, normalization = settings["fingerprint"], settings["vocab_hash"], settings["normalization"]
     settings_path = out / SETTINGS
     if not settings_path.is_file():
         return fingerprint
     old = json.loads(settings_path.read_text(encoding="utf-8"))
-    # The fingerprint of folders prepared before the normalisation was recorded (no "normalization"): with
-    # the same settings, vocab and inputs, their shards keep it once shown to be what this tokenizer makes.
+    # kept for an older folder's shards once shown to be what this tokenizer makes
     earlier = _digest(cfg, vocab_hash, settings["input_files"])
     if old.get("fingerprint") == earlier and old.get("normalization", normalization) == normalization:
         if "normalization" not in old:
@@ -341,8 +321,7 @@ def _resumable_fingerprint(out: Path, settings: dict[str, Any], cfg: PrepareConf
 
 
 class _Progress:
-    """The shards of this run as they come in (built, or found finished): a bar of documents with
-    shards, instances and tokens per second, and each shard's warnings."""
+    """The shards of this run as they come in (built, or found finished): a progress bar, their warnings."""
 
     def __init__(self, show: bool) -> None:
         self.entries: dict[int, dict[str, Any]] = {}
@@ -371,8 +350,7 @@ def _worker_pool(workers: int) -> Any:
     """A pool of ``workers`` spawned processes (None for one worker: shards are built in this process)."""
     if workers == 1:
         return None
-    # Each worker is single-threaded: tokenizers' own threads would oversubscribe the cores.
-    # The variable is set only while the workers are spawned (they inherit it), then restored.
+    # Single-threaded workers (tokenizers' threads would oversubscribe the cores), set while spawning.
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
@@ -401,12 +379,8 @@ def _checked_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, 
 def _check_unrecorded_normalization(out: Path, files: list[Path], cfg: PrepareConfig, tokenizer_dir: str,
                                     fingerprint: str) -> None:
     """Establish that the finished shards of ``out``, prepared before the tokenizer's normalisation was
-    recorded, are what the tokenizer in ``tokenizer_dir`` makes, or raise a ValueError saying what to do.
-
-    A normalisation setting shows in a shard only if the tokenizer with that setting flipped tokenizes
-    the shard's text differently. A window where a setting not yet established would show is rebuilt (in
-    a temporary folder) and must equal its stored shard byte for byte, which establishes the setting. So
-    at most three shards are rebuilt, and the input is read up to the last finished window at most."""
+    recorded, are what the tokenizer in ``tokenizer_dir`` makes, or raise a ValueError. A window where a
+    setting not yet established shows (flipping it changes the ids) is rebuilt and must equal its shard."""
     import tempfile
 
     from bertforge.text.tokenizer import CJK_RANGES, BertTokenizer
@@ -482,13 +456,9 @@ def _input_counts(corpus: CorpusStats) -> str:
 
 
 def _build_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, total: int) -> dict[str, Any]:
-    shards, missing = [], []
-    for index in range(total):
-        entry = _finished(out, index, settings["fingerprint"])
-        if entry is None:
-            missing.append(index)
-        else:
-            shards.append(entry)
+    entries = {index: _finished(out, index, settings["fingerprint"]) for index in range(total)}
+    shards = [e for e in entries.values() if e is not None]
+    missing = [index for index, e in entries.items() if e is None]
     L = settings["config"]["max_seq_length"] + 1
     P = settings["config"]["max_predictions_per_seq"] + 1
     totals: dict[str, Any] = {
@@ -504,9 +474,8 @@ def _build_manifest(out: Path, settings: dict[str, Any], corpus: CorpusStats, to
 
 
 def load_manifest(folder: str | Path) -> dict[str, Any]:
-    """The manifest.json of a prepared folder, checked: every key the loader, pre-training and
-    ``prepare --stats`` read is present with the right type, else a `ShardError` naming the file
-    and the key (``config.nsp``, ``shards[3].sha256``), not a KeyError when it is first used."""
+    """The manifest.json of a prepared folder, checked: every key read later is present with the right
+    type, else a `ShardError` naming the file and the key (``shards[3].sha256``)."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ShardError(f"{folder}: no {MANIFEST} (not a prepared dataset, or prepare has not finished)")

@@ -1,15 +1,7 @@
 """A study's report in the paper's layout: one row per variant, one column per task, the mean over
-seeds and its 95% interval; each row's difference from the baseline row, paired by seed; the
-pre-training each row had; the plots (``scores.png``, and ``figure.png``: the paper's Figure 5).
-
-Scores are shown x 100 as the paper shows them (accuracy 0.843 -> 84.3), with their 95% Student t
-interval (`bertforge.stats`). The baseline is the study's first row (BERT first, as the paper's tables
-read). A row is compared with it seed by seed, over the seeds both rows finished: the same seed gives
-both the same data order (and head initialisation), so the paired difference drops what the seeds share;
-it is resolved only where its interval excludes 0.
-
-A study's ``orderings`` (the paper's findings, "A > B") are tested the same way on every task both rows
-have: one *holds* where the interval of A minus B lies above 0, is *reversed* below, else *not resolved*.
+seeds (x 100) and its 95% interval; each row's difference from the first row, paired by seed (the same
+seed gives both rows the same data order, so the pairing drops what they share); the paper's orderings
+tested the same way; the pre-training each row had; the plots (``scores.png``, ``figure.png``).
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
 
 
 def _cell(by_seed: dict[int, float], seeds: Sequence[int], interval: Interval) -> dict[str, Any]:
-    """A cell of report.json's table: `summarise`'s figures, the finished seeds (in the study's order)
-    with their scores (None for a run that gave none: JSON has no NaN), and the mean's ``interval``."""
+    """A cell of report.json's table: `summarise`'s figures, the finished seeds and scores (NaN as None)."""
     done = [s for s in seeds if s in by_seed]
     values = [by_seed[s] for s in done]
     return {**summarise(values), "seeds": done, "values": [None if math.isnan(v) else v for v in values],
@@ -51,8 +42,7 @@ def _cell(by_seed: dict[int, float], seeds: Sequence[int], interval: Interval) -
 
 def _difference(row: dict[int, float], baseline: dict[int, float], seeds: Sequence[int]
                 ) -> tuple[dict[str, Any], Interval]:
-    """``row`` minus ``baseline`` seed by seed (seed -> score each), over the seeds both scored: as
-    report.json keeps it, and its interval."""
+    """``row`` minus ``baseline`` over the seeds both scored: as report.json keeps it, and its interval."""
     both = [s for s in seeds if s in row and s in baseline and not math.isnan(row[s]) and not math.isnan(baseline[s])]
     d = paired_difference([row[s] for s in both], [baseline[s] for s in both])
     return {"seeds": both, "differences": [row[s] - baseline[s] for s in both], "interval": d.to_json(),
@@ -88,8 +78,7 @@ def _orderings_table(study: Any, orderings: list[tuple[dict[str, Any], Interval]
 
 
 def _fmt(i: Interval, seeds: int, verdict: str = "") -> str:
-    """``"84.3 [82.1, 86.5]"`` (x 100) and how many seeds where fewer than the study's; with a paired
-    difference's ``verdict``, signed: ``"+2.7 [+1.2, +4.1] resolved"``."""
+    """``"84.3 [82.1, 86.5]"`` (x 100), with ``(n=2)`` for missing seeds; with a ``verdict``, signed."""
     if not i.n:
         return "—"
     text = i.format(signed=bool(verdict)) + (f" (n={i.n})" if i.n < seeds else "")
@@ -113,9 +102,8 @@ def _machine() -> dict[str, Any]:
 
 
 def study_cells(study: Any, cells: Sequence[Any], figure: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """Of ``cells`` and ``figure`` cells, those of ``study``'s rows, columns and seeds as it stands (the
-    figure's: of its task and variants); a study folder keeps the cells of rows, columns and seeds since
-    removed from the study file."""
+    """Of ``cells`` and ``figure`` cells, those of ``study``'s rows, columns and seeds as it stands (a
+    folder keeps the cells of ones since removed)."""
     table = {(v.name, t.name) for v, t in study.cells()}
     seeds = set(study.seeds)
     drawn = {(name, study.figure.task) for name in study.figure.variants} if study.figure else set()
@@ -126,8 +114,7 @@ def study_cells(study: Any, cells: Sequence[Any], figure: Sequence[Any]) -> tupl
 def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequence[Any],
                  pretraining: dict[str, dict[str, Any]]) -> Path:
     """``report.md``, ``report.json`` and the plots of a study folder, from its finished cells and
-    pre-trainings (variant name -> its ``done.json``); return the report's path. Only the cells of the
-    study as it stands count (`study_cells`): in the table, the compute minutes and report.json."""
+    pre-trainings (variant name -> its ``done.json``); return the report's path."""
     folder = StudyFolder(out)
     cells, figure_cells = study_cells(study, cells, figure_cells)
     seeds = len(study.seeds)
@@ -217,8 +204,7 @@ def _pretraining_table(study: Any, pretraining: dict[str, dict[str, Any]]) -> li
 
 
 def _held_out(ev: dict[str, float]) -> str:
-    """"mlm 61.2 (ppl 7.3), nsp 88.0": each objective's held-out accuracy, and the LM's perplexity
-    (Table 6's column) where its loss is known."""
+    """"mlm 61.2 (ppl 7.3), nsp 88.0": each objective's held-out accuracy, and the LM's perplexity."""
     parts = []
     for name in ("mlm", "ltr", "nsp"):
         if f"{name}_accuracy" not in ev:

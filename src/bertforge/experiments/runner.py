@@ -11,12 +11,8 @@ Everything lands in one folder (``--out``)::
     report.md, report.json, scores.png, figure.png
 
 Every folder records the settings it was made with (``study_settings.json``): a rerun skips what is
-finished, resumes what was interrupted, and refuses a folder made with other settings rather than
-mixing results. Ctrl-C stops at the next step boundary with a checkpoint saved.
-
-Nothing runs until the whole study is checked: its settings when it loads, what it needs of this
-machine and its files (`check_study`), each cell once its built-in data is written, and every task
-file's rows once the vocab is ready, all before any pre-training data is prepared.
+finished, resumes what was interrupted, and refuses a folder made with other settings. Nothing runs
+until the whole study is checked.
 """
 
 from __future__ import annotations
@@ -265,17 +261,14 @@ def _model(settings: dict[str, Any]) -> Any:
 
 
 def _pretrain_owned(data: str, eval_data: str, tokenizer: str, out: str, resume: bool) -> dict[str, Any]:
-    """The settings the runner gives each pre-training itself (`bertforge.experiments.study` refuses
-    them in a study: ``_PRETRAIN_OWNED``)."""
+    """The settings the runner gives each pre-training itself (a study may not: ``_PRETRAIN_OWNED``)."""
     return {"data": data, "eval_data": eval_data, "tokenizer": tokenizer, "out": out, "progress": False,
             "resume": resume, "overwrite": not resume}
 
 
 def _pretrain_config(study: Study, run: _Pretraining, cfg: AblateConfig, model: str, held_out: bool,
                      owned: dict[str, Any]) -> Any:
-    """A pre-training's `PretrainConfig`: its recipe's settings, the study's over them, the runner's
-    choices for what the study leaves unset (checkpoints, logging, held-out evaluation, precision, device),
-    and ``owned`` (`_pretrain_owned`)."""
+    """A pre-training's `PretrainConfig`: the runner's choices where the study leaves a setting unset."""
     from bertforge.train.pretrain import PretrainConfig
 
     steps = run.pretrain.get("max_steps", PretrainConfig.max_steps)
@@ -298,8 +291,7 @@ def _minutes_spent(folder: Path) -> float:
 
 
 def _training_minutes(run_dir: Path) -> float:
-    """The training time a run's metrics record (the loop's clock, kept across resumes in its checkpoints):
-    at least what its processes spent, also when one was killed before it could add its minutes."""
+    """The training minutes a run's metrics record (kept across resumes, also of a killed process)."""
     seconds = 0.0
     with contextlib.suppress(OSError):
         for line in (run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines():
@@ -309,8 +301,7 @@ def _training_minutes(run_dir: Path) -> float:
 
 
 def _pretrain(study: Study, run: _Pretraining, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> dict[str, Any]:
-    """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes (every process's,
-    across resumes), held-out metrics."""
+    """Run (or resume, or skip) one pre-training; its ``done.json``: steps, minutes, held-out metrics."""
     from bertforge.data.prepare import load_manifest
     from bertforge.train.pretrain import pretrain
 
@@ -375,15 +366,13 @@ def read_pretraining(study: Study, out: Path) -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- fine-tuning cells
 def _finetune_owned(task: TaskSpec, model: str, out: str, seed: int, resume: bool) -> dict[str, Any]:
-    """The settings the runner gives each fine-tuning cell itself (`bertforge.experiments.study` refuses
-    them in a study: ``_FINETUNE_OWNED``). The dev set is scored once, after the last step."""
+    """The settings the runner gives each fine-tuning cell itself (a study may not: ``_FINETUNE_OWNED``)."""
     return {"model": model, "out": out, "seed": seed, "keep_best": True, "metric_for_best": task.metric,
             "eval_every": 10**9, "progress": False, "resume": resume, "overwrite": not resume}
 
 
 def _cell_config(settings: dict[str, Any], cfg: AblateConfig, owned: dict[str, Any]) -> Any:
-    """A cell's `FinetuneConfig`: the study's settings of its task and variant, --precision and --device
-    where they leave them unset, and ``owned`` (`_finetune_owned`)."""
+    """A cell's `FinetuneConfig`: its task's and variant's settings, --precision and --device under them."""
     from bertforge.tasks.finetune import FinetuneConfig
 
     return FinetuneConfig(**{"precision": cfg.precision, "device": cfg.device, **settings, **owned})
@@ -420,8 +409,7 @@ def _finetune_cell(folder: Path, start: Path, variant: Variant, task: TaskSpec, 
 
 
 def read_cells(out: Path, study: Study | None = None) -> tuple[list[Cell], list[Cell]]:
-    """The finished cells of a study folder: (the table's, the figure's). With ``study``, only those of its
-    rows, columns and seeds as it stands (a folder keeps the cells of rows, columns or seeds since removed)."""
+    """The finished cells of a study folder: (the table's, the figure's); with ``study``, only its own."""
     folder = StudyFolder(out)
     cells, figure = ([Cell(**json.loads(p.read_text(encoding="utf-8"))) for p in files]
                      for files in (folder.cell_files(CELL_FILE), folder.figure_cell_files(CELL_FILE)))
@@ -430,10 +418,8 @@ def read_cells(out: Path, study: Study | None = None) -> tuple[list[Cell], list[
 
 # ---------------------------------------------------------------------------- checks before any work
 def check_study(study: Study, cfg: AblateConfig) -> None:
-    """What running ``study`` with ``cfg`` needs of this machine and of the files it names, checked before
-    any work: every run's device and precision, the files and folders, each pre-training's config and
-    model against its data's length, and each cell on a task given by files (those of built-in data
-    follow once it is written: `_check_cells`)."""
+    """What running ``study`` needs of this machine and the files it names, checked before any work (cells
+    of built-in data follow once it is written: `_check_cells`)."""
     from bertforge.data.prepare import PrepareConfig
     from bertforge.experiments.datasets import PRETRAINING_SOURCES
     from bertforge.tasks.base import split_files
@@ -478,8 +464,7 @@ def check_study(study: Study, cfg: AblateConfig) -> None:
 
 
 def _check_run_device(study: Study, cfg: AblateConfig, settings: dict[str, Any], origin: Any = None) -> None:
-    """A run's device (its settings', else --device) on this machine, and fp16 only on CUDA (its gradient
-    scaler); ``origin(key)`` names the study field a key of ``settings`` comes from."""
+    """A run's device on this machine, fp16 only on CUDA; ``origin(key)`` names the field a key comes from."""
     from bertforge.train.distributed import resolve_device
 
     device = settings.get("device", cfg.device)
@@ -501,8 +486,7 @@ def _fail(study: Study, where: str, message: str) -> ValueError:
 
 
 def _encoder_config(study: Study, variant: Variant) -> Any:
-    """The `BertConfig` of the encoder ``variant`` fine-tunes: its checkpoint's, or the one its
-    pre-training builds (init_from's weights, a preset, a config.json, or a mapping of fields)."""
+    """The `BertConfig` of the encoder ``variant`` fine-tunes."""
     from bertforge.model.config import BertConfig
 
     settings = {**study.pretraining.pretrain, **variant.pretrain}
@@ -520,9 +504,7 @@ def _encoder_config(study: Study, variant: Variant) -> Any:
 
 
 def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConfig) -> None:
-    """Every cell of the tasks in ``tasks`` (name -> its settings with the files): its config as the runner
-    builds it and as its task family fills it in, its metric one the task reports, its length within its
-    model's positions and its feature layers among the model's layers."""
+    """Every cell of ``tasks`` (name -> settings): its config, metric, length and feature layers."""
     from bertforge.model.heads import feature_layers
     from bertforge.tasks import family_for
 
@@ -554,9 +536,8 @@ def _check_cells(study: Study, tasks: dict[str, dict[str, Any]], cfg: AblateConf
 
 
 def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> None:
-    """Every task file read as its cells' fine-tuning reads it (`bertforge.tasks.finetune.prepare_data`),
-    once per distinct way of reading it, unless all its cells are finished; then each cell's batch against
-    the training sequences, and its metric against those its dev files are scored with."""
+    """Every unfinished cell's task files read as fine-tuning reads them (once per way of reading), its
+    batch against the training sequences and its metric against those its dev files report."""
     from bertforge.tasks.finetune import INPUT_SETTINGS, prepare_data
 
     figure_task = study.figure.task if study.figure else None
@@ -587,9 +568,7 @@ def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: Abla
 
 
 def _reported_metrics(data: Any) -> set[str]:
-    """The metric names fine-tuning on the read task ``data`` (`bertforge.tasks.finetune.PreparedData`)
-    reports: its family's for its labels (two classes add F1; entity tags the entity scores), each
-    prefixed by its dev file's name when there are several (as `bertforge.tasks.finetune` names them)."""
+    """The metric names fine-tuning on the read task ``data`` (a `PreparedData`) reports."""
     import numpy as np
 
     family, task, labels = data.family, data.cfg.task, data.train.labels
@@ -621,9 +600,8 @@ def _reported_metrics(data: Any) -> set[str]:
 
 # ---------------------------------------------------------------------------- the study
 def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Path:
-    """Run every unfinished cell of ``study`` (a study file, a bundled study's name, or a loaded `Study`)
-    holding its folder's lock (a second run into the same ``--out`` is refused at once), then write its
-    report; return the report's path. ``report_only`` runs nothing and takes no lock."""
+    """Run every unfinished cell of ``study`` (a file, a bundled name or a `Study`) under its folder's lock,
+    then write its report and return its path. ``report_only`` runs nothing and takes no lock."""
     cfg = cfg or AblateConfig()
     study = study if isinstance(study, Study) else load_study(study)
     if cfg.seeds:
@@ -680,8 +658,7 @@ def _write_report(study: Study, out: StudyFolder) -> Path:
 
 
 def _figure(study: Study, runs: dict[str, Any], inputs: _Inputs, out: StudyFolder, cfg: AblateConfig) -> None:
-    """Figure 5: the figure's task fine-tuned from every saved checkpoint of the figure's variants. The
-    last checkpoint holds the finished model's weights: its point is the table's cell, not a rerun."""
+    """Figure 5: the figure's task fine-tuned from every checkpoint (the last one's: the table's cell)."""
     fig = study.figure
     task = study.task(fig.task)
     for name in fig.variants:

@@ -1,48 +1,27 @@
 """A study file: the variants of an ablation, the pre-training they share, the tasks they are scored on.
 
-A study is YAML (or JSON) with these keys; paths are as on the command line (relative to the current
-folder), so that the bundled studies run from the folder holding a user's data::
+A study is YAML (or JSON); docs/experiments.md lists its keys. Paths are as on the command line
+(relative to the current folder)::
 
-    name: table5-mini                 # the report's name
-    title: "Effect of the pre-training tasks"
+    name: table5-mini
     seeds: [0, 1, 2]                  # every (variant, task) is fine-tuned once per seed
     pretraining:                      # what every variant shares: the same data and the same budget
-      corpus: wikipedia-leads         # a built-in text (`bertforge.experiments.datasets`) or a text file
-      held_out: ""                    # held-out text for the pre-training's evaluation (built-in: its own)
-      vocab_size: 8000                # a WordPiece vocab learned from the corpus, or ...
-      vocab: ""                       # ... an existing vocab / checkpoint folder
-      prepare: {max_seq_length: 128}  # `bertforge prepare` settings (PrepareConfig)
-      pretrain: {model: mini, max_steps: 2000, batch_size: 32, lr: 1e-3}   # `bertforge pretrain` (PretrainConfig)
-    finetune: {epochs: 3, lr: 1e-4}   # every task's fine-tuning settings (FinetuneConfig), before each task's own
+      corpus: wikipedia-leads         # a built-in text or a text file
+      vocab_size: 8000                # a WordPiece vocab learned from the corpus (or vocab: a folder)
+      prepare: {max_seq_length: 128}  # PrepareConfig settings
+      pretrain: {model: mini, max_steps: 2000}   # PretrainConfig settings
+    finetune: {epochs: 3, lr: 1e-4}   # every task's FinetuneConfig settings, before each task's own
     tasks:                            # the report's columns
-      - name: MR
-        source: movie-reviews         # built-in labelled data; or task / train_file / dev_file as for finetune
-        max_train: 2000
-      - name: POS (feature-based)
-        source: brown-pos
-        features: concat-last-4       # any FinetuneConfig setting
+      - {name: MR, source: movie-reviews, max_train: 2000}
     variants:                         # the report's rows
-      - name: BERT
-        pretrain: {objective: mlm+nsp}
-      - name: "+ BiLSTM"
-        pretrain: {objective: ltr}
-        finetune: {bilstm: true}      # applied to every task of this row
-        tasks: [MR]                   # only these columns (default: all)
-    figure:                           # optional: score against pre-training steps (the paper's Figure 5)
-      task: MR
-      variants: [BERT, "LTR & No NSP"]
-      every: 500                      # a checkpoint every this many pre-training steps is fine-tuned too
-    orderings:                        # optional: what the paper found, "A > B": row A above row B; the
-      - "BERT > No NSP"               # report says on each task whether it holds, is reversed or neither
-      - "No NSP > LTR & No NSP"       # is resolved (paired by seed)
+      - {name: BERT, pretrain: {objective: mlm+nsp}}
+      - {name: "+ BiLSTM", pretrain: {objective: ltr}, finetune: {bilstm: true}, tasks: [MR]}
+    figure: {task: MR, variants: [BERT], every: 500}   # optional: score against pre-training steps
+    orderings: ["BERT > + BiLSTM"]    # optional: the paper's findings, tested per task (paired by seed)
 
-A variant may instead start from an existing checkpoint (``checkpoint: PATH``) and skip pre-training.
-Variants whose data and pre-training settings are the same share one pre-training run.
-
-`load_study` checks all the file decides, every error naming the file and the field: each setting
-against the type of the config field it sets (`bertforge.settings.check_value`: a bool is no integer,
-``1e-4`` is a number), no setting the runner makes itself (where runs write, seeds, evaluation), each
-run's config built and so in range, each metric one its task reports.
+A variant may instead start from a checkpoint (``checkpoint: PATH``); variants with the same data and
+pre-training settings share one pre-training run. `load_study` checks everything the file decides,
+each error naming the file and the field.
 """
 
 from __future__ import annotations
@@ -83,8 +62,7 @@ class StudyError(ValueError):
     """A study file that cannot be run: the message names the file and the field."""
 
 
-# Settings the runner decides for every run (where it writes, what it resumes, what it starts from, the
-# seed of each cell) rather than the study: name -> why, as a study that sets one is told.
+# Settings the runner decides for every run rather than the study: name -> why, as a study is told.
 _RESUMES = "a rerun resumes what is unfinished and skips what is finished"
 _PRETRAIN_OWNED = {
     "out": "each pre-training writes to its own folder under --out",
@@ -115,8 +93,7 @@ _FILE_SETTINGS = ("train_file", "dev_file")
 
 
 # ---------------------------------------------------------------------------- field checks
-# Each is ``check(value, where) -> value`` (`bertforge.settings.read_value`): the study file's rules for
-# a field beyond its type.
+# Each is ``check(value, where) -> value`` (`bertforge.settings.read_value`): rules beyond a field's type.
 class _AtLeast:
     """An integer >= ``minimum`` (and <= ``maximum``, if given)."""
 
@@ -177,8 +154,7 @@ def _seeds(value: Any, where: str) -> Any:
             _AtLeast(0)(seed, where)
         except SettingValueError as e:
             raise FieldError(f"{where}[{i}]", str(e)) from None
-        problem = out_of_range(FinetuneConfig, "seed", seed)
-        if problem:
+        if problem := out_of_range(FinetuneConfig, "seed", seed):
             raise FieldError(f"{where}[{i}]", problem)
     if len(set(value)) != len(value):
         raise FieldError(where, f"repeated seeds in {list(value)}")
@@ -203,8 +179,7 @@ def _none_if_empty(value: Any, where: str) -> Any:
 
 
 def _model_mapping(value: dict[str, Any], where: str) -> dict[str, Any]:
-    """A ``model:`` mapping of BertConfig fields, each name one of its fields and each value of its type, the
-    whole a valid config (with a stand-in vocab size where it gives none: the study's vocab sets it)."""
+    """A ``model:`` mapping of BertConfig fields, the whole a valid config (the vocab size a stand-in)."""
     from bertforge.model.config import BertConfig
 
     kinds = {k: v for k, v in field_types(BertConfig).items() if k != "extra"}
@@ -222,10 +197,8 @@ def _model_mapping(value: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 class _Settings:
-    """A mapping of settings of the config dataclass ``config``, read as every source of settings is
-    (`bertforge.settings.read_settings`: each name one of its fields, each value of that field's type and
-    range); ``mappings``: fields that may instead hold a mapping of model settings (`_model_mapping`). A
-    setting the runner makes itself (``owned``: name -> why) is refused."""
+    """Settings of the config dataclass ``config`` (`bertforge.settings.read_settings`); ``mappings``:
+    fields that may hold a mapping of model settings; ``owned`` (name -> why): refused settings."""
 
     def __init__(self, config: type, owned: dict[str, str] | None = None, mappings: tuple[str, ...] = ()):
         self.config = config
@@ -256,8 +229,7 @@ class TaskSpec:
 
     name: Name
     settings: FinetuneSettings = field(metadata=OTHER_KEYS)
-    """FinetuneConfig fields: the files (or ``source``'s) and the training settings, the study's defaults merged in.
-    In the file they stand beside the other keys of the task."""
+    """FinetuneConfig fields (in the file beside the task's other keys), the study's defaults merged in."""
     source: Annotated[str, _builtin_data] = ""
     """Built-in labelled data (`bertforge.experiments.datasets.SOURCES`), or "" for the files in settings."""
     max_train: Count = 0
@@ -323,8 +295,7 @@ class Study:
     paper: dict[str, dict[str, float]] = field(default_factory=dict, metadata=AS_GIVEN)
     """The paper's figures for the same rows and columns (variant -> task -> value), shown beside the measured."""
     orderings: tuple[tuple[str, str], ...] = field(default=(), metadata=AS_GIVEN)
-    """The paper's findings as (above, below) pairs of rows, from ``"A > B"`` strings: the report tests each on
-    every task both rows have."""
+    """The paper's findings as (above, below) pairs of rows, from ``"A > B"`` strings."""
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -342,8 +313,8 @@ class Study:
         return f"{kind}[{items.index(item)}] ({item.name})"
 
     def error(self, where: str, message: str) -> "StudyError":
-        """An error about the field ``where`` of the study file."""
         return StudyError(f"{self.path}: {where}: {message}")
+
 
 def slug(name: str) -> str:
     """A folder name for a row or column name ("LTR & No NSP" -> "ltr-no-nsp")."""
@@ -353,9 +324,7 @@ def slug(name: str) -> str:
 
 @dataclass(frozen=True)
 class StudyFolder:
-    """Where a study's runs and report lie in its folder (``--out``; the layout is listed in
-    `bertforge.experiments.runner`'s docstring): each path the runner writes and the report reads is
-    named here once. Rows and columns are folders by their `slug`."""
+    """Where a study's runs and report lie in its folder (``--out``; see `bertforge.experiments.runner`)."""
 
     root: Path
 
@@ -423,13 +392,8 @@ def bundled_studies() -> dict[str, Path]:
 
 
 def load_study(spec: str | Path) -> Study:
-    """A study from a file path, or a bundled study's name (`bundled_studies`), with everything the file
-    alone decides checked: names, types and ranges of every setting (each run's config built as the
-    runner builds it), metrics. What depends on the machine and the data (devices, files, the rows of
-    the task files) is checked when the study runs, before any work (`bertforge.experiments.runner`).
-
-    Each field is read by its type (`bertforge.settings.from_mapping`, with the checks the annotations
-    of `Study` and its parts name); what relates one part of the file to another follows here."""
+    """A study from a file path or a bundled study's name, with everything the file alone decides
+    checked; what depends on the machine and the data is checked when it runs (`check_study`)."""
     bundled = bundled_studies()
     path = Path(spec)
     if not path.exists():
@@ -455,8 +419,9 @@ def load_study(spec: str | Path) -> Study:
 
 
 def _with_task_files(study: Study) -> Study:
-    """Each task's data: a built-in source, or a task and its files (as paths); the study's fine-tuning settings under
-    its own settings, and its metric one the task reports."""
+    """Each task's data (a built-in source, or a task and its files), the study's settings under its own."""
+    from bertforge.experiments.datasets import SOURCES
+
     tasks = []
     for i, t in enumerate(study.tasks):
         where, settings = f"tasks[{i}] ({t.name})", dict(t.settings)
@@ -465,7 +430,7 @@ def _with_task_files(study: Study) -> Study:
         if not t.source:
             for key in ("task", *_FILE_SETTINGS):
                 if not settings.get(key):
-                    raise study.error(where, f"needs {key} (or a built-in source: {', '.join(_sources())})")
+                    raise study.error(where, f"needs {key} (or a built-in source: {', '.join(SOURCES)})")
             for key in _FILE_SETTINGS:
                 settings[key] = ",".join(str(Path(p).expanduser()) for p in str(settings[key]).split(","))
         settings = {**study.finetune, **settings}
@@ -476,15 +441,8 @@ def _with_task_files(study: Study) -> Study:
     return dataclasses.replace(study, tasks=tuple(tasks))
 
 
-def _sources() -> tuple[str, ...]:
-    from bertforge.experiments.datasets import SOURCES
-
-    return SOURCES
-
-
 def _with_variant_tasks(study: Study) -> Study:
-    """Each variant's tasks among the study's, its pre-training (none for a checkpoint's) checked; the
-    rows' names unique, also as folder names."""
+    """Each variant's tasks among the study's, its pre-training checked; names unique, also as folders."""
     names = [t.name for t in study.tasks]
     variants = []
     for i, v in enumerate(study.variants):
@@ -504,8 +462,7 @@ def _with_variant_tasks(study: Study) -> Study:
 
 
 def _with_figure_variants(study: Study) -> Study:
-    """The figure's task one of the study's, its variants pre-trained ones of the study (default: all
-    those), none setting the checkpoints the figure needs."""
+    """The figure's task and pre-trained variants (default: all), none setting the checkpoints it needs."""
     fig = study.figure
     if fig is None:
         return study
@@ -532,8 +489,7 @@ def _with_figure_variants(study: Study) -> Study:
 
 
 def _with_paper(study: Study) -> Study:
-    """The paper's figures: a mapping of the study's rows to mappings of its columns to numbers (each
-    name checked before its value, since a misspelt name is the likelier mistake)."""
+    """The paper's figures: row -> column -> number (names checked first: a misspelling is likelier)."""
     variants, tasks = {v.name for v in study.variants}, {t.name for t in study.tasks}
     try:
         paper = read_mapping(study.paper, "paper")
@@ -574,10 +530,8 @@ def _with_orderings(study: Study) -> Study:
 
 
 def _check_configs(study: Study) -> None:
-    """Every run's settings in range: the config dataclasses built from the study's settings (paths and
-    what the runner sets left at placeholders), each error prefixed by the file and the field whose
-    settings it comes from (the shared ones first, then each task's and variant's on top of them). A
-    variant's fine-tuning settings with each of its tasks are the runner's to check (`check_study`)."""
+    """Every run's settings in range: each config built (the runner's settings left at placeholders),
+    an error naming the field; a variant's fine-tuning with each task is `check_study`'s."""
 
     def build(where: str, make: Any, *args: Any, **settings: Any) -> None:
         try:
@@ -601,10 +555,8 @@ def _check_configs(study: Study) -> None:
 
 
 def pretrain_config(settings: dict[str, Any], **runner: Any) -> Any:
-    """The `PretrainConfig` of a study's ``pretrain`` settings: its recipe's settings, the study's over
-    them, and ``runner``'s (paths, resume, ...) over both. A model given as a mapping of BertConfig
-    fields is ``runner``'s to replace by a config.json (a placeholder name here)."""
-
+    """The `PretrainConfig` of a study's ``pretrain`` settings: its recipe's, the study's over them,
+    ``runner``'s over both (a model mapping stands as a placeholder config.json)."""
     settings = dict(settings)
     recipe = settings.pop("recipe", "paper")
     if isinstance(settings.get("model"), dict):
@@ -617,12 +569,8 @@ TYPE_F1 = "f1_"
 
 
 def metric_names(task: str) -> tuple[str, ...]:
-    """The metrics fine-tuning on ``task`` reports for a dev file (`bertforge.tasks`' families): a GLUE
-    task's (`bertforge.metrics.GLUE_METRICS`); accuracy and F1 (two classes) for classification, Pearson
-    and Spearman for regression; token accuracy and, for entity tags, precision, recall, F1 and
-    ``f1_TYPE`` per entity type for tagging; SQuAD's exact match and F1 (v2.0: also HasAns / NoAns and
-    the best threshold's); accuracy for multiple choice. With several dev files each is prefixed by its
-    file's name (``dev_matched_accuracy``)."""
+    """The metrics fine-tuning on ``task`` reports for a dev file (several dev files prefix each by the
+    file's name: ``dev_matched_accuracy``)."""
     from bertforge.metrics import GLUE_METRICS
     from bertforge.tasks import family_for
     from bertforge.tasks.classification import GLUE_TASKS
@@ -643,8 +591,8 @@ def metric_names(task: str) -> tuple[str, ...]:
 
 
 def metric_fits(metric: str, names: tuple[str, ...] | set[str], prefixed: bool = True) -> bool:
-    """Whether ``metric`` is one of ``names`` (``f1_TYPE`` for any type where names hold it), or, with
-    ``prefixed``, one of them after a dev file's name and "_" (several dev files)."""
+    """Whether ``metric`` is one of ``names`` (``f1_TYPE`` any type), or with ``prefixed`` one after a dev
+    file's name and "_"."""
     def fits(name: str) -> bool:
         return name in names or (f"{TYPE_F1}TYPE" in names and name.startswith(TYPE_F1) and len(name) > len(TYPE_F1))
 
@@ -677,8 +625,7 @@ def _read(path: Path) -> Any:
 
 
 def _pretrain_setting(study: Study, settings: dict[str, Any], where: str) -> dict[str, Any]:
-    """A ``pretrain`` mapping: its ``recipe`` one of `bertforge.train.pretrain.RECIPES`, its model as
-    `_model_setting` checks it."""
+    """A ``pretrain`` mapping: its ``recipe`` one of RECIPES, its model as `_model_setting` checks it."""
     from bertforge.train.pretrain import RECIPES
 
     recipe = settings.get("recipe")
@@ -707,11 +654,9 @@ def _model_setting(study: Study, settings: dict[str, Any], where: str) -> dict[s
 
 
 def _unique(study: Study, names: list[str], where: str) -> None:
-    seen = set()
-    for n in names:
-        if n in seen:
+    for i, n in enumerate(names):
+        if n in names[:i]:
             raise study.error(where, f"{n!r} appears twice")
-        seen.add(n)
 
 
 def settings_key(settings: dict[str, Any]) -> str:

@@ -1,23 +1,13 @@
 """BERT's WordPiece tokenizer with the semantics of Google's release, run by the `tokenizers` library.
 
-Three layers, as in Google's ``tokenization.py``:
+Three layers, as in Google's ``tokenization.py``: basic tokenization (``basic_tokenize``: clean-up,
+lower-casing and accent stripping, CJK and punctuation split off), greedy longest-match-first WordPiece
+(``tokenize``), and model inputs (``__call__``: ``[CLS] A [SEP] B [SEP]``, truncation, padding, tensors).
 
-1. *Basic tokenization* (``basic_tokenize``): drop NUL, U+FFFD and control characters (Unicode Cc, Cf),
-   turn whitespace into spaces, put spaces around CJK ideographs, split on whitespace; when
-   lower-casing, lower-case (Python's ``str.lower``, final sigma included), NFD-normalise and drop
-   non-spacing marks (Mn); split off every punctuation character (ASCII non-alphanumerics and
-   Unicode P*).
-2. *WordPiece* (``tokenize``): greedy longest-match-first against the vocabulary, continuation
-   pieces prefixed with ``##``; a word without a full segmentation, or longer than
-   ``max_input_chars_per_word`` characters, becomes ``[UNK]``.
-3. *Model inputs* (``__call__``): ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with token types
-   0 for ``[CLS] A [SEP]`` and 1 for ``B [SEP]``, truncation, padding, tensors.
-
-All three run in Rust. Layer 1 is *not* ``tokenizers``' ``BertNormalizer``/``BertPreTokenizer``, which
-differ from Google's Python code on rare characters (private-use characters, older Unicode tables, the CJK
-range U+2B820..U+2B91F, the final sigma ``ς``): it is assembled from ``tokenizers`` primitives driven by
-character classes computed from this Python's ``unicodedata``, which is what Google's code consults. On
-ordinary text the result equals ``BertNormalizer``+``BertPreTokenizer`` (so transformers' ``BertTokenizer``).
+The basic tokenization is not ``tokenizers``' ``BertNormalizer``/``BertPreTokenizer``, which differ from
+Google's code on rare characters (private use, the final sigma ``ς``, newer Unicode): it is built from
+``tokenizers`` primitives driven by character classes from this Python's ``unicodedata``, as Google's
+code consults it. On ordinary text both give the same tokens.
 """
 
 from __future__ import annotations
@@ -61,8 +51,6 @@ class VocabError(ValueError):
 
 
 # ------------------------------------------------------------------------------ character classes
-# Google's definitions, evaluated with this Python's unicodedata.
-
 # The "CJK Unified Ideographs" blocks Google's _is_chinese_char checks (Hangul, kana are not in it).
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
@@ -122,21 +110,17 @@ def _unicode_tables() -> _UnicodeTables:
             marks.append(cp)
         if cat[0] == "P" or (cp < 128 and not ch.isalnum() and 33 <= cp <= 126):
             punct.append(cp)
-        # Python's str.lower() gives a capital sigma its final form when the nearest character before
-        # it that is not case-ignorable is cased, and the nearest one after it is not (Unicode's
-        # Final_Sigma). Python does not expose the two properties, so read them off str.lower().
+        # Unicode's Final_Sigma rule needs "cased" and "case-ignorable", which Python does not
+        # expose: read them off str.lower().
         if (ch + "\u03a3").lower()[-1] == "\u03c2":
             cased.append(cp)  # cased and not case-ignorable
         elif ("\u0391" + ch + "\u03a3").lower()[-1] == "\u03c2":
             ignorable.append(cp)
     drop = sorted(drop + [0, 0xFFFD])
     c_cls, i_cls = _regex_class(cased), _regex_class(ignorable)
-    # `\K` drops the context from the match, so only the sigma is replaced. (A look-behind with `*`
-    # would do the same but is quadratic in Oniguruma.)
+    # `\K` keeps the context out of the match (a look-behind with `*` is quadratic in Oniguruma).
     final_sigma = f"{c_cls}{i_cls}*\\K\u03a3(?!{i_cls}*{c_cls})"
-
-    # Canonical decompositions newer than the Rust crate's tables (U+11938 with tokenizers 0.23):
-    # patch them with literal replacements.
+    # Canonical decompositions newer than the Rust crate's tables: patched with literal replacements.
     ours = normalizers.NFD().normalize_str("\n".join(decomposable)).split("\n")
     fixes = tuple((ch, unicodedata.normalize("NFD", ch)) for ch, got in zip(decomposable, ours)
                   if got != unicodedata.normalize("NFD", ch))
@@ -147,8 +131,7 @@ def _unicode_tables() -> _UnicodeTables:
 
 def bert_normalizer(*, do_lower_case: bool = True, strip_accents: bool | None = None) -> normalizers.Normalizer:
     """The text clean-up, lower-casing and accent stripping of Google's ``BasicTokenizer``;
-    ``strip_accents=None`` follows ``do_lower_case`` (as in transformers). CJK spacing and punctuation
-    splitting live in :func:`bert_pre_tokenizer`, which is equivalent and keeps offsets."""
+    ``strip_accents=None`` follows ``do_lower_case``. CJK and punctuation: :func:`bert_pre_tokenizer`."""
     t = _unicode_tables()
     steps: list[normalizers.Normalizer] = [
         normalizers.Replace(Regex(t.drop), ""),
@@ -174,10 +157,9 @@ def bert_pre_tokenizer(*, tokenize_chinese_chars: bool = True) -> pre_tokenizers
 
 
 # ------------------------------------------------------------------------------ vocabulary files
-
 def read_vocab_file(path: str | os.PathLike[str]) -> list[str]:
-    """Read ``vocab.txt`` (one token per line, line i = id i-1) and validate it: a :class:`VocabError`
-    names the file and line of invalid UTF-8, an empty line or a duplicate token. CRLF and a BOM are fine."""
+    """Read ``vocab.txt`` (line i = id i-1; CRLF and a BOM are fine); a :class:`VocabError` names the
+    line of invalid UTF-8, an empty line or a duplicate token."""
     path = Path(path)
     lines = path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
     if lines and lines[-1] == b"":
@@ -221,8 +203,7 @@ def _tokens_from_mapping(vocab: Mapping[str, int]) -> list[str]:
 
 
 class BatchEncoding(dict):
-    """What :meth:`BertTokenizer.__call__` returns: a dict (``input_ids``, ``token_type_ids``,
-    ``attention_mask`` and any extras) whose keys can also be read as attributes."""
+    """What :meth:`BertTokenizer.__call__` returns: a dict whose keys can also be read as attributes."""
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -243,13 +224,10 @@ class BertTokenizer:
         do_lower_case: lower-case, and (by default) strip accents, as the uncased models expect.
         strip_accents: NFD + drop combining marks; ``None`` follows ``do_lower_case``.
         tokenize_chinese_chars: make every CJK ideograph its own word.
-        max_input_chars_per_word: longer words become ``[UNK]``: 100 as in transformers; Google's
-            release uses 200.
-        model_max_length: the length ``truncation=True`` and ``padding="max_length"`` use when no
-            ``max_length`` is given.
-        split_special_tokens: by default (as in transformers) ``"[MASK]"`` written in the text is the
-            special token; ``True`` splits it like any text (``[``, ``mask``, ``]``), as Google's
-            release does.
+        max_input_chars_per_word: longer words become ``[UNK]`` (transformers' 100; Google's: 200).
+        model_max_length: the length ``truncation=True`` and ``padding="max_length"`` use by default.
+        split_special_tokens: ``"[MASK]"`` written in the text is the special token (as in transformers)
+            unless ``True``: then it is split like any text, as Google's release does.
 
     Example (a vocabulary holding ``un``, ``##aff`` and ``##able``)::
 
@@ -266,14 +244,11 @@ class BertTokenizer:
                  split_special_tokens: bool = False, unk_token: str = "[UNK]", sep_token: str = "[SEP]",
                  pad_token: str = "[PAD]", cls_token: str = "[CLS]", mask_token: str = "[MASK]") -> None:
         if isinstance(vocab, (str, os.PathLike)):
-            source = str(vocab)
-            tokens = read_vocab_file(vocab)
+            source, tokens = str(vocab), read_vocab_file(vocab)
         elif isinstance(vocab, Mapping):
-            source = "vocabulary (dict)"
-            tokens = _tokens_from_mapping(vocab)
+            source, tokens = "vocabulary (dict)", _tokens_from_mapping(vocab)
         else:
-            source = "vocabulary (list)"
-            tokens = list(vocab)
+            source, tokens = "vocabulary (list)", list(vocab)
             _check_tokens(tokens, source, "entry")
         if max_input_chars_per_word < 1:
             raise ValueError(f"max_input_chars_per_word must be >= 1, got {max_input_chars_per_word}")
@@ -296,18 +271,14 @@ class BertTokenizer:
         self._start_backends()
 
     # -- construction -----------------------------------------------------------------------------
-
     def _start_backends(self) -> None:
-        # Two Rust tokenizers: `_tok` is never reconfigured (tokenize, encode_batch_ids, decode);
-        # `_tok_call` gets per-call truncation/padding under a lock and is reset afterwards, so no
-        # setting leaks from one call into the next or into another thread.
+        # `_tok` is never reconfigured; `_tok_call` gets per-call truncation/padding under the lock.
         self._tok = self._build_backend()
         self._tok_call = self._build_backend()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Picklable (DataLoader workers, deepcopy): the lock cannot be pickled and the Rust backends
-        # are cheaper to rebuild than to serialise.
+        # The lock cannot be pickled, and the backends are cheaper to rebuild than to serialise.
         return {k: v for k, v in self.__dict__.items() if k not in ("_tok", "_tok_call", "_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -329,9 +300,8 @@ class BertTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **overrides: Any) -> BertTokenizer:
-        """Load from a folder (``vocab.txt`` or a WordPiece ``tokenizer.json``, plus
-        ``tokenizer_config.json`` if present; transformers' keys) or from a ``vocab.txt`` path.
-        Keyword arguments override the stored settings."""
+        """Load from a folder (``vocab.txt`` or a WordPiece ``tokenizer.json``, plus ``tokenizer_config.json``
+        if present) or a ``vocab.txt`` path. Keyword arguments override the stored settings."""
         path = Path(path)
         if path.is_file():
             return cls(path, **overrides)
@@ -341,8 +311,7 @@ class BertTokenizer:
         has_vocab, has_config = (path / VOCAB_FILE).is_file(), (path / CONFIG_FILE).is_file()
         backend_json: dict[str, Any] | None = None
         if (path / TOKENIZER_FILE).is_file() and not (has_vocab and has_config):
-            # transformers 5 saves no vocab.txt: the vocabulary is inside tokenizer.json.
-            # (Its truncation/padding settings, if any, are deliberately ignored.)
+            # transformers 5 saves no vocab.txt (its truncation/padding settings are ignored)
             backend_json = json.loads((path / TOKENIZER_FILE).read_text(encoding="utf-8"))
             kwargs.update(_settings_from_tokenizer_json(backend_json))
         if has_config:
@@ -358,9 +327,8 @@ class BertTokenizer:
         return cls(vocab, **kwargs)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
-        """Write ``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json`` and
-        ``tokenizer.json`` (together: all of them replaced or none) so that this class and
-        transformers' ``AutoTokenizer`` load the same tokenizer. Returns the folder."""
+        """Write ``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json`` and ``tokenizer.json``
+        (all replaced or none), as transformers' ``AutoTokenizer`` loads them. Returns the folder."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = {"tokenizer_class": "BertTokenizer", **{k: getattr(self, k) for k in _SETTINGS}, **self._special}
@@ -371,7 +339,6 @@ class BertTokenizer:
         return folder
 
     # -- vocabulary -------------------------------------------------------------------------------
-
     @property
     def vocab(self) -> dict[str, int]:
         """token -> id (a copy)."""
@@ -383,8 +350,7 @@ class BertTokenizer:
 
     @property
     def normalization(self) -> dict[str, bool]:
-        """The settings that, with the vocabulary, fix which ids a text gets (``strip_accents=None``
-        resolved): data and models record them next to the vocab hash and are checked against them."""
+        """The settings that, with the vocabulary, fix which ids a text gets (recorded by data and models)."""
         strip = self.strip_accents if self.strip_accents is not None else self.do_lower_case
         return {"do_lower_case": bool(self.do_lower_case), "strip_accents": bool(strip),
                 "tokenize_chinese_chars": bool(self.tokenize_chinese_chars)}
@@ -439,7 +405,6 @@ class BertTokenizer:
         return i
 
     # -- tokenizing -------------------------------------------------------------------------------
-
     def basic_tokenize(self, text: str) -> list[str]:
         """Google's ``BasicTokenizer``: the normalised words before WordPiece.
 
@@ -488,24 +453,17 @@ class BertTokenizer:
                  padding: PaddingArg = False, pad_to_multiple_of: int | None = None,
                  return_tensors: Literal["pt", "np"] | None = None, return_offsets_mapping: bool = False,
                  return_special_tokens_mask: bool = False, return_word_ids: bool = False) -> BatchEncoding:
-        """Encode one text (or pair) or a batch, with transformers' conventions.
-
-        A single ``str`` gives flat lists, a list of ``str`` a list of lists, ``return_tensors``
-        ``"pt"``/``"np"`` a ``(batch, length)`` tensor either way.
+        """Encode one text (or pair) or a batch, with transformers' conventions: a ``str`` gives flat
+        lists, a list a list of lists, ``return_tensors`` a ``(batch, length)`` tensor.
 
         Args:
-            truncation: ``True``/``"longest_first"`` (trim the longer of the pair one token at a
-                time), ``"only_first"``, ``"only_second"``, or ``False``. ``None`` (default) means
-                ``"longest_first"`` if ``max_length`` is given, else no truncation. Without
-                ``max_length``, truncation uses ``model_max_length``. Lengths count [CLS]/[SEP].
-            padding: ``True``/``"longest"`` (to the longest in the batch), ``"max_length"``
-                (to ``max_length`` or ``model_max_length``), or ``False``. Pads on the right with
-                [PAD], token type 0, attention mask 0.
-            return_word_ids: add ``word_ids``: the index of the word (see :meth:`basic_tokenize`)
-                each token comes from, within its own sequence; ``None`` (``-1`` in tensors) for
-                special and padding tokens.
-            return_offsets_mapping: add ``offset_mapping``: ``(start, end)`` character offsets of
-                each token in its source text, ``(0, 0)`` for special and padding tokens.
+            truncation: ``True``/``"longest_first"``, ``"only_first"``, ``"only_second"`` or ``False``;
+                ``None``: ``"longest_first"`` if ``max_length`` is given. Lengths count [CLS]/[SEP].
+            padding: ``True``/``"longest"``, ``"max_length"`` (``max_length`` or ``model_max_length``),
+                or ``False``. Pads on the right.
+            return_word_ids: add ``word_ids``, each token's word within its sequence (``None``, or
+                ``-1`` in tensors, for special and padding tokens).
+            return_offsets_mapping: add ``offset_mapping``, each token's ``(start, end)`` characters.
         """
         inputs, batched = _model_inputs(text, text_pair)
         strategy = _truncation_strategy(truncation, max_length)
@@ -524,9 +482,8 @@ class BertTokenizer:
 
     def _encode_inputs(self, inputs: list[Any], add_special_tokens: bool, strategy: str | None, limit: int,
                        pad_mode: str | None, pad_to_multiple_of: int | None) -> list[Any]:
-        """The backend's encodings of ``inputs``, truncated and padded as asked. Truncation and padding
-        are settings of the backend object, so they are set, used and cleared under a lock on a backend
-        kept for these calls, and the plain path (neither) never touches them."""
+        """The backend's encodings of ``inputs``, truncated and padded as asked (settings of the backend,
+        so set and cleared under the lock on a backend kept for these calls)."""
         if strategy is None and pad_mode is None:
             return self._tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
         with self._lock:
@@ -553,22 +510,18 @@ class BertTokenizer:
 
 
 # ------------------------------------------------------------------------------ call arguments and settings
-
 def _check_text(text: Any, what: str = "text") -> None:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a str, got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(
-            f"{what} holds the lone surrogate {text[e.start]!r} at index {e.start}, which is not valid "
-            "Unicode; decode the input properly (e.g. errors='replace')"
-        ) from None
+        raise ValueError(f"{what} holds the lone surrogate {text[e.start]!r} at index {e.start}, which is "
+                         "not valid Unicode; decode the input properly (e.g. errors='replace')") from None
 
 
 def _model_inputs(text: str | Sequence[str], text_pair: str | Sequence[str] | None) -> tuple[list[Any], bool]:
-    """The backend's inputs (texts, or (text, pair) tuples) of a `BertTokenizer` call, each text checked,
-    and whether the call is batched (a single ``str`` is not)."""
+    """The backend's inputs (texts, or (text, pair) tuples) of a call, checked, and whether it is batched."""
     if isinstance(text, str):
         _check_text(text, "text")
         if text_pair is not None:
@@ -630,10 +583,9 @@ def _padding_mode(padding: PaddingArg) -> str | None:
 def _to_tensors(fields: dict[str, list[Any]], kind: str) -> dict[str, Any]:
     lengths = sorted({len(ids) for ids in fields["input_ids"]})
     if len(lengths) > 1:
-        raise ValueError(
-            f"cannot make {kind!r} tensors: the sequences have different lengths ({lengths[0]}..{lengths[-1]}); "
-            "pass padding=True (or padding='max_length' with truncation) to make them equal"
-        )
+        raise ValueError(f"cannot make {kind!r} tensors: the sequences have different lengths "
+                         f"({lengths[0]}..{lengths[-1]}); pass padding=True (or padding='max_length' with "
+                         "truncation) to make them equal")
     if "word_ids" in fields:
         fields["word_ids"] = [[-1 if w is None else w for w in seq] for seq in fields["word_ids"]]
     if kind == "pt":
