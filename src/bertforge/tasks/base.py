@@ -1,20 +1,8 @@
-"""The contract between the fine-tuning run and a task family, the settings a family reads, and
-reading task files. `bertforge.tasks.finetune` drives any family (`TaskFamily`) the same way:
-
-    family = family_for(cfg.task)                  # the registry in bertforge.tasks
-    cfg = family.configure(cfg)                    # the family's defaults, once (SQuAD: max_seq_length 384)
-    train = family.train_data(cfg, tokenizer)      # TrainData: encoded inputs with targets, head kwargs, label set
-    dev = [family.eval_data(cfg, tokenizer, p, train.label2id) for p in family.files(cfg, cfg.dev_file, "dev")]
-    model = family.model_class.from_pretrained(cfg.model, ignore_mismatched_sizes=True, **train.head)
-    Trainer(model, family.objective(model.config), EncodedBatches(train.encoded, ...), ...)
-    result = family.evaluate(model, dev[k], cfg, device, dist)   # EvalResult: metrics, main metric, prediction files
-    records = family.predict(model, tokenizer, cfg, path, device)   # one JSON-able dict per example
-    text = family.format_predictions(records, out_path)            # the family's native prediction file
-    records = family.predict_texts(model, tokenizer, cfg, texts, device)   # raw texts (the Predictor's records)
-
-A family reads only `TaskSettings`, which `bertforge.tasks.finetune.FinetuneConfig` extends with the
-training loop's settings. `ReadReport` counts what a reader kept and skipped (with line numbers): nothing
-is dropped silently.
+"""The contract between the fine-tuning run and a task family (`TaskFamily`), the settings a family reads
+(`TaskSettings`), and reading task files: CSV / TSV rows and records (JSON lines, a JSON array, Parquet),
+with `ReadReport` counting what a reader kept and skipped (with line numbers): nothing is dropped silently.
+`bertforge.tasks.finetune` drives every family the same way: ``configure``, ``train_data``, ``eval_data``,
+``objective``, ``evaluate``, ``predict`` / ``predict_texts`` and ``format_predictions``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Sequence classification and regression, one sentence or a pair: files -> examples -> encoded inputs ->
-batches -> losses, predictions and metrics.
+batches -> losses, predictions and metrics (docs/finetuning.md is the guide).
 
-Files. `read_examples` reads GLUE's own TSV layouts, selected by task name (`GLUE_TASKS`), and generic
-CSV / TSV / JSONL with named columns. TSVs are read with no quoting (quotes are part of the text), as
-the TF release reads GLUE; ``.csv`` with standard CSV quoting. A missing column or malformed row is an
-error naming the file and line (``skip_bad_rows`` skips and counts malformed rows instead); rows without
-a label (an empty label, MNLI's ``-``) are skipped unless labels are not needed.
-
-Labels. A GLUE task's label set is fixed (in the TF release's order); otherwise it is the sorted set
-of the training labels (numerically when all are integers). A label outside the set is an error in a
-training file; in an evaluation file its examples are scored as wrong (class id `UNSEEN`) with a
-warning. STS-B and ``regression`` read the label as a float score.
-
-Long inputs (``long_inputs``): ``truncate`` (the default, as the paper's code does) cuts a text at its
-end and a pair the TF release's way (`bertforge.tasks.encoding.longest_first`); ``windows`` cuts the
-text into windows every ``stride`` tokens (default: half a window), a pair's shorter segment staying
-whole in every window (up to half the room). Training uses every window with its example's label;
-prediction averages the windows' logits per example. What was cut is counted in the summary and logged.
+GLUE's own TSV layouts by task name (`GLUE_TASKS`, read with no quoting as the TF release reads them), and
+generic CSV / TSV / JSON records with named columns. A GLUE task's label set is fixed in the TF release's
+order; otherwise it is the sorted set of the training labels (numerically when all are integers), or the
+order --label-names gives. An evaluation label outside the set is scored as wrong (`UNSEEN`), with a warning.
+Long inputs are truncated the TF release's way or cut into windows whose logits prediction averages.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""``bertforge finetune / evaluate / predict``: the paper's fine-tuning, for every task family, on
-the shared training loop (docs/finetuning.md is the guide).
-
-A run (`FinetuneRun`, a `bertforge.train.run.TrainingRun`) puts the task family's ``BertFor...`` head
-with fresh weights on a pre-trained checkpoint folder (bertforge's or transformers'), reads and encodes
-the files through the family (`bertforge.tasks`), and keeps the best model on dev in ``OUT/best/``
-with its prediction files; ``model/`` holds the final weights. Both are checkpoint folders that
-transformers' matching class loads, carrying the settings evaluation and prediction reuse
-(``bertforge_finetune`` in config.json), which `load_finetuned` reads back for `evaluate`, `predict`
-and `bertforge.serving.predictor.Predictor`. `finetune_grid` runs the paper's search over lr x batch x
-epochs. ``--features`` (the paper's Table 7) trains a BiLSTM head on a frozen encoder's features
-(`bertforge.tasks.feature_based`); ``--bilstm`` puts it on an encoder that fine-tunes.
-
-`FinetuneConfig` is the family's `bertforge.tasks.base.TaskSettings` plus the loop's `TrainConfig` and
-the run's own settings, one flat class because the flags are its fields; its defaults are the
-paper's (batch 32, lr 2e-5, 3 epochs, warmup over 10% of the steps). The task families never import
-this module; it drives them.
+"""``bertforge finetune / evaluate / predict``: the paper's fine-tuning, for every task family, on the shared
+training loop (docs/finetuning.md is the guide). A run (`FinetuneRun`) puts the family's head on a pre-trained
+checkpoint, keeps the best model on dev in ``OUT/best/`` and the final one in ``OUT/model/``: checkpoint folders
+transformers loads, carrying the settings `load_finetuned` reads back for `evaluate`, `predict` and the
+`Predictor`. `finetune_grid` runs the paper's search. `FinetuneConfig` is one flat class because the flags
+are its fields; the task families never import this module.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """``bertforge pretrain``: the paper's pre-training (masked LM + next sentence prediction) on prepared shards.
 
-A model (a preset size, a ``config.json``, or the weights of an earlier phase), the prepared data of
-``bertforge prepare``, an objective (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for
-ltr: the paper's Table 5 ablations on the same data), and the shared loop of `bertforge.train.loop`.
-
-The paper's two phases are two runs: 90% of the steps at length 128, then a run on data prepared
-at length 512 that starts from the phase-1 weights with its own steps and schedule::
-
-    bertforge pretrain --data data128 --tokenizer vocab --model base --out phase1 --max-steps 900000
-    bertforge pretrain --data data512 --init-from phase1/model --out phase2 --max-steps 100000 \\
-        --warmup-steps 1000
+A model (a preset size, a ``config.json``, or a checkpoint's weights), the data of ``bertforge prepare``, an
+objective (`PretrainingObjective` for mlm+nsp and mlm, `LeftToRightObjective` for ltr: Table 5's ablations)
+and the shared loop. The paper's two phases are two runs, the second with ``--init-from`` the first's model/.
 """
 
 from __future__ import annotations
