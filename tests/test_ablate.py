@@ -163,10 +163,13 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(toy, monkeypa
 
     monkeypatch.setattr(finetune_module, "finetune", spy)
     monkeypatch.setattr(pretrain_module, "pretrain", lambda cfg: pytest.fail("a finished pre-training ran again"))
-    run_study(path, AblateConfig(out=str(out), precision="fp32", device="cpu"))
+    run_study(None, AblateConfig(out=str(out), precision="fp32", device="cpu"))  # the folder alone: its study
     assert [Path(c[0]) for c in calls] == [cell]
     again = json.loads((cell / "cell.json").read_text())
     assert again["value"] == pytest.approx(before["value"], abs=1e-6)
+    assert json.loads((out / "study_source.json").read_text()) == {"study": str(Path(path).resolve())}
+    with pytest.raises(ValueError, match="no study_source.json .*; give the study file"):
+        run_study(None, AblateConfig(out=str(out / "cells"), precision="fp32", device="cpu"))
 
 
 def test_an_interrupted_cell_resumes_from_its_checkpoint(toy, monkeypatch):

@@ -599,10 +599,31 @@ def _reported_metrics(data: Any) -> set[str]:
 
 
 # ---------------------------------------------------------------------------- the study
-def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Path:
-    """Run every unfinished cell of ``study`` (a file, a bundled name or a `Study`) under its folder's lock,
-    then write its report and return its path. ``report_only`` runs nothing and takes no lock."""
+STUDY_SOURCE = "study_source.json"
+"""A study folder's record of the study file it runs: a rerun given only the folder (``--out``) reads it."""
+
+
+def recorded_study(out: Path) -> Path:
+    """The study file the folder ``out`` was run with (`STUDY_SOURCE`)."""
+    record = out / STUDY_SOURCE
+    if not record.is_file():
+        raise ValueError(f"{out}: no {STUDY_SOURCE} (not a study folder, or made before folders recorded their "
+                         "study); give the study file")
+    path = Path(json.loads(record.read_text(encoding="utf-8"))["study"])
+    if not path.is_file():
+        raise ValueError(f"{record}: the study file {path} is gone; give the study file")
+    return path
+
+
+def run_study(study: str | Path | Study | None, cfg: AblateConfig | None = None) -> Path:
+    """Run every unfinished cell of ``study`` (a file, a bundled name or a `Study`; None: the one the folder
+    ``cfg.out`` recorded) under its folder's lock, then write its report and return its path. ``report_only``
+    runs nothing and takes no lock."""
     cfg = cfg or AblateConfig()
+    if study is None:
+        if not cfg.out:
+            raise ValueError("give a study file or a bundled study's name, or --out a study folder to rerun")
+        study = recorded_study(Path(cfg.out))
     study = study if isinstance(study, Study) else load_study(study)
     if cfg.seeds:
         study = dataclasses.replace(study, seeds=flag_seeds(cfg.seeds))
@@ -615,6 +636,7 @@ def run_study(study: str | Path | Study, cfg: AblateConfig | None = None) -> Pat
     check_study(study, cfg)  # before any work: what the study file alone could not tell
 
     with run_lock(out.root):  # let go of however the study ends
+        atomic_write_text(out.root / STUDY_SOURCE, json.dumps({"study": str(Path(study.path).resolve())}) + "\n")
         t0 = time.perf_counter()
         runs = _pretrainings(study)
         cells = study.cells()
