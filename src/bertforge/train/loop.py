@@ -91,11 +91,11 @@ class TrainResult:
     """The signal that stopped the run (0: none)."""
     max_steps: int = 0
     budget_minutes: float = 0.0
-    early_stop: str = ""
-    """Why an evaluation ended training before max_steps (early stopping; "": it did not)."""
     """The run's time budget (0: none; its length is then max_steps)."""
     elapsed_seconds: float = 0.0
     """Training time, over every resume."""
+    early_stop: str = ""
+    """Why an evaluation ended training before max_steps (early stopping; "": it did not)."""
 
     @property
     def exit_code(self) -> int:
