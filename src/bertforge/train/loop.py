@@ -394,13 +394,14 @@ class Trainer:
                     break
         if bar is not None:
             bar.close()
-        if not (stop.requested or self.early_stop):
+        early_stop = self.early_stop  # a callback's answer to the final evaluation ends nothing
+        if not (stop.requested or early_stop):
             eval_metrics = self._final_evaluation(trained=self.step > start) or eval_metrics
         self.metrics_log.close()
         return TrainResult(step=self.step, stopped_early=stopped_early, final_metrics=final,
                            eval_metrics=eval_metrics, checkpoint=last_ckpt, interrupted=stop.requested,
                            stop_signal=stop.signum, max_steps=cfg.max_steps, budget_minutes=cfg.budget_minutes,
-                           early_stop=self.early_stop,
+                           early_stop=early_stop,
                            elapsed_seconds=self.elapsed)
 
     def _progress_bar(self) -> Any:
