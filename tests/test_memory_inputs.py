@@ -18,7 +18,7 @@ from finetune_fixtures import FILLER, base, root, write  # noqa: F401 - fixtures
 from pretrain_fixtures import one_thread  # noqa: F401 - autouse fixture: one thread for tiny models
 
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
-from bertforge.tasks.memory import rows_of, write_input
+from bertforge.tasks.memory import input_text, rows_of, write_input
 from bertforge.tasks.squad import read_squad
 from bertforge.train.callbacks import EarlyStopping
 
@@ -125,12 +125,14 @@ def test_squad_rows_as_datasets_writes_them_read_as_the_official_file(tmp_path):
                                                               "answer_start": r["answers"]["answer_start"][0]}]}
         for r in rows]}]}]}
     official = write(tmp_path / "dev.json", json.dumps(nested))
-    written, _ = write_input(datasets.Dataset.from_list(rows), FinetuneConfig(task="squad"), tmp_path / "in", "dev")
+    squad = FinetuneConfig(task="squad")
+    written = write_input(input_text(datasets.Dataset.from_list(rows), squad, "dev")[0], squad, tmp_path / "in", "dev")
     a, b = read_squad(official, mode="train"), read_squad(written, mode="train")
     same = [q._replace(where="") for q in a.questions] == [q._replace(where="") for q in b.questions]
     assert a.contexts == b.contexts and same and len(b.questions) == 2
     unanswerable = [{**rows[0], "answers": {"text": [], "answer_start": []}}]
-    written, _ = write_input(unanswerable, FinetuneConfig(task="squad2"), tmp_path / "in2", "dev")
+    squad2 = FinetuneConfig(task="squad2")
+    written = write_input(input_text(unanswerable, squad2, "dev")[0], squad2, tmp_path / "in2", "dev")
     assert read_squad(written, "2.0").questions[0].is_impossible
 
 

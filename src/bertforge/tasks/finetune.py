@@ -29,7 +29,7 @@ from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
 from bertforge.tasks.feature_based import CachedObjective, cache_features
-from bertforge.tasks.memory import input_suffix, is_in_memory, temporary_input, write_input
+from bertforge.tasks.memory import input_suffix, input_text, is_in_memory, temporary_input, write_input
 from bertforge.train.callbacks import EarlyStopping, EvalCallback
 from bertforge.train.lock import run_lock
 from bertforge.train.config import TrainConfig
@@ -315,14 +315,13 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
     def _write_given(self) -> None:
         """Data given in memory written into ``OUT/inputs/`` (the main process writes, the others wait), and the
         settings pointed at it; a ClassLabel's names name the labels unless --label-names does."""
-        cfg, dist = self.cfg, self.dist
+        cfg, dist, folder = self.cfg, self.dist, self.out / "inputs"
         for split, data in self.given.items():
-            path, names = write_input(data, cfg, self.out / "inputs", split, resume=cfg.resume) \
-                if dist.is_main else (None, "")
+            text, names = input_text(data, cfg, split)
+            if dist.is_main:
+                write_input(text, cfg, folder, split, resume=cfg.resume)
             dist.barrier()
-            if path is None:
-                path, names = self.out / "inputs" / f"{split}{input_suffix(cfg.task)}", ""
-            cfg = dataclasses.replace(cfg, **{f"{split}_file": str(path)},
+            cfg = dataclasses.replace(cfg, **{f"{split}_file": str(folder / f"{split}{input_suffix(cfg.task)}")},
                                       label_names=cfg.label_names or (names if split == "train" else ""))
         self.cfg = cfg
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from bertforge.io import atomic_write_text
 
-__all__ = ["TAG_COLUMNS", "is_in_memory", "rows_of", "input_suffix", "write_input", "temporary_input"]
+__all__ = ["TAG_COLUMNS", "is_in_memory", "rows_of", "input_suffix", "input_text", "write_input", "temporary_input"]
 
 TAG_COLUMNS = ("ner_tags", "tags", "labels", "label", "pos_tags")
 """Where a tagging row's tags are looked for, in order, unless --label-column names the column."""
@@ -163,41 +163,36 @@ def _squad(rows: list[dict[str, Any]], version: str) -> str:
     return json.dumps({"version": version, "data": articles}, ensure_ascii=False, default=_plain)
 
 
-def _text(data: Any, cfg: Any, labelled: bool) -> tuple[str, str, str]:
-    """(file text, suffix, label names from a ClassLabel) of ``data`` for ``cfg.task``'s family."""
+def input_text(data: Any, cfg: Any, split: str, labelled: bool = True) -> tuple[str, str]:
+    """``data`` as the text of a file of ``cfg.task``'s family, and the label names its ClassLabel column gives
+    (""); an error names the ``split``."""
     from bertforge.tasks import family_for
 
     family = family_for(cfg.task).name
-    rows, names = rows_of(data)
-    if not rows:
-        raise ValueError("no rows")
-    label_names = ""
-    if family == "classification":
-        text, label_names = _classification(rows, names, cfg)
-    elif family == "tagging":
-        text = _tagging(rows, names, cfg, labelled)
-    elif family == "squad":
-        text = _squad(rows, "2.0" if cfg.task == "squad2" else "1.1")
-    else:
-        text = _json_lines(rows)
-    return text, _SUFFIX[family], label_names
-
-
-def write_input(data: Any, cfg: Any, folder: Path, split: str, *, labelled: bool = True,
-                resume: bool = False) -> tuple[Path, str]:
-    """``data`` written as ``folder/split.<suffix>`` for ``cfg.task``'s family; returns the file and the label
-    names its ClassLabel column gives (""). On ``resume`` the file must hold the same data as before."""
     try:
-        text, suffix, label_names = _text(data, cfg, labelled)
+        rows, names = rows_of(data)
+        if not rows:
+            raise ValueError("no rows")
+        if family == "classification":
+            return _classification(rows, names, cfg)
+        if family == "tagging":
+            return _tagging(rows, names, cfg, labelled), ""
+        if family == "squad":
+            return _squad(rows, "2.0" if cfg.task == "squad2" else "1.1"), ""
+        return _json_lines(rows), ""
     except (ValueError, TypeError) as e:
         raise type(e)(f"{split} data: {e}") from None
-    path = folder / f"{split}{suffix}"
+
+
+def write_input(text: str, cfg: Any, folder: Path, split: str, *, resume: bool = False) -> Path:
+    """``text`` (`input_text`) written as ``folder/split.<suffix>``; on ``resume`` the file must hold the same."""
+    path = folder / f"{split}{input_suffix(cfg.task)}"
     if resume and path.is_file() and path.read_text(encoding="utf-8") != text:
         raise ValueError(f"{split} data differs from what the run in {folder.parent} was started with ({path}); "
                          "resume with the same data, or start afresh")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
-    return path, label_names
+    return path
 
 
 @contextmanager
@@ -207,4 +202,4 @@ def temporary_input(data: Any, cfg: Any, split: str, *, labelled: bool) -> Itera
         yield Path(data)
         return
     with tempfile.TemporaryDirectory(prefix="bertforge-") as tmp:
-        yield write_input(data, cfg, Path(tmp), split, labelled=labelled)[0]
+        yield write_input(input_text(data, cfg, split, labelled)[0], cfg, Path(tmp), split)
