@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import types
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,7 +54,7 @@ def _quiet_start_up() -> Any:
 _SIGINT_BEFORE_START_UP = _quiet_start_up()
 
 import tyro
-from tyro.conf import Positional, PositionalMetavarFromFieldName, arg
+from tyro.conf import OmitArgPrefixes, Positional, PositionalMetavarFromFieldName, arg
 from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
 
 from bertforge.console import show_logs
@@ -89,6 +90,30 @@ def _comma_separated(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None
     return PrimitiveConstructorSpec(nargs=1, metavar="STR", instance_from_str=lambda args: parse_layers(args[0]),
                                     is_instance=lambda value: isinstance(value, tuple),
                                     str_from_instance=lambda value: [",".join(map(str, value))])
+
+
+_METAVAR_OF: list[PrimitiveTypeInfo] = []
+"""The optional types `_optional_metavar` is building tyro's own spec of (its rule stands aside for them)."""
+
+
+@_REGISTRY.primitive_rule
+def _optional_metavar(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
+    """``X | None`` shown as X is (``STR``, ``INT``, ``{a,b}``; tyro's own: ``{None}|STR``): a flag's help says
+    what leaving it unset means. Parsing is tyro's own, unchanged (``None`` still reads as None)."""
+    args = typing.get_args(info.type)
+    if (info.type_origin not in (typing.Union, types.UnionType) or type(None) not in args
+            or any(seen is info for seen in _METAVAR_OF)):
+        return None
+    _METAVAR_OF.append(info)
+    try:
+        spec = ConstructorRegistry.get_primitive_spec(info)  # tyro's own (this rule stands aside)
+        given = ConstructorRegistry.get_primitive_spec(PrimitiveTypeInfo.make(
+            functools.reduce(lambda a, b: a | b, [a for a in args if a is not type(None)]), info.markers))
+    finally:
+        _METAVAR_OF.pop()
+    if not isinstance(spec, PrimitiveConstructorSpec) or not isinstance(given, PrimitiveConstructorSpec):
+        return None
+    return dataclasses.replace(spec, metavar=given.metavar)
 
 
 _PRECISION_HELP = ("the model's number format: auto (the faster of fp32 and bf16 on this CPU or GPU), fp32, bf16, "
@@ -129,8 +154,8 @@ def prepare(inputs: Positional[tuple[str, ...]] = (), out: Annotated[str | None,
 
     Args:
         inputs: input files or globs (.gz/.bz2/.xz read transparently)
-        out: output folder for shards + manifest.json
-        tokenizer: checkpoint or vocab folder (vocab.txt + tokenizer settings)
+        out: output folder for shards + manifest.json (needed unless --stats)
+        tokenizer: checkpoint or vocab folder (vocab.txt + tokenizer settings) (needed unless --stats)
         workers: processes building shards in parallel
         num_shards: split the work across this many machines
         shard_index: which part of --num-shards this run builds
@@ -329,36 +354,75 @@ def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
     return code
 
 
-def _checkpoint_settings() -> type:
-    """A dataclass of FinetuneConfig's `INPUT_SETTINGS` with their docstrings as help, each unset
-    (None) unless given: the checkpoint's own fine-tuning settings stand for the rest. A bool is a
-    plain flag (unset: off)."""
+_COLUMN_SETTINGS = ("text_column", "text_pair_column", "label_column", "label_names")
+_SQUAD_SETTINGS = ("max_query_length", "max_answer_length", "n_best_size", "null_score_diff_threshold")
+_TAGGING_SETTINGS = ("tag_column", "tag_scheme")
+_FILE_ONLY_SETTINGS = ("text_column", "text_pair_column", "label_column", "label_names", "tag_column", "skip_bad_rows")
+"""`INPUT_SETTINGS` that only reading a task file uses (what the columns hold, what a label id is named, bad rows):
+serve, which reads no files, does not take them."""
+
+
+@functools.cache
+def _setting_docs_and_types() -> tuple[dict[str, str], dict[str, Any]]:
+    """FinetuneConfig's fields' docstrings (on one line) and types."""
     import docstring_parser
 
     docs = {p.arg_name: " ".join((p.description or "").split()) for klass in reversed(FinetuneConfig.__mro__[:-1])
             for p in docstring_parser.parse_from_object(klass).params}
-    types = typing.get_type_hints(FinetuneConfig)
+    return docs, typing.get_type_hints(FinetuneConfig)
+
+
+def _checkpoint_settings(name: str, doc: str, names: tuple[str, ...] | None = None,
+                         leave_out: tuple[str, ...] = ()) -> type:
+    """A dataclass of FinetuneConfig's `INPUT_SETTINGS` (those of ``names``, or those no family group holds, less
+    ``leave_out``) with their docstrings as help, each unset (None) unless given: the checkpoint's own fine-tuning
+    settings stand for the rest. A bool is a plain flag (unset: off). ``doc``: the help under its heading."""
+    grouped = _COLUMN_SETTINGS + _SQUAD_SETTINGS + _TAGGING_SETTINGS
+    docs, hints = _setting_docs_and_types()
     fields: list[tuple[str, Any, Any]] = []
-    for name in INPUT_SETTINGS:
-        if types[name] is bool:
-            fields.append((name, Annotated[bool, arg(help=docs.get(name))], False))
+    for setting in INPUT_SETTINGS:
+        if setting in leave_out or (setting in grouped if names is None else setting not in names):
+            continue
+        if hints[setting] is bool:
+            fields.append((setting, Annotated[bool, arg(help=docs.get(setting))], False))
         else:
-            hint = arg(help=docs.get(name), help_behavior_hint="(default: the checkpoint's)")
-            fields.append((name, Annotated[types[name] | None, hint], None))
-    return dataclasses.make_dataclass("CheckpointSettings", fields)
+            hint = arg(help=docs.get(setting), help_behavior_hint="(default: the checkpoint's)")
+            fields.append((setting, Annotated[hints[setting] | None, hint], None))
+    return dataclasses.make_dataclass(name, fields, namespace={"__doc__": doc})
 
 
-CheckpointSettings = _checkpoint_settings()
+# The settings of evaluate, predict and serve: those every fine-tuned checkpoint takes as the command's own
+# flags, those of one task family under a heading naming it (the flags' names are the same either way).
+CheckpointSettings = _checkpoint_settings("CheckpointSettings", "Settings every fine-tuned checkpoint takes.")
+ServeSettings = _checkpoint_settings("ServeSettings", "Settings every fine-tuned checkpoint takes.",
+                                     leave_out=_FILE_ONLY_SETTINGS)
+ColumnSettings = _checkpoint_settings(
+    "ColumnSettings", "Only for classification / regression and multiple-choice (SWAG) checkpoints: the columns of "
+    "their CSV / TSV / JSONL files (--label-names: classification only).", _COLUMN_SETTINGS)
+SquadSettings = _checkpoint_settings(
+    "SquadSettings", "Only for SQuAD (question answering) checkpoints (task squad / squad2).", _SQUAD_SETTINGS)
+TaggingSettings = _checkpoint_settings(
+    "TaggingSettings", "Only for tagging (NER) checkpoints (task ner / tagging).", _TAGGING_SETTINGS)
+ServeTaggingSettings = _checkpoint_settings(
+    "ServeTaggingSettings", "Only for tagging (NER) checkpoints (task ner / tagging).",
+    tuple(s for s in _TAGGING_SETTINGS if s not in _FILE_ONLY_SETTINGS))
+
+ColumnFlags = Annotated[ColumnSettings, arg(name="classification and multiple choice"), OmitArgPrefixes]
+SquadFlags = Annotated[SquadSettings, arg(name="SQuAD (question answering)"), OmitArgPrefixes]
+TaggingFlags = Annotated[TaggingSettings, arg(name="tagging"), OmitArgPrefixes]
+ServeTaggingFlags = Annotated[ServeTaggingSettings, arg(name="tagging"), OmitArgPrefixes]
 
 
-def _overrides(settings: Any) -> dict[str, Any]:
-    """The settings given on the command line (the checkpoint's stand for the others)."""
-    return {k: v for k, v in vars(settings).items() if v is not None and v is not False}
+def _overrides(*groups: Any) -> dict[str, Any]:
+    """The settings given on the command line (the checkpoint's stand for the others), from every group of them."""
+    return {k: v for settings in groups for k, v in vars(settings).items() if v is not None and v is not False}
 
 
 def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, arg(aliases=("-o",))] = None,
              precision: PrecisionFlag = "fp32",
-             settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+             settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings(),
+             columns: ColumnFlags = ColumnSettings(), squad: SquadFlags = SquadSettings(),
+             tagging: TaggingFlags = TaggingSettings()) -> int:
     """Metrics of a fine-tuned model on labelled data.
 
     Args:
@@ -368,7 +432,8 @@ def evaluate(checkpoint: Positional[str], file: str, out: Annotated[str | None, 
     """
     from bertforge.tasks.finetune import evaluate
 
-    print(json.dumps(evaluate(checkpoint, file, out=out, precision=precision, settings=_overrides(settings))))
+    print(json.dumps(evaluate(checkpoint, file, out=out, precision=precision,
+                              settings=_overrides(settings, columns, squad, tagging))))
     return 0
 
 
@@ -387,27 +452,29 @@ class Inference:
     precision: PrecisionFlag = "fp32"
 
 
-def _inference_overrides(settings: Any, inference: Inference) -> dict[str, Any]:
+def _inference_overrides(inference: Inference, *groups: Any) -> dict[str, Any]:
     """`_overrides`, with --batch-size as the fine-tuning settings' evaluation batch size."""
-    given = _overrides(settings)
+    given = _overrides(*groups)
     if inference.batch_size:
         given["eval_batch_size"] = inference.batch_size
     return given
 
 
-def _load_predictor(checkpoint: str, settings: Any, inference: Inference) -> Any:
+def _load_predictor(checkpoint: str, settings: dict[str, Any], inference: Inference) -> Any:
+    """``settings``: `_inference_overrides`."""
     from bertforge.serving.predictor import Predictor
 
     return Predictor.from_pretrained(checkpoint, precision=inference.precision,
-                                     head="embeddings" if inference.embeddings else None,
-                                     settings=_inference_overrides(settings, inference))
+                                     head="embeddings" if inference.embeddings else None, settings=settings)
 
 
 def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (),
             file: Annotated[str | None, arg(aliases=("-f",))] = None,
             out: Annotated[str | None, arg(aliases=("-o",))] = None, format: Literal["text", "jsonl"] | None = None,
             inference: Annotated[Inference, arg(name="")] = Inference(),
-            settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+            settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings(),
+            columns: ColumnFlags = ColumnSettings(), squad: SquadFlags = SquadSettings(),
+            tagging: TaggingFlags = TaggingSettings()) -> int:
     """A checkpoint's head on texts (fill-mask, classification, tagging, QA, multiple choice, embeddings;
     readable text or JSONL), or a fine-tuned model on a task file.
 
@@ -429,10 +496,11 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
     from bertforge.serving.features import read_inputs
     from bertforge.serving.predictor import FINE_TUNED_HEADS, SEPARATOR, checkpoint_head, format_records
 
+    given = _inference_overrides(inference, settings, columns, squad, tagging)
     head = "embeddings" if inference.embeddings else checkpoint_head(checkpoint)
     if (head in FINE_TUNED_HEADS and file is None and len(inputs) == 1 and inputs[0] != "-"
             and Path(inputs[0]).exists()):
-        return _predict_task_file(checkpoint, inputs[0], out, inference, settings)
+        return _predict_task_file(checkpoint, inputs[0], out, inference, given)
 
     def lines(path: str) -> list[str]:  # stripped, UTF-8 checked; blank lines are inputs too (as features reads)
         return [SEPARATOR.join(t for t in pair if t is not None) for pair in read_inputs(path)]
@@ -442,7 +510,7 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
         texts += lines(file)
     if not texts:
         raise ValueError("no inputs: give texts, --file FILE, or - to read them from stdin")
-    predictor = _load_predictor(checkpoint, settings, inference)
+    predictor = _load_predictor(checkpoint, given, inference)
     records = predictor(texts, top_k=inference.top_k, pooling=inference.pooling)
     fmt = format or ("jsonl" if out and out.endswith(".jsonl") else "text")
     text = format_records(records, predictor.head, fmt)
@@ -454,12 +522,13 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
     return 0
 
 
-def _predict_task_file(checkpoint: str, file: str, out: str | None, inference: Inference, settings: Any) -> int:
-    """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`)."""
+def _predict_task_file(checkpoint: str, file: str, out: str | None, inference: Inference,
+                       settings: dict[str, Any]) -> int:
+    """A fine-tuned model on a task file: the family's records (`bertforge.tasks.finetune.predict`).
+    ``settings``: `_inference_overrides`."""
     from bertforge.tasks.finetune import predict
 
-    records = predict(checkpoint, file, out, precision=inference.precision,
-                      settings=_inference_overrides(settings, inference))
+    records = predict(checkpoint, file, out, precision=inference.precision, settings=settings)
     if out:
         print(f"wrote {len(records):,} predictions to {out}")
     else:
@@ -471,7 +540,8 @@ def _predict_task_file(checkpoint: str, file: str, out: str | None, inference: I
 def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000, max_batch: int = MAX_BATCH,
           max_request_bytes: int = MAX_REQUEST_BYTES, max_request_tokens: int = MAX_REQUEST_TOKENS,
           inference: Annotated[Inference, arg(name="")] = Inference(),
-          settings: Annotated[CheckpointSettings, arg(name="")] = CheckpointSettings()) -> int:
+          settings: Annotated[ServeSettings, arg(name="")] = ServeSettings(), squad: SquadFlags = SquadSettings(),
+          tagging: ServeTaggingFlags = ServeTaggingSettings()) -> int:
     """Serve a checkpoint's head over HTTP: JSON in and out, a health route, request limits.
 
     Args:
@@ -490,7 +560,8 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
     except ImportError as e:
         print(f"bertforge serve: error: {e.name} is not installed; pip install 'bertforge[serve]'", file=sys.stderr)
         return 2
-    serve(_load_predictor(checkpoint, settings, inference), host=host, port=port, max_batch=max_batch,
+    predictor = _load_predictor(checkpoint, _inference_overrides(inference, settings, squad, tagging), inference)
+    serve(predictor, host=host, port=port, max_batch=max_batch,
           max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=inference.top_k,
           pooling=inference.pooling)
     return 0
