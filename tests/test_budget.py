@@ -168,3 +168,24 @@ def test_the_stop_marker_of_a_time_budget_run_speaks_of_minutes():
     assert stopped_where(record) == "1.3 of its 5 budget minutes (step 473)"
     record = json.loads(stop_marker(TrainResult(step=473, max_steps=1000, **stopped))[STOP_MARKER])
     assert stopped_where(record) == "step 473 of 1000" and "budget_minutes" not in record
+
+
+def test_info_says_where_a_time_budget_run_stopped_in_minutes(tmp_path, capsys):
+    import json
+
+    from data_fixtures import VOCAB_SIZE, write_tokenizer
+
+    from bertforge import cli
+    from bertforge.model.config import BertConfig
+    from bertforge.model.heads import BertForMaskedLM
+    from bertforge.train.rundir import STOP_MARKER
+
+    BertForMaskedLM(BertConfig(vocab_size=VOCAB_SIZE, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    (tmp_path / STOP_MARKER).write_text(json.dumps({"step": 257, "max_steps": 1_000_000, "reason": "SIGTERM",
+                                                    "budget_minutes": 5, "minutes": 1.3}))
+    assert cli.main(["info", str(tmp_path)]) == 0
+    assert "stopped early at 1.3 of its 5 budget minutes (step 257) (SIGTERM)" in capsys.readouterr().out
+    assert cli.main(["ablate", "--out", str(tmp_path)]) == 2
+    assert "no study_source.json" in capsys.readouterr().err

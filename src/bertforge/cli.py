@@ -68,7 +68,7 @@ from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOK
 from bertforge.serving.predictor import Pooling
 from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
-from bertforge.train.rundir import RUN_CONFIG, STOP_MARKER, read_stop_marker
+from bertforge.train.rundir import RUN_CONFIG, STOP_MARKER, read_stop_marker, stopped_where
 from bertforge.train.precision import InferencePrecision as Precision
 from bertforge.train.pretrain import PretrainConfig
 
@@ -249,8 +249,8 @@ def info(checkpoint: Positional[str]) -> int:
     print(f"  tokenizer: {describe_tokenizer(checkpoint)}")
     stopped = read_stop_marker(checkpoint)
     if stopped is not None:
-        print(f"  training: stopped early at step {stopped.get('step', '?')} of {stopped.get('max_steps', '?')} "
-              f"({stopped.get('reason', 'unknown reason')}): a partial model ({STOP_MARKER})")
+        print(f"  training: stopped early at {stopped_where(stopped)} ({stopped.get('reason', 'unknown reason')}): "
+              f"a partial model ({STOP_MARKER})")
     return 0
 
 
@@ -296,8 +296,8 @@ def _report_stop(command: str, result: Any) -> int:
     ``result``: the loop's `TrainResult`."""
     if not result.stopped_early:
         return 0
-    where = (f"{result.elapsed_seconds / 60:.1f} of its {result.budget_minutes:g} budget minutes (step {result.step})"
-             if result.budget_minutes else f"step {result.step} of {result.max_steps}")
+    where = stopped_where({"step": result.step, "max_steps": result.max_steps, "budget_minutes": result.budget_minutes,
+                           "minutes": result.elapsed_seconds / 60})
     print(f"{command}: stopped at {where}; model/ holds the partial model "
           f"(marked by {STOP_MARKER}); continue with --resume")
     return result.exit_code
@@ -612,7 +612,8 @@ def ablate(study: Positional[str | None] = None, list_studies: Annotated[bool, a
 
     STUDY is a study file (YAML or JSON: variants, the pre-training they share, tasks, seeds; see
     docs/experiments.md) or the name of a bundled one (--list shows them). Each cell is a run folder under
-    --out: a rerun skips finished cells and resumes interrupted ones. The report (report.md, report.json,
+    --out: a rerun skips finished cells and resumes interrupted ones (--out alone reruns the study the folder
+    recorded). The report (report.md, report.json,
     scores.png, figure.png) is rewritten as cells finish.
 
     Args:
@@ -628,8 +629,9 @@ def ablate(study: Positional[str | None] = None, list_studies: Annotated[bool, a
             print(f"{name:<12} {load_study(path).title}")
         print(f"\nthe files: {next(iter(studies.values())).parent} (copy one and point its paths at your data)")
         return 0
-    if not study:
-        raise ValueError("give a study file or a bundled study's name (bertforge ablate --list shows them)")
+    if not study and not cfg.out:
+        raise ValueError("give a study file or a bundled study's name (bertforge ablate --list shows them), or "
+                         "--out a study folder to rerun")
     report = run_study(study, cfg)
     print(f"report: {report}")
     return 0
