@@ -15,21 +15,24 @@ from bertforge.fast.attention import self_attention
 from bertforge.fast.layout import LengthGroups, Padding, causal_mask, right_padded
 from bertforge.fast.frozen import linear
 from bertforge.fast.tracing import exporting
-from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, check_inputs,
-                                  gather_positions)
+from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, attention_probabilities,
+                                  check_inputs, gather_positions)
 
 __all__ = ["layer_forward", "model_forward", "pooler_forward"]
 
 
 def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                   token_type_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
-                  output_positions: torch.Tensor | None = None) -> BertModelOutput:
+                  output_positions: torch.Tensor | None = None, output_attentions: bool = False,
+                  return_dict: bool | None = None) -> BertModelOutput | tuple:
     """`BertModel.forward` with unpadded dense layers, the last layer computed at ``output_positions``
     only, and on CPU: riders in training (`Padding.round_rows`), length groups in inference. While
-    ``torch.export`` traces it, the reference forward (one graph cannot have mask-dependent shapes)."""
+    ``torch.export`` traces it, the reference forward (one graph cannot have mask-dependent shapes).
+    ``output_attentions``: the reference's `attention_probabilities`, from the states entering each
+    layer laid out padded, after the layers have run their own attention."""
     if exporting():
         return type(self).forward(self, input_ids, attention_mask, token_type_ids, output_hidden_states,
-                                  output_positions)
+                                  output_positions, output_attentions, return_dict)
     check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
     B, T = input_ids.shape
     causal = self.config.is_decoder
@@ -72,6 +75,9 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
         return padding.pad(h, real_only=True) if padding is not None else h.view(B, T, -1)
 
     states = [full(h) for h in layers] if output_hidden_states else None
+    attentions = None
+    if output_attentions:  # the inputs of the layers: every row, even where the last layer ran at `select` only
+        attentions = attention_probabilities(self, [full(h) for h in layers[:-1]], attention_mask)
     if select is not None:
         last = x.view(B, select.shape[1], -1)  # (B, K, H)
         if padding is not None:  # a chosen padding position reads zero, as in the full output
@@ -80,11 +86,13 @@ def model_forward(self: BertModel, input_ids: torch.Tensor, attention_mask: torc
         last = states[-1] if states is not None else full(x)
         if output_positions is not None:
             last = gather_positions(last, output_positions)
-    return BertModelOutput(
+    out = BertModelOutput(
         last_hidden_state=last,
         pooler_output=self.pooler(last) if self.pooler is not None else None,
         hidden_states=tuple(states) if states is not None else None,
+        attentions=attentions,
     )
+    return out if return_dict is not False else out.to_tuple()
 
 
 def layer_forward(self: BertLayer, x: torch.Tensor, padding: Padding | torch.Tensor | None = None,

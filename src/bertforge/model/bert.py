@@ -18,6 +18,8 @@ values). Real positions never see padding: padding keys are masked in attention.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +29,8 @@ from torch import nn
 
 from bertforge.model.config import BertConfig
 
-__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "check_inputs", "encoder_parameters",
-           "gather_positions", "make_attention_mask"]
+__all__ = ["BertModel", "BertModelOutput", "BertPreTrainedModel", "activation", "attention_probabilities",
+           "check_inputs", "encoder_parameters", "gather_positions", "make_attention_mask"]
 
 
 def activation(name: str):
@@ -105,6 +107,19 @@ class BertSelfAttention(nn.Module):
         p = self.dropout_p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, A, T, D)
         return y.transpose(1, 2).reshape(B, T, A * D)  # heads side by side: (B, T, H)
+
+    def probabilities(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(D)) with masked keys at zero, before dropout: (B, A, T, T), the weights
+        `forward` averages the values with. Its fused kernel never forms them; this writes them out."""
+        B, T, _ = x.shape
+        A, D = self.num_heads, self.head_dim
+        q = self.query(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
+        k = self.key(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, A, T, T)
+        if mask is not None:
+            # the dtype's lowest value, not -inf: a query with no key to see (padding) stays finite, its gradient too
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        return scores.softmax(-1)
 
 
 class BertSelfOutput(nn.Module):
@@ -250,10 +265,12 @@ class BertModelOutput:
     last_hidden_state: torch.Tensor  # (B, T, H); (B, K, H) with output_positions
     pooler_output: torch.Tensor | None = None  # (B, H)
     hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, T, H): embeddings, each layer
+    attentions: tuple[torch.Tensor, ...] | None = None  # L tensors (B, A, T, T): each layer's probabilities
 
     def to_tuple(self) -> tuple[Any, ...]:
-        """The outputs that are set, in this order (transformers')."""
-        return tuple(v for v in (self.last_hidden_state, self.pooler_output, self.hidden_states) if v is not None)
+        """The outputs that are set, in this order (transformers'): what ``return_dict=False`` returns."""
+        return tuple(v for v in (self.last_hidden_state, self.pooler_output, self.hidden_states, self.attentions)
+                     if v is not None)
 
     def __getitem__(self, key: str | int | slice) -> Any:
         """``out["pooler_output"]``, or ``out[0]`` / ``out[1]`` as transformers' tuple outputs read."""
@@ -277,12 +294,16 @@ class BertModel(BertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_positions: torch.Tensor | None = None,
-    ) -> BertModelOutput:
+        output_attentions: bool = False,
+        return_dict: bool | None = None,
+    ) -> BertModelOutput | tuple[Any, ...]:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         ``output_positions`` (B, K): ``last_hidden_state`` holds the last layer at these positions
         only, (B, K, H), and the pooler reads the first of them (put [CLS], 0, first for it). Heads
         ask here so that a faster encoder (`bertforge.fast`) may compute the last layer there alone.
+        ``output_attentions``: also each layer's attention probabilities (`attention_probabilities`).
+        ``return_dict=False``: the outputs as transformers' plain tuple (`BertModelOutput.to_tuple`).
         """
         check_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         if token_type_ids is None:
@@ -292,20 +313,40 @@ class BertModel(BertPreTrainedModel):
             attention_mask = torch.ones_like(input_ids)  # the causal mask is needed all the same
         mask = make_attention_mask(attention_mask, causal) if attention_mask is not None else None  # (B, 1, 1|T, T)
         states = self.encoder(self.embeddings(input_ids, token_type_ids), mask)  # L + 1 x (B, T, H)
+        attentions = attention_probabilities(self, states[:-1], attention_mask) if output_attentions else None
         if attention_mask is not None:  # zeros at padding (module docstring)
             padding = ~attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
             states = [h.masked_fill(padding, 0.0) for h in states]
         last = states[-1]  # (B, T, H)
         if output_positions is not None:
             last = gather_positions(last, output_positions)  # (B, K, H)
-        return BertModelOutput(
+        out = BertModelOutput(
             last_hidden_state=last,
             pooler_output=self.pooler(last) if self.pooler is not None else None,
             hidden_states=tuple(states) if output_hidden_states else None,
+            attentions=attentions,
         )
+        return out if return_dict is not False else out.to_tuple()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
+
+
+def attention_probabilities(model: BertModel, inputs: Sequence[torch.Tensor],
+                            attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Each layer's attention probabilities, L x (B, A, T, T), from the L states (B, T, H) entering
+    the layers: what ``output_attentions`` returns. Written out from the same weights and masks, and
+    only when asked, so the encoder's own attention stays the fused kernel. In training they are the
+    probabilities before dropout. A padding query's row is zero, as the hidden states there are."""
+    causal = model.config.is_decoder
+    if attention_mask is None and causal:
+        attention_mask = torch.ones(inputs[0].shape[:2], dtype=torch.long, device=inputs[0].device)
+    mask = make_attention_mask(attention_mask, causal) if attention_mask is not None else None  # (B, 1, 1|T, T)
+    probs = [layer.attention.self.probabilities(h, mask) for layer, h in zip(model.encoder.layer, inputs)]
+    if attention_mask is not None:
+        padding = ~attention_mask.bool()[:, None, :, None]  # (B, 1, T, 1): the padding queries
+        probs = [p.masked_fill(padding, 0.0) for p in probs]
+    return tuple(probs)
 
 
 def encoder_parameters(config: BertConfig) -> int:

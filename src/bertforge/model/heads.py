@@ -3,7 +3,8 @@ regression, token classification, span QA and multiple choice; and the BiLSTM he
 feature-based approach (a BiLSTM over chosen encoder layers, frozen or fine-tuned, before the output layer).
 
 Attribute names are transformers' (``cls.predictions``, ``classifier``, ...), so a state dict is its
-checkpoint format. Heads compute logits; losses come from `bertforge.model.losses`.
+checkpoint format. Heads compute logits; losses come from `bertforge.model.losses`. The task heads take
+transformers' ``output_attentions`` and ``return_dict=False`` (the plain tuple, `ModelOutput.to_tuple`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ class ModelOutput:
     out[:2]`` and `to_tuple` over the outputs that are set, in transformers' order."""
 
     loss: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 x (B, T, H) with output_hidden_states
+    attentions: tuple[torch.Tensor, ...] | None = None  # L x (B, A, T, T) with output_attentions
 
     def keys(self) -> list[str]:
         """The names of the outputs that are set, in transformers' order."""
-        names = [f.name for f in fields(self) if f.name not in ("loss", "hidden_states")]
-        return [n for n in ("loss", *names, "hidden_states") if getattr(self, n) is not None]
+        last = ("hidden_states", "attentions")
+        names = [f.name for f in fields(self) if f.name not in ("loss", *last)]
+        return [n for n in ("loss", *names, *last) if getattr(self, n) is not None]
 
     def to_tuple(self) -> tuple[Any, ...]:
+        """The outputs that are set, in transformers' order: what ``return_dict=False`` returns."""
         return tuple(getattr(self, n) for n in self.keys())
 
     def __getitem__(self, key: str | int | slice) -> Any:
@@ -130,7 +134,8 @@ class _MLMMixin:
 
     def _mlm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
              labels: torch.Tensor | None, masked_positions: torch.Tensor | None, output_hidden_states: bool,
-             prediction_mask: torch.Tensor | None, with_cls: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+             prediction_mask: torch.Tensor | None, with_cls: bool, output_attentions: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         """(MLM logits: (B, T, V), (B, P, V) at ``masked_positions``, or (M, V) at the slots
         ``prediction_mask`` marks; ``labels`` aligned with them; encoder output). The (H -> V) projection
         dominates the cost of small BERTs: with ``masked_positions`` it runs at the P positions only, and
@@ -139,13 +144,15 @@ class _MLMMixin:
                                             or prediction_mask.shape != masked_positions.shape):
             raise ValueError("prediction_mask needs masked_positions of the same shape (B, P)")
         if masked_positions is None:
-            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states,
+                            output_attentions=output_attentions)
             states = out.last_hidden_state  # (B, T, H)
         else:
             positions = masked_positions.long()
             if with_cls:  # [CLS] first, for the pooler (NSP)
                 positions = torch.cat([positions.new_zeros(positions.shape[0], 1), positions], 1)
-            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions)
+            out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions,
+                            output_attentions=output_attentions)
             states = out.last_hidden_state[:, 1:] if with_cls else out.last_hidden_state  # (B, P, H)
             if prediction_mask is not None:  # (M, H) and (M,): the filled slots only, row-major
                 states = states[prediction_mask.bool()]
@@ -167,20 +174,24 @@ class BertForPreTraining(_MLMMixin, BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
-                output_hidden_states: bool = False,
-                prediction_mask: torch.Tensor | None = None) -> BertForPreTrainingOutput:
+                output_hidden_states: bool = False, prediction_mask: torch.Tensor | None = None,
+                output_attentions: bool = False,
+                return_dict: bool | None = None) -> BertForPreTrainingOutput | tuple[Any, ...]:
         """labels: (B, T) token ids to predict, -100 elsewhere; or (B, P) aligned with
         ``masked_positions`` (B, P) (-100 on unused prediction slots). next_sentence_label: (B,).
         ``prediction_mask`` (B, P) bool: build MLM logits only for the True slots (the filled ones):
         ``prediction_logits`` is then (M, V), the slots in row-major order; ``labels`` stay (B, P)."""
         prediction_logits, labels, out = self._mlm(input_ids, attention_mask, token_type_ids, labels, masked_positions,
-                                                   output_hidden_states, prediction_mask, with_cls=True)
+                                                   output_hidden_states, prediction_mask, with_cls=True,
+                                                   output_attentions=output_attentions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         loss = None
         if labels is not None:
             loss = losses.pretraining_loss(prediction_logits, nsp_logits, labels, next_sentence_label)
-        return BertForPreTrainingOutput(loss=loss, prediction_logits=prediction_logits,
-                                        seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states)
+        output = BertForPreTrainingOutput(loss=loss, prediction_logits=prediction_logits,
+                                          seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states,
+                                          attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
@@ -197,17 +208,21 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 masked_positions: torch.Tensor | None = None, output_hidden_states: bool = False,
-                prediction_mask: torch.Tensor | None = None) -> MaskedLMOutput:
+                prediction_mask: torch.Tensor | None = None, output_attentions: bool = False,
+                return_dict: bool | None = None) -> MaskedLMOutput | tuple[Any, ...]:
         """As `BertForPreTraining.forward`, without NSP."""
         logits, labels, out = self._mlm(input_ids, attention_mask, token_type_ids, labels, masked_positions,
-                                        output_hidden_states, prediction_mask, with_cls=False)
+                                        output_hidden_states, prediction_mask, with_cls=False,
+                                        output_attentions=output_attentions)
         loss = losses.masked_lm_loss(logits, labels) if labels is not None else None
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 # ---------------------------------------------------------------------------- fine-tuning heads
 def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-            token_type_ids: torch.Tensor | None, output_hidden_states: bool) -> BertModelOutput:
+            token_type_ids: torch.Tensor | None, output_hidden_states: bool,
+            output_attentions: bool = False) -> BertModelOutput:
     """The encoder for a head that reads only the pooled [CLS] output: the last layer is asked for at
     [CLS] alone (``last_hidden_state`` is then (B, 1, H)). A causal encoder's [CLS] has seen only
     itself: it is pooled at its last real token instead (the final [SEP]), wherever the padding is."""
@@ -219,7 +234,8 @@ def _pooled(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tens
         else:
             positions = torch.arange(1, T + 1, device=input_ids.device)
             cls += ((attention_mask > 0) * positions).amax(1, keepdim=True).sub(1).clamp_min(0)
-    return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls)
+    return bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=cls,
+                output_attentions=output_attentions)
 
 
 class _DropoutLinear(BertPreTrainedModel):
@@ -245,14 +261,17 @@ class BertForSequenceClassification(_DropoutLinear):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> SequenceClassifierOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                return_dict: bool | None = None) -> SequenceClassifierOutput | tuple[Any, ...]:
         """labels: (B,) class ids, (B,) floats for regression, or (B, C) multi-hot for multi-label."""
-        out = _pooled(self.bert, input_ids, attention_mask, token_type_ids, output_hidden_states)
+        out = _pooled(self.bert, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
         if labels is not None:
             loss = losses.sequence_classification_loss(logits, labels, self.config.problem_type)
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                          attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 class BertForTokenClassification(_DropoutLinear):
@@ -263,12 +282,16 @@ class BertForTokenClassification(_DropoutLinear):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> TokenClassifierOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                return_dict: bool | None = None) -> TokenClassifierOutput | tuple[Any, ...]:
         """labels: (B, T) tag ids, -100 on sub-word continuations, specials and padding."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states,
+                        output_attentions=output_attentions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C)
         loss = losses.token_classification_loss(logits, labels) if labels is not None else None
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                       attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -284,18 +307,22 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> QuestionAnsweringModelOutput:
+                end_positions: torch.Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False,
+                return_dict: bool | None = None) -> QuestionAnsweringModelOutput | tuple[Any, ...]:
         """start_positions / end_positions: (B,) token indices; 0 ([CLS]) for no answer. The logits are
         transformers'; the loss leaves padding out (`losses.span_loss`)."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states,
+                        output_attentions=output_attentions)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # 2 x (B, T)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = losses.span_loss(start_logits, end_logits, start_positions, end_positions,
                                     attention_mask=attention_mask)
-        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
-                                            end_logits=end_logits.contiguous(), hidden_states=out.hidden_states)
+        output = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
+                                              end_logits=end_logits.contiguous(), hidden_states=out.hidden_states,
+                                              attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 class BertForMultipleChoice(_DropoutLinear):
@@ -306,7 +333,8 @@ class BertForMultipleChoice(_DropoutLinear):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> MultipleChoiceModelOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                return_dict: bool | None = None) -> MultipleChoiceModelOutput | tuple[Any, ...]:
         """input_ids, attention_mask, token_type_ids: (B, C, T), C choices; labels: (B,) right choice."""
         if input_ids.dim() != 3:
             raise ValueError(f"input_ids must be (batch, choices, length), got {tuple(input_ids.shape)}")
@@ -315,10 +343,13 @@ class BertForMultipleChoice(_DropoutLinear):
         def flat(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.reshape(B * C, T)
 
-        out = _pooled(self.bert, flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states)
+        out = _pooled(self.bert, flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states,
+                      output_attentions)
         logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # (B, C)
         loss = losses.multiple_choice_loss(logits, labels) if labels is not None else None
-        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        output = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                           attentions=out.attentions)
+        return output if return_dict is not False else output.to_tuple()
 
 
 # ---------------------------------------------------------------------------- the feature-based approach
