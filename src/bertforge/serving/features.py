@@ -1,58 +1,18 @@
 """``bertforge features``: contextual token vectors and sentence embeddings from a BERT checkpoint,
-as the TF release's ``extract_features.py`` computes them (the paper's feature-based approach:
-the last four layers concatenated came within 0.3 F1 of fine-tuning on CoNLL-2003 NER).
+as the TF release's ``extract_features.py`` computes them (the paper's feature-based approach). Inputs
+longer than ``max_seq_length`` are cut into windows, each token's vector taken from the window where it
+has the most context. The user guide: docs/finetuning.md, "Feature extraction".
 
-    bertforge features CHECKPOINT input.txt --out feats.jsonl                     # Google's JSONL
-    bertforge features CHECKPOINT input.txt --out feats.npy --combine sum         # large runs
-    bertforge features CHECKPOINT input.txt --out emb.safetensors --pooling mean  # one vector per text
+Files, by suffix:
 
-Input: one text per line (UTF-8, optionally .gz / .bz2 / .xz; ``-`` reads stdin), read as the TF
-script reads it: each line is stripped and ``text_a ||| text_b`` is a pair, encoded as
-``[CLS] a [SEP] b [SEP]`` with segments 0 and 1. A blank line is an input too (``[CLS] [SEP]``), so
-input ``i`` (``linex_index``) is line ``i + 1``. `extract_features` takes texts or (a, b) pairs, and
-its settings as one `FeatureSettings` (the flags of ``bertforge features``) or as keyword arguments.
-
-Layers are indexes into ``hidden_states``: 0 the embedding output, 1..L the Transformer layers,
-negative ones from the end (-1 the last layer) as in the TF script (whose 0 was the first layer).
-``combine="concat"`` puts the chosen layers side by side in the order given (L_chosen * H values
-per token); ``"sum"`` adds them (H values).
-
-Pooling: none gives a vector per token, [CLS] and [SEP] included (as the TF script writes them);
-``"cls"`` the vector at [CLS] (not the NSP pooler; refused for a left-to-right model, config
-``is_decoder``, whose [CLS] has seen [CLS] alone); ``"mean"`` the mean over the input's tokens,
-[CLS] and [SEP] included (sentence-transformers'); `embed` also ``"last"``, the final [SEP], where
-a left-to-right model's sentence heads pool. Pooled: the chosen layers as combined (default: -1).
-
-Long texts are never truncated: an input of more than ``max_seq_length`` tokens is cut into
-windows ``stride`` tokens apart (half a window by default), and every token takes its vector from
-the window where it has the most context (the TF release's SQuAD rule: the largest min(left, right
-context) + 0.01 * the piece's length, the first on ties); [CLS] comes from the first window, the
-final [SEP] from the last. A pair keeps its shorter segment whole in every window and cuts the
-longer one; a shorter segment of more than half a window is an error (raise ``max_seq_length``).
-
-Outputs, chosen by the file's suffix:
-
-``.jsonl``
-    Google's layout, one line per input in input order::
-
-        {"linex_index": 0, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
-                                                                      {"index": -2, "values": [...]}, ...]}, ...]}
-
-    values rounded to 6 decimals as the TF script rounds them. With ``combine="sum"`` each token has
-    one entry whose ``index`` is the list of layers summed. Pooled: ``{"linex_index", "pooling",
-    "layers", "values"}``.
-``.npy``
-    per token: ``OUT.npy`` float32 (total_tokens, D), every input's tokens in input order;
-    ``OUT.offsets.npy`` int64 (N + 1,): input ``i`` is rows ``offsets[i]:offsets[i + 1]``;
-    ``OUT.token_ids.npy`` int32 (total_tokens,): the token of every row. Pooled: ``OUT.npy`` (N, D).
-``.safetensors``
-    the same arrays in one file, as tensors ``features``, ``offsets`` and ``token_ids`` (pooled:
-    ``features`` only), with the settings in its metadata (``layers``, ``combine``, ``pooling``,
-    ``hidden_size``).
-
-Arrays are written through memory maps, so memory stays bounded by one chunk of inputs (about
-256 MB of vectors), their blocks allocated up front: a disk too small is an error naming the file,
-not a SIGBUS. Every file is written to a temporary name and renamed when complete.
+- ``.jsonl``: Google's layout, a line ``{"linex_index", "features": [{"token", "layers": [{"index",
+  "values"}, ...]}, ...]}`` per input, values rounded to 6 decimals (``combine="sum"``: one entry per
+  token, whose ``index`` lists the layers summed). Pooled: ``{"linex_index", "pooling", "layers", "values"}``.
+- ``.npy``: ``OUT.npy`` float32 (total_tokens, D), every input's tokens in input order; ``OUT.offsets.npy``
+  int64 (N + 1,): input ``i`` is rows ``offsets[i]:offsets[i + 1]``; ``OUT.token_ids.npy`` int32. Pooled:
+  ``OUT.npy`` (N, D).
+- ``.safetensors``: the same arrays as tensors ``features``, ``offsets`` and ``token_ids``, with the
+  settings in its metadata (``layers``, ``combine``, ``pooling``, ``hidden_size``).
 """
 
 from __future__ import annotations
@@ -79,7 +39,7 @@ from bertforge.fast import frozen_weights, speed_up
 from bertforge.fast.int8 import int8_weights
 from bertforge.model.bert import BertModel
 from bertforge.model.heads import resolve_layers
-from bertforge.tasks.encoding import max_context_window, window_starts
+from bertforge.tasks.encoding import Windows, max_context_window, window_starts
 from bertforge.settings import check_settings, setting
 from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
@@ -101,9 +61,7 @@ _ENCODE_BATCH = 4096  # texts per call to the tokenizer
 # ---------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class FeatureSettings:
-    """Which vectors to take (layers, combine, pooling) and how inputs run through the model (module
-    docstring). Checked when made (`bertforge.settings`); what depends on the model (its layers and
-    positions, a left-to-right model's [CLS]) is checked once the model is loaded."""
+    """Which vectors to take and how inputs run through the model (checked when made)."""
 
     layers: tuple[int, ...] | None = None
     """comma-separated hidden-state indexes: -1 the last layer, 0 the embedding output (none: -1,-2,-3,-4, or -1
@@ -185,7 +143,8 @@ class _Window:
 
 def _windows(a: np.ndarray, b: np.ndarray | None, cls: int, sep: int, max_len: int, stride: int,
              index: int) -> tuple[np.ndarray, list[_Window]]:
-    """The input's tokens ``[CLS] a [SEP] (b [SEP])`` and the windows covering them (module docstring)."""
+    """The input's tokens ``[CLS] a [SEP] (b [SEP])`` and the windows covering them; a pair's shorter
+    segment stays whole in every window, [CLS] comes from the first and the final [SEP] from the last."""
     parts = [[cls], a, [sep]] + ([b, [sep]] if b is not None else [])
     seq = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     n, n_a = len(seq), len(a) + 2
@@ -238,14 +197,9 @@ class _Spec:
 
 
 def _collate(windows: list[_Window], device: torch.device) -> dict[str, torch.Tensor]:
-    B, T = len(windows), max(len(w.ids) for w in windows)
-    ids, mask, types = np.zeros((3, B, T), dtype=np.int64)
-    for i, w in enumerate(windows):
-        ids[i, :len(w.ids)] = w.ids
-        mask[i, :len(w.ids)] = 1
-        types[i, w.num_a:len(w.ids)] = 1
-    return {k: torch.from_numpy(v).to(device) for k, v in
-            (("input_ids", ids), ("attention_mask", mask), ("token_type_ids", types))}
+    batch = Windows([w.ids for w in windows], np.array([w.num_a for w in windows]), np.zeros(len(windows)),
+                    len(windows)).collate(range(len(windows)))
+    return {k: t.to(device) for k, t in batch.items()}
 
 
 def _run_chunk(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], items: list[int],
@@ -319,8 +273,7 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
 
 # ---------------------------------------------------------------------------- setting up
 class BertModelWithoutPooler(BertModel):
-    """`BertModel` without its pooler, which features never use: a checkpoint without one (MLM,
-    tagging, QA) then loads without a "newly initialised" warning."""
+    """`BertModel` without the pooler features never use, so checkpoints without one load quietly."""
 
     def __init__(self, config: Any):
         super().__init__(config, add_pooling_layer=False)
@@ -356,8 +309,7 @@ def _check_pooling(config: Any, pooling: str | None, what: str) -> None:
 
 
 def _resolve(settings: FeatureSettings, config: Any, device: torch.device | str) -> _Spec:
-    """``settings`` for a model of ``config`` on ``device``: the model's device, or one to set up
-    (`bertforge.train.distributed.setup`) once the settings are known to fit the model."""
+    """``settings`` for a model of ``config`` on ``device`` (a name: set up once the settings fit)."""
     from bertforge.train.distributed import setup
 
     max_seq_length = settings.max_seq_length
@@ -398,18 +350,16 @@ def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]]
 # ---------------------------------------------------------------------------- results
 @dataclass
 class Extracted:
-    """Features of N inputs, per token or pooled: ``values``, ``offsets`` and ``token_ids`` are the
-    arrays of the ``.npy`` layout (module docstring; the last two None when pooled), ``layers`` the
-    indexes as given, ``windowed`` the number of inputs longer than max_seq_length."""
+    """Features of N inputs, the arrays of the ``.npy`` layout (pooled: values only)."""
 
     values: np.ndarray
     offsets: np.ndarray | None
     token_ids: np.ndarray | None
-    layers: tuple[int, ...]
+    layers: tuple[int, ...]  # the indexes as given
     combine: str
     pooling: str | None
     hidden_size: int
-    windowed: int = 0
+    windowed: int = 0  # inputs longer than max_seq_length
 
     def __len__(self) -> int:
         return len(self.values) if self.offsets is None else len(self.offsets) - 1
@@ -426,7 +376,7 @@ class Extracted:
 
 
 def _layout(s: _Setup) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-    """Name -> (dtype, shape) of the result's arrays (module docstring: the file layouts)."""
+    """Name -> (dtype, shape) of the result's arrays."""
     N, D = len(s.inputs), s.spec.dim
     if s.spec.settings.pooling:
         return {"features": (np.dtype(np.float32), (N, D))}
@@ -436,8 +386,7 @@ def _layout(s: _Setup) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
 
 
 def _extract(s: _Setup, make: Callable[[str, np.dtype, tuple[int, ...]], np.ndarray]) -> Extracted:
-    """The features of ``s`` in arrays ``make(name, dtype, shape)`` provides: in memory, or memory-mapped
-    from a file (flushed to it at the end)."""
+    """The features of ``s`` in the arrays ``make(name, dtype, shape)`` provides (memory maps: flushed)."""
     arrays = {name: make(name, dtype, shape) for name, (dtype, shape) in _layout(s).items()}
     values, offsets, token_ids = arrays["features"], arrays.get("offsets"), arrays.get("token_ids")
     if offsets is not None:
@@ -462,19 +411,14 @@ def _extract(s: _Setup, make: Callable[[str, np.dtype, tuple[int, ...]], np.ndar
 
 def extract_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]],
                      settings: FeatureSettings | None = None, **options: Any) -> Extracted:
-    """Token vectors (or pooled sentence vectors) of ``texts``, strings or (text_a, text_b or None) pairs,
-    in memory (module docstring). ``settings``: a `FeatureSettings` (default: its defaults); ``options``:
-    any of its fields, given instead or over it (``extract_features(path, texts, pooling="mean")``)."""
+    """Token (or pooled) vectors of texts or (a, b) pairs, in memory; ``options`` override ``settings``."""
     s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))
     return _extract(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype))
 
 
 def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str | None]],
           settings: FeatureSettings | None = None, **options: Any) -> np.ndarray:
-    """(N, D) float32 pooled vectors of ``texts`` from a `BertModel` already loaded (a head's ``.bert``,
-    on its device, in eval mode), such as a predictor's encoder. ``settings`` and ``options`` are
-    `extract_features`'s, pooling "mean" by default, never None, and "last" allowed (module docstring).
-    ``precision`` is resolved for the model's device (int8 for this call only); ``device`` is not used."""
+    """(N, D) float32 pooled vectors of ``texts`` from a `BertModel` already loaded, on its device."""
     settings = _settings(settings, options, FeatureSettings(pooling="mean"))
     if settings.pooling is None:
         raise ValueError(f"pooling must be one of {', '.join(typing.get_args(EmbedPooling))}, got None")
@@ -512,9 +456,7 @@ def _jsonl(s: _Setup, out: Path) -> list[Path]:
 
 
 def _allocate_file(path: Path, header: bytes, size: int) -> None:
-    """Write ``header`` to ``path``, then ``size`` bytes whose blocks are allocated now where the system
-    allows: a sparse file takes its blocks when a memory map first writes a page, and a full disk there
-    is a SIGBUS; allocated up front, it is an ENOSPC error before anything is computed."""
+    """``header``, then ``size`` bytes allocated now: a full disk is ENOSPC at once, not a SIGBUS later."""
     with open(path, "wb") as f:
         f.write(header)
         f.truncate(len(header) + size)
@@ -548,8 +490,7 @@ _ST_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(n
 
 
 def _safetensors(s: _Setup, out: Path) -> list[Path]:
-    """The safetensors layout written by hand (an 8-byte header size, a JSON header, then the raw
-    little-endian tensors back to back) so the tensors can be memory-mapped in place."""
+    """The safetensors layout written by hand, so the tensors can be memory-mapped in place."""
     header: dict[str, Any] = {"__metadata__": {
         "format": "bertforge-features", "layers": ",".join(map(str, s.spec.layers)),
         "combine": s.spec.settings.combine, "pooling": s.spec.settings.pooling or "none",
@@ -600,8 +541,7 @@ def output_format(out: str | Path) -> str:
 
 def write_features(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], out: str | Path,
                    settings: FeatureSettings | None = None, **options: Any) -> Written:
-    """`extract_features` streamed into ``out``: ``.jsonl``, ``.npy`` or ``.safetensors`` (module docstring).
-    ``settings`` and ``options`` are `extract_features`'s."""
+    """`extract_features` streamed into ``out``: ``.jsonl``, ``.npy`` or ``.safetensors``."""
     out = Path(out)
     writer = _WRITERS[output_format(out)]
     s = _setup(checkpoint, texts, _settings(settings, options, FeatureSettings()))

@@ -1,25 +1,7 @@
-"""Multiple choice (SWAG): a context and C choices -> the index of the right choice.
-
-The paper's setup: C sequences ``[CLS] context [SEP] choice [SEP]`` per example, one score each from
-the pooled output (`bertforge.model.heads.BertForMultipleChoice`), softmax over the C, cross-entropy
-against the right one; accuracy.
-
-Files.
-- ``swag``: SWAG's own CSVs (``train.csv`` / ``val.csv`` / ``test.csv`` of rowanz/swagaf, or their
-  folder), read as google's and transformers' SWAG scripts read them: the context is ``sent1`` and
-  choice k is ``sent2 + " " + ending<k>`` (``sent2`` is the start shared by every ending).
-- ``multiple_choice``: CSV / TSV / JSONL. The context is ``--text-column`` (default ``context``); the
-  choices, ``--text-pair-column`` NAME (default ``choices``), are a JSONL list or numbered columns
-  NAME0, NAME1, ... (or from 1); the label, ``--label-column`` (default ``label``), is the right choice's
-  index from 0. The column arguments override SWAG's names too.
-
-A row whose label is not a choice index, whose number of choices differs from the first example's
-(batches are (B, C, T)), or that is malformed is an error naming file and line, or with
-``skip_bad_rows`` skipped and counted; rows without a label are skipped unless labels are not needed.
-
-Length. A pair longer than ``max_seq_length`` is cut the TF release's way (``_truncate_seq_pair``; fast
-tokenizers differ by one token on an odd room). A choice cannot be windowed, since the C scores must be
-compared; cut pairs are counted in the summary and logged.
+"""Multiple choice (SWAG): a context and C choices -> the index of the right choice. As in the paper,
+each choice is a sequence ``[CLS] context [SEP] choice [SEP]`` scored from the pooled output, with a
+softmax over the C; accuracy. A pair is cut to ``max_seq_length``, never windowed, since the C scores
+are compared. Files (SWAG's CSVs, generic CSV / TSV / JSONL): docs/finetuning.md.
 """
 
 from __future__ import annotations
@@ -95,11 +77,9 @@ def _numbered(stem: str, keys: Collection[str]) -> list[str]:
 
 def _locate(cols: Columns, keys: Collection[str], need_label: bool, where: str, kind: str,
             record: Mapping[str, Any] | None = None) -> list[str] | None:
-    """The keys of the choices among ``keys`` (None: ``record`` holds them as a list under
-    ``cols.choices``); a missing part is an error naming ``where`` (file:line)."""
-    choice_keys: list[str] | None = None
-    if record is None or not isinstance(record.get(cols.choices), list):
-        choice_keys = _numbered(cols.choices, keys)
+    """The keys of the choices among ``keys`` (None: a list in ``record``); a missing part is an error."""
+    listed = record is not None and isinstance(record.get(cols.choices), list)
+    choice_keys = None if listed else _numbered(cols.choices, keys)
     missing = [repr(c) for c in (cols.context, cols.start, cols.label if need_label else None) if c and c not in keys]
     if choice_keys == []:
         missing.append(f"{cols.choices}0, {cols.choices}1, ..." + (f" or a list {cols.choices!r}" if record else ""))
@@ -120,9 +100,7 @@ def _choice_index(raw: Any, num_choices: int) -> int | None:
 def read_choices(path: str | Path, task: str | None = "multiple_choice", *, context_column: str | None = None,
                  choices_column: str | None = None, label_column: str | None = None, require_labels: bool = True,
                  skip_bad_rows: bool = False, num_choices: int = 0) -> tuple[list[ChoiceExample], ReadReport]:
-    """Examples of one file, and what was skipped (module docstring). ``num_choices``: the number every
-    example must have (0: the first example's), so that several files of one run agree.
-    ``require_labels=False`` reads files without a label column."""
+    """Examples of one file, and what was skipped; ``num_choices``: every example's (0: the first's)."""
     path = Path(path)
     cols = columns_for(task, context_column, choices_column, label_column)
     if not path.is_file():
@@ -182,11 +160,10 @@ def read_choices(path: str | Path, task: str | None = "multiple_choice", *, cont
 # ---------------------------------------------------------------------------- encoding
 @dataclass
 class ChoiceInputs:
-    """The C sequences of every example; items (for batching, lengths) are examples."""
+    """The C sequences of every example; its items are examples."""
 
     sequences: Windows
-    """``[CLS] context [SEP] choice [SEP]`` of every (example, choice): example i's choice k is
-    sequence ``i * C + k`` (its ``example`` is i)."""
+    """The ``[CLS] context [SEP] choice [SEP]`` sequences: example i's choice k is number ``i * C + k``."""
     num_choices: int
     max_seq_length: int
     labels: np.ndarray | None = None
@@ -227,8 +204,7 @@ class ChoiceInputs:
 
 
 def encode_choices(examples: Sequence[ChoiceExample], tokenizer: Any, max_seq_length: int) -> ChoiceInputs:
-    """Tokenize every (context, choice) pair into ``[CLS] context [SEP] choice [SEP]``, cut longest-first
-    to ``max_seq_length`` (module docstring). Every example must have the same number of choices."""
+    """Tokenize every (context, choice) pair, cut longest-first to ``max_seq_length`` (TF's way)."""
     if max_seq_length < 4:
         raise ValueError(f"max_seq_length must be >= 4, got {max_seq_length}")
     C = len(examples[0].choices) if examples else 0
@@ -268,8 +244,7 @@ class MultipleChoiceObjective(AccuracyObjective):
 
 def choice_scores(model: nn.Module, encoded: ChoiceInputs, batch_size: int, device: torch.device | str = "cpu",
                   dist: Any = None) -> np.ndarray:
-    """(examples, C) scores (logits). ``batch_size``: sequences per forward pass (so batch_size // C
-    examples). With ``dist``, every process scores a part and all get the whole."""
+    """(examples, C) logits; ``batch_size``: sequences per forward pass (batch_size // C examples)."""
     rows = predict_items(model, encoded, max(1, batch_size // max(encoded.num_choices, 1)), device, numpy_logits, dist)
     return np.array(rows, dtype=np.float64).reshape(len(rows), encoded.num_choices)
 
@@ -277,17 +252,14 @@ def choice_scores(model: nn.Module, encoded: ChoiceInputs, batch_size: int, devi
 # ---------------------------------------------------------------------------- predictions
 def prediction_records(examples: Sequence[ChoiceExample], scores: np.ndarray,
                        gold: bool = False) -> list[dict[str, Any]]:
-    """``{"index", "line", "prediction", "scores"}`` per example: its position in the file (from 0),
-    its line, the index of the chosen choice and every choice's score (logit); with ``gold``, also
-    the index of the right choice."""
+    """``{"index", "line", "prediction", "scores"}`` per example (and ``gold``, the right choice)."""
     return [{"index": i, "line": e.line, "prediction": int(row.argmax()), "scores": [round(float(x), 6) for x in row],
              **({"gold": e.label} if gold else {})} for i, (e, row) in enumerate(zip(examples, scores))]
 
 
 # ---------------------------------------------------------------------------- the family
 class MultipleChoiceFamily(TaskFamily):
-    """Multiple choice (`bertforge.tasks.base.TaskFamily`): ``swag`` (SWAG's CSVs) and
-    ``multiple_choice`` (generic CSV / TSV / JSONL)."""
+    """Multiple choice: ``swag`` (SWAG's CSVs) and ``multiple_choice`` (CSV / TSV / JSONL)."""
 
     name = "multiple_choice"
     head = "BertForMultipleChoice"
@@ -365,15 +337,12 @@ class MultipleChoiceFamily(TaskFamily):
         return prediction_records(examples, choice_scores(model, encoded, cfg.eval_batch_size, device))
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
-        """``index,prediction`` lines (and ``gold`` when the records have it): comma-separated for a
-        .csv file, else tab-separated."""
+        """``index,prediction`` (and ``gold``) lines, comma-separated for a .csv file, else tab-separated."""
         return prediction_table(records, "," if ".csv" in [s.lower() for s in out.suffixes] else "\t")
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, choice 1,
-        choice 2, ...): the index and text of the most likely choice and every choice's probability
-        (softmax over the choices' scores). Every input has the same number of choices."""
+        """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, *choices)."""
         encoded = encode_choices([ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)],
                                   tokenizer, cfg.max_seq_length)
         scores = choice_scores(model, encoded, cfg.eval_batch_size, device)  # (N, C)

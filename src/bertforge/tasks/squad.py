@@ -1,36 +1,8 @@
-"""Extractive question answering, SQuAD v1.1 (``--task squad``) and v2.0 (``--task squad2``): JSON ->
-questions -> windows -> batches -> span losses, n-best answers, the official EM / F1 and the
-prediction files ``predictions.json``, ``nbest_predictions.json`` and ``null_odds.json``.
-
-Files. `read_squad` reads SQuAD's JSON (compressed too); a missing or mistyped key names its place
-(``data[3].paragraphs[0].qas[2]``) and the question id. Training uses each question's first answer,
-whose text must be the context's at ``answer_start`` (the TF release drops such questions with "Could
-not find answer"): an error, or with ``skip_bad_rows`` a skip counted by id in the `SquadReadReport`.
-In 2.0 a question is unanswerable when ``is_impossible`` (without that key: when it has no answers).
-
-Windows, as the TF release's run_squad.py builds them: ``[CLS] question [SEP] context [SEP]``, the
-question cut to ``max_query_length`` tokens, the context cut into windows every ``doc_stride`` tokens.
-A training window's targets are the answer's first and last token, or [CLS] when the question is
-unanswerable or the answer is not wholly inside the window.
-
-Answers. Per window, the ``n_best_size`` best start and end positions; candidate spans lie inside the
-context, start in their max-context window (`encoding.max_context_window`) and are at most
-``max_answer_length`` tokens long; ranked by start + end logit over a question's windows, the first
-``n_best_size`` distinct texts are the n-best. SQuAD 2.0: the null score is start[0] + end[0] of the
-window where it is smallest; the question is unanswerable when null score - best span score (its *null
-odds*) exceeds ``null_score_diff_threshold``. Metrics are the official scripts'
-(`bertforge.metrics.squad_metrics`), for 2.0 with the best threshold on the file (``best_f1_thresh``).
-
-Deliberate differences from run_squad.py:
-
-- Answer text. The TF release re-aligns the de-tokenized span with the whitespace-split words by a
-  heuristic (``get_final_text``). Here the tokenizer's character offsets give the span's characters
-  directly: "Steve Smith" out of "Steve Smith's", "1895" out of "(1895-1943).", "Café" with its accent.
-  A training answer is mapped to the tokens its characters overlap, which is what the TF release's
-  word mapping plus ``_improve_answer_span`` reaches.
-- The training loss leaves padding positions out of the softmax, so it does not depend on how batches
-  are padded (TF and transformers pad every sequence to max_seq_length and include them).
-- A question with no valid span gets the answer "" (TF: "empty"); in 2.0 its null odds are 1e6.
+"""Extractive question answering, SQuAD v1.1 (``--task squad``) and v2.0 (``--task squad2``): SQuAD's
+JSON -> questions -> windows ``[CLS] question [SEP] context part [SEP]`` (run_squad.py's) -> span
+losses, n-best answers, the official EM / F1 and the TF release's prediction files. Answers are the
+context's own characters (the tokenizer's offsets, not ``get_final_text``'s heuristic), and padding
+is left out of the loss's softmax. The user guide: docs/finetuning.md, "Extractive QA (SQuAD)".
 """
 
 from __future__ import annotations
@@ -79,11 +51,9 @@ class Question(NamedTuple):
 
 @dataclass
 class SquadReadReport(ReadReport):
-    """What reading a SQuAD file kept and skipped; skipped questions are listed by id (a JSON file's
-    line numbers say little), and ``examples`` counts the questions kept."""
+    """What reading a SQuAD file kept, and the ids of the questions it skipped."""
 
-    skipped_questions: dict[str, list[str]] = field(default_factory=dict)
-    """Reason -> ids of the questions skipped for it."""
+    skipped_questions: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids
 
     def skip_question(self, reason: str, qid: str) -> None:
         self.skipped_questions.setdefault(reason, []).append(qid)
@@ -135,9 +105,7 @@ def _typed(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
 
 def read_squad(path: str | Path, version: str = "1.1", *, mode: Literal["train", "eval", "predict"] = "eval",
                skip_bad_rows: bool = False) -> SquadData:
-    """The questions of a SQuAD JSON file (module docstring). ``mode``: "train" needs each question's
-    first answer to be the context's text at its ``answer_start``; "eval" needs gold answers (SQuAD
-    2.0: or an unanswerable question); "predict" needs no answers."""
+    """The questions of a SQuAD JSON file; ``mode`` says which answers they need ("predict": none)."""
     path = Path(path)
     if version not in ("1.1", "2.0"):
         raise ValueError(f"unknown SQuAD version {version!r}; expected '1.1' or '2.0'")
@@ -154,13 +122,11 @@ def read_squad(path: str | Path, version: str = "1.1", *, mode: Literal["train",
     contexts: list[str] = []
     questions: list[Question] = []
     seen: dict[str, str] = {}
-    articles = _typed(root, "data", list, f"{path}: the top level")
-    for i, article in enumerate(articles):
+    for i, article in enumerate(_typed(root, "data", list, f"{path}: the top level")):
         for j, paragraph in enumerate(_typed(article, "paragraphs", list, f"{path}: data[{i}]")):
             where_p = f"{path}: data[{i}].paragraphs[{j}]"
             context = _typed(paragraph, "context", str, where_p)
-            qas = _typed(paragraph, "qas", list, where_p)
-            for k, qa in enumerate(qas):
+            for k, qa in enumerate(_typed(paragraph, "qas", list, where_p)):
                 where = f"{where_p}.qas[{k}]"
                 qid = str(qa.get("id", "")) if isinstance(qa, dict) else ""
                 try:
@@ -195,9 +161,7 @@ class _BadAnswer(ValueError):
 def _read_question(qa: Any, where: str, context: str, paragraph: int, version: str, mode: str) -> Question:
     qid = _typed(qa, "id", (str, int), where)
     text = _typed(qa, "question", str, where)
-    impossible = False
-    if "is_impossible" in qa:
-        impossible = _typed(qa, "is_impossible", bool, where)
+    impossible = "is_impossible" in qa and _typed(qa, "is_impossible", bool, where)
     if mode == "predict":
         return Question(str(qid), text, paragraph, (), -1, False, where)
     answers = _typed(qa, "answers", list, where)
@@ -219,8 +183,7 @@ def _read_question(qa: Any, where: str, context: str, paragraph: int, version: s
 
 
 def squad_files(spec: str, task: str, split: str) -> list[Path]:
-    """Files named by ``spec`` (comma-separated); a folder gives its ``{split}-v1.1.json`` (squad) or
-    ``{split}-v2.0.json`` (squad2), the names of the official files."""
+    """Files named by ``spec`` (comma-separated); a folder gives its official file (dev-v2.0.json, ...)."""
     files = []
     for part in split_files(spec):
         if part.is_dir():
@@ -235,8 +198,7 @@ def squad_files(spec: str, task: str, split: str) -> list[Path]:
 # ---------------------------------------------------------------------------- encoding
 @dataclass
 class SquadWindows(Windows):
-    """Windows ``[CLS] question [SEP] context part [SEP]`` (``num_a``: the tokens up to the first
-    [SEP]); ``example`` is the question's index, and a question's windows are consecutive."""
+    """Windows ``[CLS] question [SEP] context part [SEP]``; ``example``: the question (consecutive)."""
 
     doc_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """First context token of each window (an index into its paragraph's tokens)."""
@@ -282,13 +244,11 @@ class SquadWindows(Windows):
 
 def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int, *,
                  targets: bool = False, skip_bad_rows: bool = False) -> SquadWindows:
-    """Tokenize and cut into windows (module docstring); ``targets``: with training start / end
-    positions (a training answer whose characters hold no token is an error, or skipped and counted)."""
+    """Tokenize and cut into windows; ``targets``: with training start / end positions."""
     _check_window_settings(max_seq_length, doc_stride, max_query_length)
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
-    questions = data.questions
     ids, offsets = _tokenize_contexts(data, tokenizer)
-    query_ids = tokenizer.encode_batch_ids([q.text for q in questions])
+    query_ids = tokenizer.encode_batch_ids([q.text for q in data.questions])
     out_ids: list[np.ndarray] = []
     num_a: list[int] = []
     example: list[int] = []
@@ -298,7 +258,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
     start_pos: list[int] = []
     end_pos: list[int] = []
     windowed = cut = without = 0
-    for i, (q, query) in enumerate(zip(questions, query_ids)):
+    for i, (q, query) in enumerate(zip(data.questions, query_ids)):
         doc, offs = ids[q.paragraph], offsets[q.paragraph]
         cut += len(query) > max_query_length
         query = query[:max_query_length]
@@ -333,7 +293,7 @@ def encode_squad(data: SquadData, tokenizer: Any, max_seq_length: int, doc_strid
 
     lengths_all = cat(doc_len)
     return SquadWindows(
-        out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(questions),
+        out_ids, np.array(num_a, dtype=np.int64), np.array(example, dtype=np.int64), len(data.questions),
         windowed=windowed, doc_start=cat(doc_start), doc_len=lengths_all, max_context=cat(max_context, bool),
         max_context_at=np.cumsum(lengths_all) - lengths_all, offsets=offsets,
         start_positions=np.array(start_pos, dtype=np.int64) if targets else None,
@@ -350,8 +310,7 @@ def _check_window_settings(max_seq_length: int, doc_stride: int, max_query_lengt
 
 
 def _tokenize_contexts(data: SquadData, tokenizer: Any) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
-    """Token ids of each context a question asks about, and (tokens, 2) character offsets of every
-    context's tokens (none for a context no question asks about)."""
+    """Token ids and (tokens, 2) character offsets of each context a question asks about."""
     used = sorted({q.paragraph for q in data.questions})
     ids: dict[int, np.ndarray] = {}
     offsets: list[np.ndarray] = [np.zeros((0, 2), np.int64)] * len(data.contexts)
@@ -364,9 +323,7 @@ def _tokenize_contexts(data: SquadData, tokenizer: Any) -> tuple[dict[int, np.nd
 
 
 def _answer_tokens(data: SquadData, q: Question, offs: np.ndarray, skip_bad_rows: bool) -> tuple[int, int] | None:
-    """The first and last context token of a training question's answer: the tokens its characters
-    overlap ((-1, -1) when unanswerable). None when they hold no token and ``skip_bad_rows`` lets the
-    question be skipped (counted in its file's report); else that is an error."""
+    """The first and last context token a training answer overlaps ((-1, -1): unanswerable; None: skipped)."""
     if q.is_impossible:
         return -1, -1
     a, b = q.answer_start, q.answer_start + len(q.answers[0])
@@ -387,8 +344,7 @@ def _answer_tokens(data: SquadData, q: Question, offs: np.ndarray, skip_bad_rows
 
 # ---------------------------------------------------------------------------- the task
 class SpanObjective(AccuracyObjective):
-    """Summed (CE(start) + CE(end)) / 2 over the windows of a batch, padding left out of the softmax;
-    ``span_accuracy``: start and end both right."""
+    """Summed span cross-entropy, padding left out of the softmax; accuracy: start and end both right."""
 
     term = "span"
     metric = "span_accuracy"
@@ -410,8 +366,7 @@ class SpanObjective(AccuracyObjective):
 
 # ---------------------------------------------------------------------------- answers
 class WindowScores(NamedTuple):
-    """What post-processing keeps of a window's logits: its k best start and end positions (best
-    first; ties in position order) and their logits, and the [CLS] logits (the null score)."""
+    """A window's k best start and end positions and logits (best first), and its [CLS] logits."""
 
     start_index: np.ndarray
     start_logit: np.ndarray
@@ -423,8 +378,7 @@ class WindowScores(NamedTuple):
 
 def top_k_scores(start_logits: torch.Tensor, end_logits: torch.Tensor, attention_mask: torch.Tensor,
                  k: int) -> list[WindowScores]:
-    """(B, T) logits -> one `WindowScores` per row, over its real (unpadded) tokens. Rows with fewer
-    than k tokens are filled with position T and logit -inf."""
+    """(B, T) logits -> one `WindowScores` per row, over its real tokens (filled with T and -inf)."""
     pad = attention_mask == 0
     T = start_logits.shape[1]
     picked = []
@@ -472,15 +426,9 @@ class Prediction:
     """``{"text", "probability", "start_logit", "end_logit"}``, best first (nbest_predictions.json)."""
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
 def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowScores], *, n_best_size: int,
                 max_answer_length: int, null_score_diff_threshold: float = 0.0) -> list[Prediction]:
-    """The answers of every question from its windows' scores (module docstring); SQuAD 2.0 decides
-    null answers by ``data.version``."""
+    """The answers of every question from its windows' scores (SQuAD 2.0: may be null)."""
     v2 = data.version == "2.0"
     if scores:
         si, sv = np.stack([s.start_index for s in scores]), np.stack([s.start_logit for s in scores]).astype(np.float64)
@@ -538,8 +486,9 @@ def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowS
             add("", null_logits)
         if not nbest:
             add("", (0.0, 0.0))
-        probs = _softmax(np.array([e["start_logit"] + e["end_logit"] for e in nbest]))
-        for e, p in zip(nbest, probs):
+        totals = np.array([e["start_logit"] + e["end_logit"] for e in nbest])
+        probs = np.exp(totals - totals.max())
+        for e, p in zip(nbest, probs / probs.sum()):
             e["probability"] = float(p)
         best = next((k for k, e in enumerate(nbest) if e["text"]), None)
         best_text, (start, end) = (nbest[best]["text"], chars[best]) if best is not None else ("", (-1, -1))
@@ -558,22 +507,20 @@ def postprocess(data: SquadData, encoded: SquadWindows, scores: Sequence[WindowS
 
 
 def prediction_files(predictions: Sequence[Prediction], version: str) -> dict[str, str]:
-    """predictions.json ({id: answer}), nbest_predictions.json ({id: n-best}) and, for SQuAD 2.0,
-    null_odds.json ({id: null odds}), as the TF release writes them."""
-
-    def dump(obj: Any) -> str:
-        return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
-
-    files = {"predictions.json": dump({p.id: p.text for p in predictions}),
-             "nbest_predictions.json": dump({p.id: p.nbest for p in predictions})}
+    """predictions.json, nbest_predictions.json and (2.0) null_odds.json, as the TF release writes them."""
+    files = {"predictions.json": _json_file({p.id: p.text for p in predictions}),
+             "nbest_predictions.json": _json_file({p.id: p.nbest for p in predictions})}
     if version == "2.0":
-        files["null_odds.json"] = dump({p.id: p.null_odds for p in predictions})
+        files["null_odds.json"] = _json_file({p.id: p.null_odds for p in predictions})
     return files
 
 
+def _json_file(obj: Any) -> str:
+    return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
+
+
 def _score(data: SquadData, predictions: Sequence[Prediction], threshold: float) -> dict[str, float]:
-    """The official EM / F1; SQuAD 2.0 scores the best spans with their null odds and the threshold,
-    so the best-threshold search sees every answer (not only those the threshold let through)."""
+    """The official EM / F1; SQuAD 2.0 scores the best spans, so the threshold search sees every one."""
     from bertforge.metrics import squad_metrics
 
     if data.version == "2.0":
@@ -637,8 +584,7 @@ class SquadFamily(TaskFamily):
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
-        """EM / F1 (SQuAD 2.0: with HasAns / NoAns and the best threshold), main metric F1; the
-        prediction files."""
+        """EM / F1 (main metric F1) and the prediction files."""
         squad, encoded = data.data
         predictions = self._predictions(model, squad, encoded, cfg, device, dist)
         metrics = _score(squad, predictions, cfg.null_score_diff_threshold)
@@ -646,22 +592,17 @@ class SquadFamily(TaskFamily):
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"id", "answer", "start", "end", "score", "no_answer"}`` per question (``start`` / ``end``:
-        the answer's characters in its context, end exclusive, None for no answer; ``score``: its n-best
-        probability), plus ``null_odds`` for SQuAD 2.0."""
+        """An answer record per question (`_answer`), numbers rounded to 6 decimals."""
         data, encoded = self._encode(cfg, tokenizer, [path], "predict")
         return [{"id": p.id, **_answer(p, round)} for p in self._predictions(model, data, encoded, cfg, device)]
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """SQuAD's predictions.json: ``{question id: answer}``."""
-        return json.dumps({r["id"]: r["answer"] for r in records}, indent=4, ensure_ascii=False) + "\n"
+        return _json_file({r["id"]: r["answer"] for r in records})
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """``{"index", "question", "context", "answer", "start", "end", "score", "no_answer"}`` per
-        (question, context): the answer's characters in the context (end exclusive; None for no answer)
-        and its n-best probability, plus ``null_odds`` for SQuAD 2.0 (task squad2, which may answer
-        nothing)."""
+        """An answer record (`_answer`) per (question, context), with both."""
         items = [(t[0], t[1]) for t in texts]
         data = SquadData([c for _, c in items],
                          [Question(str(i), q, i, (), -1, False, f"input {i}") for i, (q, _) in enumerate(items)],
@@ -672,8 +613,7 @@ class SquadFamily(TaskFamily):
 
 
 def _answer(p: Prediction, rounded: Callable[[float, int], float]) -> dict[str, Any]:
-    """A prediction record's answer, its characters in the context (None for no answer), its n-best
-    probability and SQuAD 2.0's null odds, each number ``rounded(x, 6)``."""
+    """``answer``, ``start`` / ``end`` (None: no answer), ``score``, ``no_answer`` (and ``null_odds``)."""
     answered = p.text != ""
     record = {"answer": p.text, "start": p.start if answered else None, "end": p.end if answered else None,
               "score": rounded(p.probability, 6), "no_answer": not answered}

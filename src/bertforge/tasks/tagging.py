@@ -1,28 +1,7 @@
 """Token classification (NER and other tagging): column files -> sentences -> first-WordPiece labels
-in windows -> losses, one prediction per word, conlleval's entity scores and CoNLL prediction files.
-
-Files. `read_sentences` reads CoNLL-2003 column files (task ``ner``) and generic ``token<TAB>tag`` or
-whitespace-separated columns (task ``tagging``): one word per line, the token in the first column and
-the tag in ``tag_column`` (-1: the last); a blank line ends a sentence; ``-DOCSTART-`` lines are skipped.
-A line holding a tab is split at tabs (a token may then hold spaces), any other at whitespace.
-
-Labels. "O" has id 0, then come the other training tags sorted (O, B-LOC, B-PER, I-LOC, ...); "O" is
-the prediction for words without tokens. An evaluation file's tag the model was not trained on is
-scored as conlleval scores it (those words wrong, their entities missed), with a warning.
-
-Schemes. Entity scores follow conlleval's chunk rules (`bertforge.metrics.ner_metrics`) for BIO, IOB1
-and BIOES alike: the scheme only decides which tags are valid. ``tag_scheme="auto"`` detects it:
-BIOES when a tag starts with S- or E-; otherwise IOB1 when more entities open with I- than with B-,
-else BIO. Tags that are not entity tags (part-of-speech, chunks) get token accuracy only (task
-``tagging``); task ``ner`` refuses them.
-
-First-WordPiece labels (the paper). Each word is tokenized on its own ("U.S." -> u . s .). Its first
-sub-token carries the word's tag and its prediction; continuations, [CLS], [SEP] and padding get -100,
-which the loss ignores. A word that tokenizes to nothing is counted, not trained on and predicted "O".
-
-Long sentences are cut into windows every ``stride`` sub-tokens (0: half a window), never truncated.
-Each word is labelled and predicted only in the window where its first sub-token has the most context
-(`encoding.max_context_window`), so every word is trained on once and gets exactly one prediction.
+(the paper's: a word's first sub-token carries its tag) in windows -> losses, one prediction per word
+(in its max-context window), conlleval's entity scores and CoNLL prediction files. Tags that are not
+entity tags get token accuracy only (task ``tagging``). The user guide: docs/finetuning.md.
 """
 
 from __future__ import annotations
@@ -65,9 +44,7 @@ class Sentence(NamedTuple):
 # ---------------------------------------------------------------------------- reading
 def read_sentences(path: str | Path, *, tag_column: int = -1, require_tags: bool = True,
                    skip_bad_rows: bool = False) -> tuple[list[Sentence], ReadReport]:
-    """Sentences of one column file, and what was skipped (module docstring). ``tag_column``: the
-    tag's column, counted from 0 (the token's) or from the end (-1: the last). ``require_tags=False``
-    reads the tokens only (files to predict on)."""
+    """Sentences of a CoNLL-style column file, and what was skipped; ``tag_column`` may count from the end."""
     path = Path(path)
     if tag_column == 0:
         raise ValueError("tag_column 0 is the token's column; name the tag's (-1: the last)")
@@ -133,9 +110,7 @@ def tag_list(sentences: Iterable[Sentence]) -> list[str]:
 
 def tag_ids(sentences: Sequence[Sentence], path: str | Path, label2id: Mapping[str, int],
             unseen: int | None = None) -> np.ndarray:
-    """(words,) tag id of every word of ``sentences``, in order. A tag outside ``label2id`` is an error
-    naming file and line, or, given ``unseen``, gets that id (an evaluation file's gold tag the
-    model was not trained on)."""
+    """(words,) tag id of every word; a tag outside ``label2id`` gets ``unseen``, or is an error."""
     out = np.zeros(sum(len(s.tokens) for s in sentences), dtype=np.int64)
     k = 0
     for s in sentences:
@@ -155,12 +130,8 @@ def _is_entity_tag(tag: str) -> bool:
 
 
 def detect_scheme(labels: Iterable[str], sequences: Iterable[Sequence[str]] = ()) -> str | None:
-    """The tagging scheme of a tag set (module docstring): "BIOES", "IOB1" or "BIO" (IOB1 vs BIO
-    decided by how the entities of ``sequences`` open), None when the tags are not entity tags.
-
-    >>> detect_scheme(["O", "B-PER", "I-PER"], [["I-PER", "I-PER", "O", "B-PER"]])  # 1 opens with I-, 1 with B-
-    'BIO'
-    """
+    """The tagging scheme of a tag set: "BIOES" with any S- or E- tag, else "IOB1" when more entities
+    of ``sequences`` open with I- than with B-, else "BIO"; None when the tags are not entity tags."""
     labels = set(labels)
     if not all(_is_entity_tag(t) for t in labels):
         return None
@@ -178,29 +149,25 @@ def detect_scheme(labels: Iterable[str], sequences: Iterable[Sequence[str]] = ()
 
 def _problem(tag: str, task: str, scheme: str | None) -> str | None:
     """Why ``tag`` cannot be scored under ``scheme`` (None: it can)."""
-    if scheme is None:
-        if task == "ner" and not _is_entity_tag(tag):
-            return (f"task ner needs entity tags (O, B-TYPE, I-TYPE, ...), got {tag!r} (a wrong --tag-column? "
-                    "--task tagging takes any tag set)")
-        return None
-    try:
-        entity_spans([tag], scheme)
-    except ValueError as e:
-        return str(e)
+    if scheme is not None:
+        try:
+            entity_spans([tag], scheme)
+        except ValueError as e:
+            return str(e)
+    elif task == "ner" and not _is_entity_tag(tag):
+        return (f"task ner needs entity tags (O, B-TYPE, I-TYPE, ...), got {tag!r} (a wrong --tag-column? "
+                "--task tagging takes any tag set)")
     return None
 
 
 def resolve_scheme(setting: str, task: str, labels: Sequence[str],
                    sequences: Iterable[Sequence[str]] = ()) -> str | None:
-    """The scheme to score with: ``setting`` (BIO, IOB1, BIOES, ...; any case), or the one detected
-    from the tags when "auto"; every label must be valid in it. None: no entities (token accuracy
-    only; task ``tagging`` with tags that are not entity tags)."""
+    """The scheme ``setting`` names, or for "auto" detects, every label valid in it (None: no entities)."""
     scheme = detect_scheme(labels, sequences) if setting.lower() == "auto" else setting.upper()
     if scheme is not None and scheme not in SCHEMES:
         raise ValueError(f"unknown tag_scheme {setting!r}; choose auto or one of: {', '.join(SCHEMES)}")
     for tag in labels:
-        problem = _problem(tag, task, scheme)
-        if problem:
+        if problem := _problem(tag, task, scheme):
             raise ValueError(problem)
     return scheme
 
@@ -219,14 +186,12 @@ def _training_scheme(read: Sequence[tuple[Path, list[Sentence], ReadReport]], se
 
 def _check_tags(path: Path, sentences: Sequence[Sentence], task: str, scheme: str | None,
                 only: Container[str] | None = None) -> None:
-    """An error naming file and line for the first tag of ``sentences`` (of ``only``, when given)
-    that ``scheme`` cannot score."""
+    """An error naming file and line for the first tag (of ``only``) that ``scheme`` cannot score."""
     checked: set[str] = set()
     for s in sentences:
         for tag, line in zip(s.tags or (), s.lines):
             if tag not in checked and (only is None or tag in only):
-                problem = _problem(tag, task, scheme)
-                if problem:
+                if problem := _problem(tag, task, scheme):
                     raise ValueError(f"{path}:{line}: {problem}")
                 checked.add(tag)
 
@@ -239,8 +204,7 @@ class TagWindows:
     windows: Windows
     """Token ids of every window ([CLS] sub-tokens [SEP], one segment) and the sentence it comes from."""
     words: list[np.ndarray]
-    """Per window (same length as its input_ids): the index (over all words of all sentences) of the word
-    labelled and predicted at each position: its first sub-token, in its max-context window; -1 elsewhere."""
+    """Per window position: the index of the word labelled and predicted there (-1: none)."""
     word_offsets: np.ndarray
     """(sentences + 1,): the words of sentence s are word_offsets[s]:word_offsets[s + 1]."""
     tags: np.ndarray | None = None
@@ -291,8 +255,7 @@ class TagWindows:
 
 def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_length: int,
                      stride: int = 0) -> TagWindows:
-    """Tokenize word by word and cut into windows with first-WordPiece labels (module docstring).
-    ``stride``: sub-tokens between window starts (0: half a window); more than a window is an error."""
+    """Tokenize word by word and cut into windows ``stride`` sub-tokens apart (0: half a window)."""
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
     room = max_seq_length - 2
@@ -356,8 +319,7 @@ class TaggingObjective(AccuracyObjective):
 
 def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device: torch.device | str = "cpu",
                  dist: Any = None) -> np.ndarray:
-    """(words,) the predicted tag id of every word, read in its max-context window; -1 for words
-    without tokens. With ``dist``, every process predicts a part and all get the whole."""
+    """(words,) the predicted tag id of every word (-1: no tokens), from its max-context window."""
 
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
         best = model_logits(m, batch).logits.argmax(-1).cpu().numpy()  # (B, T)
@@ -383,8 +345,7 @@ def _predicted_tags(model: nn.Module, encoded: TagWindows, cfg: TaskSettings, de
 # ---------------------------------------------------------------------------- metrics and files
 def tagging_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]],
                     scheme: str | None) -> dict[str, float]:
-    """conlleval's entity precision / recall / F1 and token accuracy, plus ``f1_TYPE`` per entity
-    type; token accuracy only when ``scheme`` is None (no entities)."""
+    """conlleval's precision / recall / F1, accuracy and ``f1_TYPE``; accuracy only without a scheme."""
     if scheme is None:
         tokens = sum(len(t) for t in true_seqs)
         right = sum(a == b for t, p in zip(true_seqs, pred_seqs) for a, b in zip(t, p))
@@ -396,8 +357,7 @@ def tagging_metrics(true_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequ
 
 
 def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
-    """CoNLL columns: one line per word (its columns), a blank line after each sentence. Columns are
-    separated by a space, or by a tab when some column holds whitespace (conlleval -d '\\t')."""
+    """CoNLL columns, a blank line after each sentence; tab-separated when some column holds whitespace."""
     sentences = [list(s) for s in sentences]
     sep = "\t" if any(any(c.split() != [c] for c in row) for s in sentences for row in s) else " "
     return "".join("".join(sep.join(row) + "\n" for row in s) + "\n" for s in sentences)
@@ -405,16 +365,16 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 
 # ---------------------------------------------------------------------------- the family
 def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentences: list[Sentence],
-                   device: torch.device | str) -> tuple[list[list[str]], str | None]:
-    """Each sentence's predicted tag per word, and the tag scheme their entities are read with."""
+                   device: torch.device | str) -> tuple[list[list[str]], list[list[tuple[str, int, int]]]]:
+    """Each sentence's predicted tag per word, and the entities they make (type, first word, end word)."""
     encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
     tags, labels = _predicted_tags(model, encoded, cfg, device)
-    return tags, resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
+    scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
+    return tags, [entity_spans(seq, scheme) if scheme else [] for seq in tags]
 
 
 class TaggingFamily(TaskFamily):
-    """Token classification (`bertforge.tasks.base.TaskFamily`): ``ner`` (CoNLL-2003 files, entity
-    tags required) and ``tagging`` (any tag set: entity scores when the tags are entity tags)."""
+    """Token classification: ``ner`` (entity tags required) and ``tagging`` (any tag set)."""
 
     name = "tagging"
     head = "BertForTokenClassification"
@@ -472,18 +432,13 @@ class TaggingFamily(TaskFamily):
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"index", "line", "tokens", "tags", "entities"}`` per sentence: its position in the file (from
-        0), its first line, its words, their predicted tags and the entities they make, each
-        ``{"type", "start", "end", "text"}`` with word indices (end exclusive) and the words joined by spaces."""
+        """``{"index", "line", "tokens", "tags", "entities"}`` per sentence; entities in word indices."""
         sentences, _ = self._read(cfg, path, False)
-        pred, scheme = _tag_sentences(model, tokenizer, cfg, sentences, device)
-        records = []
-        for i, (s, tags) in enumerate(zip(sentences, pred)):
-            spans = entity_spans(tags, scheme) if scheme else []
-            records.append({"index": i, "line": s.line, "tokens": s.tokens, "tags": tags,
-                            "entities": [{"type": kind, "start": a, "end": b, "text": " ".join(s.tokens[a:b])}
-                                         for kind, a, b in spans]})
-        return records
+        pred, entities = _tag_sentences(model, tokenizer, cfg, sentences, device)
+        return [{"index": i, "line": s.line, "tokens": s.tokens, "tags": tags,
+                 "entities": [{"type": kind, "start": a, "end": b, "text": " ".join(s.tokens[a:b])}
+                              for kind, a, b in spans]}
+                for i, (s, tags, spans) in enumerate(zip(sentences, pred, entities))]
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """CoNLL columns ``token pred``, a blank line between sentences."""
@@ -491,10 +446,7 @@ class TaggingFamily(TaskFamily):
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """``{"index", "text", "words", "entities"}`` per text: its words (the tokenizer's: whitespace and
-        punctuation split, as in CoNLL files), each ``{"text", "start", "end", "tag"}``, and the entities
-        their tags make, ``{"type", "start", "end", "text"}``; offsets are characters of the text (end
-        exclusive), a word's range reaching over the combining marks that follow it."""
+        """``{"index", "text", "words", "entities"}`` per text (the tokenizer's words), in characters."""
         texts = [t[0] for t in texts]
         enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_word_ids=True)
         spans: list[list[tuple[int, int]]] = []  # per text: each word's characters
@@ -506,13 +458,10 @@ class TaggingFamily(TaskFamily):
             spans.append([(s, e) for s, e in found.values()])
         sentences = [Sentence([text[s:e] for s, e in words], None, [i + 1] * len(words))
                      for i, (text, words) in enumerate(zip(texts, spans))]
-        tags, scheme = _tag_sentences(model, tokenizer, cfg, sentences, device)
-        records = []
-        for i, (text, words, seq) in enumerate(zip(texts, spans, tags)):
-            entities = [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
-                         "text": text[words[a][0]:words[b - 1][1]]}
-                        for kind, a, b in (entity_spans(seq, scheme) if scheme else [])]
-            records.append({"index": i, "text": text, "entities": entities,
-                            "words": [{"text": text[s:e], "start": s, "end": e, "tag": t}
-                                      for (s, e), t in zip(words, seq)]})
-        return records
+        tags, entities = _tag_sentences(model, tokenizer, cfg, sentences, device)
+        return [{"index": i, "text": text,
+                 "entities": [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
+                               "text": text[words[a][0]:words[b - 1][1]]} for kind, a, b in ents],
+                 "words": [{"text": text[s:e], "start": s, "end": e, "tag": t}
+                           for (s, e), t in zip(words, seq)]}
+                for i, (text, words, seq, ents) in enumerate(zip(texts, spans, tags, entities))]
