@@ -248,16 +248,17 @@ def test_predictions_of_an_unlabelled_swag_test_file(learned, tmp_path):
     out, folder = learned
     records = predict(out / "best", folder, tmp_path / "p.csv")  # the folder's test.csv
     assert [r["index"] for r in records] == list(range(8)) and [r["line"] for r in records] == list(range(2, 10))
-    assert all(len(r["scores"]) == 4 and r["prediction"] == int(np.argmax(r["scores"])) for r in records)
+    assert all(len(r["probabilities"]) == 4 and r["choice"] == int(np.argmax(r["probabilities"])) for r in records)
+    assert all(r["text"] == r["choices"][r["choice"]] and sum(r["probabilities"]) == pytest.approx(1) for r in records)
     lines = (tmp_path / "p.csv").read_text().splitlines()
-    assert lines[0] == "index,prediction" and lines[1:] == [f"{r['index']},{r['prediction']}" for r in records]
+    assert lines[0] == "index,prediction" and lines[1:] == [f"{r['index']},{r['choice']}" for r in records]
     predict(out / "best", folder / "test.csv", tmp_path / "p.tsv")
-    assert (tmp_path / "p.tsv").read_text().splitlines()[1] == f"0\t{records[0]['prediction']}"
+    assert (tmp_path / "p.tsv").read_text().splitlines()[1] == f"0\t{records[0]['choice']}"
     predict(out / "best", folder / "test.csv", tmp_path / "p.jsonl")
     assert [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()] == records
     # on the labelled val.csv the predictions score what evaluate reports
     labels = [int(line.rsplit(",", 1)[1]) for line in (folder / "val.csv").read_text().splitlines()[1:]]
-    preds = [r["prediction"] for r in predict(out / "best", folder / "val.csv")]
+    preds = [r["choice"] for r in predict(out / "best", folder / "val.csv")]
     assert np.mean(np.array(preds) == labels) == pytest.approx(evaluate(out / "best", file=folder)["accuracy"])
 
 
@@ -268,9 +269,9 @@ def test_the_best_model_keeps_the_dev_predictions_beside_it(learned, tmp_path):
     records = predict(out / "best", folder / "val.csv")
     gold = [e.label for e in read_choices(folder / "val.csv", "swag")[0]]
     assert lines == ["index\tprediction\tgold",
-                     *(f"{r['index']}\t{r['prediction']}\t{g}" for r, g in zip(records, gold))]
+                     *(f"{r['index']}\t{r['choice']}\t{g}" for r, g in zip(records, gold))]
     best = json.loads((out / "best" / "eval_metrics.json").read_text())
-    assert np.mean([r["prediction"] == g for r, g in zip(records, gold)]) == pytest.approx(best["value"])
+    assert np.mean([r["choice"] == g for r, g in zip(records, gold)]) == pytest.approx(best["value"])
     evaluate(out / "best", file=folder, out=tmp_path)
     assert (tmp_path / "predictions.tsv").read_text().splitlines() == lines
 
@@ -315,3 +316,18 @@ def test_cli_finetune_evaluate_predict_on_a_swag_folder(root, base, capsys):
     assert len(lines) == 6 and lines[0] == "index,prediction" and lines[1].split(",")[1] in "0123"
     assert cli.main(["evaluate", str(out / "model"), "--file", str(folder / "test.csv")]) == 2
     assert "test.csv:1: no column 'label'" in capsys.readouterr().err
+
+
+def test_a_files_records_are_the_records_of_the_same_texts(learned):
+    """predict on a file and the Predictor's predict_texts give the same fields (the file's with its line)."""
+    from bertforge.tasks.finetune import load_finetuned
+
+    out, folder = learned
+    from_file = predict(out / "best", folder / "test.csv")
+    ft = load_finetuned(out / "best")
+    examples, _ = read_choices(folder / "test.csv", "swag", require_labels=False)
+    from_texts = ft.family.predict_texts(ft.model, ft.tokenizer, ft.settings,
+                                         [(e.context, *e.choices) for e in examples], ft.device)
+    for f, t in zip(from_file, from_texts, strict=True):
+        assert set(f) == {*t, "line"} and (f["choice"], f["text"]) == (t["choice"], t["text"])
+        assert f["probabilities"] == pytest.approx(t["probabilities"], abs=1e-5)

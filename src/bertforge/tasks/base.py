@@ -328,7 +328,7 @@ def prediction_table(records: Sequence[dict[str, Any]], sep: str = "\t") -> str:
     """``index``, ``prediction`` (the record's label, choice or score) and, when the records have it (an
     evaluated file), ``gold`` of each record, one line each under a header: GLUE's submission layout."""
     gold = ["gold"] if records and "gold" in records[0] else []
-    rows = [[r["index"], next(r[k] for k in ("label", "choice", "score", "prediction") if k in r),
+    rows = [[r["index"], next(r[k] for k in ("label", "choice", "score") if k in r),
              *(r[c] for c in gold)] for r in records]
     return "".join(sep.join(map(str, row)) + "\n" for row in [["index", "prediction", *gold], *rows])
 

@@ -250,11 +250,16 @@ def choice_scores(model: nn.Module, encoded: ChoiceInputs, batch_size: int, devi
 
 
 # ---------------------------------------------------------------------------- predictions
-def prediction_records(examples: Sequence[ChoiceExample], scores: np.ndarray,
-                       gold: bool = False) -> list[dict[str, Any]]:
-    """``{"index", "line", "prediction", "scores"}`` per example (and ``gold``, the right choice)."""
-    return [{"index": i, "line": e.line, "prediction": int(row.argmax()), "scores": [round(float(x), 6) for x in row],
-             **({"gold": e.label} if gold else {})} for i, (e, row) in enumerate(zip(examples, scores))]
+def prediction_records(examples: Sequence[ChoiceExample], scores: np.ndarray, gold: bool = False,
+                       lines: bool = True) -> list[dict[str, Any]]:
+    """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per example: the most likely choice,
+    its text and every choice's probability (softmax over the choices' scores); with ``lines`` the example's
+    ``line`` in its file, with ``gold`` the right choice."""
+    probs = np.exp(scores - scores.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    return [{"index": i, **({"line": e.line} if lines else {}), "context": e.context, "choices": list(e.choices),
+             "choice": int(p.argmax()), "text": e.choices[int(p.argmax())], "probabilities": p.tolist(),
+             **({"gold": e.label} if gold else {})} for i, (e, p) in enumerate(zip(examples, probs))]
 
 
 # ---------------------------------------------------------------------------- the family
@@ -342,12 +347,7 @@ class MultipleChoiceFamily(TaskFamily):
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """``{"index", "context", "choices", "choice", "text", "probabilities"}`` per (context, *choices)."""
-        encoded = encode_choices([ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)],
-                                  tokenizer, cfg.max_seq_length)
-        scores = choice_scores(model, encoded, cfg.eval_batch_size, device)  # (N, C)
-        probs = np.exp(scores - scores.max(1, keepdims=True))
-        probs /= probs.sum(1, keepdims=True)
-        return [{"index": i, "context": t[0], "choices": list(t[1:]), "choice": int(p.argmax()),
-                 "text": t[1 + int(p.argmax())], "probabilities": p.tolist()}
-                for i, (t, p) in enumerate(zip(texts, probs))]
+        """`prediction_records` (without ``line``) per (context, *choices)."""
+        examples = [ChoiceExample(t[0], tuple(t[1:]), None, i + 1) for i, t in enumerate(texts)]
+        encoded = encode_choices(examples, tokenizer, cfg.max_seq_length)
+        return prediction_records(examples, choice_scores(model, encoded, cfg.eval_batch_size, device), lines=False)
