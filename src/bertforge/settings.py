@@ -1,20 +1,8 @@
 """Settings: each declared once, on its config dataclass field, and read one way from every source.
 
-A field's annotation says what a setting takes (``Literal`` choices included) and `setting` adds its range
-and resume rules, so that the command line, a ``--config`` file, a study file, a checkpoint's inference
-overrides and a config built in Python all hold a value to the same rules. Values from a file have no
-type guarantee: YAML reads ``max_steps: four`` as a string, ``max_steps: true`` as a bool, and
-``lr: 1e-4`` (no dot: YAML 1.1) as a string too. `check_value` holds a value to its field's annotation
-before the dataclass sees it:
-
-    check_value("1e-4", float)          # 0.0001: a number written as text is a number
-    check_value(True, int)              # SettingValueError: expected an integer, got True
-    check_value("fast", float | None)   # SettingValueError: expected a number or none, got 'fast'
-
-`read_settings` reads a mapping of some settings of a config class (type, range, device), `from_mapping`
-a nested dataclass (a study file's), `config_from_file` a ``--config`` file; every error is a `FieldError`
-naming the setting's path ("finetune.lr: must be a finite number > 0, got 0.0"), to which the caller adds
-the file. `check_settings` holds a built config to its fields' choices and ranges.
+A field's annotation says what a setting takes and `setting` adds its range and resume rules, held alike
+for flags, ``--config`` and study files, inference overrides and Python; every reader's error is a
+`FieldError` naming the setting's path ("finetune.lr: ...").
 """
 
 from __future__ import annotations
@@ -44,12 +32,8 @@ MAX_MINUTES = 60 * 24 * 365 * 100
 
 def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, at_least: float | None = None,
             above: float | None = None, below: float | None = None, at_most: float | None = None) -> Any:
-    """A config field with ``default``, its range and its resume rules.
-
-    ``at_least`` / ``above`` / ``below`` / ``at_most``: the values it takes (None, where the type allows it,
-    always; a float must be finite), checked by `out_of_range` wherever a value comes from: the command line,
-    a config file, a study file, Python. ``resumable``: a resumed run may change it; ``absent``: what a recorded
-    run that predates the setting means by its absence."""
+    """A config field with ``default``, its range, whether a resumed run may change it (``resumable``) and
+    what a recorded run that predates it means by its absence (``absent``)."""
     metadata: dict[str, Any] = {"resumable": resumable}
     if absent is not _NOT_GIVEN:
         metadata["absent"] = absent
@@ -60,8 +44,7 @@ def setting(default: Any, *, resumable: bool = False, absent: Any = _NOT_GIVEN, 
 
 @functools.lru_cache(maxsize=None)
 def field_metadata(config_class: type) -> dict[str, dict[str, Any]]:
-    """Each field's metadata, merged over the classes of ``config_class``'s MRO: a class that gives a field a
-    new default keeps what its base declared."""
+    """Each field's metadata, merged over ``config_class``'s MRO (a new default keeps the base's rules)."""
     merged: dict[str, dict[str, Any]] = {}
     for klass in reversed(config_class.__mro__):
         for f in getattr(klass, "__dataclass_fields__", {}).values():
@@ -70,8 +53,7 @@ def field_metadata(config_class: type) -> dict[str, dict[str, Any]]:
 
 
 def out_of_range(config_class: type, name: str, value: Any) -> str | None:
-    """What setting ``name`` of ``config_class`` takes, as "must be > 0, got -1", if ``value`` is outside its
-    range (`setting`); None if it is inside, or the setting has none."""
+    """"must be > 0, got -1" if ``value`` is outside the range of setting ``name``; else None."""
     bounds = field_metadata(config_class).get(name, {}).get("range")
     if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -109,9 +91,7 @@ def _choices(config_class: type) -> dict[str, tuple[Any, ...]]:
 
 
 def check_settings(config: Any) -> None:
-    """A ValueError naming the first field of the dataclass ``config`` whose value is not one of its
-    ``Literal`` choices or is outside its range (`setting`): what a reader of typed input (the command line,
-    files) checks, held for a config built in Python too."""
+    """A ValueError naming the first field of ``config`` outside its ``Literal`` choices or its range."""
     choices = _choices(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
@@ -125,8 +105,7 @@ def check_settings(config: Any) -> None:
 
 # ---------------------------------------------------------------------------- values
 class SettingValueError(ValueError):
-    """A value of the wrong kind for its setting; the message says what was expected ("expected a
-    number, got 'fast'"), and callers put the file and the field in front of it."""
+    """A value of the wrong kind for its setting: "expected a number, got 'fast'"."""
 
     def __init__(self, expected: str, value: Any):
         self.expected = expected
@@ -145,8 +124,7 @@ class HugeNumber:
 
     @staticmethod
     def shown(value: Any) -> Any:
-        """``value`` as a message shows it: an integer beyond what torch and numpy count in (64 bits) as a
-        `HugeNumber`, anything else as it is."""
+        """``value`` as a message shows it: an integer beyond 64 bits as a `HugeNumber`."""
         return HugeNumber(value) if isinstance(value, int) and not -_INT64 <= value < _INT64 else value
 
 
@@ -172,14 +150,9 @@ def _describe(annotation: Any) -> str:
 
 
 def check_value(value: Any, annotation: Any, *, ints_as_floats: bool = False) -> Any:
-    """``value`` if it fits ``annotation`` (a config field's type), else a `SettingValueError`.
-
-    bool, int, float and str are held to their kind: a bool is no integer, a number no string. A float
-    field takes an integer, and a number written as text (YAML 1.1 reads ``1e-4`` so) as that number;
-    it refuses NaN and infinities, which no setting means. ``X | None`` takes None, ``Literal[...]``
-    its values, ``tuple[X, ...]`` / ``list[X]`` a list of X, ``dict[K, V]`` a mapping; other types
-    (paths, nested dataclasses, Any) are left to the dataclass. ``ints_as_floats``: an integer for a
-    float field is returned as a float (a config file's ``1`` as 1.0)."""
+    """``value`` if it fits ``annotation`` (a config field's type), else a `SettingValueError`. A bool is no
+    integer and a number no string, but a float field takes an integer or a number written as text (YAML 1.1
+    reads ``1e-4`` so), never NaN or infinities; ``ints_as_floats``: an integer for it becomes a float."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is float:
         number = value
@@ -238,16 +211,14 @@ def check_value(value: Any, annotation: Any, *, ints_as_floats: bool = False) ->
 
 @functools.lru_cache(maxsize=None)
 def field_types(cls: type) -> Mapping[str, Any]:
-    """The settable fields of the config dataclass ``cls`` (those its constructor takes) -> their types
-    (read once per class: resolving the annotations is slow)."""
+    """The fields ``cls``'s constructor takes -> their types (cached: resolving annotations is slow)."""
     hints = typing.get_type_hints(cls)
     return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
 
 
 # ---------------------------------------------------------------------------- nested mappings
 class FieldError(ValueError):
-    """A value refused at a setting: ``where`` is its path ("tasks[0] (MR).lr", "pretraining", "lr"; "": the
-    whole), ``message`` what is wrong with it."""
+    """A value refused at a setting: ``where`` is its path ("tasks[0] (MR).lr"; "": the whole)."""
 
     def __init__(self, where: str, message: str):
         self.where = where
@@ -256,11 +227,9 @@ class FieldError(ValueError):
 
 
 AS_GIVEN: dict[str, Any] = {"as_given": True}
-"""Field metadata: `from_mapping` keeps the value as given (its default when not given), for the caller to
-check against the rest of what it reads (names of other parts, say)."""
+"""Field metadata: `from_mapping` keeps the value as given, for the caller to check."""
 OTHER_KEYS: dict[str, Any] = {"other_keys": True}
-"""Field metadata: the field takes the mapping's keys that are no field's (settings written inline), as
-one mapping read at the path of the mapping itself."""
+"""Field metadata: the field takes the mapping's keys that are no field's (settings written inline)."""
 
 
 def read_mapping(value: Any, where: str) -> dict[str, Any]:
@@ -286,11 +255,8 @@ def _at(where: str, name: str) -> str:
 
 def read_settings(cls: type, data: Any, where: str = "", *, only: tuple[str, ...] | None = None,
                   refused: Mapping[str, str] | None = None, ints_as_floats: bool = False) -> dict[str, Any]:
-    """Some settings of the config dataclass ``cls`` read from the mapping ``data`` (at ``where``), each
-    checked as the dataclass itself would: its name one of the fields (of ``only``, if given), its value
-    of the field's type (`check_value`), inside the field's range (`out_of_range`), and a ``device`` one
-    bertforge runs on (`check_device`); every error a `FieldError` at the setting's path. ``refused``:
-    fields the caller sets itself -> the message that says so. ``ints_as_floats``: as `check_value`."""
+    """Some settings of ``cls`` read from the mapping ``data`` (at ``where``), each checked as a field (of
+    ``only``) of its type and range; ``refused``: fields the caller sets -> the message that says so."""
     data = read_mapping(data, where or "top level")
     kinds = field_types(cls)
     for name in data:
@@ -313,13 +279,8 @@ def read_settings(cls: type, data: Any, where: str = "", *, only: tuple[str, ...
 
 
 def from_mapping(cls: type, data: Any, where: str = "", *, given: dict[str, Any] | None = None) -> Any:
-    """The dataclass ``cls`` read from the mapping ``data`` (at ``where`` in a nested file; "": the top
-    level), every error a `FieldError` naming the field's path.
-
-    Keys that are no field of ``cls`` are refused (unless a field takes them: `OTHER_KEYS`); ``given``
-    holds fields the mapping does not set. Each value is read by its field's annotation (`read_value`);
-    a field not given takes its default, and one without a default is read as None, so that its own check
-    says what it expected."""
+    """The dataclass ``cls`` read from the mapping ``data`` (at ``where``), ``given`` holding other fields;
+    one without a default that is not given is read as None, so that its own check says what it expected."""
     data = read_mapping(data, where or "top level")
     given = given or {}
     fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in given]
@@ -333,12 +294,10 @@ def from_mapping(cls: type, data: Any, where: str = "", *, given: dict[str, Any]
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         if f.name == rest:
             value, path = {k: v for k, v in data.items() if k not in names}, where
-        elif f.name in data:
-            value, path = data[f.name], f"{where}.{f.name}" if where else f.name
-        elif has_default:
-            continue
+        elif f.name in data or not has_default:
+            value, path = data.get(f.name), _at(where, f.name)
         else:
-            value, path = None, f"{where}.{f.name}" if where else f.name
+            continue
         if f.metadata.get("as_given"):
             values[f.name] = value
         elif value is None and has_default and _empty_means_default(hints[f.name]):
@@ -349,17 +308,13 @@ def from_mapping(cls: type, data: Any, where: str = "", *, given: dict[str, Any]
 
 
 def _empty_means_default(annotation: Any) -> bool:
-    """Whether a field of this type given as null (YAML's ``key:`` with nothing after it) takes its
-    default: a text, a mapping or a nested dataclass does; a number, a flag or a checked field does not."""
+    """Whether a field of this type given as null (YAML's ``key:``) takes its default."""
     return annotation is str or typing.get_origin(annotation) is dict or dataclasses.is_dataclass(annotation)
 
 
 def read_value(value: Any, annotation: Any, where: str) -> Any:
-    """``value`` read as ``annotation`` says, at the path ``where``: ``Annotated[T, check, ...]`` first
-    applies each ``check(value, where)`` (which returns the value, or raises a `SettingValueError` or a
-    `FieldError`), then reads T; a dataclass is read by `from_mapping`, a list of them item by item (an
-    item named by its position and its ``name`` field: "tasks[0] (MR)"), a mapping value by value (each
-    at "where.key"); anything else is held to its type by `check_value`."""
+    """``value`` read as ``annotation`` says, at ``where``: ``Annotated[T, check, ...]`` runs each check
+    first; dataclasses by `from_mapping` (item by item: "tasks[0] (MR)"), anything else by `check_value`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
         for check in annotation.__metadata__:
@@ -411,12 +366,8 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
 
 
 def config_from_file(cls: type, file: str | Path, base: Any = None, *, run_record: bool = False) -> Any:
-    """A ``cls`` config dataclass from a JSON / YAML file of its settings (`read_settings`; the rest:
-    ``base``'s values, or those of the ``recipe`` the file names, or the defaults). Numbers for float
-    fields become floats (YAML 1.1 reads ``lr: 1e-4`` as a string, JSON ``1`` is an int). Errors name
-    the file and the setting: "run.yaml: lr: expected a number, got 'fast'". ``run_record``: the file is
-    a run's record of its settings (``run_config.json``), whose entries that are no setting (what the run
-    found out: the data's vocab hash, the model's config, ...) are left out."""
+    """A ``cls`` config from a JSON / YAML file of its settings over ``base`` (or the named ``recipe``);
+    ``run_record``: the file is a run's ``run_config.json``, whose entries that are no setting are skipped."""
     try:
         data = read_config_file(file)
         if run_record:
@@ -431,9 +382,7 @@ def config_from_file(cls: type, file: str | Path, base: Any = None, *, run_recor
 
 # ---------------------------------------------------------------------------- devices
 def check_device(device: str, *, here: bool = False) -> str:
-    """``device`` if bertforge can run on it: auto, cpu, cuda or cuda:K; else a ValueError saying so.
-    ``here``: also that this machine has it (a CUDA device PyTorch sees, K below their count), which a
-    file written for another machine need not meet until it runs."""
+    """``device`` if bertforge can run on it (auto, cpu, cuda, cuda:K; ``here``: on this host)."""
     import torch
 
     if device == "auto":

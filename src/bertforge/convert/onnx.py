@@ -1,16 +1,7 @@
-"""ONNX export of bertforge models, with dynamic batch and sequence axes, checked with onnxruntime.
-
-The graph comes from PyTorch's ``torch.onnx.export(..., dynamo=True)`` (the TorchScript exporter is
-deprecated). Names follow transformers / optimum, so tools written for their exports take ours:
-inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64) with axes ``batch_size`` and
-``sequence_length`` (multiple choice adds ``num_choices`` between them); outputs named as the model's
-output fields (`output_names`).
-
-Opset 18 by default, the lowest the dynamo exporter implements (optimum's 14 belongs to the
-TorchScript exporter). The graph is the reference model's (`bertforge.model.bert`, which a model
-prepared by `bertforge.fast.speed_up` runs while traced): no shape depends on the mask's values, so
-one graph serves every batch and length. It is checked against the eager model on full and padded
-batches of several sizes.
+"""ONNX export of bertforge models (``torch.onnx.export(..., dynamo=True)``, opset 18 by default, the
+lowest it implements), with dynamic batch and sequence axes, checked with onnxruntime against the eager
+model on full and padded batches. Inputs, axes and outputs are named as transformers / optimum name
+theirs, so tools written for their exports take ours.
 """
 
 from __future__ import annotations
@@ -119,8 +110,7 @@ def _require(module: str):
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """Silence the exporter's chatter that says nothing about this model (optional-package notes,
-    axis-renaming notes when several inputs share an axis, deprecations inside torch)."""
+    """Silence the exporter's chatter that says nothing about this model (notes, torch's deprecations)."""
     onnx_logger = logging.getLogger("torch.onnx")
     level = onnx_logger.level
     onnx_logger.setLevel(logging.ERROR)
@@ -135,8 +125,7 @@ def _quiet_exporter() -> Iterator[None]:
 
 def example_inputs(model: BertPreTrainedModel, shape: Sequence[int], *, padded: bool,
                    generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random int64 inputs of ``shape``: ids over the vocab, two segments, and (``padded``) random
-    real lengths (>= 1) with the first sequence full."""
+    """Random int64 inputs of ``shape``, two segments, and (``padded``) random lengths, the first full."""
     config = model.config
     *lead, length = shape
     rows = int(torch.tensor(lead).prod()) if lead else 1
@@ -164,9 +153,8 @@ def _shapes(model: BertPreTrainedModel, shapes: Sequence[tuple[int, int]] | None
 
 def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
                 shapes: Sequence[tuple[int, int]] | None = None, seed: int = 0) -> list[OnnxCheck]:
-    """Run the ONNX file with onnxruntime (CPU) and the model in eval mode on the same inputs: one
-    full batch and one padded batch per (batch, length) of ``shapes`` (default `VERIFY_SHAPES`;
-    multiple choice uses 2 choices). Returns each run's largest absolute difference over all outputs."""
+    """Run the ONNX file with onnxruntime (CPU) and the model in eval mode on one full and one padded
+    batch per (batch, length) of ``shapes`` (default `VERIFY_SHAPES`): each run's largest difference."""
     ort = _require("onnxruntime")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = output_names(model)
@@ -194,10 +182,8 @@ def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
 
 def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ONNX_OPSET, verify: bool = True,
                 atol: float = ATOL, shapes: Sequence[tuple[int, int]] | None = None) -> OnnxExport:
-    """Export ``model`` (float32; evaluated in eval mode) to the ONNX file ``path`` with dynamic axes, weights
-    inside the file (ONNX's 2 GB limit holds BERT-large in float32). With ``verify`` (default) the file is
-    checked with `verify_onnx` before it replaces ``path``: a difference above ``atol`` raises ValueError
-    and leaves no file."""
+    """Export the float32 ``model`` (in eval mode) to the ONNX file ``path``, weights inside; with ``verify``
+    the file is checked by `verify_onnx` first: a difference above ``atol`` is a ValueError, no file."""
     _require("onnx")
     _require("onnxscript")  # the dynamo exporter builds the graph with it
     if not hasattr(torch.compiler, "is_exporting"):

@@ -1,17 +1,8 @@
 """Raw text in -> documents out, streamed: each a `RawDocument` whose ``sentences()`` are strings.
 
-Formats (``fmt``):
-  * ``google``: Google's pre-training format: one sentence per line, a blank line between documents.
-  * ``text``: plain text: a blank line between documents; lines are split into sentences.
-  * ``jsonl``: one JSON object per line, its ``text`` field one document; split into sentences.
-  * ``wiki-json``: a JSON object ``title -> {"extract": ...}`` (or a list of objects with ``text`` /
-    ``extract``), one article per document, split into sentences (the Wikipedia-leads file).
-  * ``auto``: by extension: ``.jsonl`` -> jsonl, ``.json`` -> wiki-json, anything else -> google.
-Files may be ``.gz``, ``.bz2`` or ``.xz``; patterns are globs, expanded in sorted order.
-
-Nothing stops the stream: invalid UTF-8 is decoded with replacement characters (which the tokenizer
-drops, as Google's reader does), absurdly long lines are skipped, empty documents dropped; each
-is counted in `CorpusStats`, with the first place it happened, for the user to see.
+Formats (``fmt``): ``google`` (a sentence per line, a blank line between documents), ``text``, ``jsonl``
+(a ``text`` field per line), ``wiki-json`` (``title -> {"extract": ...}``) and ``auto`` (by extension).
+Nothing stops the stream: invalid UTF-8, over-long lines and empty documents are counted in `CorpusStats`.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ MAX_LINE_CHARS = 1_000_000  # a "line" longer than this is not prose (base64, a 
 
 @dataclass
 class RawDocument:
-    """One document as read: sentences already (Google's format), or prose still to be split, by
-    ``sentences()``, in the worker processes rather than the single process that reads the input."""
+    """One document as read: sentences, or prose that ``sentences()`` splits (in the worker processes)."""
 
     texts: list[str]
     presplit: bool
@@ -192,8 +182,7 @@ def _wiki_json(path: Path, stats: CorpusStats, text_field: str) -> Iterator[RawD
 
 def iter_documents(files: Iterable[str | Path], *, fmt: str = "auto", text_field: str = "text",
                    stats: CorpusStats | None = None) -> Iterator[RawDocument]:
-    """Stream documents from ``files``; problems go into ``stats``. Sentences are counted by whoever calls
-    ``sentences()`` (the shard builders, in parallel)."""
+    """Stream documents from ``files``; problems go into ``stats``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; choose from {', '.join(FORMATS)}")
     stats = stats if stats is not None else CorpusStats()

@@ -1,28 +1,8 @@
 """Prepared shards -> batches for `BertForPreTraining`: seeded order, split by rank, exactly resumable.
 
-Order. Epoch ``e`` visits the shards in a permutation drawn from ``(seed, e)`` and each shard's
-instances in a permutation drawn from ``(seed, e, shard)``: one shard is held in memory at a time,
-and the order is a pure function of (seed, epoch, position).
-
-Ranks. The epoch is cut into *global* batches of ``batch_size * world_size`` consecutive instances;
-rank ``r`` takes the r-th slice of each. So N processes see, together, exactly the batches one
-process with an N-times larger batch would see; the last incomplete global batch is dropped so
-every rank takes the same number of steps.
-
-Resume. ``state_dict()`` is ``{"epoch", "position", "seed", "global_batch"}`` (position: instances
-of the epoch consumed by all ranks); ``load_state_dict`` continues from there with the very same
-batches.
-
-`EpochCursor` (epoch / position bookkeeping, rank slices, resume state) and `epoch_permutation` (the
-seeded order) are shared with fine-tuning's loader (`bertforge.tasks.encoding.EncodedBatches`).
-
-Dynamic masking (datasets prepared with ``dynamic_masking``): each instance is masked with a
-generator seeded by (seed, epoch, its position in the epoch): fresh masks every epoch, the same
-whatever the number of ranks.
-
-Re-masking (``masking=``): a loader given its own `MaskingConfig` masks every instance afresh each
-epoch at that rate, statically masked instances getting their original tokens back first. A small
-corpus repeated for many epochs then never shows the same masks twice.
+Shards and their instances are visited in permutations drawn from (seed, epoch[, shard]), one shard in
+memory at a time; rank ``r`` takes the r-th slice of each global batch, so N processes see the batches of
+one with an N-times larger batch. Masks drawn here are seeded by (seed, epoch, the instance's position).
 """
 
 from __future__ import annotations
@@ -44,19 +24,16 @@ __all__ = ["IGNORE_INDEX", "CursorLoader", "EpochCursor", "epoch_permutation", "
 logger = logging.getLogger("bertforge")
 
 IGNORE_INDEX = -100
-"""Label of a position no loss reads (padding, unmasked tokens, continuation word pieces): the value
-transformers and PyTorch's cross-entropy ignore."""
+"""Label of a position no loss reads: the value transformers and PyTorch's cross-entropy ignore."""
 
 
 def epoch_permutation(n: int, seed: int, *keys: int) -> np.ndarray:
-    """A permutation of ``range(n)`` drawn from ``(seed, *keys)`` (e.g. the epoch, a shard): the
-    same on every process and in every run, whatever was drawn before."""
+    """A permutation of ``range(n)`` drawn from ``(seed, *keys)``: the same on every process and run."""
     return np.random.default_rng([seed, *keys]).permutation(n)
 
 
 class EpochCursor:
-    """Where an epoch-by-epoch walk over ``size`` items stands, in global batches of which rank ``rank``
-    takes the ``rank``-th slice (see "Ranks" above); ``state_dict`` / ``load_state_dict`` resume it exactly."""
+    """Where an epoch-by-epoch walk over ``size`` items in rank-sliced global batches stands, resumably."""
 
     def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
@@ -88,10 +65,8 @@ class EpochCursor:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def batches(self, name: str) -> Iterator[tuple[int, int]]:
-        """(epoch, first item) of this rank's batches in the rest of one epoch: its batch is the
-        epoch's items ``first .. first + batch_size - 1``. The cursor moves past a batch before it is
-        handed out, so a ``state_dict()`` taken after it resumes at the next one. ``name`` names
-        the data in the error raised when it holds less than one global batch."""
+        """(epoch, first item) of this rank's batches in the rest of one epoch. The cursor moves past a
+        batch before it is handed out, so a ``state_dict()`` taken after it resumes at the next one."""
         if self.size < self.global_batch:
             raise ValueError(f"{name}: {self.size} instances, fewer than one global batch ({self.global_batch})")
         if self.position + self.global_batch > self.size:  # resumed right after an epoch's last batch
@@ -110,8 +85,7 @@ class EpochCursor:
 
 
 class CursorLoader:
-    """What a batch loader reads from its `EpochCursor` (``self.cursor``): where it is in the data, its
-    length, and the state that resumes it exactly (the training loop saves and restores it)."""
+    """A batch loader's position, length and resume state, read from its `EpochCursor` (``self.cursor``)."""
 
     cursor: EpochCursor
 
@@ -145,9 +119,7 @@ class PretrainingDataset:
     def __init__(self, folder: str | Path, *, vocab_hash: str | None = None,
                  normalization: dict[str, bool] | None = None, verify_checksums: bool = True,
                  shards: list[int] | None = None):
-        """``vocab_hash`` / ``normalization``: those of the tokenizer that will read the data (see
-        `BertTokenizer.normalization`); data prepared with another vocab or other normalisation is
-        refused. ``shards``: use only these shard indices (e.g. hold the last ones out for evaluation)."""
+        """``vocab_hash`` / ``normalization``: the tokenizer's, to match; ``shards``: these shards only."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         m = self.manifest
@@ -181,9 +153,7 @@ class PretrainingDataset:
         return self.manifest["vocab_hash"]
 
     def check_files(self) -> None:
-        """Check every shard file against the manifest before any is read: present, of the recorded
-        size, and (with ``verify_checksums``) of the recorded SHA-256. A run calls this when it starts,
-        so a truncated or corrupt shard stops it at once rather than when the loader reaches it."""
+        """Check every shard's presence, size and (``verify_checksums``) SHA-256 before a run starts."""
         for entry in self.shards:
             path = self.folder / entry["file"]
             if not path.is_file():
@@ -218,8 +188,7 @@ def _describe(normalization: dict[str, Any]) -> str:
 
 
 def _check_normalization(folder: Path, manifest: dict[str, Any], normalization: dict[str, bool]) -> None:
-    """The data's tokens were made with one normalisation; a tokenizer with another one would train a
-    model on ids it never produces itself (and ship with it)."""
+    """Refuse a tokenizer whose normalisation differs from the data's: it never produces those ids itself."""
     data = manifest.get("normalization")
     if data is None:
         logger.warning("%s: the manifest does not record the tokenizer's normalisation (prepared by an older "
@@ -305,8 +274,7 @@ class PretrainingLoader(CursorLoader):
             yield self.collate(instances)
 
     def _mask(self, instances: list, epoch: int, first: int) -> None:
-        # Each instance's masks come from a generator seeded by (seed, epoch, its index in the
-        # epoch), so they do not depend on the number of ranks or on where a run was resumed.
+        # seeded by (seed, epoch, the index in the epoch): independent of ranks and resumes
         assert self.special is not None and self.masking is not None
         for k, inst in enumerate(instances):
             rng = np.random.default_rng([self.seed, epoch, first + k, 0x6D61736B])

@@ -1,31 +1,6 @@
-"""``bertforge serve``: a checkpoint's head as a small HTTP service (Starlette on uvicorn), JSON in
-and out, for programs that want to call a model.
-
-    bertforge serve runs/sst2/best --port 8000
-    curl -s localhost:8000/predict -d '{"inputs": ["a gripping film", "a dull one"]}'
-    {"head":"classification","predictions":[{"index":0,"text":"a gripping film","label":"1","score":0.97,...},...]}
-
-Routes:
-
-    GET  /health     {"status": "ok", "model", "head", "device", "precision", "dtype", "labels", "routes", "limits"}
-    POST /predict    {"inputs": [...], "top_k": 5, "pooling": "mean"} -> {"head", "predictions": [...]}
-    POST /fill-mask, /classify, /tag, /answer, /choose    the same, on the route of the model's own head
-    POST /embed      pooled sentence embeddings of any checkpoint ("pooling": mean, cls or pooler)
-
-Inputs are what `bertforge.serving.predictor.parse_input` reads (``"a ||| b"`` for a pair or a question
-and its context, or objects); the predictions are the `Predictor`'s records, one per input, in order.
-
-Errors are JSON ``{"error": message}``: 400 for a body that is not a JSON object with ``inputs``
-(or a bad ``top_k`` / ``pooling``, or an unknown key), is not valid Unicode text or nests deeper than
-`MAX_DEPTH`; 413 for a body over ``max_request_bytes``, more inputs than ``max_batch`` or more tokens
-than ``max_request_tokens`` (the bytes alone do not bound a request's work); 422 for inputs the model
-cannot take, naming the input; 404 and 405 for unknown routes and methods. A bad request never stops
-the server.
-
-Each request's inputs run as one call, in a worker thread so the server keeps accepting connections.
-The model runs one batch at a time, the requests taking turns batch by batch in arrival order
-(`bertforge.serving.predictor.take_turns`): the cores go to one forward pass rather than several
-fighting over them, and a short request waits for one batch of a long one, not for all of it.
+"""``bertforge serve``: a checkpoint's head as a small HTTP service (Starlette on uvicorn), JSON in and
+out (routes, limits, errors: docs/interop.md). Each request runs in a worker thread, the requests taking
+turns batch by batch in arrival order (`take_turns`), so a short one waits for one batch of a long one.
 """
 
 from __future__ import annotations
@@ -41,24 +16,18 @@ __all__ = ["create_app", "serve", "HEAD_ROUTES", "MAX_BATCH", "MAX_REQUEST_BYTES
 
 logger = logging.getLogger("bertforge")
 
-MAX_BATCH = 32
-"""Inputs per request, by default."""
-MAX_REQUEST_BYTES = 1 << 20
-"""Bytes of a request body, by default (1 MiB)."""
-MAX_REQUEST_TOKENS = 16384
-"""Tokens of a request, by default (32 inputs of 512), counted as the model runs them: [CLS] and a [SEP]
-per text, and a multiple-choice context once per choice."""
-MAX_DEPTH = 32
-"""JSON nesting a request body may have (a request needs 4: body, inputs, an input, its choices)."""
+MAX_BATCH = 32  # inputs per request, by default
+MAX_REQUEST_BYTES = 1 << 20  # bytes of a request body, by default (1 MiB)
+MAX_REQUEST_TOKENS = 16384  # tokens of a request, by default (32 inputs of 512), as the model runs them
+MAX_DEPTH = 32  # JSON nesting a request body may have (a request needs 4: body, inputs, input, choices)
 HEAD_ROUTES = {"fill-mask": "/fill-mask", "classification": "/classify", "tagging": "/tag", "qa": "/answer",
                "multiple-choice": "/choose", "embeddings": "/embed"}
 _KEYS = ("inputs", "top_k", "pooling")
 
 
 def _unservable(data: Any) -> str:
-    """Why a parsed body cannot be served ("" if it can): nesting deeper than `MAX_DEPTH`, or a string
-    holding a lone surrogate (JSON's ``"\\ud800"`` escape decodes to one), which no UTF-8 text can hold.
-    Walked without recursion, so any depth the parser returned is safe to look at."""
+    """Why a parsed body cannot be served ("" if it can): nesting deeper than `MAX_DEPTH`, or a lone
+    surrogate (JSON's ``"\\ud800"``), which no UTF-8 text holds. Walked without recursion, for any depth."""
     if isinstance(data, str) and not _is_utf8(data):
         return f"the body has a lone surrogate ({ascii(data)[:80]}): not valid Unicode text"
     stack = [(data, 1, "the body")]  # the objects and lists still to look into
@@ -92,8 +61,7 @@ def _json_type(x: Any) -> str:
 
 
 class _Service:
-    """One application's predictor, request limits, option defaults and handlers. Starlette is imported
-    where a handler needs it, so that this module loads without it."""
+    """One application's predictor, limits, defaults and handlers (importing Starlette only when used)."""
 
     def __init__(self, predictor: Predictor, *, max_batch: int, max_request_bytes: int, max_request_tokens: int,
                  top_k: int, pooling: str):
@@ -167,8 +135,7 @@ class _Service:
         return inputs, {"top_k": k, "pooling": how}
 
     def predict(self, inputs: list[Any], head: str, options: dict[str, Any]) -> list[dict[str, Any]]:
-        """The predictor's records for ``inputs`` once their tokens (`MAX_REQUEST_TOKENS`, as ``head`` will run
-        them) are known to be within the limit (run in a worker thread: the tokenizer's and the model's work)."""
+        """The predictor's records for ``inputs`` once their tokens are within the limit (in a thread)."""
         from starlette.exceptions import HTTPException
 
         texts = [parse_input(x, i) for i, x in enumerate(inputs)]  # InputError: 422, as the predictor's

@@ -1,51 +1,13 @@
 """Inference on raw text with whatever head a checkpoint has: fill-mask, classification, tagging,
 extractive QA, multiple choice, or pooled sentence embeddings (any checkpoint).
 
-    from bertforge.serving.predictor import Predictor
-
     p = Predictor.from_pretrained("runs/sst2/best", device="cpu", precision="bf16")
-    p(["a gripping film", "a dull one"])        # records, by the checkpoint's head
-    p.classify(["a gripping film"])             # or a head's own method: fill_mask, classify, tag, answer,
-    p.embed(["a gripping film"], pooling="mean")  # choose, embed (a (N, H) array)
+    p(["a gripping film", "a dull one"])          # records, by the checkpoint's head
+    p.embed(["a gripping film"], pooling="mean")  # an (N, H) array
 
-The head comes from config.json's ``architectures``: BertForMaskedLM / BertForPreTraining ->
-fill-mask, BertForSequenceClassification -> classification (regression, multi-label),
-BertForTokenClassification -> tagging, BertForQuestionAnswering -> qa, BertForMultipleChoice ->
-multiple-choice, BertModel -> embeddings; ``head="embeddings"`` takes sentence embeddings of any
-checkpoint. A fine-tuned checkpoint is read with the settings it was fine-tuned with, which
-``settings`` override (`bertforge.tasks.finetune.input_settings`).
-
-Inputs. A string, ``"a ||| b"`` for a pair (QA: ``"question ||| context"``; multiple choice:
-``"context ||| choice 1 ||| choice 2 ..."``), a list of strings, or a mapping: ``{"text",
-"text_pair"}``, ``{"question", "context"}``, ``{"context", "choices"}``. Texts are used as given
-(not stripped), so every character offset in a record points into the record's own text.
-
-Records, one JSON-able dict per input, with its ``index`` and its text(s):
-
-- fill-mask: ``masks``: per [MASK] token (written as the tokenizer's mask token, several allowed),
-  its ``start`` / ``end`` characters and the ``top_k`` most likely tokens, each ``{"token", "id",
-  "score", "sequence"}`` (softmax probability, best first; ``sequence``: the text with that mask
-  filled in). A text without a mask, or longer than the model's positions, is an `InputError`. A
-  left-to-right checkpoint (config ``is_decoder``) never saw [MASK]: it has no fill-mask (ValueError).
-- classification: ``label``, its ``score`` and ``probabilities`` of every label (softmax; for a
-  multi-label head, sigmoids, and ``labels``: those above 0.5); regression: ``score``.
-- tagging: ``words`` (the tokenizer's words with their characters and tags) and ``entities``,
-  ``{"type", "start", "end", "text"}`` with character offsets (end exclusive).
-- qa: ``answer``, ``start`` / ``end`` in the context, ``score`` (its n-best probability) and
-  ``no_answer``; SQuAD 2.0 checkpoints (task squad2) may answer nothing, others always answer.
-- multiple-choice: ``choice`` (index), its ``text`` and the ``probabilities`` of every choice.
-- embeddings: ``embedding``: ``pooling`` "mean" (over the input's tokens, [CLS] and [SEP]
-  included), "cls" (the last layer at [CLS]) or "pooler" (BERT's tanh pooler over [CLS]). A
-  left-to-right model's [CLS] has seen only itself: "cls" is an `InputError` there, and its pooler
-  reads the final [SEP], where its sentence heads pool (`bertforge.model.heads`).
-
-The work is the fine-tuning families' own (each family's ``predict_texts``: long inputs, tags and
-entity spans, SQuAD's n-best post-processing); embeddings are `bertforge.serving.features.embed`'s.
-Inputs run in batches of similar length (sorted, then put back in order).
-
-Precision (`bertforge.train.precision`): "fp32" (the default), "bf16" (autocast, CPU or CUDA), "fp16"
-(CUDA), "int8" (CPU: the encoder's dense layers, `bertforge.fast.int8`) or "auto" (the faster of fp32
-and bf16 on the device); or ``dtype``, a torch dtype or its name (``torch.bfloat16``, "bfloat16", "bf16").
+The head comes from config.json's ``architectures``; records (docs/finetuning.md) are one JSON-able dict
+per input, whose character offsets point into the input's own texts, used as given. The work is the
+fine-tuning families' own (``predict_texts``); embeddings are `bertforge.serving.features.embed`'s.
 """
 
 from __future__ import annotations
@@ -101,8 +63,7 @@ class InputError(ValueError):
 
 # ---------------------------------------------------------------------------- inputs
 def parse_input(x: Any, index: int | None = None) -> tuple[str, ...]:
-    """One input as its texts: ``"a ||| b"`` -> ("a", "b"); a list of strings; or a mapping of a pair
-    (``text`` / ``text_pair``), a question (``question`` / ``context``) or a choice (``context`` / ``choices``)."""
+    """One input as its texts: ``"a ||| b"`` -> ("a", "b"), a list of strings or a mapping (`_INPUT_KEYS`)."""
     if isinstance(x, str):
         return tuple(x.split(SEPARATOR))
     if isinstance(x, (list, tuple)) and x and all(isinstance(t, str) for t in x):
@@ -144,8 +105,7 @@ def _precision(precision: str, dtype: torch.dtype | str | None) -> str:
 
 # ---------------------------------------------------------------------------- the predictor
 def _one_or_many(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A method over a list of inputs that also takes one input (a string or a mapping), and then returns
-    its one result (a record; for `Predictor.embed`, an (H,) vector), as transformers' pipelines do."""
+    """A method over a list of inputs that also takes one input (a string or a mapping) for its one result."""
 
     @functools.wraps(method)
     def run(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -157,10 +117,8 @@ def _one_or_many(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Predictor:
-    """A checkpoint's model, tokenizer and settings (a fine-tuned head's `FinetuneConfig`, and its task
-    ``family``), ready for raw text (module docstring). Its model is prepared for inference with frozen
-    weights (`bertforge.fast.speed_up`): do not train it. Calls from several threads must take turns
-    (`take_turns`, as `bertforge.serving.http` does) or be serialised."""
+    """A checkpoint's model, tokenizer and settings, ready for raw text. Its weights are frozen
+    (`bertforge.fast.speed_up`): do not train it. Calls from several threads must `take_turns`."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, head: str, *, device: torch.device | str,
                  precision: str = "fp32", dtype: torch.dtype | str | None = None, settings: Any = None,
@@ -175,7 +133,6 @@ class Predictor:
                              "head='embeddings') or fine-tune it")
         self.device = device = resolve_device(device)
         self.precision = resolve_precision(_precision(precision, dtype), device, inference=True)
-        """fp32, bf16, fp16 or int8 ("auto" resolved for the device; fp16 off CUDA and int8 off CPU fail)."""
         self.model = speed_up(model.eval(), freeze=True, int8=self.precision == "int8")
         self.tokenizer = tokenizer
         self.head = head
@@ -190,20 +147,16 @@ class Predictor:
         self.batch_size = batch_size
         positions = model.config.max_position_embeddings
         self.max_seq_length = min(max_seq_length or positions, positions)
-        """Tokens per forward pass: longer texts are an error for fill-mask, windows for embeddings."""
         self.stride = stride
         self.name = name
-        self.stopped_early: dict[str, Any] | None = None
-        """The stop marker (`bertforge.train.rundir.STOP_MARKER`) of a partial model; None for a finished one."""
+        self.stopped_early: dict[str, Any] | None = None  # a partial model's stop marker; None: finished
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: torch.dtype | str | None = None, *,
                         precision: str = "fp32", head: str | None = None, batch_size: int = 32,
                         settings: Mapping[str, Any] | None = None) -> Predictor:
-        """Load a checkpoint folder for inference. ``head``: None (the checkpoint's) or "embeddings".
-        ``settings``: `bertforge.tasks.finetune.INPUT_SETTINGS` (task, max_seq_length, long_inputs, stride,
-        SQuAD's limits, tag_scheme, ...) overriding those the checkpoint was fine-tuned with. A model whose
-        training stopped early loads with a warning and `stopped_early` set."""
+        """Load a checkpoint folder for inference; ``head``: None (the checkpoint's) or "embeddings";
+        ``settings``: `bertforge.tasks.finetune.INPUT_SETTINGS` overriding the checkpoint's own."""
         from bertforge.model.config import BertConfig
         from bertforge.model.heads import infer_model_class
         from bertforge.tasks.finetune import SETTINGS_KEY, input_settings, load_finetuned
@@ -300,7 +253,7 @@ class Predictor:
 
     @_one_or_many
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
-        """The ``top_k`` most likely tokens at every [MASK] of each input (module docstring)."""
+        """The ``top_k`` most likely tokens at every [MASK] of each input."""
         from bertforge.model.heads import MaskedLMOutput
         from bertforge.tasks.encoding import Windows, predict_items
 
@@ -372,8 +325,8 @@ class Predictor:
 
     @_one_or_many
     def classify(self, inputs: Sequence[Any], top_k: int | None = None) -> list[dict[str, Any]]:
-        """Label and probabilities (regression: the score) of each text or pair (`bertforge.tasks.classification`).
-        ``top_k``: only the ``top_k`` most likely labels in ``probabilities``, best first (None: all, in order)."""
+        """Label and probabilities (regression: the score) of each text or pair; ``top_k``: only the
+        ``top_k`` most likely labels in ``probabilities``, best first (None: all, in order)."""
         self._need("classification")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
@@ -385,23 +338,20 @@ class Predictor:
 
     @_one_or_many
     def tag(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-        """A tag per word and the entities they make, with character offsets (`bertforge.tasks.tagging`);
-        words are the tokenizer's (whitespace and punctuation split), as in CoNLL files."""
+        """A tag per (tokenizer's) word and the entities they make, with character offsets."""
         self._need("tagging")
         return self._predict_texts(self._texts(inputs, (1,), "tagging takes one text"))
 
     @_one_or_many
     def answer(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-        """The answer span of each ``question ||| context`` (`bertforge.tasks.squad`: doc_stride windows,
-        n-best over the windows, SQuAD 2.0's null score and threshold for task squad2)."""
+        """The answer span of each ``question ||| context`` (`bertforge.tasks.squad`'s post-processing)."""
         self._need("qa")
         return self._predict_texts(self._texts(inputs, (2,), f"expected a question and a context "
                                                              f"(question{SEPARATOR}context)"))
 
     @_one_or_many
     def choose(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-        """The most likely choice of each ``context ||| choice 1 ||| choice 2 ...`` (every input of a call
-        with the same number of choices; `bertforge.tasks.multiple_choice`)."""
+        """The most likely choice of each ``context ||| choice 1 ||| ...`` (all with as many choices)."""
         self._need("multiple-choice")
         items = self._texts(inputs, range(2, 1 << 31), f"expected a context and choices (context{SEPARATOR}"
                                                            f"choice{SEPARATOR}choice ...)")
@@ -411,7 +361,7 @@ class Predictor:
         return self._predict_texts(items)
 
     def check_pooling(self, pooling: str) -> None:
-        """An `InputError` if this model's embeddings cannot pool as ``pooling`` says (module docstring)."""
+        """An `InputError` if this model's embeddings cannot pool as ``pooling`` says."""
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         bert = getattr(self.model, "bert", self.model)
@@ -429,9 +379,7 @@ class Predictor:
 
     @_one_or_many
     def embed(self, inputs: Sequence[Any], pooling: str = "mean", normalize: bool = False) -> np.ndarray:
-        """(N, H) float32 sentence embeddings of any checkpoint (module docstring), long inputs cut into
-        windows as `bertforge.serving.features` cuts them. ``normalize``: each of unit length (cosine
-        similarity is then a dot product)."""
+        """(N, H) float32 sentence embeddings, long inputs in windows; ``normalize``: each of unit length."""
         from bertforge.serving.features import FeatureSettings, embed
 
         self.check_pooling(pooling)
@@ -452,9 +400,8 @@ class Predictor:
 
 # ---------------------------------------------------------------------------- taking turns
 class TurnLock:
-    """A lock handed to its waiters in the order they asked. `threading.Lock` is not fair: a thread that
-    releases it and asks again at once usually gets it back before a waiter wakes up, so a long call
-    taking it batch after batch would keep a short one waiting to the end."""
+    """A lock handed to its waiters in the order they asked (`threading.Lock` is not fair: a long call
+    taking it batch after batch would keep a short one waiting to the end)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition(threading.Lock())
@@ -474,10 +421,8 @@ class TurnLock:
 
 
 def take_turns(predictor: Predictor) -> TurnLock:
-    """Make every forward pass (one batch) of ``predictor``'s model hold one `TurnLock`, and return it
-    (the same one when called again). Calls from several threads then share the model batch by batch in
-    arrival order: a short call waits for one batch of a long call, not all of it. Forward hooks on the
-    model, its encoder and pooler (which embeddings call alone) take the lock; a call inside a call keeps it."""
+    """Make every forward pass of ``predictor``'s model, its encoder and pooler (which embeddings call alone)
+    hold one `TurnLock`, and return it: threads then share the model batch by batch in arrival order."""
     lock = getattr(predictor.model, "_turns", None)
     if lock is not None:
         return lock

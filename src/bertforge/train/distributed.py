@@ -60,8 +60,7 @@ class Distributed:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``device`` as a torch.device; "auto": CUDA if present, else CPU. A string that names no device
-    PyTorch knows is a ValueError saying so (bad input, not a traceback)."""
+    """``device`` as a torch.device ("auto": CUDA if present, else CPU), or a ValueError."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -72,8 +71,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def setup(device: str = "auto") -> Distributed:
-    """Join the process group when launched by torchrun; return this process's place and ``device``
-    (`resolve_device`; "cuda" on torchrun: the process's local GPU)."""
+    """Join torchrun's process group, if any; this process's place and ``device`` (cuda: its local GPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -91,8 +89,7 @@ def setup(device: str = "auto") -> Distributed:
 
 
 def wrap_model(model: nn.Module, d: Distributed, strategy: str = "ddp") -> nn.Module:
-    """DDP (gradients averaged across processes) or FSDP (parameters, gradients and optimizer
-    state sharded: each Transformer block, then the rest). One process: the model itself."""
+    """DDP, or FSDP (each Transformer block sharded, then the rest); one process: the model itself."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     if not d.enabled:

@@ -1,10 +1,6 @@
 """A run's metrics history: the open logging window, ``OUT/metrics.jsonl`` and TensorBoard's events.
-
-``OUT/metrics.jsonl`` holds one history, whatever the interruptions: a train line at every multiple of
-``log_every`` (plus one at the step a run stops at), and one eval line per evaluation. The open logging
-window (`LogWindow`) is part of the checkpoint, so a resumed run logs the same windows as an uninterrupted
-one; the line a stopped run wrote for its partial window is replaced (`MetricsLog.open`), and so are
-TensorBoard's events.
+The window (`LogWindow`) is part of the checkpoint, so a resumed run logs the same lines as an
+uninterrupted one; a stopped run's line for its partial window is replaced (`MetricsLog.open`).
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ class _ReadsTotals(Protocol):
 
 def objective_metrics(objective: _ReadsTotals, loss_sums: dict[str, float], counts: dict[str, float],
                       stats: dict[str, float], per_term: bool = True) -> dict[str, float]:
-    """Totals over a window (or an evaluation) -> ``loss`` (the sum of each term's mean), each term's
-    mean as ``<term>_loss`` (with ``per_term``), and the task's own metrics."""
+    """Totals -> ``loss`` (the sum of term means), ``<term>_loss`` (``per_term``) and the task's metrics."""
     means = {k: v / max(counts.get(k, 0.0), 1.0) for k, v in loss_sums.items()}
     out = {"loss": sum(means.values())}
     if per_term:
@@ -87,8 +82,7 @@ class LogWindow:
 
     @classmethod
     def from_state(cls, saved: Mapping[str, Any] | None, main: bool) -> LogWindow:
-        """Reopen a checkpoint's window (None: a fresh one): the main process holds its summed totals, the
-        others zeros, since the next line adds every process's sums."""
+        """Reopen a checkpoint's window (None: a fresh one); only the main process holds its summed totals."""
         if not saved:
             return cls()
         return cls(loss={k: float(v) if main else 0.0 for k, v in saved["loss"].items()},
@@ -99,8 +93,7 @@ class LogWindow:
 
 
 class MetricsLog:
-    """The main process's metrics lines, into ``out/metrics.jsonl`` and (where tensorboard is installed)
-    ``out/tensorboard/``; the other processes' calls do nothing."""
+    """The main process's metrics lines, into ``out/metrics.jsonl`` and (if installed) TensorBoard."""
 
     def __init__(self, out: Path, main: bool):
         self.path = out / METRICS_FILE
@@ -109,9 +102,8 @@ class MetricsLog:
         self._tb: Any = None
 
     def open(self, step: int, reopened: bool) -> dict[str, Any] | None:
-        """Start logging at ``step``: drop lines logged after it (a run killed past its last checkpoint) and,
-        with ``reopened`` (training continues a partial window), the train line written at it; open
-        TensorBoard's writer. Returns the metrics of the eval line already logged at ``step``, if any."""
+        """Start logging at ``step``: drop lines logged after it and, ``reopened`` (a partial window goes on),
+        the train line at it; open TensorBoard. Returns the metrics of an eval line logged at ``step``."""
         if not self.main:
             return None
         logged_eval: dict[str, Any] | None = None
@@ -132,8 +124,7 @@ class MetricsLog:
         with contextlib.suppress(ImportError):  # tensorboard is optional
             from torch.utils.tensorboard import SummaryWriter
 
-            # TensorBoard drops the events at and after purge_step that an earlier writer left: the same
-            # history as metrics.jsonl (the eval line kept at ``step`` is written again)
+            # an earlier writer's events from purge_step on are dropped (an eval line kept is written again)
             purge = None if step == 0 else step if reopened else step + 1
             self._tb = SummaryWriter(str(self.tensorboard_dir), purge_step=purge)
             if reopened and logged_eval is not None:

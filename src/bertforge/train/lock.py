@@ -1,14 +1,6 @@
-"""One run at a time in a folder: a lock file that the running process holds.
-
-Two runs writing into one ``--out`` would trip over each other's files. A run therefore holds
-``FOLDER/run.lock``, which records who holds it as JSON, and a second run is refused naming the holder::
-
-    runs/base is in use by process 4242 (started 2024-05-01 12:00:03): wait for it, or stop it
-
-The lock is the operating system's, through ``filelock``: the kernel lets go of it when the process ends,
-however it ends, so a run killed with ``kill -9`` never leaves a folder blocked. A lock file that is a
-symbolic link is refused rather than followed; one left behind by a killed process is reused.
-Forked children (data-loader workers) do not inherit the hold.
+"""One run at a time in a folder: ``FOLDER/run.lock``, recording its holder as JSON, so that a second run
+writing into the same ``--out`` is refused naming the holder. The lock is the operating system's (through
+``filelock``), released by the kernel however the process ends: a killed run never blocks a folder.
 """
 
 from __future__ import annotations
@@ -69,8 +61,7 @@ def _who(owner: dict[str, Any] | None) -> str:
 
 class FolderLock:
     """The lock of run folder ``folder`` (created if missing): ``with FolderLock(out): ...``, or `acquire` /
-    `release`. Acquiring raises `FolderInUse` when another process holds it, without changing the folder.
-    Released, the lock file is removed, and so is the folder if acquiring created it and it stayed empty."""
+    `release`. Released, the lock file is removed, and so is a folder acquiring created that stayed empty."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -155,9 +146,7 @@ class FolderLock:
 
 @contextlib.contextmanager
 def run_lock(folder: str | Path, dist: Distributed | None = None) -> Iterator[None]:
-    """Hold ``folder``'s lock (created if missing) for the ``with`` block, or raise `FolderInUse`. Under
-    torchrun only the main process takes it, and every process raises its refusal: the others would
-    otherwise wait for it at their next barrier. Every process must enter."""
+    """Hold ``folder``'s lock for the block, or raise `FolderInUse` (under torchrun: in every process)."""
     lock = FolderLock(folder)
     refusal: Exception | None = None
     if dist is None or dist.is_main:
@@ -177,8 +166,7 @@ def run_lock(folder: str | Path, dist: Distributed | None = None) -> Iterator[No
 
 
 def folder_user(folder: str | Path) -> str | None:
-    """Who holds ``folder``'s lock, e.g. "process 4242 (started 2024-05-01 12:00:03)", if another process
-    does (None: nobody does, or this process). The folder is not changed."""
+    """Who holds ``folder``'s lock if another process does ("process 4242 (started ...)"), else None."""
     path = Path(folder) / LOCK_FILE
     if not path.is_file() or path.is_symlink():
         return None

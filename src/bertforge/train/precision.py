@@ -1,19 +1,8 @@
 """Numeric precision: one place that turns ``--precision {auto,fp32,bf16,fp16}`` into autocast.
 
-Training, inference and feature extraction all run the model through `autocast`. The weights stay
-float32; bf16 and fp16 are autocast's mixed precision. fp16 also needs a gradient scaler in training.
-
-"auto" means the faster of fp32 and bf16 on the device:
-
-- a CUDA GPU: bf16 where it computes it natively (from Ampere on), else fp32;
-- a CPU without native bf16 (neither AVX-512 BF16 nor AMX): fp32, as bf16 is emulated, tens of times slower;
-- a CPU with AMX: bf16, whose matrix products run there several times as fast as fp32's;
-- any other CPU (AVX-512 BF16 without AMX): whichever a short probe finds faster (`bf16_faster`).
-  Either can win there: on an Intel Xeon fp32 ran a mini pre-training step in about half bf16's time;
-  on an AMD EPYC (Zen 5) bf16 took 0.36-0.51x fp32's time.
-
-Inference on CPU also takes "int8" (`INFERENCE_PRECISIONS`): the encoder's dense layers in int8
-(`bertforge.fast.int8`), everything else in the float precision "auto" picks. Training refuses it.
+The weights stay float32; bf16 and fp16 are autocast's mixed precision. "auto" is the faster of fp32 and
+bf16 on the device (docs/performance.md): a CPU without AMX but with native bf16 asks a probe (`bf16_faster`).
+Inference on CPU also takes "int8": the encoder's dense layers in int8 (`bertforge.fast.int8`).
 """
 
 from __future__ import annotations
@@ -89,8 +78,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 def has_amx() -> bool:
-    """Whether the CPU has AMX for bf16 (``amx_bf16``, which Linux lists only where processes may use the
-    tiles): "auto" then picks bf16 without a probe."""
+    """Whether the CPU has AMX for bf16 (Linux lists ``amx_bf16`` only where processes may use the tiles)."""
     return "amx_bf16" in cpu_flags()
 
 
@@ -106,8 +94,7 @@ def check_precision(precision: str, *, inference: bool = False) -> str:
 
 
 def resolve_precision(precision: str, device: torch.device | str, *, inference: bool = False) -> str:
-    """fp32, bf16, fp16 (or, ``inference``, int8) for ``device``: "auto" the faster of fp32 and bf16 there;
-    fp16 refused off CUDA, int8 off CPU; a warning for bf16 where it is emulated."""
+    """fp32, bf16, fp16 (``inference``: or int8) for ``device``, "auto" resolved; emulated bf16 warns."""
     device = torch.device(device)
     check_precision(precision, inference=inference)
     if precision == "auto":
@@ -124,7 +111,7 @@ def resolve_precision(precision: str, device: torch.device | str, *, inference: 
 
 
 def _auto(device: torch.device) -> str:
-    """fp32 or bf16: what "auto" stands for on ``device`` (the rule of the module docstring)."""
+    """fp32 or bf16: what "auto" stands for on ``device``."""
     if device.type != "cpu":
         return "bf16" if native_bf16(device) else "fp32"
     if not native_bf16(device):
@@ -162,11 +149,8 @@ def _machine_key() -> str:
 
 @functools.cache
 def bf16_faster() -> bool:
-    """Whether bf16 autocast runs a BERT layer faster than fp32 on this CPU, by `probe_timings`.
-
-    Asked once per process; the two times are kept per machine (`_machine_key`) in `probe_file`, so a machine
-    pays for the probe once (an unusable entry is measured afresh, a cache that cannot be written costs one
-    probe per process). The decision is logged (INFO when measured, DEBUG when read back)."""
+    """Whether bf16 autocast runs a BERT layer faster than fp32 on this CPU, by `probe_timings`, whose
+    times are kept per machine (`_machine_key`) in `probe_file`, so a machine pays for the probe once."""
     path, key = probe_file(), _machine_key()
     entries = _read_probe_file(path)
     times = _probe_times(entries.get(key))
@@ -216,11 +200,8 @@ def _probe_times(entry: object) -> tuple[float, float] | None:
 
 def probe_timings(repeats: int = 3) -> dict[str, float]:
     """Seconds of one forward and backward of a BERT-mini encoder layer (`_PROBE`) in fp32 and under bf16
-    autocast: the fastest of ``repeats`` after one warm-up each, the two alternating, so that other load
-    hits both alike. On one thread, so a busy second core does not decide it; well under a second where
-    bf16 is native, and it stops after a repeat that finds bf16 over 4x fp32's time, a clear answer.
-    The thread count, the global random state and any autocast, no_grad or inference mode around the
-    call are left as they were."""
+    autocast: the fastest of ``repeats`` after a warm-up, alternating so that other load hits both alike,
+    on one thread; it stops early once bf16 takes over 4x fp32's time. Torch's global state is kept."""
     threads = torch.get_num_threads()
     times = {"fp32": math.inf, "bf16": math.inf}
     with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
@@ -253,8 +234,7 @@ def probe_timings(repeats: int = 3) -> dict[str, float]:
 
 
 def dtype_of(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a resolved precision (None for fp32; for int8, that of the layers it leaves
-    in floating point)."""
+    """The autocast dtype of a resolved precision (None: fp32; int8: that of its floating-point layers)."""
     if precision == "int8":
         return _DTYPES[resolve_precision("auto", "cpu")]
     if precision not in _DTYPES:
@@ -268,8 +248,7 @@ def needs_grad_scaler(precision: str) -> bool:
 
 
 def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The context to run the model in: autocast to the resolved ``precision``'s dtype on ``device``,
-    or nothing for fp32."""
+    """The context to run the model in: autocast to ``precision``'s dtype on ``device`` (fp32: none)."""
     device = torch.device(device)
     dtype = dtype_of(resolve_precision(precision, device) if precision == "auto" else precision)
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

@@ -1,10 +1,6 @@
-"""A training checkpoint: the weights (gathered from and spread over FSDP's shards), the trainer's state,
-random-generator states, and the check that a run may continue from it (`check_compatible`).
-
-A checkpoint folder is a normal checkpoint folder plus ``trainer_state.pt`` (optimizer, schedule, step, every
-process's random-generator states, the batch source's position, the open logging window; read back with
-``torch.load(weights_only=True)``) and ``trainer_state.json`` (the same facts, readable, with the run's
-recorded settings). Both formats are fixed: runs written by earlier versions must resume.
+"""A training checkpoint: a checkpoint folder plus the trainer's state (`STATE_PT`, read back with
+``torch.load(weights_only=True)``) and its readable record with the run's settings (`STATE_JSON`); and
+the check that a run may continue from it (`check_compatible`). Both formats are fixed: old runs must resume.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ STATE_JSON = "trainer_state.json"
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random-generator states (torch, Python, numpy, CUDA); numpy's key array as a tensor,
-    since ``torch.load(weights_only=True)`` refuses numpy arrays."""
+    """This process's random-generator states; numpy's keys as a tensor, for ``weights_only`` loading."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                              "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
@@ -56,8 +51,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def read_info(folder: Path) -> dict[str, Any]:
-    """The readable record (`STATE_JSON`) of a checkpoint folder; an error if the folder is no training
-    checkpoint."""
+    """The readable record (`STATE_JSON`) of a training checkpoint folder."""
     info_path, state_path = folder / STATE_JSON, folder / STATE_PT
     if not state_path.is_file() or not info_path.is_file():
         raise CheckpointError(f"{folder}: not a training checkpoint (no {STATE_PT} / {STATE_JSON})")
@@ -85,8 +79,7 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: b
 
 def save_model(folder: str | Path, model: nn.Module, tokenizer: Any, dist: Distributed, fsdp: bool,
                extra_files: dict[str, str] | None = None) -> None:
-    """Write ``model`` (and ``tokenizer``, and ``extra_files``: name -> text) as a checkpoint folder, replacing
-    ``folder`` whole and atomically; every process must call this."""
+    """Write ``model``, ``tokenizer`` and ``extra_files`` as ``folder``; every process calls this."""
     weights = None
     if fsdp:  # each process holds a shard: gathering the full weights is a collective call
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -102,9 +95,8 @@ def save_model(folder: str | Path, model: nn.Module, tokenizer: Any, dist: Distr
 
 def write_checkpoint(folder: Path, model: nn.Module, weights: dict[str, torch.Tensor], tokenizer: Any,
                      state: dict[str, Any], info: dict[str, Any]) -> None:
-    """Write a training checkpoint (the main process): ``model``'s checkpoint folder with ``weights`` and
-    ``tokenizer``, the trainer's ``state`` as `STATE_PT` and ``info`` as `STATE_JSON`. A checkpoint of the
-    same step (a resumed run's) is swapped in whole."""
+    """Write a training checkpoint (the main process): ``model``'s folder with ``weights`` and ``tokenizer``,
+    ``state`` as `STATE_PT` and ``info`` as `STATE_JSON`, swapped in whole."""
     with atomic_dir(folder) as tmp:
         save_pretrained(model, tmp, tokenizer=tokenizer, state_dict=weights)
         torch.save(state, tmp / STATE_PT)
@@ -113,8 +105,7 @@ def write_checkpoint(folder: Path, model: nn.Module, weights: dict[str, torch.Te
 
 def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
                  fsdp: bool) -> None:
-    """``model``'s weights from a checkpoint folder and the optimizer's state; an error naming the weights
-    that do not fit the model."""
+    """Load ``model``'s weights from a checkpoint folder, and the optimizer's state."""
     weights = read_state_dict(folder)
     expected = model.state_dict()
     bad = sorted(k for k in expected if k not in weights or weights[k].shape != expected[k].shape)
@@ -132,8 +123,7 @@ def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules: ResumeRules, folder: Path) -> None:
-    """Refuse to resume from ``folder``, whose run recorded the settings ``saved``, with the settings
-    ``current`` if they differ outside what ``rules`` let a resumed run change."""
+    """Refuse to resume from ``folder`` if ``current`` differs from ``saved`` beyond what ``rules`` allow."""
     steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
     if steps is not None and ratio is not None:
         # an old record holds both, the ratio winning when above 0: the same warmup as this run's is no change
@@ -168,9 +158,8 @@ def _warmup_rule(steps: int | None, ratio: float | None, rules: ResumeRules) -> 
 
 def setting_changes(saved: Mapping[str, Any], current: Mapping[str, Any], absent: Mapping[str, Any] | None = None,
                     skip: frozenset[str] = frozenset(), prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(name, recorded, now) of every setting outside ``skip`` that differs between two records, a setting
-    missing from one meaning ``absent[name]``; a nested record is compared field by field
-    ("model_config.hidden_size"). Top-level settings come first."""
+    """(name, recorded, now) of every setting outside ``skip`` that differs between two records (missing:
+    ``absent[name]``), nested records field by field ("model_config.hidden_size"), top-level ones first."""
     out = []
     for k in sorted(set(saved) | set(current)):
         name = prefix + k
