@@ -49,8 +49,7 @@ class BertConfig:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # config.json keys bertforge does not use
 
     def __post_init__(self) -> None:
-        # Checked here, not left to torch: a size of 64.0 or -1 would otherwise fail deep inside
-        # nn.Linear with a TypeError that names neither the file nor the field.
+        # checked here: torch would fail on a size of 64.0 or -1 deep inside nn.Linear, naming no field
         for name in _SIZES:
             _check_int(name, getattr(self, name), minimum=1)
         if self.pad_token_id is not None:
@@ -125,8 +124,7 @@ class BertConfig:
             # transformers derives num_labels from id2label; with no names it reads num_labels.
             out["num_labels"] = self.num_labels
         out["model_type"] = "bert"
-        # bertforge's MLM decoder *is* the word-embedding matrix and is saved only once, so a reader
-        # must tie them (transformers would otherwise leave cls.predictions.decoder untrained).
+        # the MLM decoder is the word-embedding matrix, saved once: a reader must tie them
         out["tie_word_embeddings"] = True
         out["bertforge_version"] = __version__
         return dict(sorted(out.items()))
@@ -145,15 +143,13 @@ class BertConfig:
             raise ValueError(f"{source}: cross-attention BERT variants are not supported")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: data.pop(k) for k in list(data) if k in known}
-        # Not kept in `extra`: keys `to_dict` writes itself (so save -> load gives an equal config; an untied
-        # checkpoint is refused when its weights are read), and where a file came from and the transformers
-        # that wrote it (stale in anything saved from it; transformers records its own).
+        # not kept in `extra`: keys `to_dict` writes itself, and where a file came from (stale once saved)
         for key in _NOT_EXTRA:
             data.pop(key, None)
-        if kwargs.get("id2label") is not None and "num_labels" in kwargs:
-            if int(kwargs["num_labels"]) != len(kwargs["id2label"]):
-                raise ValueError(f"{source}: num_labels {kwargs['num_labels']} does not match "
-                                 f"{len(kwargs['id2label'])} entries of id2label")
+        if (kwargs.get("id2label") is not None and "num_labels" in kwargs
+                and int(kwargs["num_labels"]) != len(kwargs["id2label"])):
+            raise ValueError(f"{source}: num_labels {kwargs['num_labels']} does not match "
+                             f"{len(kwargs['id2label'])} entries of id2label")
         # transformers writes default id2label {"0": "LABEL_0", ...}; keep it only if meaningful.
         if kwargs.get("id2label") and all(v == f"LABEL_{k}" for k, v in kwargs["id2label"].items()):
             kwargs["num_labels"] = len(kwargs.pop("id2label"))
@@ -177,8 +173,7 @@ class BertConfig:
         return cls.from_dict(read_json_object(path), source=str(path))
 
     def replace(self, **changes: Any) -> "BertConfig":
-        # id2label decides num_labels in __post_init__; a new num_labels must not be overruled by the
-        # old label names (``from_pretrained(folder, num_labels=3)`` on a 2-label checkpoint).
+        # a new num_labels must not be overruled by the old label names (id2label decides it)
         if ("num_labels" in changes and "id2label" not in changes and self.id2label is not None
                 and len(self.id2label) != changes["num_labels"]):
             changes["id2label"] = None
