@@ -158,8 +158,8 @@ def load_pretrained(cls: type[M], folder: str | Path, *, config: BertConfig | No
     given = _normalize_keys(read_state_dict(folder), model, source)
     expected = model.state_dict()
     state, report = _match_state(cls, model, given, expected, source, ignore_mismatched_sizes)
-    if cls.__name__ == "BertForMaskedLM":  # its pooler, unused, is carried into what it saves: fine-tuning after
-        # masked-LM pre-training from a full checkpoint starts from the checkpoint's pooler, not a random one
+    if getattr(cls, "_carries_pooler", False):  # a pooler the class does not use is saved again: fine-tuning
+        # after masked-LM pre-training from a full checkpoint starts from its pooler, not a random one
         model.kept_weights = {k: given[k] for k in report.ignored if ".pooler." in f".{k}"}  # type: ignore[attr-defined]
     _check_floating_point(state, expected, source)
     model.load_state_dict(state, strict=False)

@@ -198,6 +198,7 @@ class BertForMaskedLM(_MLMMixin, BertPreTrainedModel):
     """BERT with the masked-LM head only (no pooler, no NSP): fill-mask, MLM-only pre-training."""
 
     _fresh_head_prefixes = ("cls.",)
+    _carries_pooler = True  # a loaded checkpoint's pooler, unused here, is saved again (`load_pretrained`)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
