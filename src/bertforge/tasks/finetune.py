@@ -407,15 +407,13 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         first replays the evaluations the run logged before this step."""
         if not (self.callbacks and self.dist.is_main):
             return ""
-        for callback in self.callbacks:
-            if isinstance(callback, EarlyStopping) and not callback.metric:
-                callback.metric = main
-        if not self.replayed:
+        if not self.replayed:  # the first evaluation of this process: the metric is known, the history logged
             self.replayed = True
             logged = read_metrics(self.out).get("eval", []) if (self.out / METRICS_FILE).is_file() else []
             history = [(int(r["step"]), r) for r in logged if r["step"] < step]
             for callback in self.callbacks:
                 if isinstance(callback, EarlyStopping):
+                    callback.metric = callback.metric or main
                     callback.replay(history)
         for callback in self.callbacks:
             answer = callback(step, metrics)

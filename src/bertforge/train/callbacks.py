@@ -44,10 +44,11 @@ class EarlyStopping:
         self.waited += 1
         if self.waited < self.patience:
             return ""
-        shown = self.best if self.best is None or self.higher_is_better else -self.best
+        if self.best is None:
+            return f"{self.metric} has no finite value in {self.waited} evaluations"
+        best = self.best if self.higher_is_better else -self.best
         return (f"{self.metric} has not improved for {self.waited} evaluation{'s' * (self.waited > 1)} "
-                f"(best {shown:.4g} at step {self.best_step})" if shown is not None else
-                f"{self.metric} has no finite value in {self.waited} evaluations")
+                f"(best {best:.4g} at step {self.best_step})")
 
     def replay(self, history: Iterable[tuple[int, dict[str, float]]]) -> None:
         """The evaluations of the run before a resume, in order."""
