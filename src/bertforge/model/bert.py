@@ -97,25 +97,23 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
+    def split_heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) -> the projection split into its heads, (B, A, T, D)."""
+        B, T, _ = x.shape
+        return projection(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # x: (B, T, H); mask: (B, 1, 1 or T, T) bool from `attention_mask`, or None (attend everywhere)
-        B, T, _ = x.shape
-        A, D = self.num_heads, self.head_dim
-        q = self.query(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
-        k = self.key(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
-        v = self.value(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
+        q, k, v = (self.split_heads(proj, x) for proj in (self.query, self.key, self.value))  # (B, A, T, D) each
         p = self.dropout_p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, A, T, D)
-        return y.transpose(1, 2).reshape(B, T, A * D)  # heads side by side: (B, T, H)
+        return y.transpose(1, 2).flatten(2)  # heads side by side: (B, T, H)
 
     def probabilities(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """softmax(Q K^T / sqrt(D)) with masked keys at zero, before dropout: (B, A, T, T), the weights
         `forward` averages the values with. Its fused kernel never forms them; this writes them out."""
-        B, T, _ = x.shape
-        A, D = self.num_heads, self.head_dim
-        q = self.query(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
-        k = self.key(x).view(B, T, A, D).transpose(1, 2)  # (B, A, T, D)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, A, T, T)
+        q, k = self.split_heads(self.query, x), self.split_heads(self.key, x)  # (B, A, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, A, T, T)
         if mask is not None:
             # the dtype's lowest value, not -inf: a query with no key to see (padding) stays finite, its gradient too
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
