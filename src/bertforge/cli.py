@@ -263,7 +263,8 @@ def export_onnx(checkpoint: Positional[str], out: Positional[str], model_class: 
         out: folder to write model.onnx, config.json and the tokenizer files into (optimum's layout)
         model_class: class to export (none: config.json's architectures, else inferred from the weights)
         opset: ONNX opset (the default is the lowest PyTorch's exporter implements)
-        atol: largest difference from PyTorch allowed in the onnxruntime check
+        atol: largest difference from PyTorch allowed in the onnxruntime check, per unit of an output's scale
+            (logits: their largest magnitude, at least 1; hidden states and pooler: 1)
         verify: check the exported model against PyTorch with onnxruntime
     """
     import torch

@@ -21,12 +21,15 @@ from bertforge.model.heads import BertForMultipleChoice, BertForPreTraining, Ber
 from bertforge.io import atomic_path
 from bertforge.model.bert import BertModel, BertPreTrainedModel
 
-__all__ = ["ONNX_OPSET", "INPUT_NAMES", "VERIFY_SHAPES", "OnnxCheck", "OnnxExport", "example_inputs", "export_onnx",
-           "output_names", "verify_onnx"]
+__all__ = ["ATOL", "ONNX_OPSET", "INPUT_NAMES", "VERIFY_SHAPES", "OnnxCheck", "OnnxExport", "example_inputs",
+           "export_onnx", "output_names", "output_scale", "verify_onnx"]
 
 ONNX_OPSET = 18
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-ATOL = 1e-4  # optimum's validation tolerance for BERT
+# optimum's validation tolerance for BERT, taken per unit of an output's scale (see `output_scale`)
+ATOL = 1e-4
+# Outputs whose scale is 1 by construction (LayerNorm, tanh): held to ATOL itself.
+UNIT_SCALE_OUTPUTS = ("last_hidden_state", "pooler_output")
 # (batch, length) of the inputs the check runs, each full and padded (lengths capped at max_position_embeddings)
 VERIFY_SHAPES = ((1, 1), (1, 9), (2, 16), (5, 37), (3, 128), (2, 512))
 _INSTALL_HINT = "pip install 'bertforge[onnx]' (onnx, onnxscript, onnxruntime)"
@@ -65,13 +68,30 @@ class _Graph(nn.Module):
         return tuple(out[name] for name in self.outputs)
 
 
+def output_scale(name: str, reference: torch.Tensor) -> float:
+    """The scale an output's differences are judged against. float32 rounding in a matrix product grows
+    with the size of its result, and logits take their size from the weights (real masked-LM logits
+    reach tens), so a logit output's scale is its largest magnitude (at least 1); hidden states come
+    out of a LayerNorm (the pooler out of tanh) and keep scale 1, the tight bound they meet."""
+    if name in UNIT_SCALE_OUTPUTS:
+        return 1.0
+    return max(1.0, float(reference.abs().max()))
+
+
 @dataclass
 class OnnxCheck:
-    """One onnxruntime run against the eager model."""
+    """One onnxruntime run against the eager model: the output furthest from PyTorch relative to what it
+    may differ by (``atol`` times its `output_scale`)."""
 
     shape: tuple[int, ...]  # (batch, length) or (batch, choices, length)
     padded: bool
     max_abs_diff: float
+    output: str = ""
+    tolerance: float = ATOL
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance  # False for NaN
 
 
 @dataclass
@@ -90,15 +110,27 @@ class OnnxExport:
     def max_abs_diff(self) -> float | None:
         return max(c.max_abs_diff for c in self.checks) if self.checks else None
 
+    @property
+    def worst(self) -> OnnxCheck | None:
+        """The check closest to (or furthest past) its tolerance."""
+        return max(self.checks, key=_excess) if self.checks else None
+
     def summary(self) -> str:
         lines = [f"wrote {self.path}: {self.model_class}, opset {self.opset}",
                  f"  inputs  {', '.join(self.inputs)} ({', '.join(self.axes)})",
                  f"  outputs {', '.join(self.outputs)}"]
         if self.checks:
             shapes = ", ".join("x".join(map(str, c.shape)) + (" padded" if c.padded else "") for c in self.checks)
+            worst = self.worst
             lines.append(f"  onnxruntime vs PyTorch: max abs diff {self.max_abs_diff:.2e} over {len(self.checks)} "
-                         f"inputs ({shapes})")
+                         f"inputs ({shapes}); closest to its tolerance: {worst.output} "
+                         f"{worst.max_abs_diff:.2e} <= {worst.tolerance:.2e}")
         return "\n".join(lines)
+
+
+def _excess(check: OnnxCheck) -> float:
+    ratio = check.max_abs_diff / check.tolerance
+    return float("inf") if ratio != ratio else ratio  # NaN is the worst
 
 
 def _require(module: str):
@@ -151,10 +183,11 @@ def _shapes(model: BertPreTrainedModel, shapes: Sequence[tuple[int, int]] | None
     return list(dict.fromkeys(out))
 
 
-def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
+def verify_onnx(model: BertPreTrainedModel, path: str | Path, *, atol: float = ATOL,
                 shapes: Sequence[tuple[int, int]] | None = None, seed: int = 0) -> list[OnnxCheck]:
     """Run the ONNX file with onnxruntime (CPU) and the model in eval mode on one full and one padded
-    batch per (batch, length) of ``shapes`` (default `VERIFY_SHAPES`): each run's largest difference."""
+    batch per (batch, length) of ``shapes`` (default `VERIFY_SHAPES`): per run, the output furthest from
+    PyTorch relative to its tolerance, ``atol`` times the output's `output_scale`."""
     ort = _require("onnxruntime")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = output_names(model)
@@ -173,8 +206,10 @@ def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
                 with torch.no_grad():
                     out = model(**inputs)
                 got = session.run(list(names), {k: v.numpy() for k, v in inputs.items()})
-                diff = max(float((torch.from_numpy(g) - out[n]).abs().max()) for n, g in zip(names, got))
-                checks.append(OnnxCheck(shape=shape, padded=padded, max_abs_diff=diff))
+                runs = [OnnxCheck(shape=shape, padded=padded, output=n, tolerance=atol * output_scale(n, out[n]),
+                                  max_abs_diff=float((torch.from_numpy(g) - out[n]).abs().max()))
+                        for n, g in zip(names, got)]
+                checks.append(max(runs, key=_excess))
     finally:
         model.train(was_training)
     return checks
@@ -183,7 +218,8 @@ def verify_onnx(model: BertPreTrainedModel, path: str | Path, *,
 def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ONNX_OPSET, verify: bool = True,
                 atol: float = ATOL, shapes: Sequence[tuple[int, int]] | None = None) -> OnnxExport:
     """Export the float32 ``model`` (in eval mode) to the ONNX file ``path``, weights inside; with ``verify``
-    the file is checked by `verify_onnx` first: a difference above ``atol`` is a ValueError, no file."""
+    the file is checked by `verify_onnx` first: an output differing by more than ``atol`` times its
+    `output_scale` is a ValueError, and no file."""
     _require("onnx")
     _require("onnxscript")  # the dynamo exporter builds the graph with it
     if not hasattr(torch.compiler, "is_exporting"):
@@ -214,10 +250,11 @@ def export_onnx(model: BertPreTrainedModel, path: str | Path, *, opset: int = ON
     with atomic_path(path) as tmp:
         program.save(str(tmp), external_data=False)
         if verify:
-            result.checks = verify_onnx(model, tmp, shapes=shapes)
-            if not result.max_abs_diff <= atol:  # also catches NaN
-                worst = max(result.checks, key=lambda c: c.max_abs_diff)
+            result.checks = verify_onnx(model, tmp, atol=atol, shapes=shapes)
+            worst = result.worst
+            if not worst.passed:
                 raise ValueError(f"ONNX export of {result.model_class} differs from PyTorch by "
-                                 f"{result.max_abs_diff:.2e} > {atol} (input {'x'.join(map(str, worst.shape))}"
+                                 f"{worst.max_abs_diff:.2e} in {worst.output} > {worst.tolerance:.2e} ({atol} times "
+                                 f"the output's scale; input {'x'.join(map(str, worst.shape))}"
                                  f"{' padded' if worst.padded else ''}); nothing written to {path}")
     return result
