@@ -1,5 +1,5 @@
 """Fine-tuning on real data: movie-review sentence polarity (MR) from all-MiniLM-L6-v2, bertforge vs
-transformers. Reports dev accuracy, wall time, and a bag-of-words baseline.
+transformers. Reports dev accuracy, wall time, and the classic TF-IDF baseline.
 
 Data. These are the Rotten Tomatoes snippets of Pang & Lee (2005) with human valence scores (see
 ``../shared/DATA.md``), split by `bertforge.resources.movie_review_split` (the demo's split too).
@@ -55,11 +55,9 @@ Both stacks run one after the other in one process, with ``torch.set_num_threads
 On a shared machine, load from other jobs can hit one stack more than the other, so the script
 records the load average around each run.
 
-Baseline: `bertforge.demo.baselines.bow_logistic_regression`, a bag-of-words logistic regression on
-unigram + bigram counts of lower-cased word and punctuation tokens (vocabulary from the training
-split). It is an L2-regularised full-batch L-BFGS fit, written with torch because scikit-learn is
-not in the environment. The L2 strength is chosen on a held-out tenth of the *training* split, then
-the model is refit on the whole training split.
+Baseline: `bertforge.experiments.baselines.tfidf_logistic_regression` (``pip install
+'bertforge[baselines]'``): word unigram and bigram TF-IDF and L2 logistic regression (scikit-learn),
+its strength chosen by 5-fold cross-validation inside the *training* split, then refit on all of it.
 
 Run (from the repository root)::
 
@@ -97,7 +95,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     import bertforge  # noqa: F401
 
 from bertforge import resources  # noqa: E402
-from bertforge.demo.baselines import bow_logistic_regression  # noqa: E402
+from bertforge.experiments.baselines import tfidf_logistic_regression  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import _loadavg, cpu_model  # noqa: E402
@@ -428,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="transformers precision(s): auto (time both briefly, run the faster), fp32, bf16, fp32,bf16")
     ap.add_argument("--skip-hf", action="store_true", help="do not run transformers")
     ap.add_argument("--skip-ours", action="store_true", help="do not run bertforge")
-    ap.add_argument("--skip-bow", action="store_true", help="do not run the bag-of-words baseline")
+    ap.add_argument("--skip-baseline", action="store_true", help="do not run the TF-IDF baseline")
     ap.add_argument("--hf-first", action="store_true", help="run transformers before bertforge")
     ap.add_argument("--seed", type=int, default=42, help="training seed (classifier init, dropout, data order)")
     ap.add_argument("--split-seed", type=int, default=2005, help="seed of the 90/10 split")
@@ -502,11 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         write_tsv(train_tsv, *train)
         write_tsv(dev_tsv, *dev)
 
-        if not args.skip_bow:
-            r = bow_logistic_regression(*train, *dev, seed=args.seed)
-            r.update(stack="bag-of-words logreg", precision="fp32", wall_seconds=r.pop("seconds"))
-            print(f"# bag-of-words: accuracy {r['accuracy']:.4f} (l2 {r['l2']:g}, {r['features']:,} n-grams, "
-                  f"{r['wall_seconds']:.1f} s)", flush=True)
+        if not args.skip_baseline:
+            got = tfidf_logistic_regression(*train, *dev, seed=args.seed)
+            r = {"stack": got.name, "precision": "fp32", "accuracy": got.accuracy, "C": got.settings["C"],
+                 "cv_accuracy": got.settings["cv_accuracy"], "wall_seconds": got.seconds}
+            print(f"# {got.name}: accuracy {got.accuracy:.4f} (C {got.settings['C']:g} by cross-validation, "
+                  f"{got.seconds:.1f} s)", flush=True)
             runs.append(r)
             save()
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment and install bertforge with its test extras.
+# Create the project's virtual environment and install bertforge with its test extras and the classic
+# baselines the demo runs beside its BERT lines.
 #
 #   bash scripts/setup.sh [VENV_DIR]      (default .venv)
 #
@@ -32,5 +33,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 
 # torch is now present, so the `torch>=` range in pyproject.toml installs nothing more.
-"${PIP[@]}" install -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+"${PIP[@]}" install -e ".[test,baselines]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import bertforge, torch; print(f'setup: bertforge {bertforge.__version__}, torch {torch.__version__}')"

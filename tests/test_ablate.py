@@ -298,6 +298,16 @@ def test_a_miniature_runs_on_the_built_in_data(tmp_path):
     done = json.loads((tmp_path / "pretrain/80-10-10/done.json").read_text())
     assert "mlm_accuracy" in done["eval_metrics"]  # held out: every 20th Wikipedia lead
     assert "| 100/0/0 |" in report.read_text()
+    pytest.importorskip("sklearn_crfsuite")
+    classic = json.loads((tmp_path / "classic_baselines.json").read_text())  # fitted once, on the same files
+    assert {t: sorted(by) for t, by in classic.items()} == {
+        "MR fine-tune": ["TF-IDF + logistic regression"], "POS fine-tune": ["CRF", "most frequent tag"],
+        "POS feature-based": ["CRF", "most frequent tag"]}
+    assert all(0 <= m["accuracy"] <= 1 for by in classic.values() for m in by.values())
+    text = report.read_text()
+    crf = 100 * classic["POS fine-tune"]["CRF"]["accuracy"]
+    assert "What a practitioner would use without pre-training" in text and f"| CRF | — | {crf:.1f} | {crf:.1f} |" in text
+    assert json.loads((tmp_path / "report.json").read_text())["classic_baselines"] == classic
 
 
 # ---------------------------------------------------------------------------- the report's statistics

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from bertforge.demo import curve as curve_module
-from bertforge.demo.curve import BAG_OF_WORDS, Cell, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, choose_lr, \
-    estimate_seconds, finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, run_cells, \
-    run_curve, run_curves, subset
+from bertforge.demo.curve import CLASSIC_BASELINES, Cell, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, choose_lr, \
+    baseline_seconds, estimate_seconds, finetune_steps, format_lr, parse_sizes, planned_steps, plot_curve, run_cell, \
+    run_cells, run_curve, run_curves, subset
+from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.stats import paired_difference
 from bertforge.tasks.tagging import read_sentences
 from bertforge.train.optim import lr_factor
@@ -232,14 +233,14 @@ def test_curves_run_their_required_cells_in_one_pool_then_the_optional_sizes(tmp
 
     monkeypatch.setattr(curve_module, "run_cells", spy)
     starts = [replace(s, step_seconds=t) for s, t in zip(_starts(tmp_path, 1), (0.1, 0.1, 2.0))]
-    specs = [CurveSpec(starts, _task(400, 20), [20, 60, 400], tmp_path / "a", bag_of_words=True),
+    specs = [CurveSpec(starts, _task(400, 20), [20, 60, 400], tmp_path / "a", baselines=[TFIDF]),
              CurveSpec(starts[1:2], _task(400, 20, "tagging"), [20], tmp_path / "b")]
     a, b = run_curves(specs, lambda n: [0, 1], FINETUNING, FAR, required_up_to=60)
     assert pools == [[("a", 20), ("a", 60), ("b", 20)], [("a", 400)]]  # one pool for the required, then 400
     assert a.sizes == [20, 60, 400] and b.sizes == [20] and a.required == [20, 60] and b.required == [20]
-    assert set(a.accuracy) == {"random", "own", "published", BAG_OF_WORDS} and set(b.accuracy) == {"own"}
+    assert set(a.accuracy) == {"random", "own", "published", TFIDF} and set(b.accuracy) == {"own"}
     assert [len(a.accuracy["own"][n]) for n in a.sizes] == [2, 2, 2] and len(a.accuracy["published"][20]) == 1
-    assert a.size_seconds[20] == pytest.approx(sum(a.seconds[s.name] for s in starts) - a.size_seconds[60]
+    assert a.size_seconds[20] == pytest.approx(sum(a.seconds.values()) - a.size_seconds[60]
                                                - a.size_seconds[400])  # compute seconds, by size
     assert not list((tmp_path / "a").glob("train-*")) and not list((tmp_path / "b").glob("train-*"))
 
@@ -306,7 +307,7 @@ def test_the_curve_records_each_cell_s_rate_and_accuracy_by_seed(tmp_path, monke
         score=lambda cell, lr: 0.5 + cell.seed / 100 + (cell.start == "own") / 10)
     monkeypatch.setattr(curve_module, "_finetune", fake)
     c = run_curve(_starts(tmp_path, 2), _task(500, 20), [100, 300], lambda n: [0, 1, 2], FINETUNING, tmp_path / "curve",
-                  FAR, bag_of_words=False)
+                  FAR)
     for start, at in minimum.items():
         rate = 0.1 * lr_factor(at, total_steps=20, warmup_steps=0, schedule="range") / 10
         seeds = [0, 1] if start == "published" else [0, 1, 2]
@@ -314,7 +315,7 @@ def test_the_curve_records_each_cell_s_rate_and_accuracy_by_seed(tmp_path, monke
             assert c.lr[start][size] == [pytest.approx(rate)] * len(seeds)
             assert c.accuracy[start][size] == [pytest.approx(0.5 + s / 100 + (start == "own") / 10) for s in seeds]
     assert c.seeds == {100: [0, 1, 2], 300: [0, 1, 2]} and c.steps == {100: 100, 300: 100}
-    assert set(c.accuracy) == {"random", "own", "published"}  # no bag of words asked for
+    assert set(c.accuracy) == {"random", "own", "published"}  # no baseline asked for
     assert all(c.seconds[s] >= 0 for s in minimum) and set(c.size_seconds) == {100, 300}
 
 
@@ -324,12 +325,13 @@ def test_required_sizes_always_run_and_larger_ones_only_if_they_fit(tmp_path, mo
     starts = _starts(tmp_path, 1)
     past = time.perf_counter() - 1  # a deadline already gone
     c = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0, 1], FINETUNING, tmp_path / "curve", past,
-                  required_up_to=60, bag_of_words=True)
+                  required_up_to=60, baselines=[TFIDF])
     assert c.sizes == [20, 60] and c.cut == [400] and c.required == [20, 60]
     assert {call["cell"].size for call in fake.calls} == {20, 60}
-    assert set(c.accuracy) == {"random", "own", "published", BAG_OF_WORDS}
-    assert [len(c.accuracy[BAG_OF_WORDS][n]) for n in c.sizes] == [2, 2]  # the same subsets, one per seed
-    assert all(0 <= a <= 1 for n in c.sizes for a in c.accuracy[BAG_OF_WORDS][n])
+    assert set(c.accuracy) == {"random", "own", "published", TFIDF} and c.baselines == [TFIDF]
+    assert [len(c.accuracy[TFIDF][n]) for n in c.sizes] == [2, 2]  # the same subsets, one per seed
+    assert all(0 <= a <= 1 for n in c.sizes for a in c.accuracy[TFIDF][n])
+    assert all(s["C"] > 0 for n in c.sizes for s in c.baseline_settings[TFIDF][n])
     none = run_curve(starts, _task(400, 50), [20, 60, 200], lambda n: [0], FINETUNING, tmp_path / "curve2", past)
     assert none.sizes == [20] and none.cut == [60, 200] and none.required == [20]  # the smallest still runs
     everything = run_curve(starts, _task(400, 50), [20, 60, 400], lambda n: [0], FINETUNING, tmp_path / "curve3", FAR)
@@ -359,7 +361,7 @@ def test_a_difference_is_paired_seed_by_seed_over_the_seeds_both_ran():
 
 def test_to_json_gives_the_paired_intervals_of_the_comparisons_asked_for():
     c = _curve()
-    got = c.to_json([("own", "random"), ("published", "random"), ("bag of words", "random")])
+    got = c.to_json([("own", "random"), ("published", "random"), (TFIDF, "random")])
     assert set(got["differences"]) == {"own - random", "published - random"}  # a line not on the curve: skipped
     for n in (100, 300):
         d = paired_difference(c.accuracy["own"][n], c.accuracy["random"][n])
@@ -415,7 +417,62 @@ def test_a_tagging_task_writes_conll_the_tagging_family_reads(tmp_path):
 
 def test_the_plot_is_a_png_with_a_panel_per_task(tmp_path):
     a = Curve(task="movie reviews", sizes=[100, 1000], cut=[],
-              accuracy={"own": {100: [0.6, 0.62, 0.65], 1000: [0.7]}, BAG_OF_WORDS: {100: [0.55], 1000: [0.68]}})
+              accuracy={"own": {100: [0.6, 0.62, 0.65], 1000: [0.7]}, TFIDF: {100: [0.55], 1000: [0.68]}})
     b = Curve(task="pos", sizes=[100], cut=[], accuracy={"own": {100: [0.8, 0.82]}})
     path = plot_curve([a, b], tmp_path / "curve.png", ["reviews", "tags"], {"own": "tab:blue"})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------------------- the classic baselines on the curve
+def _pos_task(n_train: int, n_heldout: int) -> CurveTask:
+    """Determiner, then "walk" (a noun) or a noun; then "walk" (a verb) or a verb: context decides "walk"."""
+    rng = np.random.default_rng(0)
+
+    def sentence() -> tuple[list[str], list[str]]:
+        noun = "walk" if rng.random() < 0.4 else str(rng.choice(["dog", "cat", "idea"]))
+        verb = "walk" if noun != "walk" and rng.random() < 0.4 else str(rng.choice(["runs", "sleeps"]))
+        return ["the", noun, verb], ["DET", "NOUN", "VERB"]
+
+    return CurveTask("pos", "tagging", [sentence() for _ in range(n_train)], [sentence() for _ in range(n_heldout)],
+                     "tagged sentences")
+
+
+def test_baselines_fit_the_same_subsets_as_the_starts_and_pair_with_them_by_seed(tmp_path, monkeypatch):
+    fake = FakeFinetune()
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    task = _pos_task(300, 60)
+    seen = []
+    real = curve_module.run_baseline
+
+    def spy(cell):
+        seen.append((cell.start, cell.size, cell.seed, cell.train_file, Path(cell.train_file).read_text()))
+        return real(cell)
+
+    monkeypatch.setattr(curve_module, "run_baseline", spy)
+    c = run_curve(_starts(tmp_path)[:1], task, [30, 100], lambda n: [0, 1], FINETUNING, tmp_path / "curve", FAR,
+                  baselines=CLASSIC_BASELINES["tagging"])
+    assert c.baselines == [CRF, MOST_FREQUENT_TAG] and set(c.accuracy) == {"random", CRF, MOST_FREQUENT_TAG}
+    assert len(seen) == 2 * 2 * 2  # two baselines, two sizes, two seeds
+    runs = {(call["cell"].size, call["cell"].seed): call["cell"].train_file for call in fake.runs()}
+    for name, size, seed, file, text in seen:
+        assert runs[size, seed] == file  # the fine-tuning's own subset file ...
+        words = {line.split()[0] for line in text.splitlines() if line}
+        assert len(text.strip().split("\n\n")) == size and words  # ... holding that size's sentences
+    for n in (30, 100):
+        assert len(c.accuracy[CRF][n]) == len(c.accuracy[MOST_FREQUENT_TAG][n]) == 2
+        assert all(crf > mft for crf, mft in zip(c.accuracy[CRF][n], c.accuracy[MOST_FREQUENT_TAG][n]))
+        assert c.accuracy[CRF][n] == [pytest.approx(1.0, abs=0.02)] * 2  # context tells "walk" apart
+    assert c.seconds[CRF] > 0 and c.baseline_settings[CRF][30] == [{"c1": 0.1, "c2": 0.1, "max_iterations": 100}] * 2
+    d = c.difference(CRF, "random", 30)
+    assert d.n == 2
+
+
+def test_the_estimate_counts_each_baseline_fit_per_seed():
+    def seeds(size: int) -> list[int]:
+        return [0, 1, 2]
+
+    base = estimate_seconds([], [100, 1000], seeds, FINETUNING, 0)
+    got = estimate_seconds([], [100, 1000], seeds, FINETUNING, 0, baselines=[CRF, TFIDF])
+    expected = 3 * sum(baseline_seconds(b, n) for b in (CRF, TFIDF) for n in (100, 1000))
+    assert base == 0 and got == pytest.approx(curve_module.CURVE_MARGIN * expected)
+    assert baseline_seconds(CRF, 1000) > 4 * baseline_seconds(TFIDF, 1000)  # the CRF's iterations cost

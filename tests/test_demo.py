@@ -14,7 +14,8 @@ import torch
 
 from bertforge import cli
 from bertforge.console import show_logs
-from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start
+from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start, baseline_seconds
+from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
     _figure_points, _random_init, _Run, _Step, plan_time, run_demo, time_finetuning_step, time_pretraining_step
 from bertforge.stats import paired_difference
@@ -51,13 +52,15 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
     divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
     rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / divisor for k in range(8)]  # what an 8-step range test can pick
-    for task, heldout, lines in (("movie reviews", 300, {*starts, "bag of words"}), ("pos", 50, set(starts))):
+    baselines = {"movie reviews": ["TF-IDF + logistic regression"], "pos": ["CRF", "most frequent tag"]}
+    for task, heldout in (("movie reviews", 300), ("pos", 50)):
+        lines = {*starts, *baselines[task]}
         curve = report[task]
         assert curve["sizes"] == [40] and curve["cut"] == [300] and curve["required"] == [40], task
         assert curve["steps"] == {"40": 8} and curve["seeds"] == {"40": [0, 1]}  # 3 passes over 40 in batches of 16
         assert curve["start_steps"] == {"all-MiniLM-L6-v2": {"40": 4}}  # its 1 pass is 3 steps: its floor of 4
         assert (curve["pool"], curve["heldout"]) == (300, heldout)  # "all": every training example of the task
-        assert set(curve["accuracy"]) == lines, task
+        assert set(curve["accuracy"]) == lines and curve["baselines"] == baselines[task], task
         # two seeds at the small size, one for the published checkpoint (published_seeds), each a held-out accuracy
         for line, by_size in curve["accuracy"].items():
             assert len(by_size["40"]) == (1 if line == "all-MiniLM-L6-v2" else 2), (task, line)
@@ -68,7 +71,10 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
             assert len(by_size["40"]) == len(curve["accuracy"][line]["40"])
             assert all(any(lr == pytest.approx(r) for r in rates) for lr in by_size["40"]), (task, line, by_size)
         diffs = curve["differences"]
-        assert set(diffs) == {"own pre-training - random initialisation", "all-MiniLM-L6-v2 - random initialisation"}
+        assert set(diffs) == {"own pre-training - random initialisation", "all-MiniLM-L6-v2 - random initialisation",
+                              *(f"{line} - {b}" for b in baselines[task] for line in ("own pre-training",
+                                                                                       "all-MiniLM-L6-v2"))}
+        assert set(curve["baseline_settings"]) == set(baselines[task])
         own = diffs["own pre-training - random initialisation"]["40"]
         acc = curve["accuracy"]
         d = paired_difference(acc["own pre-training"]["40"], acc["random initialisation"]["40"])
@@ -83,7 +89,16 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
         assert by_minutes["0"] == report[task]["accuracy"]["random initialisation"]["40"]
         assert list(by_minutes.values())[-1] == report[task]["accuracy"]["own pre-training"]["40"]
         assert set(fig["differences"][task]) == set(by_minutes) - {"0"}
-    assert "movie reviews (" in report["headline"] and "pos (" in report["headline"]
+    headline = report["headline"]
+    assert re.match(r"\d+\.\d minutes of the demo's own pre-training, against the best line that needs no "
+                    r"pre-training at each size", headline), headline
+    for task in ("movie reviews", "pos"):
+        acc = report[task]["accuracy"]
+        best = max(["random initialisation", *baselines[task]], key=lambda line: sum(acc[line]["40"]) / 2)
+        d = paired_difference(acc["own pre-training"]["40"], acc[best]["40"])
+        assert f"{task}: {d.format(signed=True)} at 40 ({'resolved' if d.resolved else 'not resolved'}, against " \
+               f"{best})" in headline, (task, headline)
+    assert "The published all-MiniLM-L6-v2, pre-trained at thousands of times the scale, stands movie reviews " in headline
     assert (out / "random-init" / "seed0").is_dir() and (out / "random-init" / "seed1").is_dir()
     for folder in ("curve/movie-reviews", "curve/pos", "figure/movie-reviews", "figure/pos"):
         left = sorted(p.name for p in (out / folder).iterdir())
@@ -102,6 +117,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "## Movie-review polarity (sentence accuracy)" in text
     assert "## Part-of-speech tagging, Brown corpus (token accuracy)" in text
     assert text.count("| **own pre-training - random initialisation** |") == 2
+    for line in ("TF-IDF + logistic regression", "CRF", "most frequent tag"):
+        assert text.count(f"| **own pre-training - {line}** |") == 1 and f"- **{line}** (" in text
     assert text.count("Left out to stay within 0.05 minutes: 300 examples") == 2
     assert "## Accuracy against minutes of pre-training (the paper's Figure 5)" in text
     assert "![figure 5](figure5.png)" in text
@@ -121,8 +138,10 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "bf16 not timed" in printed.out and "Demo finished" in printed.out and "## Fill-mask" in printed.out
     assert "a fine-tuning step of 16 sentences, pos, in fp32, one thread: random initialisation" in printed.out
     assert re.search(r"    movie reviews, 40 sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}, own "
-                     r"pre-training 0\.\d{3}, all-MiniLM-L6-v2 0\.\d{3}, bag of words 0\.\d{3}", printed.out)
-    assert re.search(r"    pos, 40 tagged sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}", printed.out)
+                     r"pre-training 0\.\d{3}, all-MiniLM-L6-v2 0\.\d{3}, TF-IDF \+ logistic regression 0\.\d{3}",
+                     printed.out)
+    assert re.search(r"    pos, 40 tagged sentences \(8 steps, 2 seeds\): random initialisation 0\.\d{3}, .*, CRF "
+                     r"0\.\d{3}, most frequent tag 0\.\d{3}", printed.out)
     assert "newly initialised" not in printed.err  # the curve's fine-tunings are quiet
     assert re.search(r"the curves' sizes up to 40 need about [\d.]+ minutes on this machine: the demo will take about",
                      printed.err)  # a warning
@@ -144,10 +163,11 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
                 Start("all-MiniLM-L6-v2", Path, max_seeds=cfg.published_seeds, step_seconds=published,
                       epochs=cfg.published_epochs, min_steps=cfg.published_min_steps)]
 
-    def tasks(seconds: float, published: float, tagging: float = 1.0) -> dict:
-        # (starts, held-out, pool): movie reviews and part-of-speech tagging, whose steps cost ``tagging`` x more
-        return {"movie reviews": (starts(seconds, published), 1066, 9596),
-                "pos": (starts(tagging * seconds, tagging * published), 1000, 40000)}
+    def tasks(seconds: float, published: float, tagging: float = 1.0, baselines: bool = False) -> dict:
+        # (starts, held-out, pool, baselines): movie reviews and part-of-speech tagging, whose steps cost ``tagging``
+        # x more
+        return {"movie reviews": (starts(seconds, published), 1066, 9596, [TFIDF] * baselines),
+                "pos": (starts(tagging * seconds, tagging * published), 1000, 40000, [CRF, MOST_FREQUENT_TAG] * baselines)}
 
     def plan(seconds: float, published: float):
         return plan_time(cfg, [100, 300, 1000, 3000, 9011], finetuning, tasks(seconds, published))
@@ -177,10 +197,15 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
     # the published checkpoint runs its own epochs (3 passes over 1,000 in batches of 32: 94 steps, so its floor of
     # 100) where everyone else runs the settings'; its steps cost it, not its neighbours
     longer = {name: ([dataclasses.replace(s, epochs=30.0) if s.name == "all-MiniLM-L6-v2" else s for s in starts_],
-                     heldout, pool) for name, (starts_, heldout, pool) in tasks(0.08, 0.2).items()}
+                     heldout, pool, ()) for name, (starts_, heldout, pool, _) in tasks(0.08, 0.2).items()}
     many = plan_time(cfg, [100, 300, 1000], finetuning, longer)
     extra = (math.ceil(30 * 1000 / 32) - 100) * 0.2 + (math.ceil(30 * 300 / 32) - 100) * 0.2
     assert many.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * extra / 2)
+    # the classic baselines' fits count against the budget: 5 seeds at each size, two cells at once
+    classic = plan_time(cfg, [100, 300, 1000], finetuning, tasks(0.08, 0.2, baselines=True))
+    fits = 5 * sum(baseline_seconds(b, n) for b in (TFIDF, CRF, MOST_FREQUENT_TAG) for n in (100, 300, 1000))
+    assert classic.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * fits / 2)
+    assert classic.pretrain_seconds < here.pretrain_seconds
 
 
 def test_figure_5_reads_the_checkpoints_nearest_each_share_and_pairs_them_with_the_curve(tmp_path):

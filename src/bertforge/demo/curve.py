@@ -24,17 +24,23 @@ from typing import Any
 import numpy as np
 
 from bertforge.console import errors_only
+from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
 __all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
            "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curves",
-           "run_curve", "plot_curve", "plot_minutes", "BAG_OF_WORDS"]
+           "run_curve", "plot_curve", "plot_minutes", "CLASSIC_BASELINES", "baseline_seconds", "run_baseline"]
 
 logger = logging.getLogger("bertforge")
 
-BAG_OF_WORDS = "bag of words"
-"""The curve's line for the bag-of-words logistic regression (`bertforge.demo.baselines`)."""
+CLASSIC_BASELINES = {"tagging": (CRF, MOST_FREQUENT_TAG), "classification": (TFIDF,)}
+"""The lines of the classic models a practitioner would use instead (`bertforge.experiments.baselines`), by
+task family."""
+BASELINE_SECONDS = {CRF: 0.05, MOST_FREQUENT_TAG: 1e-4, TFIDF: 0.01}
+"""A baseline's fitting time per training example in one thread, measured on Brown sentences (the CRF's 100
+L-BFGS iterations: about 50 s for 1,000) and movie reviews (TF-IDF's 35 cross-validation fits and the refit:
+about 10 s for 1,000) on an AMD EPYC Zen 4: the plan's estimate of a baseline cell."""
 
 EVAL_COST = 0.3
 """Time to score an example, as a share of a training step's time per example (no gradients)."""
@@ -133,6 +139,8 @@ class Cell:
     finetuning: FinetuneSettings
     out: str
     cost: float = 0.0
+    baseline: str = ""
+    """A classic baseline's name (`CLASSIC_BASELINES`) fitted on the subset instead of a fine-tuning."""
 
 
 def parse_sizes(spec: str, total: int) -> list[int]:
@@ -173,17 +181,25 @@ def finetune_steps(size: int, finetuning: FinetuneSettings, start: Start | None 
     return max(math.ceil(epochs * size / finetuning.batch_size), floor)
 
 
+def baseline_seconds(name: str, size: int) -> float:
+    """The expected seconds of fitting baseline ``name`` on ``size`` examples and scoring it (`BASELINE_SECONDS`)."""
+    return 1.0 + BASELINE_SECONDS[name] * size
+
+
 def planned_steps(size: int, finetuning: FinetuneSettings, start: Start | None = None) -> int:
     """Training steps of a cell at ``size``: the range test's and the fine-tuning's."""
     return finetuning.range_steps + finetune_steps(size, finetuning, start)
 
 
 def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Callable[[int], list[int]],
-                     finetuning: FinetuneSettings, eval_examples: int, speedup: float = 1.0) -> float:
-    """Wall time of the cells of ``starts`` at ``sizes`` from each start's timed step: each cell's steps, its
-    evaluation (`EVAL_COST`) and 2 x `RUN_SECONDS`, over ``speedup`` (workers), times `CURVE_MARGIN`."""
+                     finetuning: FinetuneSettings, eval_examples: int, speedup: float = 1.0,
+                     baselines: Sequence[str] = ()) -> float:
+    """Wall time of the cells of ``starts`` and ``baselines`` at ``sizes`` from each start's timed step: each
+    cell's steps, its evaluation (`EVAL_COST`) and 2 x `RUN_SECONDS`, and each baseline's fit
+    (`baseline_seconds`), over ``speedup`` (workers), times `CURVE_MARGIN`."""
     total = 0.0
     for size in sizes:
+        total += len(seeds(size)) * sum(baseline_seconds(b, size) for b in baselines)
         for start in starts:
             step = start.step_seconds
             cell = (planned_steps(size, finetuning, start) * step
@@ -225,11 +241,44 @@ def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
     return res
 
 
+def _read_examples(path: str, tagging: bool) -> list[tuple[Any, Any]]:
+    """A subset or held-out file as `CurveTask.write` wrote it: ``(words, tags)`` or ``(text, label)``."""
+    text = Path(path).read_text(encoding="utf-8")
+    if not tagging:
+        return [(r["text"], r["label"]) for r in map(json.loads, text.splitlines()) if r]
+    sentences = [[line.rsplit(" ", 1) for line in block.splitlines()] for block in text.split("\n\n") if block.strip()]
+    return [([w for w, _ in rows], [t for _, t in rows]) for rows in sentences]
+
+
+def run_baseline(cell: Cell) -> dict[str, Any]:
+    """A baseline cell: the classic model ``cell.baseline`` fitted on the subset file alone (its settings fixed
+    in advance or cross-validated inside it) and scored once on the held-out file."""
+    from bertforge.experiments import baselines
+
+    t0 = time.perf_counter()
+    tagging = cell.task_settings.get("task") == "tagging"
+    train, heldout = _read_examples(cell.train_file, tagging), _read_examples(cell.heldout_file, tagging)
+    if cell.baseline == CRF:
+        got = baselines.crf_tagger(train, heldout)
+    elif cell.baseline == MOST_FREQUENT_TAG:
+        got = baselines.most_frequent_tag(train, heldout)
+    elif cell.baseline == TFIDF:
+        got = baselines.tfidf_logistic_regression([t for t, _ in train], [y for _, y in train],
+                                                  [t for t, _ in heldout], [y for _, y in heldout], seed=cell.seed)
+    else:
+        raise ValueError(f"unknown baseline {cell.baseline!r}: expected one of {CRF}, {MOST_FREQUENT_TAG}, {TFIDF}")
+    return {"start": cell.start, "size": cell.size, "seed": cell.seed, "accuracy": got.accuracy,
+            "settings": got.settings, "seconds": time.perf_counter() - t0}
+
+
 def run_cell(cell: Cell) -> dict[str, Any]:
     """A cell: the range test on the subset, the rate `choose_lr` picks from its logged losses, then the
-    fine-tuning at that rate, scored once on the held-out file. The run folder is removed."""
+    fine-tuning at that rate, scored once on the held-out file. The run folder is removed. A baseline's
+    cell is `run_baseline`'s."""
     from bertforge.train.optim import lr_factor
 
+    if cell.baseline:
+        return run_baseline(cell)
     finetuning = cell.finetuning
     t0 = time.perf_counter()
     _finetune(cell, finetuning.range_top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1,
@@ -290,6 +339,8 @@ class Curve:
     """The sizes left out to stay within the deadline."""
     accuracy: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     lr: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    baseline_settings: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    """Each baseline's settings by size and seed (the strength its cross-validation chose, where it has one)."""
     seeds: dict[int, list[int]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     size_seconds: dict[int, float] = field(default_factory=dict)
@@ -301,6 +352,8 @@ class Curve:
     heldout: int = 0
     required: list[int] = field(default_factory=list)
     """The sizes that run whatever the deadline."""
+    baselines: list[str] = field(default_factory=list)
+    """The lines that are classic baselines (`CLASSIC_BASELINES`), not fine-tuned starts."""
 
     def mean(self, line: str, size: int) -> float:
         return statistics.mean(self.accuracy[line][size])
@@ -316,14 +369,15 @@ class Curve:
             return {line: {str(n): f(v) for n, v in by_size.items()} for line, by_size in values.items()}
 
         out: dict[str, Any] = {
-            "sizes": self.sizes, "cut": self.cut, "required": self.required, "pool": self.pool,
+            "sizes": self.sizes, "cut": self.cut, "required": self.required, "baselines": self.baselines,
+            "pool": self.pool,
             "heldout": self.heldout, "steps": {str(k): v for k, v in self.steps.items()},
             "start_steps": by_line(self.start_steps), "seeds": {str(k): v for k, v in self.seeds.items()},
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
             "accuracy": by_line(self.accuracy),
             "interval": by_line(self.accuracy, lambda accs: mean_interval(accs).to_json()),
-            "lr": by_line(self.lr), "differences": {}}
+            "lr": by_line(self.lr), "baseline_settings": by_line(self.baseline_settings), "differences": {}}
         for a, b in comparisons:
             if a in self.accuracy and b in self.accuracy:
                 out["differences"][f"{a} - {b}"] = {
@@ -334,21 +388,25 @@ class Curve:
 
 @dataclass(frozen=True)
 class CurveSpec:
-    """A curve to run: its starts, task, sizes and folder, and whether the bag-of-words line goes on it."""
+    """A curve to run: its starts, task, sizes and folder, and the classic baselines fitted beside them
+    (`CLASSIC_BASELINES`), on the same subsets."""
 
     starts: Sequence[Start]
     task: CurveTask
     sizes: Sequence[int]
     out: Path
-    bag_of_words: bool = False
+    baselines: Sequence[str] = ()
 
 
 def _cells_at(spec: CurveSpec, size: int, seeds: Sequence[int], files: Mapping[int, Path], heldout: Path,
               finetuning: FinetuneSettings) -> list[Cell]:
-    return [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
-                 finetune_steps(size, finetuning, start), spec.task.settings(), finetuning,
-                 str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, finetuning, start) * start.step_seconds)
-            for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds))]
+    cells = [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
+                  finetune_steps(size, finetuning, start), spec.task.settings(), finetuning,
+                  str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, finetuning, start) * start.step_seconds)
+             for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds))]
+    return cells + [Cell(name, size, seed, "", str(files[seed]), str(heldout), 0, spec.task.settings(), finetuning,
+                         str(spec.out / f"baseline-{size}-{k}"), cost=baseline_seconds(name, size), baseline=name)
+                    for k, (name, seed) in enumerate((b, seed) for b in spec.baselines for seed in seeds)]
 
 
 class _Runner:
@@ -367,22 +425,24 @@ class _Runner:
                                  "examples")
             spec.out.mkdir(parents=True, exist_ok=True)
             self.heldout.append(task.write(spec.out / f"heldout{task.suffix}", task.heldout))
-            lines = [s.name for s in spec.starts] + ([BAG_OF_WORDS] if spec.bag_of_words else [])
+            lines = [s.name for s in spec.starts] + list(spec.baselines)
             self.curves.append(Curve(
                 task=task.name, sizes=[], cut=[], accuracy={name: {} for name in lines},
                 lr={s.name: {} for s in spec.starts}, seconds={name: 0.0 for name in lines}, pool=len(task.train),
-                heldout=len(task.heldout),
+                heldout=len(task.heldout), baselines=list(spec.baselines),
                 required=[n for n in spec.sizes if n <= required_up_to] or list(spec.sizes[:1])))
 
     def estimate(self, k: int, size: int) -> float:
-        """Wall seconds spec ``k``'s cells at ``size`` should take, from its starts' compute so far."""
+        """Wall seconds spec ``k``'s cells at ``size`` should take, from its starts' compute so far and its
+        baselines' `baseline_seconds`."""
         spec = self.specs[k]
-        return sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.finetuning, s)
-                   * len(s.seeds(self.seeds(size))) for s in spec.starts) / max(1, self.workers)
+        return (sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.finetuning, s)
+                    * len(s.seeds(self.seeds(size))) for s in spec.starts)
+                + len(self.seeds(size)) * sum(baseline_seconds(b, size) for b in spec.baselines)) / max(1, self.workers)
 
     def run(self, items: Sequence[tuple[int, int]]) -> None:
-        """The cells of (spec, size) ``items`` in one pool, each curve filled in as its size ends; the
-        bag-of-words baselines are fitted first, in this process, so as not to take a worker's core."""
+        """The cells of (spec, size) ``items``, baselines' included, in one pool, each curve filled in as its
+        size ends."""
         started = time.perf_counter()
         cells: list[Cell] = []
         owner: list[int] = []  # the item of each cell
@@ -400,8 +460,6 @@ class _Runner:
                        for seed in size_seeds}
             files[j] = {seed: spec.task.write(spec.out / f"train-{size}-seed{seed}{spec.task.suffix}", examples)
                         for seed, examples in subsets.items()}
-            if spec.bag_of_words:
-                self._bag_of_words(k, size, subsets)
             new = _cells_at(spec, size, size_seeds, files[j], self.heldout[k], self.finetuning)
             cells += new
             owner += [j] * len(new)
@@ -421,18 +479,6 @@ class _Runner:
                 self._fill(*item, [], files[j])
         logger.debug(f"    {len(cells)} fine-tunings in {time.perf_counter() - started:.0f} s")
 
-    def _bag_of_words(self, k: int, size: int, subsets: Mapping[int, list[Any]]) -> None:
-        """The bag-of-words baseline of spec ``k`` at ``size``, one fit per seed's subset."""
-        from bertforge.demo.baselines import bow_logistic_regression
-
-        task, curve = self.specs[k].task, self.curves[k]
-        t0 = time.perf_counter()
-        texts, labels = [t for t, _ in task.heldout], [y for _, y in task.heldout]
-        curve.accuracy[BAG_OF_WORDS][size] = [
-            bow_logistic_regression([t for t, _ in subsets[s]], [y for _, y in subsets[s]], texts, labels,
-                                    seed=s)["accuracy"] for s in curve.seeds[size]]
-        curve.seconds[BAG_OF_WORDS] += time.perf_counter() - t0
-
     def _fill(self, k: int, size: int, results: list[dict[str, Any]], files: Mapping[int, Path]) -> None:
         spec, curve = self.specs[k], self.curves[k]
         for start in spec.starts:
@@ -442,6 +488,11 @@ class _Runner:
             seconds = sum(r["seconds"] for r in mine)
             curve.seconds[start.name] += seconds
             self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.finetuning, start))
+        for name in spec.baselines:
+            mine = [r for r in results if r["start"] == name]
+            curve.accuracy[name][size] = [r["accuracy"] for r in mine]
+            curve.baseline_settings.setdefault(name, {})[size] = [r["settings"] for r in mine]
+            curve.seconds[name] += sum(r["seconds"] for r in mine)
         curve.size_seconds[size] = sum(r["seconds"] for r in results)
         for file in files.values():
             file.unlink()
@@ -478,9 +529,9 @@ def run_curves(specs: Sequence[CurveSpec], seeds: Callable[[int], list[int]], fi
 
 def run_curve(starts: Sequence[Start], task: CurveTask, sizes: Sequence[int], seeds: Callable[[int], list[int]],
               finetuning: FinetuneSettings, out: Path, deadline: float, *, required_up_to: int = 0, workers: int = 1,
-              bag_of_words: bool = False) -> Curve:
+              baselines: Sequence[str] = ()) -> Curve:
     """One curve (`run_curves` of one `CurveSpec`)."""
-    return run_curves([CurveSpec(starts, task, sizes, out, bag_of_words)], seeds, finetuning, deadline,
+    return run_curves([CurveSpec(starts, task, sizes, out, baselines)], seeds, finetuning, deadline,
                       required_up_to=required_up_to, workers=workers)[0]
 
 
@@ -528,7 +579,7 @@ def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],
             sizes = [n for n in curve.sizes if n in by_size]
             if not sizes:
                 continue
-            style = {"linestyle": "--", "color": "grey"} if name == BAG_OF_WORDS else {}
+            style = {"linestyle": "--"} if name in (CRF, MOST_FREQUENT_TAG, TFIDF) else {}
             if colours and name in colours:
                 style["color"] = colours[name]
             line = _mean_line(ax, sizes, [by_size[n] for n in sizes], label=name, **style)

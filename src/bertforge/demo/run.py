@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import BAG_OF_WORDS, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, \
+from bertforge.demo.curve import CLASSIC_BASELINES, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, \
     estimate_seconds, format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
+from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF, require_baselines
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
@@ -49,8 +50,9 @@ FILL_MASK_PROBES = (
 )
 
 RANDOM_INIT, OWN, PUBLISHED = "random initialisation", "own pre-training", "all-MiniLM-L6-v2"
-"""The curve's lines (with `bertforge.demo.curve.BAG_OF_WORDS`)."""
-COLOURS = {RANDOM_INIT: "tab:red", OWN: "tab:blue", PUBLISHED: "tab:green"}
+"""The curve's fine-tuned lines (with the classic baselines of `bertforge.demo.curve.CLASSIC_BASELINES`)."""
+COLOURS = {RANDOM_INIT: "tab:red", OWN: "tab:blue", PUBLISHED: "tab:green", CRF: "tab:grey", TFIDF: "tab:grey",
+           MOST_FREQUENT_TAG: "tab:brown"}
 
 
 @dataclass
@@ -354,16 +356,17 @@ def _required(cfg: DemoConfig, sizes: Sequence[int]) -> list[int]:
 
 
 def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSettings,
-              tasks: Mapping[str, tuple[Sequence[Start], int, int]]) -> TimePlan:
-    """The time plan after setup. ``tasks``: by name, the starts (with their timed steps), held-out examples
-    and training pool. The required sizes and the Figure 5 points are estimated (`estimate_seconds`);
-    pre-training gets what is left, between ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+              tasks: Mapping[str, tuple[Sequence[Start], int, int, Sequence[str]]]) -> TimePlan:
+    """The time plan after setup. ``tasks``: by name, the starts (with their timed steps), held-out examples,
+    training pool and classic baselines. The required sizes and the Figure 5 points are estimated
+    (`estimate_seconds`, the baselines' fits included); pre-training gets what is left, between
+    ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
     required = _required(cfg, sizes)
     workers = cfg.worker_count()
     curve = 0.0
-    for starts, heldout, pool in tasks.values():
+    for starts, heldout, pool, baselines in tasks.values():
         curve += estimate_seconds(starts, [min(n, pool) for n in required], cfg.seeds, finetuning, heldout,
-                                  speedup=workers)
+                                  speedup=workers, baselines=baselines)
         figure = [_figure_start(cfg, s) for s in starts if s.name == OWN] * len(cfg.shares())
         curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, finetuning, heldout,
                                   speedup=workers)
@@ -371,7 +374,7 @@ def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSetting
     rest = budget - curve - REPORT_SECONDS
     pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
     return TimePlan(finetune_step_seconds={name: {s.name: s.step_seconds for s in starts}
-                                           for name, (starts, _, _) in tasks.items()},
+                                           for name, (starts, *_) in tasks.items()},
                     required_sizes=required, curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget)
 
 
@@ -432,23 +435,38 @@ def _resolved(resolved: bool) -> str:
     return "resolved" if resolved else "not resolved"
 
 
+def best_without_pretraining(curve: Curve, size: int) -> str:
+    """The line that needs no pre-training scoring highest at ``size`` (by its mean over the seeds): random
+    initialisation or a classic baseline. What a practitioner would use if they did not pre-train."""
+    lines = [line for line in (RANDOM_INIT, *curve.baselines) if curve.accuracy.get(line, {}).get(size)]
+    return max(lines, key=lambda line: curve.mean(line, size))
+
+
 def _headline(curves: Sequence[Curve], minutes: float) -> str:
-    """The report's first sentence: own pre-training minus random initialisation on each task and size (paired
-    95% intervals), split into where it pays (every size resolved above 0) and where not yet."""
-    pays, not_yet = [], []
+    """The report's first sentence: own pre-training against the best line that needs no pre-training at
+    each task and size (`best_without_pretraining`), paired 95% intervals, and the published checkpoint
+    against the same line."""
+    own, published = [], []
     for curve in curves:
-        sizes = [n for n in curve.sizes if n in curve.accuracy[OWN] and n in curve.accuracy[RANDOM_INIT]]
-        diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in sizes]
-        text = f"{curve.task} (" + ", ".join(f"{d.format(signed=True)} at {n:,}"
-                                             + ("" if d.resolved else " (not resolved)")
-                                             for n, d in zip(sizes, diffs)) + ")"
-        (pays if diffs and all(d.resolved and d.mean > 0 for d in diffs) else not_yet).append(text)
-    own = f"{minutes:.1f} minutes of the demo's own pre-training"
-    parts = [f"{own} pay on " + "; ".join(pays)] if pays else []
-    if not_yet:
-        parts.append(("and" if pays else own) + " do not yet pay on " + "; ".join(not_yet))
-    return (", ".join(parts) + ": held-out accuracy points over random initialisation by labelled examples, the "
-            "mean of paired seeds [95% interval].")
+        sizes = [n for n in curve.sizes if curve.accuracy[OWN].get(n)]
+        parts = []
+        for n in sizes:
+            best = best_without_pretraining(curve, n)
+            d = curve.difference(OWN, best, n)
+            parts.append(f"{d.format(signed=True)} at {n:,} ({_resolved(d.resolved)}, against {best})")
+        own.append(f"{curve.task}: " + "; ".join(parts))
+        at = [n for n in sizes if curve.accuracy.get(PUBLISHED, {}).get(n)]
+        if at:
+            published.append(f"{curve.task} " + " / ".join(
+                f"{100 * (curve.mean(PUBLISHED, n) - curve.mean(best_without_pretraining(curve, n), n)):+.1f}"
+                for n in at) + " at " + " / ".join(f"{n:,}" for n in at))
+    text = (f"{minutes:.1f} minutes of the demo's own pre-training, against the best line that needs no "
+            f"pre-training at each size (random initialisation or a classic baseline, whichever scores higher): "
+            + "; ".join(own) + ". Held-out accuracy points, the mean of paired seeds [95% interval].")
+    if published:
+        text += (f" The published {PUBLISHED}, pre-trained at thousands of times the scale, stands "
+                 + "; ".join(published) + " points over the same lines.")
+    return text
 
 
 def _table(sizes: Sequence[int], rows: Mapping[str, Mapping[int, Any]], cell: Callable[[Any], str]
@@ -463,12 +481,14 @@ def _table(sizes: Sequence[int], rows: Mapping[str, Mapping[int, Any]], cell: Ca
 
 
 def _curve_table(curve: Curve) -> list[str]:
-    """A task's curve: the seeds' mean [95% interval] of each line and size, then own minus random, paired."""
+    """A task's curve: the seeds' mean [95% interval] of each line and size, then own minus random
+    initialisation and minus each classic baseline, paired."""
     rows = _table(curve.sizes, curve.accuracy, lambda accs: mean_interval(accs).format(digits=1)
                   + (f" (n={len(accs)})" if len(accs) == 1 else ""))
-    diffs = [curve.difference(OWN, RANDOM_INIT, n) for n in curve.sizes]
-    rows.append(f"| **{OWN} - {RANDOM_INIT}** | "
-                + " | ".join(f"**{d.format(signed=True)}** {_resolved(d.resolved)}" for d in diffs) + " |")
+    for other in (RANDOM_INIT, *curve.baselines):
+        diffs = [curve.difference(OWN, other, n) for n in curve.sizes]
+        rows.append(f"| **{OWN} - {other}** | "
+                    + " | ".join(f"**{d.format(signed=True)}** {_resolved(d.resolved)}" for d in diffs) + " |")
     rows.append(f"| *fine-tuning steps* | {' | '.join(str(curve.steps[n]) for n in curve.sizes)} |")
     return rows
 
@@ -481,6 +501,7 @@ def _lr_table(curve: Curve) -> list[str]:
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     """Run the demo, logging its steps and report; write its outputs under ``cfg.out``; return the report."""
     cfg = cfg or DemoConfig()
+    require_baselines()  # before any work: the classic lines are part of every curve
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -678,8 +699,8 @@ def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], finetuning:
                 by_task[task.name] = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
         finally:
             torch.set_num_threads(threads)
-        plan = plan_time(cfg, sizes, finetuning,
-                         {t.name: (by_task[t.name], len(t.heldout), len(t.train)) for t in tasks})
+        plan = plan_time(cfg, sizes, finetuning, {t.name: (by_task[t.name], len(t.heldout), len(t.train),
+                                                           CLASSIC_BASELINES[t.family]) for t in tasks})
         _log_plan(cfg, plan, starts, finetuning, precision, len(tasks))
         demo.report["time_plan"] = plan.to_json()
     return by_task, plan
@@ -798,7 +819,7 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
         task_starts, folder = starts[task.name], task.name.replace(" ", "-")
         task_sizes = sorted({min(n, len(task.train)) for n in sizes})
         specs.append(CurveSpec(task_starts, task, task_sizes, demo.out / "curve" / folder,
-                               bag_of_words=task.family == "classification"))
+                               baselines=CLASSIC_BASELINES[task.family]))
         size = min(cfg.figure_size, len(task.train))
         if picked and size in _required(cfg, task_sizes):  # named by folder: two checkpoints can round alike
             own = next(s for s in task_starts if s.name == OWN)
@@ -808,7 +829,8 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
     figure = (f" and Figure 5 (the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its "
               f"{final_minutes:.1f} minutes of pre-training, fine-tuned on {cfg.figure_size:,} examples)"
               if figure_specs else "")
-    with demo.step(f"The label-efficiency curves ({lines}; on movie reviews also {BAG_OF_WORDS}){figure}, "
+    classic = "; ".join(f"on {t.name} also {' and '.join(CLASSIC_BASELINES[t.family])}" for t in tasks)
+    with demo.step(f"The label-efficiency curves ({lines}; {classic}){figure}, "
                    f"{cfg.worker_count()} fine-tunings at once"):
         t0 = time.perf_counter()
         done = run_curves(specs + figure_specs, cfg.seeds, finetuning, deadline,
@@ -818,7 +840,8 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
     for curve in curves:
         for name, seconds in curve.seconds.items():
             demo.minutes[f"curve, {curve.task}: {name} (compute)"] = seconds / 60
-        demo.report[curve.task] = curve.to_json([(OWN, RANDOM_INIT), (PUBLISHED, RANDOM_INIT)])
+        demo.report[curve.task] = curve.to_json([(OWN, RANDOM_INIT), (PUBLISHED, RANDOM_INIT)]
+                                                + [(line, b) for b in curve.baselines for line in (OWN, PUBLISHED)])
     return curves, _figure_points(demo, picked, final_minutes, curves, figure_curves)
 
 
@@ -955,6 +978,17 @@ def _figure_lines(fig: dict[str, Any] | None) -> list[str]:
                     "minutes in points.", ""]
 
 
+CLASSIC_LINES = {
+    CRF: "part-of-speech tagging): a linear-chain CRF over the textbook lexical features (the word, its prefixes and "
+         "suffixes, its shape, two neighbours each side; sklearn-crfsuite, L-BFGS, c1 = c2 = 0.1 and 100 iterations "
+         "fixed in advance), on the same subsets.",
+    MOST_FREQUENT_TAG: "part-of-speech tagging): each word's commonest tag in the subset (an unseen word: its "
+                       "lower-cased form's, else the commonest tag): the floor.",
+    TFIDF: "movie reviews): word unigram and bigram TF-IDF and L2 logistic regression (scikit-learn), its strength "
+           "chosen by 5-fold cross-validation inside the subset."}
+"""report.md's description of each classic line, after its name."""
+
+
 def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
             published: Path | None) -> list[str]:
     """report.md's lines: headline and curves, Figure 5, learning rates, the lines, time and pre-training."""
@@ -1006,8 +1040,8 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
             "trained with a contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over "
             "1 billion sentence pairs: pre-training at a scale thousands of times the demo's"
             + (f"; {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)} per size, the costliest line." ))
-    lines += [f"- **{BAG_OF_WORDS}** (movie reviews): unigram and bigram counts, L2-regularised logistic regression, "
-              "its strength chosen on a tenth of the subset.", "",
+    lines += [f"- **{name}** ({what}" for name, what in CLASSIC_LINES.items()]
+    lines += ["",
               f"Every model is fine-tuned alike: {cfg.finetune_epochs:g} passes over the subset but at least "
               f"{cfg.finetune_min_steps} steps of {cfg.finetune_batch_size} ({PUBLISHED}: {cfg.published_epochs:g} "
               f"passes, the paper's fine-tuning length, but at least {cfg.published_min_steps} steps), dropout "

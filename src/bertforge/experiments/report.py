@@ -158,6 +158,9 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
                                             if (d := paired.get((v.name, t.name))) else "—" for t in study.tasks)]
                                  for v in study.variants[1:]])
     lines += _orderings_table(study, orderings, seeds)
+    classic = json.loads(folder.classic_baselines.read_text(encoding="utf-8")) if folder.classic_baselines.is_file() \
+        else {}
+    lines += _classic_table(study, classic, metric, header)
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]
         lines += _table(header, [[v.name, *(f"{study.paper.get(v.name, {}).get(t.name, '—')}" for t in study.tasks)]
@@ -183,11 +186,28 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
             "minutes": {"pretraining": pre_minutes, "finetuning": ft_minutes}, "metric": metric, "table": table,
             "differences": {"baseline": baseline, "paired_by": "seed", "table": differences},
             "orderings": [e for e, _ in orderings],
-            "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
+            "classic_baselines": classic, "pretraining": pretraining, "cells": [dataclasses.asdict(c) for c in cells],
             "figure": [dataclasses.asdict(c) for c in figure_cells], "paper": study.paper}
     atomic_write_text(folder.report_data, json.dumps(data, indent=1, default=str) + "\n")
     atomic_write_text(folder.report, "\n".join(lines))
     return folder.report
+
+
+def _classic_table(study: Any, classic: dict[str, dict[str, dict[str, float]]], metric: dict[str, str],
+                   header: list[str]) -> list[str]:
+    """report.md's lines on the classic baselines: a row per model, each task's metric where it was fitted."""
+    names = list(dict.fromkeys(name for by in classic.values() for name in by))
+    if not names:
+        return []
+
+    def value(task: str, name: str) -> str:
+        got = classic.get(task, {}).get(name, {}).get(metric[task])
+        return "—" if got is None else f"{100 * got:.1f}"
+
+    return ["", "What a practitioner would use without pre-training: the classic models fitted once on each "
+                "task's training data and scored on its dev set with the same metric, x 100 "
+                "(`bertforge.experiments.baselines`):", "",
+            *_table(header, [[name, *(value(t.name, name) for t in study.tasks)] for name in names])]
 
 
 def _pretraining_table(study: Any, pretraining: dict[str, dict[str, Any]]) -> list[str]:

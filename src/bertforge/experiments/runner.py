@@ -666,10 +666,36 @@ def run_study(study: str | Path | Study | None, cfg: AblateConfig | None = None)
             _write_report(study, out)
         if study.figure:
             _figure(study, runs, inputs, out, cfg)
+        _classic_baselines(study, inputs, out)
         path = _write_report(study, out)
         logger.info(f"ablate: {study.name} finished in {(time.perf_counter() - t0) / 60:.1f} minutes; "
                     f"report -> {path}")
     return path
+
+
+def _classic_baselines(study: Study, inputs: _Inputs, out: StudyFolder) -> None:
+    """Each task's classic baselines (a CRF for tagging, TF-IDF logistic regression for single-text
+    classification: `bertforge.experiments.baselines.task_baselines`), fitted once on its training file into
+    `StudyFolder.classic_baselines`, the report's reference for what no pre-training gives. Skipped, with a
+    note, without the baselines extra."""
+    from bertforge.experiments import baselines
+
+    path = out.classic_baselines
+    done = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    todo = [t for t in study.tasks if t.name not in done]
+    if not todo:
+        return
+    try:
+        baselines.require_baselines()
+    except ImportError as e:
+        logger.info(f"ablate: no classic baselines in the report ({e})")
+        return
+    for task in todo:
+        done[task.name] = baselines.task_baselines(inputs.tasks[task.name])
+        for name, metrics in done[task.name].items():
+            logger.info(f"ablate: classic baseline | {task.name} | {name}: "
+                        + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seconds"))
+        atomic_write_text(path, json.dumps(done, indent=1) + "\n")
 
 
 def _write_report(study: Study, out: StudyFolder) -> Path:

@@ -350,6 +350,11 @@ class StudyFolder:
         """The `bertforge pretrain` run folder of a pre-training (its ``model/`` the pre-trained model)."""
         return self.pretraining(run) / "run"
 
+    @property
+    def classic_baselines(self) -> Path:
+        """Each task's classic baselines, fitted once (`bertforge.experiments.baselines.task_baselines`)."""
+        return self.root / "classic_baselines.json"
+
     def cell(self, variant: str, task: str, seed: int) -> Path:
         """A table cell's fine-tuning run: ``variant`` fine-tuned on ``task`` with ``seed``."""
         return self.root / "cells" / slug(variant) / slug(task) / f"seed-{seed}"
