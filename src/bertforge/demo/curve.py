@@ -370,8 +370,7 @@ class Curve:
 
         out: dict[str, Any] = {
             "sizes": self.sizes, "cut": self.cut, "required": self.required, "baselines": self.baselines,
-            "pool": self.pool,
-            "heldout": self.heldout, "steps": {str(k): v for k, v in self.steps.items()},
+            "pool": self.pool, "heldout": self.heldout, "steps": {str(k): v for k, v in self.steps.items()},
             "start_steps": by_line(self.start_steps), "seeds": {str(k): v for k, v in self.seeds.items()},
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
