@@ -979,14 +979,14 @@ def _figure_lines(fig: dict[str, Any] | None) -> list[str]:
 
 
 CLASSIC_LINES = {
-    CRF: "part-of-speech tagging): a linear-chain CRF over the textbook lexical features (the word, its prefixes and "
-         "suffixes, its shape, two neighbours each side; sklearn-crfsuite, L-BFGS, c1 = c2 = 0.1 and 100 iterations "
-         "fixed in advance), on the same subsets.",
-    MOST_FREQUENT_TAG: "part-of-speech tagging): each word's commonest tag in the subset (an unseen word: its "
-                       "lower-cased form's, else the commonest tag): the floor.",
-    TFIDF: "movie reviews): word unigram and bigram TF-IDF and L2 logistic regression (scikit-learn), its strength "
-           "chosen by 5-fold cross-validation inside the subset."}
-"""report.md's description of each classic line, after its name."""
+    CRF: ("part-of-speech tagging", "a linear-chain CRF over the textbook lexical features (the word, its prefixes "
+          "and suffixes, its shape, two neighbours each side; sklearn-crfsuite, L-BFGS, c1 = c2 = 0.1 and 100 "
+          "iterations fixed in advance), on the same subsets."),
+    MOST_FREQUENT_TAG: ("part-of-speech tagging", "each word's commonest tag in the subset (an unseen word: its "
+                        "lower-cased form's, else the commonest tag): the floor."),
+    TFIDF: ("movie reviews", "word unigram and bigram TF-IDF and L2 logistic regression (scikit-learn), its strength "
+            "chosen by 5-fold cross-validation inside the subset.")}
+"""report.md's description of each classic line: its task and what it is."""
 
 
 def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
@@ -1040,7 +1040,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
             "trained with a contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over "
             "1 billion sentence pairs: pre-training at a scale thousands of times the demo's"
             + (f"; {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)} per size, the costliest line." ))
-    lines += [f"- **{name}** ({what}" for name, what in CLASSIC_LINES.items()]
+    lines += [f"- **{name}** ({task}): {what}" for name, (task, what) in CLASSIC_LINES.items()]
     lines += ["",
               f"Every model is fine-tuned alike: {cfg.finetune_epochs:g} passes over the subset but at least "
               f"{cfg.finetune_min_steps} steps of {cfg.finetune_batch_size} ({PUBLISHED}: {cfg.published_epochs:g} "

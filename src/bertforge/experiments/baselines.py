@@ -3,7 +3,7 @@ comparison beside the BERT lines of the demo, the studies and the benchmarks.
 
 - Tagging: a linear-chain CRF over the textbook lexical features (the word, its prefix and suffixes, its
   shape, its neighbours; sklearn-crfsuite, L-BFGS with ``c1 = c2 = 0.1`` fixed in advance), and the
-  most-frequent-tag floor (counting; an unknown word gets the commonest tag).
+  most-frequent-tag floor (counting; an unseen word gets its lower-cased form's tag, else the commonest).
 - Text classification: word and bigram TF-IDF with L2 logistic regression (scikit-learn), its strength
   chosen by stratified cross-validation inside the training examples.
 
