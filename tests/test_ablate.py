@@ -299,7 +299,9 @@ def test_a_miniature_runs_on_the_built_in_data(tmp_path):
     assert "mlm_accuracy" in done["eval_metrics"]  # held out: every 20th Wikipedia lead
     assert "| 100/0/0 |" in report.read_text()
     pytest.importorskip("sklearn_crfsuite")
-    classic = json.loads((tmp_path / "classic_baselines.json").read_text())  # fitted once, on the same files
+    fitted = json.loads((tmp_path / "classic_baselines.json").read_text())  # fitted once, on the same files
+    assert Path(fitted["MR fine-tune"]["settings"]["train_file"]).is_file()  # with the settings it read
+    classic = {task: f["models"] for task, f in fitted.items()}
     assert {t: sorted(by) for t, by in classic.items()} == {
         "MR fine-tune": ["TF-IDF + logistic regression"], "POS fine-tune": ["CRF", "most frequent tag"],
         "POS feature-based": ["CRF", "most frequent tag"]}

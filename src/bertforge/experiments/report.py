@@ -158,8 +158,8 @@ def write_report(study: Any, out: Path, cells: Sequence[Any], figure_cells: Sequ
                                             if (d := paired.get((v.name, t.name))) else "—" for t in study.tasks)]
                                  for v in study.variants[1:]])
     lines += _orderings_table(study, orderings, seeds)
-    classic = json.loads(folder.classic_baselines.read_text(encoding="utf-8")) if folder.classic_baselines.is_file() \
-        else {}
+    classic = {task: fitted["models"] for task, fitted in json.loads(folder.classic_baselines.read_text(
+        encoding="utf-8")).items()} if folder.classic_baselines.is_file() else {}
     lines += _classic_table(study, classic, metric, header)
     if study.paper:
         lines += ["", "The paper's figures for the same rows and columns:", ""]

@@ -676,13 +676,15 @@ def run_study(study: str | Path | Study | None, cfg: AblateConfig | None = None)
 def _classic_baselines(study: Study, inputs: _Inputs, out: StudyFolder) -> None:
     """Each task's classic baselines (a CRF for tagging, TF-IDF logistic regression for single-text
     classification: `bertforge.experiments.baselines.task_baselines`), fitted once on its training file into
-    `StudyFolder.classic_baselines`, the report's reference for what no pre-training gives. Skipped, with a
-    note, without the baselines extra."""
+    `StudyFolder.classic_baselines` with the settings they read (a task whose settings changed is fitted
+    again), the report's reference for what no pre-training gives. Skipped, with a note, without the
+    baselines extra."""
     from bertforge.experiments import baselines
 
     path = out.classic_baselines
     done = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    todo = [t for t in study.tasks if t.name not in done]
+    settings = {t.name: json.loads(json.dumps(inputs.tasks[t.name], default=str)) for t in study.tasks}
+    todo = [t for t in study.tasks if done.get(t.name, {}).get("settings") != settings[t.name]]
     if not todo:
         return
     try:
@@ -691,8 +693,8 @@ def _classic_baselines(study: Study, inputs: _Inputs, out: StudyFolder) -> None:
         logger.info(f"ablate: no classic baselines in the report ({e})")
         return
     for task in todo:
-        done[task.name] = baselines.task_baselines(inputs.tasks[task.name])
-        for name, metrics in done[task.name].items():
+        done[task.name] = {"settings": settings[task.name], "models": baselines.task_baselines(settings[task.name])}
+        for name, metrics in done[task.name]["models"].items():
             logger.info(f"ablate: classic baseline | {task.name} | {name}: "
                         + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seconds"))
         atomic_write_text(path, json.dumps(done, indent=1) + "\n")
