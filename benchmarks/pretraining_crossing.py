@@ -111,6 +111,12 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
     record = run / "crossing.json"
     if record.is_file():
         return json.loads(record.read_text())["checkpoints"]
+    cpu, started = cpu_description(), run / "cpu.json"
+    if started.is_file() and json.loads(started.read_text()) != cpu:  # minutes on two CPUs do not add up
+        logger.warning(f"{run} was started on another CPU ({started.read_text().strip()}): pre-training afresh")
+        shutil.rmtree(run)
+    if not started.is_file():
+        write_json(started, cpu)
     cfg = dataclasses.replace(demo, model=model)
     vocab_size = BertTokenizer.from_pretrained(folders["vocab"]).vocab_size
     seconds = time_pretraining_step(cfg, vocab_size, "bf16" if _native_bf16() else "fp32", torch.device("cpu"))

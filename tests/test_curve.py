@@ -210,6 +210,15 @@ def test_the_divisor_is_the_settings_own(tmp_path, monkeypatch):
     assert a["diverged_at"] == b["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
 
 
+def test_a_cell_with_a_fixed_rate_runs_no_range_test(tmp_path, monkeypatch):
+    fake = FakeFinetune(score=lambda cell, lr: lr)
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    got = run_cell(replace(_cell(tmp_path), lr=3e-4))
+    (run,) = fake.calls
+    assert run["lr"] == 3e-4 and run["settings"].get("schedule") is None and run["steps"] == 100
+    assert got["lr"] == got["accuracy"] == 3e-4 and got["diverged_at"] is None
+
+
 def test_cells_run_costliest_first_and_come_back_in_their_order(tmp_path, monkeypatch):
     fake = FakeFinetune(score=lambda cell, lr: cell.seed / 10)
     monkeypatch.setattr(curve_module, "_finetune", fake)

@@ -141,6 +141,9 @@ class Cell:
     cost: float = 0.0
     baseline: str = ""
     """A classic baseline's name (`CLASSIC_BASELINES`) fitted on the subset instead of a fine-tuning."""
+    lr: float = 0.0
+    """A fixed peak learning rate instead of the range test's choice (0: the range test), for measuring a
+    start at given rates."""
 
 
 def parse_sizes(spec: str, total: int) -> list[int]:
@@ -274,25 +277,28 @@ def run_baseline(cell: Cell) -> dict[str, Any]:
 def run_cell(cell: Cell) -> dict[str, Any]:
     """A cell: the range test on the subset, the rate `choose_lr` picks from its logged losses, then the
     fine-tuning at that rate, scored once on the held-out file. The run folder is removed. A baseline's
-    cell is `run_baseline`'s."""
+    cell is `run_baseline`'s; a cell with a fixed ``lr`` skips the range test (``diverged_at`` None)."""
     from bertforge.train.optim import lr_factor
 
     if cell.baseline:
         return run_baseline(cell)
     finetuning = cell.finetuning
     t0 = time.perf_counter()
-    _finetune(cell, finetuning.range_top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1,
-              eval_every=0)
-    records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
-    losses = [float(r["loss"]) for r in records if r.get("split") == "train"]
-    rates = [finetuning.range_top * lr_factor(i, total_steps=finetuning.range_steps, warmup_steps=0, schedule="range")
-             for i in range(len(losses))]  # the rate each logged step trained at
-    lr, at = choose_lr(rates, losses, finetuning.lr_divisor)
+    lr, diverged_at = cell.lr, None
+    if not lr:
+        _finetune(cell, finetuning.range_top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1,
+                  eval_every=0)
+        records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
+        losses = [float(r["loss"]) for r in records if r.get("split") == "train"]
+        rates = [finetuning.range_top * lr_factor(i, total_steps=finetuning.range_steps, warmup_steps=0,
+                                                  schedule="range") for i in range(len(losses))]  # each step's rate
+        lr, at = choose_lr(rates, losses, finetuning.lr_divisor)
+        diverged_at = rates[at]
     res = _finetune(cell, lr, cell.steps, dev_file=cell.heldout_file, eval_every=cell.steps,
                     log_every=max(1, cell.steps // 5))
     shutil.rmtree(cell.out, ignore_errors=True)
     return {"start": cell.start, "size": cell.size, "seed": cell.seed, "accuracy": float(res.eval_metrics["accuracy"]),
-            "lr": lr, "diverged_at": rates[at], "seconds": time.perf_counter() - t0}
+            "lr": lr, "diverged_at": diverged_at, "seconds": time.perf_counter() - t0}
 
 
 def _one_thread() -> None:
