@@ -129,8 +129,12 @@ class OnnxExport:
 
 
 def _excess(check: OnnxCheck) -> float:
-    ratio = check.max_abs_diff / check.tolerance
-    return float("inf") if ratio != ratio else ratio  # NaN is the worst
+    """The difference as a multiple of the tolerance (NaN, and any difference against a 0 tolerance: inf)."""
+    if check.max_abs_diff != check.max_abs_diff:
+        return float("inf")
+    if check.tolerance <= 0:
+        return float("inf") if check.max_abs_diff > 0 else 0.0
+    return check.max_abs_diff / check.tolerance
 
 
 def _require(module: str):
