@@ -312,3 +312,20 @@ def test_demo_settings_come_from_a_config_file_and_flags(tmp_path, monkeypatch):
 def test_configs_demo_yaml_lists_every_setting_with_its_default():
     data = cli.read_config_file(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
     assert DemoConfig(**data) == DemoConfig() and set(data) == set(DemoConfig.__dataclass_fields__)
+
+
+def test_the_demo_without_the_baselines_extra_says_so_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_crfsuite(name, *args, **kwargs):
+        if name == "sklearn_crfsuite":
+            raise ImportError("No module named 'sklearn_crfsuite'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_crfsuite)
+    assert cli.main(["demo", "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'bertforge[baselines]'" in err and "sklearn_crfsuite" in err
+    assert not (tmp_path / "demo").exists()

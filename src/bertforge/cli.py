@@ -601,7 +601,13 @@ def demo(config: Annotated[str | None, arg(metavar="FILE")] = None,
         config: JSON or YAML file of the settings below (flags override it; configs/demo.yaml lists them all)
     """
     from bertforge.demo.run import run_demo
+    from bertforge.experiments.baselines import require_baselines
 
+    try:
+        require_baselines()  # the curves' classic lines: a missing extra is one line, before any work
+    except ImportError as e:
+        print(f"bertforge demo: error: {e}", file=sys.stderr)
+        return 2
     run_demo(cfg)
     return 0
 
