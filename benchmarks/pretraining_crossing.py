@@ -175,7 +175,7 @@ def main() -> None:
 
     show_logs(verbose=False)
     from bertforge import resources
-    from bertforge.demo.curve import Cell, CurveTask, Start, finetune_steps, run_cells, subset
+    from bertforge.demo.curve import Cell, CurveTask, Start, baseline_seconds, finetune_steps, run_cells, subset
     from bertforge.demo.run import MOVIE_REVIEWS, POS, _finetuning, _random_init
     from bertforge.experiments.baselines import require_baselines
     from bertforge.text.tokenizer import BertTokenizer
@@ -247,7 +247,7 @@ def main() -> None:
                     if not (results_dir / f"{_slug(key)}.json").is_file():
                         cells.append(Cell(b, n, s, "", str(subsets[task_name, n, s]), str(heldout[task_name]), 0,
                                           task.settings(), finetuning, str(work / "runs" / _slug(key)),
-                                          cost=n * 0.05, baseline=b))
+                                          cost=baseline_seconds(b, n), baseline=b))
                         keys.append(key)
     logger.info(f"{len(cells)} fine-tunings and fits left, {workers} at once")
     t0 = time.perf_counter()

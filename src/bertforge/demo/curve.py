@@ -245,12 +245,15 @@ def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
 
 
 def _read_examples(path: str, tagging: bool) -> list[tuple[Any, Any]]:
-    """A subset or held-out file as `CurveTask.write` wrote it: ``(words, tags)`` or ``(text, label)``."""
-    text = Path(path).read_text(encoding="utf-8")
-    if not tagging:
-        return [(r["text"], r["label"]) for r in map(json.loads, text.splitlines()) if r]
-    sentences = [[line.rsplit(" ", 1) for line in block.splitlines()] for block in text.split("\n\n") if block.strip()]
-    return [([w for w, _ in rows], [t for _, t in rows]) for rows in sentences]
+    """A subset or held-out file as `CurveTask.write` wrote it, read as fine-tuning reads it: ``(words, tags)``
+    or ``(text, label)``."""
+    if tagging:
+        from bertforge.tasks.tagging import read_sentences
+
+        return [(s.tokens, s.tags) for s in read_sentences(path)[0]]
+    from bertforge.tasks.classification import read_examples
+
+    return [(e.text_a, e.label) for e in read_examples(path)[0]]
 
 
 def run_baseline(cell: Cell) -> dict[str, Any]:
@@ -584,7 +587,7 @@ def plot_curve(curves: Sequence[Curve], path: Path, titles: Sequence[str],
             sizes = [n for n in curve.sizes if n in by_size]
             if not sizes:
                 continue
-            style = {"linestyle": "--"} if name in (CRF, MOST_FREQUENT_TAG, TFIDF) else {}
+            style = {"linestyle": "--"} if name in curve.baselines else {}
             if colours and name in colours:
                 style["color"] = colours[name]
             line = _mean_line(ax, sizes, [by_size[n] for n in sizes], label=name, **style)

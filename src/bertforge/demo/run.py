@@ -448,18 +448,17 @@ def _headline(curves: Sequence[Curve], minutes: float) -> str:
     against the same line."""
     own, published = [], []
     for curve in curves:
-        sizes = [n for n in curve.sizes if curve.accuracy[OWN].get(n)]
+        best = {n: best_without_pretraining(curve, n) for n in curve.sizes if curve.accuracy[OWN].get(n)}
         parts = []
-        for n in sizes:
-            best = best_without_pretraining(curve, n)
-            d = curve.difference(OWN, best, n)
-            parts.append(f"{d.format(signed=True)} at {n:,} ({_resolved(d.resolved)}, against {best})")
+        for n, line in best.items():
+            d = curve.difference(OWN, line, n)
+            parts.append(f"{d.format(signed=True)} at {n:,} ({_resolved(d.resolved)}, against {line})")
         own.append(f"{curve.task}: " + "; ".join(parts))
-        at = [n for n in sizes if curve.accuracy.get(PUBLISHED, {}).get(n)]
+        at = [n for n in best if curve.accuracy.get(PUBLISHED, {}).get(n)]
         if at:
             published.append(f"{curve.task} " + " / ".join(
-                f"{100 * (curve.mean(PUBLISHED, n) - curve.mean(best_without_pretraining(curve, n), n)):+.1f}"
-                for n in at) + " at " + " / ".join(f"{n:,}" for n in at))
+                f"{100 * (curve.mean(PUBLISHED, n) - curve.mean(best[n], n)):+.1f}" for n in at)
+                + " at " + " / ".join(f"{n:,}" for n in at))
     text = (f"{minutes:.1f} minutes of the demo's own pre-training, against the best line that needs no "
             f"pre-training at each size (random initialisation or a classic baseline, whichever scores higher): "
             + "; ".join(own) + ". Held-out accuracy points, the mean of paired seeds [95% interval].")
