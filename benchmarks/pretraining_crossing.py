@@ -1,17 +1,26 @@
 """How many minutes of bertforge's own pre-training until its model beats what a practitioner would use
 instead: the paper's Figure 5 taken to where it answers that.
 
-Each model of ``--models`` (presets; the demo's tiny one and a larger one) is pre-trained once on the demo's
-text (Wikipedia lead sections and the movie-review training sentences without labels, the demo's vocab and
+Each arm of ``--arms`` (by default presets: the demo's tiny one and a larger one) is pre-trained once on
+the demo's text (Wikipedia lead sections and the movie-review training sentences without labels, the demo's vocab and
 instances) with the budget recipe laid over ``--minutes`` of training clock, keeping checkpoints near
 ``--at`` minutes. Each checkpoint, the same model from random initialisation, all-MiniLM-L6-v2 and the
 classic baselines (a CRF and the most-frequent-tag floor on part-of-speech tagging, TF-IDF logistic regression
 on movie reviews; `bertforge.experiments.baselines`) are then fine-tuned / fitted on ``--sizes`` examples of
 both demo tasks under the demo's protocol (`bertforge.demo.curve.run_cell`: a learning-rate range test on the
 subset, then the fine-tuning; nothing chosen on the held-out sentences), on the demo's subsets and seeds, so
-every line pairs by seed. Reported per model, task and size: the first checkpoint whose paired difference
+every line pairs by seed. Reported per arm, task and size: the first checkpoint whose paired difference
 from random initialisation, and from the best classic baseline, has a 95% interval above 0, or "not within
 N minutes".
+
+``--arms`` names what is pre-trained: a size preset (``tiny``), or a name with demo settings that differ
+from the demo's (``brown:tagging_text_in_pretraining=true``, ``mini128:model=mini:max_seq_length=128``,
+``tiny-s1:seed=1``), each its own pre-training (and its own text, vocab and instances where its settings
+change them; the tasks' data stay the demo's whatever the arm's seed). Every arm after the first is also
+reported against the first, checkpoint by checkpoint, paired by seed. ``--pilot`` runs the whole study on
+pilot data instead, to choose a recipe change that the reported scores never see: a tenth of the Brown
+training texts (whole texts) and a tenth of the movie-review training sentences become the held-out sets,
+and neither is in the pre-training text; the report's held-out sentences are not scored.
 
 Resumable: every step leaves its result in ``--work`` (pre-training resumes from its last checkpoint, each
 fine-tuning is a JSON file), so rerunning the same command continues where a stopped run left off. The
@@ -73,33 +82,112 @@ def write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=1) + "\n")
 
 
-# ---------------------------------------------------------------------------- the demo's data, once
-def demo_data(work: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """The demo's data, vocab and pre-training instances under ``work/data`` (made once): (DemoConfig, the
-    fetched data, {"vocab", "data", "eval"} folders)."""
-    from bertforge.demo.run import DemoConfig, _fetch_data, _learn_vocab, _prepare_instances, _Run, _Step, \
-        _write_pretraining_text
+# ---------------------------------------------------------------------------- arms and the demo's data
+PRETRAINING_DATA = ("task_text_in_pretraining", "tagging_text_in_pretraining", "vocab_size", "max_seq_length",
+                    "dupe_factor", "seed")
+"""The demo settings that change the pre-training text, vocab or instances: an arm that changes one gets its
+own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One pre-training of the study: its name and the demo settings it changes."""
+
+    name: str
+    settings: dict[str, Any]
+
+    def config(self, demo: Any) -> Any:
+        return dataclasses.replace(demo, **self.settings)
+
+    def data_key(self) -> str:
+        """The folder name of its pre-training data: "data" for the demo's, else one named by what differs."""
+        changed = [f"{k}={self.settings[k]}" for k in PRETRAINING_DATA if k in self.settings]
+        return "-".join(["data", *changed]).replace("_in_pretraining", "")
+
+
+def parse_arms(text: str) -> list[Arm]:
+    """``--arms``: comma-separated ``NAME[:setting=value...]``; a bare preset name sets the model size."""
+    from bertforge.demo.run import DemoConfig
+    from bertforge.model.config import PRESETS
+    from bertforge.settings import read_settings
+
+    arms = []
+    for spec in filter(None, text.split(",")):
+        name, *pairs = spec.split(":")
+        raw: dict[str, Any] = {}
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            if not eq:
+                raise SystemExit(f"--arms {spec}: expected setting=value, got {pair!r}")
+            try:
+                raw[key] = json.loads(value)
+            except json.JSONDecodeError:
+                raw[key] = value
+        if "model" not in raw and name in PRESETS:
+            raw["model"] = name
+        try:
+            settings = read_settings(DemoConfig, raw, f"--arms {name}")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        arms.append(Arm(name, settings))
+    if len({a.name for a in arms}) != len(arms):
+        raise SystemExit(f"--arms: names must differ, got {text!r}")
+    return arms
+
+
+def demo_data(work: Path, pilot: bool) -> tuple[Any, Any]:
+    """(DemoConfig, the fetched data): the demo's, or with ``pilot`` its pilot split, the tenths of the
+    training sets that stand in for the held-out sets."""
+    from bertforge.demo.run import DemoConfig, _fetch_data, _Run, _Step
 
     cfg = DemoConfig(out=str(work / "data"))
-    out = Path(cfg.out)
+    data = _fetch_data(_Run(cfg, work, _Step(), {}, {}))
+    if pilot:
+        data = pilot_split(data, cfg)
+    return cfg, data
+
+
+def pilot_split(data: Any, cfg: Any) -> Any:
+    """The demo's data with a tenth of each training set as the held-out set: Brown texts (whole, the
+    demo's number of sentences drawn from them) and movie-review sentences, both seeded."""
+    import numpy as np
+
+    from bertforge.experiments.datasets import brown_pilot_split
+
+    pos_train, pos_dev = brown_pilot_split(cfg.seed, 0.1, 0.1)
+    order = np.random.default_rng(cfg.seed).permutation(len(pos_dev))
+    pos_dev = [pos_dev[i] for i in order[:cfg.pos_heldout]]
+    order = np.random.default_rng(cfg.mr_split_seed + 1).permutation(len(data.mr_train))
+    dev, train = order[:round(len(order) / 10)], order[round(len(order) / 10):]
+    pick = lambda items, idx: [items[i] for i in idx]  # noqa: E731
+    return data._replace(mr_train=pick(data.mr_train, train), mr_train_y=pick(data.mr_train_y, train),
+                         mr_dev=pick(data.mr_train, dev), mr_dev_y=pick(data.mr_train_y, dev), pos_train=pos_train,
+                         pos_heldout=pos_dev)
+
+
+def pretraining_data(work: Path, cfg: Any, data: Any, key: str) -> dict[str, Path]:
+    """The pre-training text, vocab and instances of settings ``cfg`` under ``work/key`` (made once):
+    {"vocab", "data", "eval"} folders."""
+    from bertforge.demo.run import _learn_vocab, _prepare_instances, _Run, _Step, _write_pretraining_text
+
+    out = work / key
     out.mkdir(parents=True, exist_ok=True)
-    run = _Run(cfg, out, _Step(), {}, {})
-    data = _fetch_data(run)
     folders = {"vocab": out / "vocab", "data": out / "pretrain-data", "eval": out / "pretrain-heldout"}
     if not (out / "prepared.json").is_file():
+        run = _Run(dataclasses.replace(cfg, out=str(out)), out, _Step(), {}, {})
         corpus, held_out = _write_pretraining_text(run, data)
         _learn_vocab(run, corpus, data)
         _prepare_instances(run, corpus, held_out)
         write_json(out / "prepared.json", {k: str(v) for k, v in folders.items()})
-    return cfg, data, folders
+    return folders
 
 
 # ---------------------------------------------------------------------------- pre-training with checkpoints
-def pretrain_model(model: str, minutes: float, at: list[float], work: Path, folders: dict[str, Path],
-                   demo: Any) -> list[dict[str, Any]]:
-    """Pre-train ``model`` with the budget recipe over ``minutes`` of training clock (resuming a stopped
-    run), checkpoints every half minute of steps; keep those nearest ``at`` and the final model. Returns
-    [{"minutes", "folder", "heldout_mlm_accuracy"}] by minutes."""
+def pretrain_model(arm: Arm, cfg: Any, minutes: float, at: list[float], work: Path,
+                   folders: dict[str, Path]) -> list[dict[str, Any]]:
+    """Pre-train ``arm`` (demo settings ``cfg``) with the budget recipe over ``minutes`` of training clock
+    (resuming a stopped run), checkpoints every half minute of steps; keep those nearest ``at`` and the final
+    model. Returns [{"minutes", "folder", "heldout_mlm_accuracy"}] by minutes."""
     import torch
 
     from bertforge.demo.run import time_pretraining_step
@@ -107,7 +195,7 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
     from bertforge.train.pretrain import pretrain
     from bertforge.train.state import read_info
 
-    run = work / f"pretrain-{model}"
+    run = work / f"pretrain-{arm.name}"
     record = run / "crossing.json"
     if record.is_file():
         return json.loads(record.read_text())["checkpoints"]
@@ -117,7 +205,6 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
         shutil.rmtree(run)
     if not started.is_file():
         write_json(started, cpu)
-    cfg = dataclasses.replace(demo, model=model)
     vocab_size = BertTokenizer.from_pretrained(folders["vocab"]).vocab_size
     seconds = time_pretraining_step(cfg, vocab_size, "bf16" if _native_bf16() else "fp32", torch.device("cpu"))
     every = max(1, int(30 / seconds))  # a checkpoint (and a held-out evaluation) every ~30 s of training
@@ -125,7 +212,7 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
                            out=str(run), budget_minutes=minutes, max_steps=10**9, precision="auto",
                            eval_every=every, eval_batches=20, log_every=50, checkpoint_every=every,
                            keep_checkpoints=0, progress=False, resume=(run / "run_config.json").is_file())
-    logger.info(f"pre-training {model}: {minutes:g} minutes of training clock, a checkpoint every {every} steps "
+    logger.info(f"pre-training {arm.name}: {minutes:g} minutes of training clock, a checkpoint every {every} steps "
                 f"(a step timed at {seconds:.3f} s)")
     result = pretrain(pcfg)
     if result.interrupted:
@@ -135,7 +222,7 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
     found = sorted((float(read_info(p)["elapsed_seconds"]) / 60, int(read_info(p)["step"]), p)
                    for p in (run / "checkpoints").iterdir() if p.is_dir())
     found = [f for f in found if f[1] < result.step]  # the last checkpoint is the final model
-    picked = {min(found, key=lambda f: abs(f[0] - m))[2] for m in at if m < minutes}
+    picked = {min(found, key=lambda f: abs(f[0] - m))[2] for m in at if m < minutes and found}
     checkpoints = [{"minutes": round(m, 2), "step": step, "folder": str(p), "heldout_mlm_accuracy": evals.get(step)}
                    for m, step, p in found if p in picked]
     for _, _, p in found:
@@ -143,7 +230,8 @@ def pretrain_model(model: str, minutes: float, at: list[float], work: Path, fold
             shutil.rmtree(p)
     checkpoints.append({"minutes": round(result.elapsed_seconds / 60, 2), "step": result.step, "folder": str(run / "model"),
                         "heldout_mlm_accuracy": result.eval_metrics.get("mlm_accuracy")})
-    write_json(record, {"model": model, "checkpoints": checkpoints, "step_seconds_timed": seconds})
+    write_json(record, {"model": arm.name, "settings": arm.settings, "checkpoints": checkpoints,
+                        "step_seconds_timed": seconds})
     return checkpoints
 
 
@@ -161,7 +249,9 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("runs/crossing"))
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--plot", type=Path)
-    p.add_argument("--models", default="tiny,mini", help="presets to pre-train, comma-separated")
+    p.add_argument("--arms", default="tiny,mini", help="what to pre-train, comma-separated: a preset, or "
+                   "NAME:setting=value:... (demo settings; the first arm is the one the others are compared with)")
+    p.add_argument("--pilot", action="store_true", help="the pilot split: held-out sets from the training sets")
     p.add_argument("--minutes", type=float, default=60.0, help="training clock of each pre-training")
     p.add_argument("--at", default="2,4,8,15,30", help="minutes of the checkpoints fine-tuned besides the last")
     p.add_argument("--sizes", default="100,1000")
@@ -182,21 +272,24 @@ def main() -> None:
 
     require_baselines()
     work = args.work
-    models = [m for m in args.models.split(",") if m]
+    arms = parse_arms(args.arms)
     at = [float(m) for m in args.at.split(",")]
     sizes = [int(n) for n in args.sizes.split(",")]
     seeds = list(range(args.seeds))
     workers = args.workers or os.cpu_count() or 1
 
-    demo, data, folders = demo_data(work)
-    checkpoints = {m: pretrain_model(m, args.minutes, at, work, folders, demo) for m in models}
+    demo, data = demo_data(work, args.pilot)
+    configs = {a.name: a.config(demo) for a in arms}
+    folders = {a.name: pretraining_data(work, configs[a.name], data, a.data_key()) for a in arms}
+    checkpoints = {a.name: pretrain_model(a, configs[a.name], args.minutes, at, work, folders[a.name]) for a in arms}
     if args.stage == "pretrain":
         return
 
     precision = "bf16" if _native_bf16() else "fp32"
-    finetuning = _finetuning(demo, precision)
+    finetuning = {name: _finetuning(cfg, precision) for name, cfg in configs.items()}
+    finetuning["published"] = finetuning["classic"] = _finetuning(demo, precision)
     if args.quick:
-        finetuning = dataclasses.replace(finetuning, epochs=0.1, min_steps=10, range_steps=8)
+        finetuning = {k: dataclasses.replace(f, epochs=0.1, min_steps=10, range_steps=8) for k, f in finetuning.items()}
         demo = dataclasses.replace(demo, published_min_steps=10, published_epochs=0.1)
     tasks = {MOVIE_REVIEWS: CurveTask(MOVIE_REVIEWS, "classification", list(zip(data.mr_train, data.mr_train_y)),
                                       list(zip(data.mr_dev, data.mr_dev_y)), "sentences"),
@@ -213,14 +306,15 @@ def main() -> None:
                 if not path.is_file():
                     task.write(path, [task.train[i] for i in subset(len(task.train), n, s)])
                 subsets[name, n, s] = path
-    tok = BertTokenizer.from_pretrained(folders["vocab"])
     published = resources.minilm_folder()
 
-    # every fine-tuned line as (model, its Start); the published checkpoint runs the demo's own length for it
+    # every fine-tuned line as (arm, its Start); the published checkpoint runs the demo's own length for it
     lines: list[tuple[str, Start]] = []
-    for m in models:
-        lines.append((m, _random_init(work / f"random-{m}", dataclasses.replace(demo, model=m), tok)))
-        lines += [(m, Start(f"{c['minutes']:g} min", lambda seed, f=c["folder"]: Path(f))) for c in checkpoints[m]]
+    for a in arms:
+        tok = BertTokenizer.from_pretrained(folders[a.name]["vocab"])
+        lines.append((a.name, _random_init(work / f"random-{a.name}", configs[a.name], tok)))
+        lines += [(a.name, Start(f"{c['minutes']:g} min", lambda seed, f=c["folder"]: Path(f)))
+                  for c in checkpoints[a.name]]
     lines.append(("published", Start("all-MiniLM-L6-v2", lambda seed: published, min_steps=demo.published_min_steps,
                                      epochs=demo.published_epochs)))
 
@@ -234,9 +328,9 @@ def main() -> None:
                     key = f"{model}|{start.name}|{task_name}|{n}|{s}"
                     if (results_dir / f"{_slug(key)}.json").is_file():
                         continue
-                    steps = finetune_steps(n, finetuning, start)
+                    steps = finetune_steps(n, finetuning[model], start)
                     cells.append(Cell(start.name, n, s, str(start.folder(s)), str(subsets[task_name, n, s]),
-                                      str(heldout[task_name]), steps, task.settings(), finetuning,
+                                      str(heldout[task_name]), steps, task.settings(), finetuning[model],
                                       str(work / "runs" / _slug(key)), cost=steps * (8 if model == "published" else 1)))
                     keys.append(key)
     for task_name, task in tasks.items():
@@ -246,7 +340,7 @@ def main() -> None:
                     key = f"classic|{b}|{task_name}|{n}|{s}"
                     if not (results_dir / f"{_slug(key)}.json").is_file():
                         cells.append(Cell(b, n, s, "", str(subsets[task_name, n, s]), str(heldout[task_name]), 0,
-                                          task.settings(), finetuning, str(work / "runs" / _slug(key)),
+                                          task.settings(), finetuning["classic"], str(work / "runs" / _slug(key)),
                                           cost=baseline_seconds(b, n), baseline=b))
                         keys.append(key)
     logger.info(f"{len(cells)} fine-tunings and fits left, {workers} at once")
@@ -257,7 +351,7 @@ def main() -> None:
         logger.info(f"  [{time.perf_counter() - t0:6.0f} s] {keys[i]}: {result['accuracy']:.4f}")
 
     run_cells(cells, workers, done)
-    report = summarise(work, models, checkpoints, sizes, seeds, args.minutes, precision)
+    report = summarise(work, arms, checkpoints, sizes, seeds, args.minutes, precision, args.pilot)
     write_json(args.json, report)
     if args.plot:
         plot(report, args.plot)
@@ -269,10 +363,11 @@ def _slug(key: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the report
-def summarise(work: Path, models: list[str], checkpoints: dict[str, list[dict[str, Any]]], sizes: list[int],
-              seeds: list[int], minutes: float, precision: str) -> dict[str, Any]:
-    """The JSON: per model, task and size, every line's per-seed accuracies (paired by index), each
-    checkpoint's, and the first checkpoint resolved above random initialisation and above the classic baseline."""
+def summarise(work: Path, arms: list[Arm], checkpoints: dict[str, list[dict[str, Any]]], sizes: list[int],
+              seeds: list[int], minutes: float, precision: str, pilot: bool) -> dict[str, Any]:
+    """The JSON: per arm ("model"), task and size, every line's per-seed accuracies (paired by index), each
+    checkpoint's, and the first checkpoint resolved above random initialisation and above the classic baseline;
+    every arm after the first also minus the first's checkpoint of the same rank."""
     from bertforge.stats import paired_difference
 
     got = {}
@@ -284,17 +379,19 @@ def summarise(work: Path, models: list[str], checkpoints: dict[str, list[dict[st
         return [got[f"{model}|{line}|{task}|{n}|{s}"] for s in seeds]
 
     runs = []
-    for m in models:
+    for a in arms:
+        m = a.name
         for task in TASKS:
             for n in sizes:
                 random, classic = accs(m, "random initialisation", task, n), accs("classic", CLASSIC[task][0], task, n)
                 block: dict[str, Any] = {
-                    "model": m, "task": task, "size": n, "seeds": seeds, "random initialisation": random,
+                    "model": m, "settings": a.settings, "task": task, "size": n, "seeds": seeds,
+                    "random initialisation": random,
                     "classic baseline": classic, "classic baseline name": CLASSIC[task][0],
                     "all-MiniLM-L6-v2": accs("published", "all-MiniLM-L6-v2", task, n),
                     **{f"classic: {b}": accs("classic", b, task, n) for b in CLASSIC[task][1:]}, "checkpoints": []}
                 first = {"random initialisation": None, "classic baseline": None}
-                for c in checkpoints[m]:
+                for rank, c in enumerate(checkpoints[m]):
                     own = accs(m, f"{c['minutes']:g} min", task, n)
                     point = {"minutes": c["minutes"], "step": c["step"], "heldout_mlm_accuracy": c["heldout_mlm_accuracy"],
                              "accuracy": own}
@@ -303,13 +400,20 @@ def summarise(work: Path, models: list[str], checkpoints: dict[str, list[dict[st
                         point[f"minus {line}"] = {**d.to_json(), "resolved": d.resolved}
                         if first[line] is None and d.resolved and d.mean > 0:
                             first[line] = c["minutes"]
+                    base = arms[0].name
+                    if m != base and rank < len(checkpoints[base]):
+                        c0 = checkpoints[base][rank]
+                        d = paired_difference(own, accs(base, f"{c0['minutes']:g} min", task, n))
+                        point[f"minus {base}"] = {"minutes": c0["minutes"], **d.to_json(), "resolved": d.resolved}
                     block["checkpoints"].append(point)
                 block["first resolved above"] = {k: v if v is not None else f"not within {minutes:g} minutes"
                                                  for k, v in first.items()}
                 runs.append(block)
-    return {"cpu": cpu_description(), "precision": precision, "minutes": minutes, "protocol": (
+    heldout = ("the pilot split's held-out sets (a tenth of the Brown training texts, a tenth of the movie-review "
+               "training sentences; neither in the pre-training text)" if pilot else "the demo's held-out sentences")
+    return {"cpu": cpu_description(), "precision": precision, "minutes": minutes, "pilot": pilot, "protocol": (
         "the demo's: each line fine-tuned on the same subsets (seeds 0, 1, ...) after a learning-rate range test on "
-        "the subset; held-out accuracy on the demo's held-out sentences, scored once"), "runs": runs}
+        f"the subset; held-out accuracy on {heldout}, scored once"), "runs": runs}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -135,6 +135,20 @@ def test_no_brown_text_is_on_both_sides_of_the_split(tmp_path, brown):
     assert in_dev != list(texts)[:50]  # a seeded draw, not the first texts
 
 
+def test_the_pilot_split_is_whole_texts_inside_the_training_texts(monkeypatch):
+    texts = [(f"c{i:03d}", [([f"t{i}s{j}"], ["nn"]) for j in range(3)]) for i in range(40)]
+    monkeypatch.setattr(resources, "brown_tagged", lambda folder=None: texts)
+    train, dev = datasets.brown_split(7, 0.1)
+    pilot_train, pilot_dev = datasets.brown_pilot_split(7, 0.1, 0.25)
+    text_of = {words[0]: words[0].split("s")[0] for _, text in texts for words, _ in text}
+    # The pilot's two sides are whole training texts, a quarter and the rest, and never a dev text.
+    assert sorted(pilot_train + pilot_dev) == sorted(train)
+    assert {text_of[w[0]] for w, _ in pilot_dev}.isdisjoint({text_of[w[0]] for w, _ in pilot_train})
+    assert len(pilot_dev) == 3 * 9 and len(pilot_train) == 3 * 27
+    assert not {w[0] for w, _ in dev} & {w[0] for w, _ in pilot_dev + pilot_train}
+    assert datasets.brown_pilot_split(8, 0.1, 0.25)[1] != pilot_dev  # seeded
+
+
 @pytest.mark.real_data
 def test_files_are_named_by_their_arguments_and_reused(tmp_path, monkeypatch):
     first = task_files("movie-reviews", tmp_path, max_train=200, max_dev=50)

@@ -17,7 +17,8 @@ from bertforge.console import show_logs
 from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start, baseline_seconds
 from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
-    _figure_points, _random_init, _Run, _Step, plan_time, run_demo, time_finetuning_step, time_pretraining_step
+    _DemoData, _figure_points, _random_init, _Run, _Step, _write_pretraining_text, plan_time, run_demo, \
+    time_finetuning_step, time_pretraining_step
 from bertforge.stats import paired_difference
 from bertforge.train.state import STATE_JSON, STATE_PT
 
@@ -329,3 +330,19 @@ def test_the_demo_without_the_baselines_extra_says_so_in_one_line_before_any_wor
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'bertforge[baselines]'" in err and "sklearn_crfsuite" in err
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("reviews, tagging", [(True, False), (False, True), (True, True), (False, False)])
+def test_the_pretraining_text_holds_the_task_text_asked_for_and_never_a_held_out_sentence(tmp_path, reviews, tagging):
+    articles = [f"Article {i} first line.\nArticle {i} second line." for i in range(40)]
+    pos_train = [([f"brown{i}", "word", "."], ["np", "nn", "."]) for i in range(45)]
+    pos_heldout = [(["heldoutbrown", "."], ["nn", "."])]
+    data = _DemoData(articles, [f"review {i}" for i in range(20)], [i % 2 for i in range(20)], ["heldoutreview"], [1],
+                     pos_train, pos_heldout, None)
+    cfg = DemoConfig(out=str(tmp_path), task_text_in_pretraining=reviews, tagging_text_in_pretraining=tagging)
+    corpus, held_out = _write_pretraining_text(_Run(cfg, tmp_path, _Step(), {}, {}), data)
+    text, evaluation = corpus.read_text(), held_out.read_text()
+    assert ("review 19" in text) == reviews and ("brown44 word ." in text) == tagging
+    assert ("brown0 word . brown1 word ." in text) == tagging  # 20 sentences to a document, in order
+    assert "heldout" not in text + evaluation  # the tasks' held-out sentences are never pre-training text
+    assert "Article 0 " in evaluation and "Article 0 " not in text and "Article 1 " in text

@@ -85,6 +85,9 @@ class DemoConfig:
     task_text_in_pretraining: bool = True
     """Add the movie-review training sentences (no labels) to the pre-training text, 8 to a document
     (the split's order, so a document mixes polarities)."""
+    tagging_text_in_pretraining: bool = False
+    """Add the Brown training texts' words (no tags) to the pre-training text, 20 sentences to a document in
+    the texts' order: in-domain text for the tagging task. The held-out sentences' texts are never added."""
     model: str = "tiny"
     """Model size preset (tiny, mini, small, ...) or config.json of the demo's own model, pre-trained and from
     random initialisation (the budget recipe's size: it learns most in a few minutes)."""
@@ -600,6 +603,9 @@ def _write_pretraining_text(demo: _Run, data: _DemoData) -> tuple[Path, Path]:
     documents = [a for i, a in enumerate(data.articles) if i % 20]
     if demo.cfg.task_text_in_pretraining:  # unlabelled in-domain text, in documents of 8 sentences
         documents += [" ".join(data.mr_train[i:i + 8]) for i in range(0, len(data.mr_train), 8)]
+    if demo.cfg.tagging_text_in_pretraining:
+        words = [" ".join(w) for w, _ in data.pos_train]
+        documents += [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
     corpus, held_out_file = demo.out / "pretrain_text.txt", demo.out / "heldout_text.txt"
     _write_documents(corpus, documents)
     _write_documents(held_out_file, held_out)
@@ -1030,7 +1036,9 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
                                                               if pt["objective"] == "mlm+nsp" else "")
               + f", the {pt['recipe']} recipe, on 10,033 Wikipedia lead sections"
               + (" and the movie-review training sentences without their labels" if cfg.task_text_in_pretraining
-                 else "") + f"; held-out MLM accuracy {pt['heldout_mlm_accuracy']:.3f}."]
+                 else "")
+              + (", with the Brown training texts without their tags" if cfg.tagging_text_in_pretraining else "")
+              + f"; held-out MLM accuracy {pt['heldout_mlm_accuracy']:.3f}."]
     if published:
         lines.append(
             f"- **{PUBLISHED}**: a published BERT-architecture checkpoint, 6 layers, hidden 384, "

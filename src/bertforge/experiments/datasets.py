@@ -103,6 +103,17 @@ def brown_split(seed: int, dev_share: float) -> tuple[list[Sentence], list[Sente
     return ([s for i in sorted(train) for s in texts[i][1]], [s for i in sorted(dev) for s in texts[i][1]])
 
 
+def brown_pilot_split(seed: int, dev_share: float, pilot_share: float) -> tuple[list[Sentence], list[Sentence]]:
+    """(pilot training sentences, pilot dev sentences) inside the training texts of ``brown_split(seed,
+    dev_share)``: a seeded ``pilot_share`` of those texts, whole, stands in for the dev set, so that a choice
+    made on it never sees the dev texts."""
+    texts = resources.brown_tagged()
+    _, train = _split_order(len(texts), seed, dev_share)
+    train = np.sort(train)
+    dev, rest = _split_order(len(train), seed + 1, pilot_share)
+    return ([s for i in sorted(train[rest]) for s in texts[i][1]], [s for i in sorted(train[dev]) for s in texts[i][1]])
+
+
 def _first(items: Sequence[Any], seed: int, n: int) -> list[Any]:
     """The first ``n`` of ``items`` (0: all) after a shuffle seeded by ``seed``."""
     order = np.random.default_rng(seed).permutation(len(items))
