@@ -160,6 +160,8 @@ def pilot_split(data: Any, cfg: Any) -> Any:
     order = np.random.default_rng(cfg.mr_split_seed + 1).permutation(len(data.mr_train))
     dev, train = order[:round(len(order) / 10)], order[round(len(order) / 10):]
     pick = lambda items, idx: [items[i] for i in idx]  # noqa: E731
+    logger.info(f"pilot split: movie reviews {len(train):,} training / {len(dev):,} held-out sentences, Brown corpus "
+                f"{len(pos_train):,} training / {len(pos_dev):,} held-out tagged sentences (held-out texts whole)")
     return data._replace(mr_train=pick(data.mr_train, train), mr_train_y=pick(data.mr_train_y, train),
                          mr_dev=pick(data.mr_train, dev), mr_dev_y=pick(data.mr_train_y, dev), pos_train=pos_train,
                          pos_heldout=pos_dev)
