@@ -2,8 +2,8 @@
 instead: the paper's Figure 5 taken to where it answers that.
 
 Each arm of ``--arms`` (by default presets: the demo's tiny one and a larger one) is pre-trained once on
-the demo's text (Wikipedia lead sections and the movie-review training sentences without labels, the demo's vocab and
-instances) with the budget recipe laid over ``--minutes`` of training clock, keeping checkpoints near
+the demo's text (Wikipedia lead sections and the movie-review training sentences without labels, the demo's
+vocab and instances) with the budget recipe laid over ``--minutes`` of training clock, keeping checkpoints near
 ``--at`` minutes. Each checkpoint, the same model from random initialisation, all-MiniLM-L6-v2 and the
 classic baselines (a CRF and the most-frequent-tag floor on part-of-speech tagging, TF-IDF logistic regression
 on movie reviews; `bertforge.experiments.baselines`) are then fine-tuned / fitted on ``--sizes`` examples of
