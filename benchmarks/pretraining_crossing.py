@@ -331,8 +331,10 @@ def main() -> None:
                     if (results_dir / f"{_slug(key)}.json").is_file():
                         continue
                     steps = finetune_steps(n, finetuning[model], start)
+                    settings = dataclasses.replace(task, tag_piece=configs[model].tag_piece).settings() \
+                        if model in configs else task.settings()
                     cells.append(Cell(start.name, n, s, str(start.folder(s)), str(subsets[task_name, n, s]),
-                                      str(heldout[task_name]), steps, task.settings(), finetuning[model],
+                                      str(heldout[task_name]), steps, settings, finetuning[model],
                                       str(work / "runs" / _slug(key)), cost=steps * (8 if model == "published" else 1)))
                     keys.append(key)
     for task_name, task in tasks.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ from torch import nn
 from bertforge import cli
 from bertforge.model import losses
 from bertforge.model.config import BertConfig
-from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, predict
+from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, load_finetuned, predict
 from bertforge.model.heads import BertForTokenClassification
 from bertforge.tasks import family_for
 from bertforge.tasks.tagging import (
@@ -202,6 +203,27 @@ def test_the_first_wordpiece_carries_the_tag_and_empty_words_shift_nothing(tok):
     assert u.words[0].tolist() == [-1, 0, -1, -1, -1, 1, -1]
 
 
+def test_tag_piece_last_reads_a_word_at_its_last_wordpiece_in_every_window(tok):
+    s = Sentence(["Walker", ZWSP, "river", "unwalking", "."], ["B-PER", "B-MISC", "B-LOC", "I-LOC", "O"],
+                 [1, 2, 3, 4, 5])
+    f = encode_sentences([s], tok, 128, piece="last")
+    # [CLS] walk ##er river un ##walk ##ing . [SEP]: Walker at ##er, unwalking at ##ing
+    assert f.words[0].tolist() == [-1, -1, 0, 2, -1, -1, 3, 4, -1]
+    rng = random.Random(0)
+    sentences = [Sentence(w, None, list(range(len(w)))) for w in
+                 ([rng.choice(PEOPLE + PLACES + FILLER + ["unwalking", ZWSP]) for _ in range(rng.randint(1, 40))]
+                  for _ in range(30))]
+    flat = [p for s in sentences for p in tok.encode_batch_ids(s.tokens)]
+    for length, stride in ((6, 1), (9, 0), (128, 0)):
+        f = encode_sentences(sentences, tok, length, stride, piece="last")
+        seen = np.concatenate([w[w >= 0] for w in f.words])
+        assert sorted(seen.tolist()) == [k for k, p in enumerate(flat) if p]  # every word with a token once
+        for ids, w in zip(f.input_ids, f.words):
+            assert all(ids[pos] == flat[k][-1] for pos, k in zip(np.flatnonzero(w >= 0), w[w >= 0]))
+    with pytest.raises(ValueError, match="piece must be first or last"):
+        encode_sentences(sentences, tok, 128, piece="middle")
+
+
 def test_windows_give_every_word_one_position_in_its_max_context_window(tok):
     words = FILLER[:12]  # one WordPiece each: word k is sub-token k
     f = encode_sentences([Sentence(words, None, list(range(1, 13)))], tok, max_seq_length=10, stride=3)
@@ -355,7 +377,8 @@ def test_a_tiny_model_learns_a_tiny_ner_task(learned):
                                                                   for s in gold]
     assert all(len(r.split(" ")) == 3 for b in blocks for r in b)
     settings = json.loads((out / "best" / "config.json").read_text())["bertforge_finetune"]
-    assert settings == {"task": "ner", "max_seq_length": 16, "stride": 0, "tag_column": -1, "tag_scheme": "auto"}
+    assert settings == {"task": "ner", "max_seq_length": 16, "stride": 0, "tag_column": -1, "tag_scheme": "auto",
+                        "tag_piece": "first"}
 
 
 def test_a_run_whose_dev_file_has_an_unseen_tag_scores_it_at_every_evaluation(root, base, caplog):
@@ -374,6 +397,19 @@ def test_a_run_whose_dev_file_has_an_unseen_tag_scores_it_at_every_evaluation(ro
     assert result.best["metrics"]["recall"] <= 2 / 3  # the movie entity is never found
     conll = (out / "best" / "predictions.conll").read_text()
     assert "singer B-movie " in conll and "painter I-movie " in conll
+
+
+def test_a_fine_tuned_model_keeps_the_word_piece_it_was_trained_to_read(learned, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(learned[0] / "best", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["bertforge_finetune"]["tag_piece"] == "first"
+    assert load_finetuned(folder).settings.tag_piece == "first"
+    cfg["bertforge_finetune"]["tag_piece"] = "last"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_finetuned(folder).settings.tag_piece == "last"
+    with pytest.raises(ValueError, match="tag_piece: the checkpoint.s own"):  # the weights' choice, not a setting of evaluation
+        load_finetuned(folder, {"tag_piece": "first"})
 
 
 def test_the_fine_tuned_folder_is_transformers_bert_for_token_classification(learned, tmp_path):

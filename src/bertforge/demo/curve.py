@@ -104,6 +104,8 @@ class CurveTask:
     heldout: Sequence[tuple[Any, Any]]
     unit: str = "examples"
     """What an example is, for the report (sentences, tagged sentences)."""
+    tag_piece: str = "first"
+    """Tagging: the sub-token a word is tagged at (the fine-tuning setting ``tag_piece``)."""
 
     @property
     def suffix(self) -> str:
@@ -119,7 +121,7 @@ class CurveTask:
     def settings(self) -> dict[str, str]:
         """The fine-tuning settings that read this task's files."""
         if self.family == "tagging":
-            return {"task": "tagging"}
+            return {"task": "tagging", "tag_piece": self.tag_piece}
         return {"task": self.family, "text_column": "text", "label_column": "label"}
 
 

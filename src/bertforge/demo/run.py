@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -88,6 +88,9 @@ class DemoConfig:
     tagging_text_in_pretraining: bool = False
     """Add the Brown training texts' words (no tags) to the pre-training text, 20 sentences to a document in
     the texts' order: in-domain text for the tagging task. The held-out sentences' texts are never added."""
+    tag_piece: Literal["first", "last"] = "first"
+    """The sub-token whose vector tags a word in the tagging task: first (the paper's) or last (where an English
+    word carries its inflection)."""
     model: str = "tiny"
     """Model size preset (tiny, mini, small, ...) or config.json of the demo's own model, pre-trained and from
     random initialisation (the budget recipe's size: it learns most in a few minutes)."""
@@ -516,7 +519,7 @@ def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
     data_dir, eval_dir = _prepare_instances(demo, corpus, held_out_file)
     device, step_seconds, precision = _choose_precision(demo, tok.vocab_size)
     finetuning = _finetuning(cfg, precision)
-    tasks = _tasks(data)
+    tasks = _tasks(data, cfg)
     sizes = parse_sizes(cfg.curve_sizes, min(len(t.train) for t in tasks))
     starts, plan = _plan(demo, _starts(demo, tok, data.published), sizes, finetuning, device, precision, data, tasks)
     demo.minutes["setup (data, vocab, instances, timing)"] = (time.perf_counter() - demo.step.start) / 60
@@ -561,11 +564,11 @@ TASK_TITLES = {MOVIE_REVIEWS: "Movie-review polarity (sentence accuracy)",
                POS: "Part-of-speech tagging, Brown corpus (token accuracy)"}
 
 
-def _tasks(data: _DemoData) -> list[CurveTask]:
+def _tasks(data: _DemoData, cfg: DemoConfig) -> list[CurveTask]:
     tasks = [CurveTask(MOVIE_REVIEWS, "classification", list(zip(data.mr_train, data.mr_train_y)),
                        list(zip(data.mr_dev, data.mr_dev_y)), "sentences")]
     if data.pos_train:
-        tasks.append(CurveTask(POS, "tagging", data.pos_train, data.pos_heldout, "tagged sentences"))
+        tasks.append(CurveTask(POS, "tagging", data.pos_train, data.pos_heldout, "tagged sentences", cfg.tag_piece))
     return tasks
 
 

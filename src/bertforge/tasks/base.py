@@ -85,6 +85,9 @@ class TaskSettings:
     """Tagging: the column of the tag in CoNLL files (-1: the last; the token is the first)."""
     tag_scheme: str = "auto"
     """Tagging: BIO, IOB1 or BIOES for entity-level scores (auto: detected from the training tags)."""
+    tag_piece: Literal["first", "last"] = "first"
+    """Tagging: the sub-token whose vector tags a word: first (the paper's), or last (where an English word
+    carries its inflection: -s, -ed, -ing, -ly). A fine-tuned model keeps the one it was trained with."""
     eval_batch_size: int = setting(64, resumable=True, at_least=1)
     """Sequences per forward pass at evaluation, per process."""
     skip_bad_rows: bool = False

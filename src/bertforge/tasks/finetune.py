@@ -40,8 +40,8 @@ from bertforge.train.precision import autocast, resolve_precision
 from bertforge.train.rundir import METRICS_FILE
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "PreparedData", "prepare_data", "finetune", "finetune_grid", "GridResult",
-           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "input_settings", "SETTINGS_KEY",
-           "FinetunedModel", "load_finetuned"]
+           "parse_grid", "PAPER_GRID", "evaluate", "predict", "INPUT_SETTINGS", "MODEL_SETTINGS", "input_settings",
+           "SETTINGS_KEY", "FinetunedModel", "load_finetuned"]
 
 logger = logging.getLogger("bertforge")
 
@@ -571,13 +571,16 @@ INPUT_SETTINGS = ("task", "text_column", "text_pair_column", "label_column", "la
                   "null_score_diff_threshold", "tag_column", "tag_scheme", "skip_bad_rows", "eval_batch_size", "device")
 """FinetuneConfig fields `evaluate`, `predict` and `load_finetuned` accept; unset ones are the checkpoint's
 fine-tuning settings."""
+MODEL_SETTINGS = ("tag_piece",)
+"""Fine-tuning settings the weights were trained for: a fine-tuned checkpoint keeps its own, never overridden."""
 
 
 def input_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """The given (not None) ``settings``, each one of `INPUT_SETTINGS` and held to its FinetuneConfig field's type
     and range as every source of settings is (`bertforge.settings.read_settings`)."""
     return read_settings(FinetuneConfig, {k: v for k, v in (settings or {}).items() if v is not None},
-                         only=INPUT_SETTINGS)
+                         only=INPUT_SETTINGS, refused={k: "the checkpoint's own: its weights were fine-tuned for it"
+                                                       for k in MODEL_SETTINGS})
 
 # The task of a checkpoint fine-tuned elsewhere (no bertforge settings in its config.json), by its head.
 # (SQuAD v1.1 and v2.0 predict differently: a QA checkpoint without settings needs --task.)
@@ -594,8 +597,8 @@ class FinetunedModel:
     """On ``device``, in eval mode."""
     tokenizer: Any
     settings: FinetuneConfig
-    """The settings it was fine-tuned with (`INPUT_SETTINGS` of them), those given instead where given, and
-    the family's defaults for what neither sets."""
+    """The settings it was fine-tuned with (`INPUT_SETTINGS` and `MODEL_SETTINGS` of them), those given instead
+    where given (never a `MODEL_SETTINGS` one), and the family's defaults for what neither sets."""
     device: torch.device
 
 
@@ -631,7 +634,7 @@ def load_finetuned(checkpoint: str | Path, settings: Mapping[str, Any] | None = 
         saved.setdefault("long_inputs", "windows")  # settings naming no long_inputs: a run that trained on windows
     if given.get("long_inputs") == "truncate":
         saved.pop("stride", None)  # the saved stride placed windows that truncation does not make
-    cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS},
+    cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS + MODEL_SETTINGS},
                                              **given, "task": task}))
     device = setup(cfg.device).device
     speed_up(model.to(device).eval())

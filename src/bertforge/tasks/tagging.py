@@ -1,5 +1,5 @@
 """Token classification (NER and other tagging): column files -> sentences -> first-WordPiece labels
-(the paper's: a word's first sub-token carries its tag) in windows -> losses, one prediction per word
+(the paper's: a word's first sub-token carries its tag; ``tag_piece`` last: its last) in windows -> losses, one prediction per word
 (in its max-context window), conlleval's entity scores and CoNLL prediction files. Tags that are not
 entity tags get token accuracy only (task ``tagging``). The user guide: docs/finetuning.md.
 """
@@ -254,8 +254,9 @@ class TagWindows:
 
 
 def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_length: int,
-                     stride: int = 0) -> TagWindows:
-    """Tokenize word by word and cut into windows ``stride`` sub-tokens apart (0: half a window)."""
+                     stride: int = 0, piece: str = "first") -> TagWindows:
+    """Tokenize word by word and cut into windows ``stride`` sub-tokens apart (0: half a window); each word
+    is read (labelled and predicted) at its ``piece`` sub-token, first or last."""
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
     room = max_seq_length - 2
@@ -263,6 +264,8 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
     if step > room:
         raise ValueError(f"stride {stride} is longer than a window ({room} tokens): words between windows "
                          "would be skipped")
+    if piece not in ("first", "last"):
+        raise ValueError(f"piece must be first or last, got {piece!r}")
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     pieces = tokenizer.encode_batch_ids([w for s in sentences for w in s.tokens])
     offsets = np.cumsum([0, *(len(s.tokens) for s in sentences)], dtype=np.int64)
@@ -272,20 +275,20 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
     windowed = empty = 0
     for s in range(len(sentences)):
         ids: list[int] = []
-        first: list[int] = []  # position of each tokenized word's first sub-token in ids
+        at: list[int] = []  # position in ids of the sub-token each tokenized word is read at
         kept: list[int] = []  # ... and the word's index
         for w in range(offsets[s], offsets[s + 1]):
             if not pieces[w]:
                 empty += 1
                 continue
-            first.append(len(ids))
+            at.append(len(ids) + (len(pieces[w]) - 1 if piece == "last" else 0))
             kept.append(w)
             ids.extend(pieces[w])
         if not ids:
             continue
         starts = np.array(window_starts(len(ids), room, step))
         ends = np.minimum(starts + room, len(ids))
-        best = max_context_window(starts, ends - starts, np.array(first))  # (words,) each word's window
+        best = max_context_window(starts, ends - starts, np.array(at))  # (words,) each word's window
         windowed += len(starts) > 1
         seq = np.array(ids, dtype=np.int64)
         for k, (a, b) in enumerate(zip(starts, ends)):
@@ -293,7 +296,7 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
             sentence.append(s)
             where = np.full(b - a + 2, -1, dtype=np.int64)
             mine = best == k
-            where[np.array(first)[mine] - a + 1] = np.array(kept)[mine]
+            where[np.array(at)[mine] - a + 1] = np.array(kept)[mine]
             words.append(where)
     windows = Windows(input_ids, np.array([len(x) for x in input_ids], dtype=np.int64),  # all of type 0
                       np.array(sentence, dtype=np.int64), len(sentences), windowed=windowed)
@@ -367,7 +370,7 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentences: list[Sentence],
                    device: torch.device | str) -> tuple[list[list[str]], list[list[tuple[str, int, int]]]]:
     """Each sentence's predicted tag per word, and the entities they make (type, first word, end word)."""
-    encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+    encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride, cfg.tag_piece)
     tags, labels = _predicted_tags(model, encoded, cfg, device)
     scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
     return tags, [entity_spans(seq, scheme) if scheme else [] for seq in tags]
@@ -379,7 +382,7 @@ class TaggingFamily(TaskFamily):
     name = "tagging"
     head = "BertForTokenClassification"
     tasks = ("ner", "tagging")
-    settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme")
+    settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme", "tag_piece")
     long_inputs_supported = ("windows",)
     long_inputs_why = "every word gets a tag, so a long sentence is cut into windows"
 
@@ -399,7 +402,7 @@ class TaggingFamily(TaskFamily):
         scheme = _training_scheme(read, cfg.tag_scheme, cfg.task, labels)
         label2id = {name: i for i, name in enumerate(labels)}
         tags = np.concatenate([tag_ids(got, path, label2id) for path, got, _ in read])
-        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride).with_tags(tags)
+        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride, cfg.tag_piece).with_tags(tags)
         summary = f"{encoded.summary()}; scheme {scheme or 'none (not entity tags: token accuracy only)'}"
         return TrainData(encoded, {"id2label": dict(enumerate(labels))}, labels, [r for _, _, r in read], summary)
 
@@ -413,7 +416,7 @@ class TaggingFamily(TaskFamily):
         if unseen:  # scored as the model's own tags are, so they must be valid in its scheme
             _check_tags(path, sentences, cfg.task,
                         resolve_scheme(cfg.tag_scheme, cfg.task, list(label2id), (s.tags for s in sentences)), unseen)
-        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride)
+        encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride, cfg.tag_piece)
         encoded.with_tags(tag_ids(sentences, path, label2id, unseen=losses.IGNORE_INDEX))
         return EvalData(path, (encoded, sentences), report, encoded.summary())
 
