@@ -347,6 +347,8 @@ def main() -> None:
                                           task.settings(), finetuning["classic"], str(work / "runs" / _slug(key)),
                                           cost=baseline_seconds(b, n), baseline=b))
                         keys.append(key)
+    for cell in cells:  # what a stopped run left half-done starts afresh
+        shutil.rmtree(cell.out, ignore_errors=True)
     logger.info(f"{len(cells)} fine-tunings and fits left, {workers} at once")
     t0 = time.perf_counter()
 
