@@ -15,8 +15,9 @@ N minutes".
 
 ``--arms`` names what is pre-trained: a size preset (``tiny``), or a name with demo settings that differ
 from the demo's (``brown:tagging_text_in_pretraining=true``, ``mini128:model=mini:max_seq_length=128``,
-``tiny-s1:seed=1``), each its own pre-training (and its own text, vocab and instances where its settings
-change them; the tasks' data stay the demo's whatever the arm's seed). Every arm after the first is also
+``tiny-s1:seed=1``, ``last:tag_piece=last``), each its own pre-training (and its own text, vocab and
+instances where its settings change them; an arm that changes only fine-tuning settings fine-tunes the
+earlier arm's pre-training; the tasks' data stay the demo's whatever the arm's seed). Every arm after the first is also
 reported against the first, checkpoint by checkpoint, paired by seed. ``--pilot`` runs the whole study on
 pilot data instead, to choose a recipe change that the reported scores never see: a tenth of the Brown
 training texts (whole texts) and a tenth of the movie-review training sentences become the held-out sets,
@@ -87,6 +88,11 @@ PRETRAINING_DATA = ("task_text_in_pretraining", "tagging_text_in_pretraining", "
                     "dupe_factor", "seed")
 """The demo settings that change the pre-training text, vocab or instances: an arm that changes one gets its
 own."""
+
+
+FINETUNING_ONLY = ("tag_piece", "finetune_epochs", "finetune_min_steps", "finetune_batch_size",
+                   "finetune_max_seq_length", "finetune_dropout", "range_top", "range_steps")
+"""The demo settings that only the fine-tunings read: arms that differ in these alone share one pre-training."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +289,13 @@ def main() -> None:
     demo, data = demo_data(work, args.pilot)
     configs = {a.name: a.config(demo) for a in arms}
     folders = {a.name: pretraining_data(work, configs[a.name], data, a.data_key()) for a in arms}
-    checkpoints = {a.name: pretrain_model(a, configs[a.name], args.minutes, at, work, folders[a.name]) for a in arms}
+    checkpoints: dict[str, list[dict[str, Any]]] = {}
+    pretraining = {name: {k: v for k, v in dataclasses.asdict(cfg).items() if k not in FINETUNING_ONLY}
+                   for name, cfg in configs.items()}
+    for a in arms:  # an arm that changes only fine-tuning settings fine-tunes an earlier arm's pre-training
+        same = next(b for b in arms if pretraining[b.name] == pretraining[a.name])
+        checkpoints[a.name] = checkpoints[same.name] if same is not a else \
+            pretrain_model(a, configs[a.name], args.minutes, at, work, folders[a.name])
     if args.stage == "pretrain":
         return
 
