@@ -412,7 +412,8 @@ def test_a_tagging_task_writes_conll_the_tagging_family_reads(tmp_path):
     task = CurveTask("pos", "tagging", [(["The", "cat", "sat", "."], ["DET", "NOUN", "VERB", "."]),
                                         (["It", "ran"], ["PRON", "VERB"])], [], "tagged sentences")
     path = task.write(tmp_path / f"train{task.suffix}", task.train)
-    assert path.suffix == ".conll" and task.settings() == {"task": "tagging"}
+    assert path.suffix == ".conll" and task.settings() == {"task": "tagging", "tag_piece": "first"}
+    assert replace(task, tag_piece="last").settings() == {"task": "tagging", "tag_piece": "last"}
     assert path.read_text() == "The DET\ncat NOUN\nsat VERB\n. .\n\nIt PRON\nran VERB\n\n"
     sentences, report = read_sentences(path)
     assert [(s.tokens, s.tags) for s in sentences] == [(list(w), list(t)) for w, t in task.train]
