@@ -408,7 +408,8 @@ def test_a_fine_tuned_model_keeps_the_word_piece_it_was_trained_to_read(learned,
     cfg["bertforge_finetune"]["tag_piece"] = "last"
     (folder / "config.json").write_text(json.dumps(cfg))
     assert load_finetuned(folder).settings.tag_piece == "last"
-    with pytest.raises(ValueError, match="tag_piece: the checkpoint.s own"):  # the weights' choice, not a setting of evaluation
+    # The weights' choice, not a setting of evaluation:
+    with pytest.raises(ValueError, match="tag_piece: the checkpoint.s own"):
         load_finetuned(folder, {"tag_piece": "first"})
 
 

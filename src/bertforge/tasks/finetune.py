@@ -634,8 +634,8 @@ def load_finetuned(checkpoint: str | Path, settings: Mapping[str, Any] | None = 
         saved.setdefault("long_inputs", "windows")  # settings naming no long_inputs: a run that trained on windows
     if given.get("long_inputs") == "truncate":
         saved.pop("stride", None)  # the saved stride placed windows that truncation does not make
-    cfg = family.configure(FinetuneConfig(**{**{k: v for k, v in saved.items() if k in INPUT_SETTINGS + MODEL_SETTINGS},
-                                             **given, "task": task}))
+    kept = {k: v for k, v in saved.items() if k in INPUT_SETTINGS + MODEL_SETTINGS}
+    cfg = family.configure(FinetuneConfig(**{**kept, **given, "task": task}))
     device = setup(cfg.device).device
     speed_up(model.to(device).eval())
     return FinetunedModel(family, model, BertTokenizer.from_pretrained(checkpoint), cfg, device)

@@ -1,7 +1,8 @@
 """Token classification (NER and other tagging): column files -> sentences -> first-WordPiece labels
-(the paper's: a word's first sub-token carries its tag; ``tag_piece`` last: its last) in windows -> losses, one prediction per word
-(in its max-context window), conlleval's entity scores and CoNLL prediction files. Tags that are not
-entity tags get token accuracy only (task ``tagging``). The user guide: docs/finetuning.md.
+(the paper's: a word's first sub-token carries its tag; ``tag_piece`` last: its last) in windows ->
+losses, one prediction per word (in its max-context window), conlleval's entity scores and CoNLL
+prediction files. Tags that are not entity tags get token accuracy only (task ``tagging``). The user
+guide: docs/finetuning.md.
 """
 
 from __future__ import annotations
