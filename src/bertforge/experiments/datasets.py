@@ -35,8 +35,8 @@ import numpy as np
 from bertforge import resources
 from bertforge.io import atomic_path
 
-__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "brown_split", "write_jsonl",
-           "write_conll"]
+__all__ = ["SOURCES", "PRETRAINING_SOURCES", "task_files", "pretraining_text", "brown_split", "brown_pilot_split",
+           "split_order", "seeded_first", "write_jsonl", "write_conll"]
 
 logger = logging.getLogger("bertforge")
 
@@ -66,7 +66,7 @@ def task_files(source: str, folder: Path, *, seed: int = 0, dev_share: float = 0
     else:
         train, dev = brown_split(seed, dev_share) if brown else _labelled_split(source, seed, dev_share)
         for path, items, n in ((train_file, train, max_train), (dev_file, dev, max_dev)):
-            items = _first(items, seed, n)
+            items = seeded_first(items, seed, n)
             (write_conll if brown else write_jsonl)(path, items)
             logger.info("wrote %s (%d %s)", path, len(items), "sentences" if brown else "examples")
     files = {"train_file": str(train_file), "dev_file": str(dev_file)}
@@ -82,11 +82,11 @@ def _labelled_split(source: str, seed: int, dev_share: float) -> list[list[tuple
     if source == "movie-reviews":
         return [list(zip(texts, labels)) for texts, labels in resources.movie_review_split(seed, dev_share)]
     texts, scores = resources.sentiment_intensity(source.removeprefix("sentiment-"))
-    dev, train = _split_order(len(texts), seed, dev_share)
+    dev, train = split_order(len(texts), seed, dev_share)
     return [[(texts[i], scores[i]) for i in part] for part in (train, dev)]
 
 
-def _split_order(n: int, seed: int, dev_share: float) -> tuple[np.ndarray, np.ndarray]:
+def split_order(n: int, seed: int, dev_share: float) -> tuple[np.ndarray, np.ndarray]:
     """(dev indexes, train indexes) of ``n`` items: a seeded permutation, its first ``dev_share`` the dev set."""
     order = np.random.default_rng(seed).permutation(n)
     n_dev = round(n * dev_share)
@@ -97,7 +97,7 @@ def brown_split(seed: int, dev_share: float) -> tuple[list[Sentence], list[Sente
     """(train sentences, dev sentences) of the Brown corpus, the dev set a seeded share of its texts, whole:
     no text gives sentences to both sides."""
     texts = resources.brown_tagged()
-    dev, train = _split_order(len(texts), seed, dev_share)
+    dev, train = split_order(len(texts), seed, dev_share)
     dev_ids = sorted(texts[i][0] for i in dev)
     logger.info("brown-pos: %d dev texts (%s ...), %d training texts", len(dev), ", ".join(dev_ids[:5]), len(train))
     return ([s for i in sorted(train) for s in texts[i][1]], [s for i in sorted(dev) for s in texts[i][1]])
@@ -108,13 +108,13 @@ def brown_pilot_split(seed: int, dev_share: float, pilot_share: float) -> tuple[
     dev_share)``: a seeded ``pilot_share`` of those texts, whole, stands in for the dev set, so that a choice
     made on it never sees the dev texts."""
     texts = resources.brown_tagged()
-    _, train = _split_order(len(texts), seed, dev_share)
+    _, train = split_order(len(texts), seed, dev_share)
     train = np.sort(train)
-    dev, rest = _split_order(len(train), seed + 1, pilot_share)
+    dev, rest = split_order(len(train), seed + 1, pilot_share)
     return ([s for i in sorted(train[rest]) for s in texts[i][1]], [s for i in sorted(train[dev]) for s in texts[i][1]])
 
 
-def _first(items: Sequence[Any], seed: int, n: int) -> list[Any]:
+def seeded_first(items: Sequence[Any], seed: int, n: int) -> list[Any]:
     """The first ``n`` of ``items`` (0: all) after a shuffle seeded by ``seed``."""
     order = np.random.default_rng(seed).permutation(len(items))
     return [items[i] for i in order[:n or len(items)]]
