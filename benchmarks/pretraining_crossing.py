@@ -14,14 +14,15 @@ from random initialisation, and from the best classic baseline, has a 95% interv
 N minutes".
 
 ``--arms`` names what is pre-trained: a size preset (``tiny``), or a name with demo settings that differ
-from the demo's (``brown:tagging_text_in_pretraining=true``, ``mini128:model=mini:max_seq_length=128``,
-``tiny-s1:seed=1``, ``last:tag_piece=last``), each its own pre-training (and its own text, vocab and
-instances where its settings change them; an arm that changes only fine-tuning settings fine-tunes the
-earlier arm's pre-training; the tasks' data stay the demo's whatever the arm's seed). Every arm after the first is also
-reported against the first, checkpoint by checkpoint, paired by seed. ``--pilot`` runs the whole study on
-pilot data instead, to choose a recipe change that the reported scores never see: a tenth of the Brown
-training texts (whole texts) and a tenth of the movie-review training sentences become the held-out sets,
-and neither is in the pre-training text; the report's held-out sentences are not scored.
+from the demo's (``brown:tagging_text_in_pretraining=true``, ``cased:cased=true``,
+``mini128:model=mini:max_seq_length=128``, ``tiny-s1:seed=1``, ``last:tag_piece=last``), each its own
+pre-training (and its own text, vocab and instances where its settings change them; an arm that changes only
+fine-tuning settings fine-tunes the earlier arm's pre-training; the tasks' data stay the demo's whatever the
+arm's seed). Every arm after the first is also reported against the first, checkpoint by checkpoint, paired
+by seed. ``--pilot`` runs the whole study on pilot data instead, to choose a recipe change that the reported
+scores never see: a tenth of the Brown training texts (whole texts) and a tenth of the movie-review training
+sentences become the held-out sets, and neither is in the pre-training text; the report's held-out sentences
+are not scored.
 
 Resumable: every step leaves its result in ``--work`` (pre-training resumes from its last checkpoint, each
 fine-tuning is a JSON file), so rerunning the same command continues where a stopped run left off. The
@@ -84,8 +85,8 @@ def write_json(path: Path, value: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- arms and the demo's data
-PRETRAINING_DATA = ("task_text_in_pretraining", "tagging_text_in_pretraining", "vocab_size", "max_seq_length",
-                    "dupe_factor", "seed")
+PRETRAINING_DATA = ("task_text_in_pretraining", "tagging_text_in_pretraining", "vocab_size", "cased",
+                    "max_seq_length", "dupe_factor", "seed")
 """The demo settings that change the pre-training text, vocab or instances: an arm that changes one gets its
 own."""
 

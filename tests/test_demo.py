@@ -17,9 +17,10 @@ from bertforge.console import show_logs
 from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start, baseline_seconds
 from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
-    _DemoData, _figure_points, _random_init, _Run, _Step, _write_pretraining_text, plan_time, run_demo, \
+    _DemoData, _figure_points, _learn_vocab, _random_init, _Run, _Step, _write_pretraining_text, plan_time, run_demo, \
     time_finetuning_step, time_pretraining_step
 from bertforge.stats import paired_difference
+from bertforge.text.tokenizer import BertTokenizer
 from bertforge.train.state import STATE_JSON, STATE_PT
 
 pytestmark = pytest.mark.real_data
@@ -346,3 +347,14 @@ def test_the_pretraining_text_holds_the_task_text_asked_for_and_never_a_held_out
     assert ("brown0 word . brown1 word ." in text) == tagging  # 20 sentences to a document, in order
     assert "heldout" not in text + evaluation  # the tasks' held-out sentences are never pre-training text
     assert "Article 0 " in evaluation and "Article 0 " not in text and "Article 1 " in text
+
+
+@pytest.mark.parametrize("cased", [False, True])
+def test_the_demo_vocab_keeps_case_only_when_asked(tmp_path, cased):
+    text = tmp_path / "text.txt"
+    text.write_text("Paris is in France . The river runs through Paris .\n" * 200)
+    data = _DemoData([], ["Paris is a city ."], [1], ["Paris is a city ."], [1], [], [], None)
+    cfg = DemoConfig(out=str(tmp_path), vocab_size=200, cased=cased)
+    tok = _learn_vocab(_Run(cfg, tmp_path, _Step(), {}, {}), text, data)
+    assert tok.tokenize("Paris")[0] == ("Paris" if cased else "paris")
+    assert BertTokenizer.from_pretrained(tmp_path / "vocab").tokenize("Paris") == tok.tokenize("Paris")

@@ -82,6 +82,9 @@ class DemoConfig:
     """Use only the first this many movie-review training and held-out sentences (0: all; for smoke runs)."""
     vocab_size: int = setting(8192, at_least=100, at_most=1_000_000)
     """WordPiece vocab size learned from the pre-training text."""
+    cased: bool = False
+    """Keep case and accents in the vocab (the paper's BERT-Base cased) rather than lower-case the text
+    (uncased): case tells a proper noun from a common one in the tagging task."""
     task_text_in_pretraining: bool = True
     """Add the movie-review training sentences (no labels) to the pre-training text, 8 to a document
     (the split's order, so a document mixes polarities)."""
@@ -618,7 +621,8 @@ def _learn_vocab(demo: _Run, corpus: Path, data: _DemoData) -> Any:
     from bertforge.text.vocab import learn_vocab
 
     with demo.step(f"Learn a {demo.cfg.vocab_size:,}-piece WordPiece vocab from the pre-training text"):
-        tok = learn_vocab([corpus], demo.out / "vocab", vocab_size=demo.cfg.vocab_size, show_progress=False)
+        tok = learn_vocab([corpus], demo.out / "vocab", vocab_size=demo.cfg.vocab_size,
+                          do_lower_case=not demo.cfg.cased, show_progress=False)
         sample = data.mr_dev[0]
         logger.info(f"    text:   {sample}\n    pieces: {' '.join(tok.tokenize(sample))}")
     return tok
