@@ -257,7 +257,9 @@ def main() -> None:
     p.add_argument("--sizes", default="100,1000")
     p.add_argument("--seeds", type=int, default=5, help="paired seeds: the demo's 0, 1, ...")
     p.add_argument("--workers", type=int, default=0, help="fine-tunings at once (0: one per core)")
-    p.add_argument("--stage", choices=("all", "pretrain"), default="all", help="pretrain: stop after pre-training")
+    p.add_argument("--stage", choices=("all", "data", "pretrain"), default="all",
+                   help="data: stop after preparing the pre-training text, vocab and instances (nothing timed); "
+                   "pretrain: stop after pre-training")
     p.add_argument("--quick", action="store_true", help="a smoke run of the script: fine-tunings of 8 + 10 steps")
     args = p.parse_args()
 
@@ -281,6 +283,8 @@ def main() -> None:
     demo, data = demo_data(work, args.pilot)
     configs = {a.name: a.config(demo) for a in arms}
     folders = {a.name: pretraining_data(work, configs[a.name], data, a.data_key()) for a in arms}
+    if args.stage == "data":
+        return
     checkpoints: dict[str, list[dict[str, Any]]] = {}
     pretraining = {a.name: (a.data_key(), configs[a.name].pretraining()) for a in arms}  # what a pre-training reads
     for a in arms:  # an arm that changes only fine-tuning settings fine-tunes an earlier arm's pre-training
