@@ -328,15 +328,11 @@ def main() -> None:
                                      epochs=demo.published_epochs)))
 
     cells, keys = [], []
-    results_dir = work / "cells"
-    results_dir.mkdir(exist_ok=True)
     for model, start in lines:
         for task_name, task in tasks.items():
             for n in sizes:
                 for s in seeds:
                     key = f"{model}|{start.name}|{task_name}|{n}|{s}"
-                    if (results_dir / f"{_slug(key)}.json").is_file():
-                        continue
                     steps = finetune_steps(n, finetuning[model], start)
                     settings = dataclasses.replace(task, tag_piece=configs[model].tag_piece).settings() \
                         if model in configs else task.settings()
@@ -349,18 +345,22 @@ def main() -> None:
             for n in sizes:
                 for s in seeds:
                     key = f"classic|{b}|{task_name}|{n}|{s}"
-                    if not (results_dir / f"{_slug(key)}.json").is_file():
-                        cells.append(Cell(b, n, s, "", str(subsets[task_name, n, s]), str(heldout[task_name]), 0,
-                                          task.settings(), finetuning["classic"], str(work / "runs" / _slug(key)),
-                                          cost=baseline_seconds(b, n), baseline=b))
-                        keys.append(key)
+                    cells.append(Cell(b, n, s, "", str(subsets[task_name, n, s]), str(heldout[task_name]), 0,
+                                      task.settings(), finetuning["classic"], str(work / "runs" / _slug(key)),
+                                      cost=baseline_seconds(b, n), baseline=b))
+                    keys.append(key)
+    results_dir = work / "cells"
+    results_dir.mkdir(exist_ok=True)
+    left = [i for i, (key, cell) in enumerate(zip(keys, cells))
+            if not reusable(results_dir / f"{_slug(key)}.json", cell)]
+    cells, keys = [cells[i] for i in left], [keys[i] for i in left]
     for cell in cells:  # what a stopped run left half-done starts afresh
         shutil.rmtree(cell.out, ignore_errors=True)
     logger.info(f"{len(cells)} fine-tunings and fits left, {workers} at once")
     t0 = time.perf_counter()
 
     def done(i: int, result: dict[str, Any]) -> None:
-        write_json(results_dir / f"{_slug(keys[i])}.json", {"key": keys[i], **result})
+        write_json(results_dir / f"{_slug(keys[i])}.json", {"key": keys[i], **result, "ran_with": ran(cells[i])})
         logger.info(f"  [{time.perf_counter() - t0:6.0f} s] {keys[i]}: {result['accuracy']:.4f}")
 
     run_cells(cells, workers, done)
@@ -369,6 +369,20 @@ def main() -> None:
     if args.plot:
         plot(report, args.plot)
     logger.info(f"wrote {args.json}")
+
+
+def ran(cell: Any) -> dict[str, Any]:
+    """What a cell's result depends on besides its key: the task's and the fine-tuning's settings, its steps."""
+    return json.loads(json.dumps({"task": cell.task_settings, "finetuning": dataclasses.asdict(cell.finetuning),
+                                  "steps": cell.steps, "baseline": cell.baseline}))
+
+
+def reusable(path: Path, cell: Any) -> bool:
+    """Whether the result at ``path`` is this cell's: there, and run with the same settings (a changed
+    setting or default, such as the demo's tag piece, runs the cell again)."""
+    if not path.is_file():
+        return False
+    return json.loads(path.read_text()).get("ran_with") == ran(cell)
 
 
 def _slug(key: str) -> str:
@@ -381,6 +395,7 @@ def summarise(work: Path, arms: list[Arm], checkpoints: dict[str, list[dict[str,
     """The JSON: per arm ("model"), task and size, every line's per-seed accuracies (paired by index), each
     checkpoint's, and the first checkpoint resolved above random initialisation and above the classic baseline;
     every arm after the first also minus the first's checkpoint of the same rank."""
+    from bertforge.demo.run import DemoConfig
     from bertforge.stats import paired_difference
 
     got = {}
@@ -399,6 +414,7 @@ def summarise(work: Path, arms: list[Arm], checkpoints: dict[str, list[dict[str,
                 random, classic = accs(m, "random initialisation", task, n), accs("classic", CLASSIC[task][0], task, n)
                 block: dict[str, Any] = {
                     "model": m, "settings": a.settings, "task": task, "size": n, "seeds": seeds,
+                    **({"tag_piece": a.config(DemoConfig()).tag_piece} if task == "pos" else {}),
                     "random initialisation": random,
                     "classic baseline": classic, "classic baseline name": CLASSIC[task][0],
                     "all-MiniLM-L6-v2": accs("published", "all-MiniLM-L6-v2", task, n),
