@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import sys
 from pathlib import Path
 
 from bertforge.console import show_logs
@@ -69,3 +70,42 @@ def test_a_data_command_keeps_its_log_off_stdout(capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "pretrain", tokenize_and_log)
     assert cli.main(["pretrain"]) == 0  # a training command: its log is its output
     assert capsys.readouterr().out == 'loading the tokenizer\n{"tokens": []}\n'
+
+
+def test_a_progress_bar_off_a_terminal_writes_whole_lines_at_intervals(monkeypatch):
+    import io
+    import time
+
+    from bertforge import console
+
+    err = io.StringIO()  # a log file: no terminal
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(console, "LINE_INTERVAL", 0.05)
+    bar = console.progress_bar(total=20, desc="train", unit="step")
+    for i in range(20):
+        time.sleep(0.01)
+        bar.update(1)
+    bar.close()
+    text = err.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text and lines[-1].startswith("train: 100%") and "20/20" in lines[-1]
+    assert 2 <= len(lines) < 20  # at intervals, not a line a step
+    assert all(line.startswith("train:") and len(line) <= 100 for line in lines)
+
+
+def test_a_progress_bar_on_a_terminal_redraws_in_place(monkeypatch):
+    import io
+
+    from bertforge import console
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    bar = console.progress_bar(total=3, desc="train", mininterval=0)
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    assert "\r" in err.getvalue()

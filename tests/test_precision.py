@@ -199,3 +199,32 @@ def test_the_trainer_resolves_auto_once_and_runs_in_it(monkeypatch):
     monkeypatch.setattr(prec, "native_bf16", lambda device: False)  # resolved already: no second look
     with trainer._autocast():
         assert trainer.model(torch.ones(1, 4)).dtype == torch.bfloat16
+
+
+def test_kernels_limited_to_avx2_count_bf16_as_emulated_and_the_cpu_name_says_so(monkeypatch):
+    for name in prec.KERNEL_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    plain = prec.cpu_name()
+    assert "kernels limited" not in plain and prec.kernel_limits() == {}
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert prec.native_bf16(torch.device("cpu")) is False  # whatever the CPU has
+    assert prec.cpu_name() == plain + "; kernels limited by ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+    assert "ATEN_CPU_CAPABILITY=avx2" in prec._machine_key()  # a probe under limits is kept apart
+
+
+def test_the_cpu_is_named_by_model_family_and_number(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                    "model name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nmodel name\t: other\n")
+    real_path = prec.Path
+    monkeypatch.setattr(prec, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    prec._cpuinfo.cache_clear()
+    try:
+        assert prec._cpuinfo() == ("AMD EPYC 7B13 (family 25 model 1)", frozenset({"fpu", "avx2", "fma"}))
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+        assert prec.cpu_name() == "AMD EPYC 7B13 (family 25 model 1), AVX2"
+    finally:
+        prec._cpuinfo.cache_clear()

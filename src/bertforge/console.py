@@ -1,4 +1,5 @@
-"""What a person at a terminal sees of bertforge's log: its messages as plain lines.
+"""What a person at a terminal sees of bertforge's log: its messages as plain lines, and progress bars
+that redraw in place on a terminal but write one line at intervals to a file or a pipe.
 
 The library never prints; it logs to the ``bertforge`` logger (progress lines, a run's summary, the
 demo's report at INFO; problems at WARNING). `show_logs` is how the command line makes that log its
@@ -12,11 +13,13 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["errors_only", "show_logs"]
+__all__ = ["errors_only", "progress_bar", "show_logs", "LINE_INTERVAL"]
 
 LOGGER = "bertforge"
+LINE_INTERVAL = 30.0
+"""Seconds between a progress bar's lines where stderr is not a terminal (a log file, a pipe, CI)."""
 
 
 class _ConsoleHandler(logging.StreamHandler):
@@ -70,3 +73,40 @@ def errors_only() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(keep)
+
+
+class _Lines:
+    """A progress bar's stream off a terminal: each redraw becomes one line of its own (tqdm returns the
+    carriage and pads a redraw to the last one's width, which a file keeps as one ever-growing line)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _on_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a stream without a terminal, or closed
+        return False
+
+
+def progress_bar(**settings: Any) -> Any:
+    """A tqdm progress bar on stderr (``settings`` are tqdm's): redrawn in place on a terminal or in a
+    notebook; elsewhere a line every `LINE_INTERVAL` seconds and one at the end, so a log file stays
+    readable."""
+    if _on_terminal(sys.stderr) or "ipykernel" in sys.modules:
+        from tqdm.auto import tqdm
+
+        return tqdm(dynamic_ncols=True, **settings)
+    from tqdm import tqdm
+
+    settings.pop("dynamic_ncols", None)
+    return tqdm(file=_Lines(sys.stderr), mininterval=LINE_INTERVAL, ncols=100, **settings)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from bertforge.console import progress_bar
 from bertforge.data.corpus import FORMATS, MAX_LINE_CHARS, CorpusStats, RawDocument, expand_inputs, iter_documents
 from bertforge.data.instances import (DocumentPool, InstanceBatch, MaskingConfig, SpecialIds, create_instances,
                                       mask_batch)
@@ -326,7 +326,7 @@ class _Progress:
     def __init__(self, show: bool) -> None:
         self.entries: dict[int, dict[str, Any]] = {}
         self.t0 = time.perf_counter()
-        self.bar = tqdm(desc="prepare", unit=" docs", disable=not show, dynamic_ncols=True)
+        self.bar = progress_bar(desc="prepare", unit=" docs", disable=not show)
         self.done_tokens = 0
 
     def record(self, entry: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from bertforge.console import progress_bar
 from bertforge.io import atomic_path, open_binary
 from bertforge.fast import frozen_weights, speed_up
 from bertforge.fast.int8 import int8_weights
@@ -244,9 +245,7 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
     bar = None
     pooling = spec.settings.pooling
     if spec.settings.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=sum(_length(*x) for x in inputs), desc="features", unit="tok", dynamic_ncols=True)
+        bar = progress_bar(total=sum(_length(*x) for x in inputs), desc="features", unit="tok")
     limit = max(spec.max_seq_length, _CHUNK_BYTES // (4 * spec.dim))
 
     def flush(items: list[int]) -> None:

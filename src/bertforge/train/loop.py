@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from bertforge.console import progress_bar
 from bertforge.fast.allocator import keep_freed_memory
 from bertforge.io import atomic_write_text
 from bertforge.train import state as checkpoints
@@ -409,13 +410,10 @@ class Trainer:
         cfg = self.cfg
         if not (cfg.progress and self.dist.is_main):
             return None
-        from tqdm.auto import tqdm
-
         if cfg.budget_minutes:
-            return tqdm(total=round(cfg.budget_minutes * 60), initial=round(self.elapsed), desc="train", unit="s",
-                        bar_format="{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}{postfix}]",
-                        dynamic_ncols=True)
-        return tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            return progress_bar(total=round(cfg.budget_minutes * 60), initial=round(self.elapsed), desc="train",
+                                unit="s", bar_format="{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}{postfix}]")
+        return progress_bar(total=cfg.max_steps, initial=self.step, desc="train", unit="step")
 
     def _log_train(self, grad_norm: float, bar: Any) -> dict[str, float]:
         """Log the open window's metrics line (a collective call) and show them on the progress bar."""

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import os
 import time
 import typing
 from pathlib import Path
@@ -24,9 +25,9 @@ from torch import nn
 from bertforge.io import atomic_write_text
 from bertforge.resources import cache_dir
 
-__all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "autocast", "bf16_faster",
-           "check_precision", "cpu_flags", "cpu_name", "dtype_of", "has_amx", "native_bf16", "needs_grad_scaler",
-           "probe_file", "probe_timings", "resolve_precision"]
+__all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "KERNEL_LIMITS", "autocast",
+           "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of", "has_amx", "kernel_limits",
+           "native_bf16", "needs_grad_scaler", "probe_file", "probe_timings", "resolve_precision"]
 
 logger = logging.getLogger("bertforge")
 
@@ -44,7 +45,9 @@ def native_bf16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return True
-    try:
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("default", "avx2"):
+        return False  # PyTorch's own kernels limited below AVX-512: its bf16 ops are emulated
+    try:  # oneDNN's answer honours ONEDNN_MAX_CPU_ISA
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a build without oneDNN's check: assume it, as autocast does
         return True
@@ -52,24 +55,40 @@ def native_bf16(device: torch.device) -> bool:
 
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """The CPU's model name and flags from /proc/cpuinfo ("unknown CPU" and no flags where it is absent)."""
-    name, flags = "unknown CPU", frozenset()
+    """The CPU's model name (with its family and model numbers where listed) and flags from /proc/cpuinfo
+    ("unknown CPU" and no flags where it is absent)."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = frozenset(value.split())
-    return name, flags
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "unknown CPU")
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name, frozenset(fields.get("flags", "").split())
+
+
+KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+"""Environment settings that cap PyTorch's, oneDNN's and MKL's CPU kernels below what the CPU has (an
+AVX2-only CPU's kernels, measured on a newer one)."""
+
+
+def kernel_limits() -> dict[str, str]:
+    """The `KERNEL_LIMITS` set in this process's environment."""
+    return {k: os.environ[k] for k in KERNEL_LIMITS if os.environ.get(k)}
 
 
 def cpu_name() -> str:
-    """The CPU's model name and its widest matrix / bf16 unit: what a measured time depends on."""
+    """The CPU's model name, family and model, its widest matrix / bf16 unit and any kernel limit
+    (`kernel_limits`): what a measured time depends on."""
     name, flags = _cpuinfo()
     units = ("AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else
              "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
-    return f"{name}, {units}" if units else name
+    limits = kernel_limits()
+    return (f"{name}, {units}" if units else name) + (
+        "; kernels limited by " + " ".join(f"{k}={v}" for k, v in limits.items()) if limits else "")
 
 
 def cpu_flags() -> frozenset[str]:
@@ -141,10 +160,12 @@ def probe_file() -> Path:
 
 
 def _machine_key() -> str:
-    """What a probe's answer holds for: the CPU model, its `_KEY_FLAGS`, the torch and the probe's version."""
+    """What a probe's answer holds for: the CPU model, its `_KEY_FLAGS`, any kernel limit, the torch and the
+    probe's version."""
     name, flags = _cpuinfo()
-    return (f"{name}; {' '.join(f for f in _KEY_FLAGS if f in flags) or 'no vector flags'}; torch {torch.__version__}; "
-            f"probe {_PROBE['version']}")
+    limits = "".join(f"; {k}={v}" for k, v in kernel_limits().items())
+    return (f"{name}; {' '.join(f for f in _KEY_FLAGS if f in flags) or 'no vector flags'}{limits}; "
+            f"torch {torch.__version__}; probe {_PROBE['version']}")
 
 
 @functools.cache
