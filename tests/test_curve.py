@@ -100,8 +100,8 @@ def test_choose_lr_reads_on_below_the_divergence_line_and_stops_above_it(bump, s
     smooth = _smoothed(losses)
     assert (smooth[6] > 1.25 * min(smooth[:7])) == stops  # the sequence does what it says
     lr, at = choose_lr(RATES[:len(losses)], losses, divisor=10.0)
-    expected = 6 if stops else len(losses) - 1  # never diverging: the top rate
-    assert at == expected and lr == pytest.approx(RATES[expected] / 10)
+    expected = 6 if stops else len(losses)  # never diverging: the top rate, and a step past the sweep
+    assert at == expected and lr == pytest.approx(RATES[min(expected, len(losses) - 1)] / 10)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
@@ -198,7 +198,9 @@ def test_a_cell_fine_tunes_at_the_rate_its_range_test_picks_and_scores_the_held_
     assert run["train"] == range_test["train"] == [(f"train {i}", i % 2) for i in range(40)]
     assert run["heldout"] == [(f"heldout {i}", i % 2) for i in range(10)]
     assert got["accuracy"] == 0.75 and got["lr"] == pytest.approx(rate_at / 10)
-    assert got["diverged_at"] == pytest.approx(rate_at) and (got["start"], got["size"], got["seed"]) == ("own", 40, 3)
+    assert got["range_test"] == {"lr": pytest.approx(rate_at / 10), "top": 0.1, "diverged_at": pytest.approx(rate_at),
+                                 "step": at, "sweeps": 1, "edge": ""}
+    assert (got["start"], got["size"], got["seed"]) == ("own", 40, 3)
     assert not Path(cell.out).exists()  # the run folder goes once it is scored
 
 
@@ -207,7 +209,7 @@ def test_the_divisor_is_the_settings_own(tmp_path, monkeypatch):
     monkeypatch.setattr(curve_module, "_finetune", fake)
     a = run_cell(_cell(tmp_path / "a"))
     b = run_cell(_cell(tmp_path / "b", replace(FINETUNING, lr_divisor=2.5)))
-    assert a["diverged_at"] == b["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
+    assert a["range_test"]["diverged_at"] == b["range_test"]["diverged_at"] and b["lr"] == pytest.approx(4 * a["lr"])
 
 
 def test_a_cell_with_a_fixed_rate_runs_no_range_test(tmp_path, monkeypatch):
@@ -216,7 +218,36 @@ def test_a_cell_with_a_fixed_rate_runs_no_range_test(tmp_path, monkeypatch):
     got = run_cell(replace(_cell(tmp_path), lr=3e-4))
     (run,) = fake.calls
     assert run["lr"] == 3e-4 and run["settings"].get("schedule") is None and run["steps"] == 100
-    assert got["lr"] == got["accuracy"] == 3e-4 and got["diverged_at"] is None
+    assert got["lr"] == got["accuracy"] == 3e-4 and got["range_test"] is None
+
+
+def test_a_sweep_that_never_diverges_is_run_again_higher_and_the_choice_has_no_ceiling(tmp_path, monkeypatch):
+    # Stable up to 0.1 x 100 / 10 ** 4 x 10 ** (4 * 15 / 19): the first sweep (to 0.1) never diverges, the second (to 10)
+    # does, at step 15; the choice is that rate over the divisor, far above the first sweep's top / divisor.
+    def losses(cell, tops=[]):
+        tops.append(len(tops))
+        return [1.0] * 20 if len(tops) == 1 else [1.0] * 15 + [9.0] * 5
+
+    fake = FakeFinetune(losses=losses)
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    got = run_cell(_cell(tmp_path))
+    first, second, run = fake.calls
+    assert (first["lr"], second["lr"]) == (0.1, pytest.approx(10.0))
+    rate_at = 10.0 * lr_factor(15, total_steps=20, warmup_steps=0, schedule="range")
+    assert got["range_test"] == {"lr": pytest.approx(rate_at / 10), "top": pytest.approx(10.0),
+                                 "diverged_at": pytest.approx(rate_at), "step": 15, "sweeps": 2, "edge": ""}
+    assert run["lr"] == pytest.approx(rate_at / 10) and rate_at / 10 > 0.1 / 10
+
+
+@pytest.mark.parametrize("loss, edge, tops", [(lambda: [1.0] * 20, "top", [0.1, 10.0, 1000.0]),
+                                              (lambda: [1.0, 9.0] + [9.0] * 18, "bottom", [0.1, 1e-3, 1e-5])])
+def test_a_range_test_still_on_an_edge_after_its_sweeps_is_flagged(tmp_path, monkeypatch, loss, edge, tops):
+    fake = FakeFinetune(losses=lambda cell: loss())
+    monkeypatch.setattr(curve_module, "_finetune", fake)
+    got = run_cell(_cell(tmp_path))
+    assert [c["lr"] for c in fake.calls[:-1]] == pytest.approx(tops)  # MAX_SWEEPS sweeps, shifted by SWEEP_SHIFT
+    assert got["range_test"]["edge"] == edge and got["range_test"]["sweeps"] == curve_module.MAX_SWEEPS
+    assert (got["range_test"]["diverged_at"] is None) == (edge == "top")
 
 
 def test_cells_run_costliest_first_and_come_back_in_their_order(tmp_path, monkeypatch):

@@ -53,7 +53,9 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "curve" not in report and {"dev_examples", "finetune_lrs"}.isdisjoint(report["config"])
     starts = ("random initialisation", "own pre-training", "all-MiniLM-L6-v2")
     divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
-    rates = [0.1 * 10 ** (-4 * (1 - k / 7)) / divisor for k in range(8)]  # what an 8-step range test can pick
+    def rates(top: float) -> list[float]:  # what an 8-step range test of a sweep to top can pick
+        return [top * 10 ** (-4 * (1 - k / 7)) / divisor for k in range(8)]
+
     baselines = {"movie reviews": ["TF-IDF + logistic regression"], "pos": ["CRF", "most frequent tag"]}
     for task, heldout in (("movie reviews", 300), ("pos", 50)):
         lines = {*starts, *baselines[task]}
@@ -71,7 +73,12 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
         assert set(curve["lr"]) == set(starts)
         for line, by_size in curve["lr"].items():
             assert len(by_size["40"]) == len(curve["accuracy"][line]["40"])
-            assert all(any(lr == pytest.approx(r) for r in rates) for lr in by_size["40"]), (task, line, by_size)
+            tests = curve["range_tests"][line]["40"]
+            assert [t["lr"] for t in tests] == by_size["40"], (task, line)
+            for t in tests:  # a sweep to 0.1, or shifted by 100 where the last hit an edge
+                assert any(t["top"] == pytest.approx(0.1 * 100.0 ** j) for j in (-2, -1, 0, 1, 2)), (task, line, t)
+                assert any(t["lr"] == pytest.approx(r) for r in rates(t["top"])), (task, line, t)
+                assert (t["diverged_at"] is None) == (t["step"] is None) and 1 <= t["sweeps"] <= 3
         diffs = curve["differences"]
         assert set(diffs) == {"own pre-training - random initialisation", "all-MiniLM-L6-v2 - random initialisation",
                               *(f"{line} - {b}" for b in baselines[task] for line in ("own pre-training",
@@ -91,6 +98,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
         assert by_minutes["0"] == report[task]["accuracy"]["random initialisation"]["40"]
         assert list(by_minutes.values())[-1] == report[task]["accuracy"]["own pre-training"]["40"]
         assert set(fig["differences"][task]) == set(by_minutes) - {"0"}
+        tests = fig["range_tests"][task]  # each checkpoint's range tests, seed by seed
+        assert set(tests) == set(by_minutes) - {"0", list(by_minutes)[-1]} and all(len(t) == 2 for t in tests.values())
     headline = report["headline"]
     assert re.match(r"\d+\.\d minutes of the demo's own pre-training, against the best line that needs no "
                     r"pre-training at each size", headline), headline
@@ -125,7 +134,9 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     assert "## Accuracy against minutes of pre-training (the paper's Figure 5)" in text
     assert "![figure 5](figure5.png)" in text
     assert "## Learning rates the range tests chose" in text
-    assert re.search(r"\| all-MiniLM-L6-v2 \| \d(\.\d)?e-\d \|", text)
+    assert re.search(r"\| all-MiniLM-L6-v2 \| \d(\.\d)?e-\d\u2020? \|", text)
+    assert re.search(r"A sweep that ends without divergence is run again 100 times higher .* \d+ of the \d+ range "
+                     r"tests needed more than one sweep; \d+ still ended on an edge", text)
     assert "(8 steps, the rate rising from 1e-5 to 1e-1;" in text
     assert "set aside as a development split" not in text
     assert "## Where the time went" in text and "100k steps of 1,024 pairs" in text

@@ -2,7 +2,8 @@
 training examples, a line per starting point, each fine-tuned alike on the same subsets.
 
 True few-shot (Perez et al., 2021): a point at ``n`` examples reads only those ``n`` labels; its peak learning
-rate comes from a range test on them (`choose_lr`), and the held-out set is scored once, after the last step.
+rate comes from a range test on them (`range_test`: a sweep that ends on an edge is run again beyond it), and
+the held-out set is scored once, after the last step.
 One seed's subsets are nested and shared by every start, so scores are paired by seed (`bertforge.stats`).
 Cells (a start, a size, a seed) run side by side in one-thread worker processes, the costliest first; sizes up
 to ``required_up_to`` always run, a larger one only if its estimate fits before the deadline.
@@ -28,9 +29,10 @@ from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
-__all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "parse_sizes", "format_lr", "subset",
-           "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "run_cell", "run_cells", "run_curves",
-           "run_curve", "plot_curve", "plot_minutes", "CLASSIC_BASELINES", "baseline_seconds", "run_baseline"]
+__all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "RangeTest", "parse_sizes",
+           "format_lr", "subset", "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "range_test",
+           "run_cell", "run_cells", "run_curves", "run_curve", "plot_curve", "plot_minutes", "CLASSIC_BASELINES",
+           "baseline_seconds", "run_baseline"]
 
 logger = logging.getLogger("bertforge")
 
@@ -215,8 +217,9 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
 
 def choose_lr(lrs: Sequence[float], losses: Sequence[float], divisor: float) -> tuple[float, int]:
     """The range test's rule: the rate, over ``divisor``, at the first step where the smoothed loss exceeds
-    `DIVERGED` x its lowest so far or is not finite (the top rate if none); returns the rate and the step.
-    Divergence, not the lowest loss, is read: where no rate lowers the loss, the lowest is noise."""
+    `DIVERGED` x its lowest so far or is not finite (the top rate if none); returns the rate and the step
+    (``len(losses)`` where none diverged). Divergence, not the lowest loss, is read: where no rate lowers the
+    loss, the lowest is noise."""
     if not losses or len(lrs) != len(losses):
         raise ValueError(f"a range test needs one loss per rate, got {len(losses)} losses and {len(lrs)} rates")
     avg, best = 0.0, math.inf
@@ -228,7 +231,58 @@ def choose_lr(lrs: Sequence[float], losses: Sequence[float], divisor: float) -> 
         best = min(best, smooth)
         if smooth > DIVERGED * best:
             return lrs[i] / divisor, i
-    return lrs[-1] / divisor, len(losses) - 1
+    return lrs[-1] / divisor, len(losses)
+
+
+EDGE_STEPS = 3
+"""A range test whose loss diverges within its first this many steps read its sweep's bottom edge."""
+SWEEP_SHIFT = 100.0
+"""A sweep that hit an edge is run again this factor higher (no divergence) or lower (at once)."""
+MAX_SWEEPS = 3
+"""Sweeps a range test runs at most; one that still ends on an edge is flagged (``edge``)."""
+
+
+@dataclass(frozen=True)
+class RangeTest:
+    """What a cell's range test found: the chosen peak rate, the sweep that chose it and where its loss
+    diverged. ``edge`` is "" where the divergence lay inside the last sweep, else the edge it hit after
+    `MAX_SWEEPS` sweeps ("top": no divergence; "bottom": divergence at once): a flagged choice."""
+
+    lr: float
+    top: float
+    """The highest rate of the sweep that chose (it rises from 10 ** -RANGE_DECADES of it)."""
+    diverged_at: float | None
+    """The rate at which the smoothed loss diverged (None: it never did)."""
+    step: int | None
+    """The sweep's step at which it diverged (None: it never did)."""
+    sweeps: int
+    edge: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lr": self.lr, "top": self.top, "diverged_at": self.diverged_at, "step": self.step,
+                "sweeps": self.sweeps, "edge": self.edge}
+
+
+def range_test(losses_at: Callable[[float], Sequence[float]], top: float, steps: int, divisor: float) -> RangeTest:
+    """The learning-rate range test without a ceiling: ``losses_at(top)`` runs a sweep of ``steps`` rates
+    rising geometrically to ``top`` and returns its training losses; a sweep that ends without divergence
+    is run again `SWEEP_SHIFT` higher, one that diverges within `EDGE_STEPS` steps that much lower, up to
+    `MAX_SWEEPS` sweeps; the last sweep's divergence rate over ``divisor`` is the choice (`choose_lr`)."""
+    from bertforge.train.optim import lr_factor
+
+    edge, sweeps = "", 0
+    while True:
+        sweeps += 1
+        losses = list(losses_at(top))
+        rates = [top * lr_factor(i, total_steps=steps, warmup_steps=0, schedule="range") for i in range(len(losses))]
+        lr, at = choose_lr(rates, losses, divisor)
+        edge = "top" if at == len(losses) else "bottom" if at < EDGE_STEPS else ""
+        if not edge or sweeps == MAX_SWEEPS:
+            break
+        top = top * SWEEP_SHIFT if edge == "top" else top / SWEEP_SHIFT
+    diverged = at < len(losses)
+    return RangeTest(lr=lr, top=top, diverged_at=rates[at] if diverged else None, step=at if diverged else None,
+                     sweeps=sweeps, edge=edge)
 
 
 def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
@@ -280,30 +334,27 @@ def run_baseline(cell: Cell) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """A cell: the range test on the subset, the rate `choose_lr` picks from its logged losses, then the
-    fine-tuning at that rate, scored once on the held-out file. The run folder is removed. A baseline's
-    cell is `run_baseline`'s; a cell with a fixed ``lr`` skips the range test (``diverged_at`` None)."""
-    from bertforge.train.optim import lr_factor
-
+    """A cell: the range test on the subset (`range_test`, on the losses each sweep logs), then the
+    fine-tuning at its rate, scored once on the held-out file. The run folder is removed. A baseline's cell
+    is `run_baseline`'s; a cell with a fixed ``lr`` skips the range test (``range_test`` None)."""
     if cell.baseline:
         return run_baseline(cell)
     finetuning = cell.finetuning
     t0 = time.perf_counter()
-    lr, diverged_at = cell.lr, None
-    if not lr:
-        _finetune(cell, finetuning.range_top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1,
-                  eval_every=0)
-        records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
-        losses = [float(r["loss"]) for r in records if r.get("split") == "train"]
-        rates = [finetuning.range_top * lr_factor(i, total_steps=finetuning.range_steps, warmup_steps=0,
-                                                  schedule="range") for i in range(len(losses))]  # each step's rate
-        lr, at = choose_lr(rates, losses, finetuning.lr_divisor)
-        diverged_at = rates[at]
+    found = None
+    if not cell.lr:
+        def losses_at(top: float) -> list[float]:
+            _finetune(cell, top, finetuning.range_steps, schedule="range", warmup_steps=0, log_every=1, eval_every=0)
+            records = [json.loads(line) for line in (Path(cell.out) / "metrics.jsonl").read_text().splitlines()]
+            return [float(r["loss"]) for r in records if r.get("split") == "train"]
+
+        found = range_test(losses_at, finetuning.range_top, finetuning.range_steps, finetuning.lr_divisor)
+    lr = found.lr if found else cell.lr
     res = _finetune(cell, lr, cell.steps, dev_file=cell.heldout_file, eval_every=cell.steps,
                     log_every=max(1, cell.steps // 5))
     shutil.rmtree(cell.out, ignore_errors=True)
     return {"start": cell.start, "size": cell.size, "seed": cell.seed, "accuracy": float(res.eval_metrics["accuracy"]),
-            "lr": lr, "diverged_at": diverged_at, "seconds": time.perf_counter() - t0}
+            "lr": lr, "range_test": found.to_json() if found else None, "seconds": time.perf_counter() - t0}
 
 
 def _one_thread() -> None:
@@ -350,6 +401,8 @@ class Curve:
     """The sizes left out to stay within the deadline."""
     accuracy: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     lr: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    range_tests: dict[str, dict[int, list[dict[str, Any] | None]]] = field(default_factory=dict)
+    """Each cell's `RangeTest` (as JSON) by line, size and seed: the sweep, the divergence and any edge."""
     baseline_settings: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
     """Each baseline's settings by size and seed (the strength its cross-validation chose, where it has one)."""
     seeds: dict[int, list[int]] = field(default_factory=dict)
@@ -387,7 +440,7 @@ class Curve:
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
             "accuracy": by_line(self.accuracy),
             "interval": by_line(self.accuracy, lambda accs: mean_interval(accs).to_json()),
-            "lr": by_line(self.lr), "baseline_settings": by_line(self.baseline_settings), "differences": {}}
+            "lr": by_line(self.lr), "range_tests": by_line(self.range_tests), "baseline_settings": by_line(self.baseline_settings), "differences": {}}
         for a, b in comparisons:
             if a in self.accuracy and b in self.accuracy:
                 out["differences"][f"{a} - {b}"] = {
@@ -495,6 +548,7 @@ class _Runner:
             mine = [r for r in results if r["start"] == start.name]
             curve.accuracy[start.name][size] = [r["accuracy"] for r in mine]
             curve.lr[start.name][size] = [r["lr"] for r in mine]
+            curve.range_tests.setdefault(start.name, {})[size] = [r["range_test"] for r in mine]
             seconds = sum(r["seconds"] for r in mine)
             curve.seconds[start.name] += seconds
             self.per_step[k, start.name] = seconds / max(1, len(mine) * planned_steps(size, self.finetuning, start))

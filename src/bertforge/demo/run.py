@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from bertforge import resources
-from bertforge.demo.curve import CLASSIC_BASELINES, Curve, CurveSpec, CurveTask, FinetuneSettings, Start, \
-    estimate_seconds, format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
+from bertforge.demo.curve import CLASSIC_BASELINES, EDGE_STEPS, MAX_SWEEPS, SWEEP_SHIFT, Curve, CurveSpec, CurveTask, \
+    FinetuneSettings, Start, estimate_seconds, format_lr, parse_sizes, plot_curve, plot_minutes, run_curves
 from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF, require_baselines
 from bertforge.stats import mean_interval, paired_difference, seeds_for_half_width
 from bertforge.io import atomic_path, atomic_write_text
@@ -502,8 +502,20 @@ def _curve_table(curve: Curve) -> list[str]:
 
 
 def _lr_table(curve: Curve) -> list[str]:
-    """The learning rates the range tests chose: a row per start, a column per size, the seeds' rates."""
-    return _table(curve.sizes, curve.lr, lambda lrs: ", ".join(format_lr(lr) for lr in lrs))
+    """The learning rates the range tests chose: a row per start, a column per size, the seeds' rates (a rate
+    from a sweep still on an edge marked with a dagger)."""
+    cells = {line: {n: list(zip(curve.lr[line][n], curve.range_tests.get(line, {}).get(n) or [None] * len(lrs)))
+                    for n, lrs in by_size.items()} for line, by_size in curve.lr.items()}
+    return _table(curve.sizes, cells, lambda got: ", ".join(
+        format_lr(lr) + ("\u2020" if test and test["edge"] else "") for lr, test in got))
+
+
+def _range_test_counts(curves: Sequence[Curve], figure: dict[str, Any] | None) -> tuple[int, int, int]:
+    """Range tests run, those that needed more than one sweep and those still on an edge, over the curves and
+    Figure 5."""
+    tests = [t for c in curves for by in c.range_tests.values() for ts in by.values() for t in ts if t]
+    tests += [t for by in (figure or {}).get("range_tests", {}).values() for ts in by.values() for t in ts if t]
+    return len(tests), sum(t["sweeps"] > 1 for t in tests), sum(bool(t["edge"]) for t in tests)
 
 
 def run_demo(cfg: DemoConfig | None = None) -> dict[str, Any]:
@@ -861,13 +873,16 @@ def _figure_points(demo: _Run, picked: Sequence[tuple[float, Path]], final_minut
     ``picked`` (minutes, folder), with random initialisation (0) and the final model from the curve."""
     cfg = demo.cfg
     points: dict[str, dict[float, list[float]]] = {}
-    report: dict[str, Any] = {"size": cfg.figure_size, "minutes": {}, "accuracy": {}, "differences": {}}
+    report: dict[str, Any] = {"size": cfg.figure_size, "minutes": {}, "accuracy": {}, "differences": {},
+                              "range_tests": {}}
     by_task = {c.task: c for c in curves}
     for fig in figure_curves:
         curve, size = by_task[fig.task], fig.sizes[0]
         n = len(fig.accuracy[next(iter(fig.accuracy))][size])
         by_minutes = {0.0: curve.accuracy[RANDOM_INIT][size][:n]}
         by_minutes.update({m: fig.accuracy[f"{p.name} ({m:.2f} min)"][size] for m, p in picked})
+        report["range_tests"][fig.task] = {f"{m:g}": fig.range_tests[f"{p.name} ({m:.2f} min)"][size]
+                                           for m, p in picked}
         by_minutes[max(round(final_minutes, 2), 0.01)] = curve.accuracy[OWN][size][:n]
         points[fig.task] = by_minutes
         report["accuracy"][fig.task] = {f"{m:g}": accs for m, accs in by_minutes.items()}
@@ -1024,11 +1039,17 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
     lines += ["## Learning rates the range tests chose", ""]
     for curve in curves:
         lines += [f"{curve.task}:", "", *_lr_table(curve), ""]
+    tests, extended, flagged = _range_test_counts(curves, report.get("figure5"))
     lines += [f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes "
               f"from a learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
               f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate at which the smoothed "
               f"training loss starts to diverge, divided by {lr_divisor:g}), the true few-shot protocol of Perez et "
-              "al. (2021).", ""]
+              f"al. (2021). A sweep that ends without divergence is run again {SWEEP_SHIFT:g} times higher (one that "
+              f"diverges within its first {EDGE_STEPS} steps, that much lower), up to {MAX_SWEEPS} sweeps, so no "
+              f"ceiling or floor decides a rate. {extended} of the {tests} range tests needed more than one sweep; "
+              f"{flagged} still ended on an edge" + (" (marked \u2020: their rate is the last sweep's edge over "
+              f"{lr_divisor:g})" if flagged else "") + ". Each test's sweeps, divergence rate and step are in "
+              "`report.json` (`range_tests`).", ""]
     lines += ["## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "
