@@ -17,8 +17,8 @@ from bertforge.console import show_logs
 from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start, baseline_seconds
 from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
-    _DemoData, _figure_points, _learn_vocab, _random_init, _Run, _Step, _write_pretraining_text, plan_time, run_demo, \
-    time_finetuning_step, time_pretraining_step
+    _DemoData, _figure_points, _learn_vocab, _random_init, _Run, _Step, _write_pretraining_text, PlanTask, content_word, \
+    plan_time, run_demo, time_finetuning_step, time_pretraining_step
 from bertforge.stats import paired_difference
 from bertforge.text.tokenizer import BertTokenizer
 from bertforge.train.state import STATE_JSON, STATE_PT
@@ -34,8 +34,8 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
     cfg = DemoConfig(out=str(tmp_path / "demo"), articles=200, task_examples=300, vocab_size=600, model="tiny",
                      max_seq_length=32, dupe_factor=1, finetune_epochs=3, finetune_min_steps=4,
                      finetune_batch_size=16, minutes=0.05, pretrain_share=0.01, pretrain_min_share=0.01,
-                     curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, range_steps=8, figure_size=40,
-                     pos_heldout=50, published_epochs=1, published_min_steps=4, workers=1, inference_sentences=40)
+                     curve_sizes="40,all", curve_required_up_to=40, curve_seeds=2, tagging_seeds=2, range_steps=8,
+                     figure_size=40, pos_heldout=50, published_epochs=1, published_min_steps=4, workers=1, inference_sentences=40)
     show_logs()  # as `bertforge demo` does: the demo logs its steps and report, the console prints them
     report = run_demo(cfg)
     out = tmp_path / "demo"
@@ -115,6 +115,7 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
         left = sorted(p.name for p in (out / folder).iterdir())
         assert left in (["heldout.jsonl"], ["heldout.conll"]), left  # run folders and subsets go once scored
     assert len(report["fill_mask"]) == 4 and all(len(e["top"]) == 5 for e in report["fill_mask"])
+    assert all(e["content_word"] == content_word(e["top"][0][0]) for e in report["fill_mask"])
     assert (out / "pretrain" / "curves.png").stat().st_size > 1000
     assert (out / "curve.png").stat().st_size > 10_000 and (out / "figure5.png").stat().st_size > 10_000
     saved = json.loads((out / "report.json").read_text())
@@ -162,14 +163,17 @@ def test_the_demo_runs_end_to_end_at_toy_size(tmp_path, capsys, monkeypatch):
                      printed.err)  # a warning
 
 
-def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
-    # 19 minutes; pre-training between 0.2 and 0.5 of them; 5 seeds (the published checkpoint 1); two cells at once
-    settings = dict(minutes=19.0, pretrain_share=0.5, pretrain_min_share=0.2, curve_seeds=5, curve_seeds_up_to=1000,
-                    published_seeds=1, curve_required_up_to=1000, figure_size=100, figure_shares="0.125,0.25,0.5",
-                    figure_seeds=3, published_epochs=3.0, published_min_steps=100)
+def test_the_plan_gives_pre_training_its_share_then_the_required_lines_then_the_published_line_what_is_left():
+    # 19 minutes; pre-training between 0.2 and 0.5 of them; 5 seeds on movie reviews, 3 on tagging (the published
+    # checkpoint 1); two cells at once
+    settings = dict(minutes=19.0, pretrain_share=0.5, pretrain_min_share=0.2, curve_seeds=5, tagging_seeds=3,
+                    curve_seeds_up_to=1000, published_seeds=1, curve_required_up_to=1000, figure_size=100,
+                    figure_shares="0.125,0.25,0.5", figure_seeds=3, published_epochs=3.0, published_min_steps=100)
     cfg = DemoConfig(workers=2, **settings)
     finetuning = FinetuneSettings(epochs=3, min_steps=100, batch_size=32, max_seq_length=64, dropout=0.1, precision="bf16",
-                    range_steps=50)
+                                  range_steps=50)
+    budget = 19 * 60
+
     def starts(seconds: float, published: float) -> list[Start]:
         return [Start("random initialisation", Path, step_seconds=seconds),
                 Start("own pre-training", Path, step_seconds=seconds),
@@ -177,48 +181,62 @@ def test_the_plan_gives_pre_training_what_the_curves_leave_within_its_bounds():
                       epochs=cfg.published_epochs, min_steps=cfg.published_min_steps)]
 
     def tasks(seconds: float, published: float, tagging: float = 1.0, baselines: bool = False) -> dict:
-        # (starts, held-out, pool, baselines): movie reviews and part-of-speech tagging, whose steps cost ``tagging``
-        # x more
-        return {"movie reviews": (starts(seconds, published), 1066, 9596, [TFIDF] * baselines),
-                "pos": (starts(tagging * seconds, tagging * published), 1000, 40000, [CRF, MOST_FREQUENT_TAG] * baselines)}
+        # movie reviews and part-of-speech tagging, whose steps cost ``tagging`` x more
+        return {"movie reviews": PlanTask(starts(seconds, published), 1066, 9596, [TFIDF] * baselines,
+                                          cfg.task_seeds("classification")),
+                "pos": PlanTask(starts(tagging * seconds, tagging * published), 1000, 40000,
+                                [CRF, MOST_FREQUENT_TAG] * baselines, cfg.task_seeds("tagging"))}
 
-    def plan(seconds: float, published: float):
-        return plan_time(cfg, [100, 300, 1000, 3000, 9011], finetuning, tasks(seconds, published))
+    def plan(seconds: float, published: float, **kw):
+        return plan_time(cfg, [100, 300, 1000, 3000, 9011], finetuning, tasks(seconds, published, **kw))
 
-    fast, here, slow = plan(0.002, 0.005), plan(0.08, 0.2), plan(0.1, 0.25)
+    fast, here, slow = plan(0.002, 0.005), plan(0.05, 0.5), plan(0.1, 0.25)
     assert here.required_sizes == [100, 300, 1000]  # 3,000 and 9,011 are optional: not planned for
-    assert here.finetune_step_seconds == {task: {"random initialisation": 0.08, "own pre-training": 0.08,
-                                                 "all-MiniLM-L6-v2": 0.2} for task in ("movie reviews", "pos")}
-    dearer = plan_time(cfg, [100, 300, 1000], finetuning, tasks(0.08, 0.2, tagging=1.6))
-    assert dearer.finetune_step_seconds["pos"]["own pre-training"] == pytest.approx(0.128)
-    assert here.curve_seconds < dearer.curve_seconds < 1.6 * here.curve_seconds  # a task's own steps count
-    assert fast.curve_seconds < here.curve_seconds < slow.curve_seconds
-    assert fast.pretrain_seconds == pytest.approx(0.5 * 19 * 60)  # at most pretrain_share
-    assert 0.2 * 19 * 60 < slow.pretrain_seconds < here.pretrain_seconds < fast.pretrain_seconds
-    assert here.total_seconds == pytest.approx(19 * 60)  # what the curves leave: the budget is spent
+    assert here.finetune_step_seconds == {task: {"random initialisation": 0.05, "own pre-training": 0.05,
+                                                 "all-MiniLM-L6-v2": 0.5} for task in ("movie reviews", "pos")}
+    # pre-training first: its share where the required lines fit beside it, less where they do not, never below its
+    # least share; the published line then runs at the smallest sizes that fit in what is left
+    assert fast.pretrain_seconds == here.pretrain_seconds == pytest.approx(0.5 * budget)
+    assert fast.published_sizes == [100, 300, 1000] and fast.dropped == [] and fast.total_seconds < budget
+    assert here.published_sizes == [100, 300] and here.total_seconds <= budget
+    kept = len(here.published_sizes)  # some sizes fit, the larger ones not: they are named
+    assert here.dropped == [f"all-MiniLM-L6-v2 at {', '.join(f'{n:,}' for n in (100, 300, 1000)[kept:])} examples (about "
+                            + here.dropped[0].split("(about ")[1]]
+    assert 0.2 * budget < slow.pretrain_seconds < 0.5 * budget and slow.published_sizes == [100]  # the smallest
+    assert slow.total_seconds == pytest.approx(budget)  # what the required lines leave: the budget is spent
+    assert slow.dropped and slow.dropped[0].startswith("all-MiniLM-L6-v2 at 300, 1,000 examples (about ")
     slowest = plan(1.0, 2.5)  # an estimate over the whole budget: pre-training keeps its least share, the demo overruns
-    assert slowest.pretrain_seconds == pytest.approx(0.2 * 19 * 60) and slowest.total_seconds > 19 * 60
-    # with steps and evaluation free, each cell costs its two runs' overhead; per task, at each of the three sizes,
-    # 5 seeds of each own-model start and 1 of the published, and the Figure 5 points: figure_seeds at each of 3 shares
+    assert slowest.pretrain_seconds == pytest.approx(0.2 * budget) and slowest.total_seconds > budget
+    assert slowest.published_sizes == [100]
+    dearer = plan(0.002, 0.005, tagging=1.6)
+    assert dearer.finetune_step_seconds["pos"]["own pre-training"] == pytest.approx(0.0032)
+    assert fast.curve_seconds < dearer.curve_seconds < 1.6 * fast.curve_seconds  # a task's own steps count
+    # with steps and evaluation free, each cell costs its two runs' overhead; at each of the three sizes, 5 seeds
+    # (movie reviews) or 3 (tagging) of each own-model start and 1 of the published, and the Figure 5 points:
+    # figure_seeds at each of 3 shares
     nothing = plan(0.0, 0.0)
-    cells = 2 * (3 * (5 + 5 + 1) + 3 * 3)
+    cells = 3 * (5 + 5 + 1) + 3 * 3 + 3 * (3 + 3 + 1) + 3 * 3
+    assert nothing.published_sizes == [100, 300, 1000]
     assert nothing.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * RUN_SECONDS * cells / 2)
-    one_task = plan_time(cfg, [100, 300, 1000], finetuning, {"movie reviews": tasks(0.08, 0.2)["movie reviews"]})
-    assert 0.4 * here.curve_seconds < one_task.curve_seconds < 0.6 * here.curve_seconds
-    alone = plan_time(DemoConfig(workers=1, **settings), [100, 300, 1000], finetuning, tasks(0.08, 0.2))
-    assert alone.curve_seconds == pytest.approx(2 * here.curve_seconds)  # one cell at a time: twice as long
+    alone = plan_time(DemoConfig(workers=1, **settings), [100, 300, 1000], finetuning, tasks(0.002, 0.005))
+    assert alone.curve_seconds == pytest.approx(2 * fast.curve_seconds)  # one cell at a time: twice as long
     # the published checkpoint runs its own epochs (3 passes over 1,000 in batches of 32: 94 steps, so its floor of
     # 100) where everyone else runs the settings'; its steps cost it, not its neighbours
-    longer = {name: ([dataclasses.replace(s, epochs=30.0) if s.name == "all-MiniLM-L6-v2" else s for s in starts_],
-                     heldout, pool, ()) for name, (starts_, heldout, pool, _) in tasks(0.08, 0.2).items()}
+    longer = {name: t._replace(starts=[dataclasses.replace(s, epochs=30.0) if s.name == "all-MiniLM-L6-v2" else s
+                                       for s in t.starts]) for name, t in tasks(0.002, 0.005).items()}
     many = plan_time(cfg, [100, 300, 1000], finetuning, longer)
-    extra = (math.ceil(30 * 1000 / 32) - 100) * 0.2 + (math.ceil(30 * 300 / 32) - 100) * 0.2
-    assert many.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * extra / 2)
-    # the classic baselines' fits count against the budget: 5 seeds at each size, two cells at once
-    classic = plan_time(cfg, [100, 300, 1000], finetuning, tasks(0.08, 0.2, baselines=True))
-    fits = 5 * sum(baseline_seconds(b, n) for b in (TFIDF, CRF, MOST_FREQUENT_TAG) for n in (100, 300, 1000))
-    assert classic.curve_seconds - here.curve_seconds == pytest.approx(CURVE_MARGIN * fits / 2)
-    assert classic.pretrain_seconds < here.pretrain_seconds
+    extra = (math.ceil(30 * 1000 / 32) - 100) * 0.005 + (math.ceil(30 * 300 / 32) - 100) * 0.005
+    assert many.curve_seconds - fast.curve_seconds == pytest.approx(CURVE_MARGIN * 2 * extra / 2)
+    # the classic baselines' fits count against the budget: each task's seeds at each size, two cells at once
+    classic = plan(0.002, 0.005, baselines=True)
+    fits = sum(5 * baseline_seconds(TFIDF, n) + 3 * baseline_seconds(CRF, n) + 3 * baseline_seconds(MOST_FREQUENT_TAG, n)
+               for n in (100, 300, 1000))
+    assert classic.curve_seconds - fast.curve_seconds == pytest.approx(CURVE_MARGIN * fits / 2)
+
+
+def test_a_content_word_is_a_whole_word_of_letters_and_not_a_stop_word():
+    assert content_word("great") and content_word("France") and content_word("died")
+    assert not any(content_word(t) for t in ("the", "of", "The", ".", ",", "##ing", "1950", "[UNK]", "is"))
 
 
 def test_figure_5_reads_the_checkpoints_nearest_each_share_and_pairs_them_with_the_curve(tmp_path):
@@ -250,9 +268,11 @@ def test_figure_5_reads_the_checkpoints_nearest_each_share_and_pairs_them_with_t
                     accuracy={RANDOM_INIT: {40: [0.5, 0.52]}, OWN: {40: [0.7, 0.75]}}),
               Curve(task=POS, sizes=[100], cut=[40], accuracy={RANDOM_INIT: {100: [0.9]}, OWN: {100: [0.95]}})]
     score = {"step-a": 0.55, "step-c": 0.6, "step-d": 0.65}
+    tests = {p.name: [{"lr": 1e-3 * k, "edge": ""} for k in (1, 2)] for _, p in picked}  # each seed's range test
     fig_curve = Curve(task=MOVIE_REVIEWS, sizes=[40], cut=[], seconds={"a": 3.0, "b": 3.0},
                       accuracy={f"{p.name} ({m:.2f} min)": {40: [score[p.name] + k / 100 for k in (0, 1)]}
-                                for m, p in picked})
+                                for m, p in picked},
+                      range_tests={f"{p.name} ({m:.2f} min)": {40: tests[p.name]} for m, p in picked})
     points = _figure_points(demo, picked, final, curves, [fig_curve])
     expected = {0.0: [0.5, 0.52], 0.01: [0.55, 0.56], 0.012: [0.6, 0.61], 0.024: [0.65, 0.66], 0.05: [0.7, 0.75]}
     assert set(points) == {MOVIE_REVIEWS}  # pos: no figure curve
@@ -268,6 +288,8 @@ def test_figure_5_reads_the_checkpoints_nearest_each_share_and_pairs_them_with_t
         assert accs == {**d.to_json(), "resolved": d.resolved}
     assert fig["differences"][MOVIE_REVIEWS]["0.05"]["resolved"] and "0" not in fig["differences"][MOVIE_REVIEWS]
     assert demo.minutes == {f"figure 5, {MOVIE_REVIEWS} (compute)": 0.1}
+    assert fig["range_tests"][MOVIE_REVIEWS] == {"0.01": tests["step-a"], "0.012": tests["step-c"],
+                                                 "0.024": tests["step-d"]}  # by checkpoint, not for 0 or the final
     # fewer Figure 5 seeds than the curve's: paired with the curve's first ones
     one_seed = dataclasses.replace(fig_curve, accuracy={k: {40: v[40][:1]} for k, v in fig_curve.accuracy.items()})
     few = _figure_points(demo, picked, final, curves, [one_seed])[MOVIE_REVIEWS]

@@ -32,7 +32,7 @@ from bertforge import cli
 from bertforge.model import losses
 from bertforge.model.config import BertConfig
 from bertforge.tasks.finetune import FinetuneConfig, evaluate, finetune, load_finetuned, predict
-from bertforge.model.heads import BertForTokenClassification
+from bertforge.model.heads import BertForTokenClassification, tagged_positions
 from bertforge.tasks import family_for
 from bertforge.tasks.tagging import (
     Sentence,
@@ -280,6 +280,51 @@ def test_the_task_sums_cross_entropy_over_one_position_per_word(tok):
     assert stats["correct"] == (logits[at].argmax(-1) == batch["labels"][at]).sum()
     assert task.metrics(sums, {"tagging": 5.0}, {"correct": 4.0}) == {"accuracy": 0.8}
 
+
+
+def test_tagged_positions_are_each_rows_labelled_tokens_in_order_padded_with_unlabelled_ones():
+    labels = torch.tensor([[-100, 3, -100, 1, 2, -100], [-100, -100, 0, -100, -100, -100],
+                           [-100, -100, -100, -100, -100, -100]])
+    positions, aligned = tagged_positions(labels)
+    assert positions.shape == aligned.shape == (3, 3)  # K: the most tags a row has
+    assert positions[0].tolist() == [1, 3, 4] and aligned[0].tolist() == [3, 1, 2]
+    assert positions[1, 0] == 2 and aligned[1].tolist() == [0, -100, -100]  # padded with untagged positions
+    assert aligned[2].tolist() == [-100, -100, -100]
+    assert tagged_positions(torch.full((2, 4), -100))[0].shape == (2, 1)  # at least one column
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_tagger_at_its_tagged_positions_gives_the_full_logits_there_in_training_and_prediction(tok, fast):
+    from bertforge.fast import speed_up
+
+    torch.manual_seed(0)
+    model = BertForTokenClassification(BertConfig(vocab_size=VOCAB_SIZE, hidden_size=16, num_hidden_layers=2,
+                                                  num_attention_heads=2, intermediate_size=16, num_labels=3,
+                                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    if fast:
+        model = speed_up(model)  # the faster encoder computes the last layer at the positions alone
+    sentences = [Sentence(["walker", "by", "the", "riverside"], None, [1, 2, 3, 4]), Sentence(["singing"], None, [6])]
+    f = encode_sentences(sentences, tok, 128, piece="last").with_tags(np.array([1, 0, 0, 2, 1]))
+    batch = f.collate([0, 1])
+    full = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits  # (B, T, C)
+    positions, labels = tagged_positions(batch["labels"])
+    at = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], positions=positions).logits
+    torch.testing.assert_close(at, full.gather(1, positions[..., None].expand(-1, -1, 3)), atol=1e-5, rtol=1e-5)
+    every = TaggingObjective(tagged_only=False).forward(model, batch)
+    tagged = TaggingObjective().forward(model, batch)
+    torch.testing.assert_close(tagged[0]["tagging"], every[0]["tagging"], atol=1e-5, rtol=1e-5)
+    assert tagged[1]["correct"] == every[1]["correct"]
+
+    class Everywhere(nn.Module):  # the same model without the positions: it answers at every token
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args: torch.Tensor) -> object:
+            return self.inner(*args)
+
+    assert predict_tags(model, f, 2).tolist() == predict_tags(Everywhere(), f, 2).tolist() == \
+        full[batch["labels"] != -100].argmax(-1).tolist()
 
 # ------------------------------------------------------------------------------ metrics on fixed inputs
 DEV = ("walker B-PER\nriver B-LOC\nthe O\nsinger B-PER\npainter I-PER\n\n"

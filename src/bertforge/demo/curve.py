@@ -89,9 +89,13 @@ class Start:
     """This start's own floor on fine-tuning steps (None: the settings')."""
     epochs: float | None = None
     """This start's own passes over a subset (None: the settings')."""
+    sizes: frozenset[int] | None = None
+    """Run at these sizes only (None: every size of the curve): an optional line a plan cut down."""
 
-    def seeds(self, size_seeds: Sequence[int]) -> list[int]:
-        """The seeds this start runs of a size's ``size_seeds``."""
+    def seeds(self, size_seeds: Sequence[int], size: int | None = None) -> list[int]:
+        """The seeds this start runs of a size's ``size_seeds`` (none at a ``size`` it does not run)."""
+        if size is not None and self.sizes is not None and size not in self.sizes:
+            return []
         return list(size_seeds[:self.max_seeds])
 
 
@@ -211,7 +215,7 @@ def estimate_seconds(starts: Sequence[Start], sizes: Sequence[int], seeds: Calla
             step = start.step_seconds
             cell = (planned_steps(size, finetuning, start) * step
                     + eval_examples * EVAL_COST * step / finetuning.batch_size + 2 * RUN_SECONDS)
-            total += len(start.seeds(seeds(size))) * cell
+            total += len(start.seeds(seeds(size), size)) * cell
     return CURVE_MARGIN * total / max(speedup, 1e-9)
 
 
@@ -459,6 +463,8 @@ class CurveSpec:
     sizes: Sequence[int]
     out: Path
     baselines: Sequence[str] = ()
+    seeds: Callable[[int], list[int]] | None = None
+    """This curve's seeds at each size (None: `run_curves`' ``seeds``)."""
 
 
 def _cells_at(spec: CurveSpec, size: int, seeds: Sequence[int], files: Mapping[int, Path], heldout: Path,
@@ -466,7 +472,7 @@ def _cells_at(spec: CurveSpec, size: int, seeds: Sequence[int], files: Mapping[i
     cells = [Cell(start.name, size, seed, str(start.folder(seed)), str(files[seed]), str(heldout),
                   finetune_steps(size, finetuning, start), spec.task.settings(), finetuning,
                   str(spec.out / f"run-{size}-{k}"), cost=planned_steps(size, finetuning, start) * start.step_seconds)
-             for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds))]
+             for k, (start, seed) in enumerate((s, seed) for s in spec.starts for seed in s.seeds(seeds, size))]
     return cells + [Cell(name, size, seed, "", str(files[seed]), str(heldout), 0, spec.task.settings(), finetuning,
                          str(spec.out / f"baseline-{size}-{k}"), cost=baseline_seconds(name, size), baseline=name)
                     for k, (name, seed) in enumerate((b, seed) for b in spec.baselines for seed in seeds)]
@@ -498,10 +504,14 @@ class _Runner:
     def estimate(self, k: int, size: int) -> float:
         """Wall seconds spec ``k``'s cells at ``size`` should take, from its starts' compute so far and its
         baselines' `baseline_seconds`."""
-        spec = self.specs[k]
+        spec, seeds = self.specs[k], self.seeds_of(k)(size)
         return (sum(self.per_step.get((k, s.name), 0.0) * planned_steps(size, self.finetuning, s)
-                    * len(s.seeds(self.seeds(size))) for s in spec.starts)
-                + len(self.seeds(size)) * sum(baseline_seconds(b, size) for b in spec.baselines)) / max(1, self.workers)
+                    * len(s.seeds(seeds, size)) for s in spec.starts)
+                + len(seeds) * sum(baseline_seconds(b, size) for b in spec.baselines)) / max(1, self.workers)
+
+    def seeds_of(self, k: int) -> Callable[[int], list[int]]:
+        """Spec ``k``'s seeds at each size."""
+        return self.specs[k].seeds or self.seeds
 
     def run(self, items: Sequence[tuple[int, int]]) -> None:
         """The cells of (spec, size) ``items``, baselines' included, in one pool, each curve filled in as its
@@ -512,7 +522,7 @@ class _Runner:
         files: dict[int, dict[int, Path]] = {}
         for j, (k, size) in enumerate(items):
             spec, curve = self.specs[k], self.curves[k]
-            size_seeds = self.seeds(size)
+            size_seeds = self.seeds_of(k)(size)
             curve.sizes.append(size)
             curve.steps[size] = finetune_steps(size, self.finetuning)
             for start in spec.starts:
@@ -546,6 +556,8 @@ class _Runner:
         spec, curve = self.specs[k], self.curves[k]
         for start in spec.starts:
             mine = [r for r in results if r["start"] == start.name]
+            if not mine:  # a line the plan left out at this size
+                continue
             curve.accuracy[start.name][size] = [r["accuracy"] for r in mine]
             curve.lr[start.name][size] = [r["lr"] for r in mine]
             curve.range_tests.setdefault(start.name, {})[size] = [r["range_test"] for r in mine]

@@ -17,7 +17,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -36,7 +36,8 @@ from bertforge.settings import MAX_MINUTES, check_settings, setting
 from bertforge.train.precision import PRECISIONS, cpu_name
 from bertforge.train.pretrain import PretrainConfig, RecipeName
 
-__all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "plan_time"]
+__all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "PlanTask",
+           "plan_time"]
 
 logger = logging.getLogger("bertforge")
 
@@ -113,8 +114,12 @@ class DemoConfig:
     """The sizes up to this always run, whatever the machine's speed (pre-training's time is planned around
     them); a larger size runs only if it fits in what is left of ``minutes``."""
     curve_seeds: int = setting(5, at_least=1, at_most=100)
-    """Paired seeds (subsets, data order, dropout, head) at each size up to ``curve_seeds_up_to``; larger sizes
-    get one. The report compares two lines seed by seed, with a 95% interval."""
+    """Paired seeds (subsets, data order, dropout, head) of the movie-review curve at each size up to
+    ``curve_seeds_up_to``; larger sizes get one. The report compares two lines seed by seed, with a 95%
+    interval."""
+    tagging_seeds: int = setting(3, at_least=1, at_most=100)
+    """The same for the tagging curve, the costlier one: its paired differences are tight, and 3 seeds give an
+    interval of about +-2 points at the spread the demo measured (the report's "seeds for +-2 points")."""
     curve_seeds_up_to: int = setting(1000, at_least=0)
     """The largest size that gets ``curve_seeds`` seeds."""
     pos_task: bool = True
@@ -175,8 +180,9 @@ class DemoConfig:
         if self.pretrain_min_share > self.pretrain_share:
             raise ValueError(f"pretrain_min_share ({self.pretrain_min_share}) must be at most pretrain_share "
                              f"({self.pretrain_share})")
-        if self.published_seeds > self.curve_seeds:
-            raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds})")
+        if self.published_seeds > min(self.curve_seeds, self.tagging_seeds):
+            raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds}) "
+                             f"and tagging_seeds ({self.tagging_seeds})")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         self.shares()
 
@@ -199,9 +205,14 @@ class DemoConfig:
         """Processes that run the curve's fine-tunings."""
         return self.workers or max(1, os.cpu_count() or 1)
 
-    def seeds(self, size: int) -> list[int]:
-        """The curve's seeds at ``size`` labelled examples."""
-        return list(range(self.seed, self.seed + (self.curve_seeds if size <= self.curve_seeds_up_to else 1)))
+    def seeds(self, size: int, family: str = "classification") -> list[int]:
+        """A curve's seeds at ``size`` labelled examples (``family``: its task's, `CurveTask.family`)."""
+        many = self.tagging_seeds if family == "tagging" else self.curve_seeds
+        return list(range(self.seed, self.seed + (many if size <= self.curve_seeds_up_to else 1)))
+
+    def task_seeds(self, family: str) -> Callable[[int], list[int]]:
+        """`seeds` of a task ``family``, as a function of the size."""
+        return lambda size: self.seeds(size, family)
 
 
 class _Step:
@@ -245,6 +256,14 @@ def fill_mask(model: Any, tokenizer: Any, text: str, k: int = 5) -> list[tuple[s
     probs = logits[0, int(at[0, 0])].float().softmax(-1)
     top = probs.topk(k)
     return [(tokenizer.convert_ids_to_tokens([int(i)])[0], float(p)) for p, i in zip(top.values, top.indices)]
+
+
+def content_word(token: str) -> bool:
+    """Whether a fill-mask answer is a content word: a whole word (no ``##`` continuation) of letters, not one of
+    scikit-learn's English stop words. A model that has not yet learned answers ``the``, ``.`` or ``of``."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return token.isalpha() and token.lower() not in ENGLISH_STOP_WORDS
 
 
 MIN_PRETRAIN_STEPS = 50
@@ -322,8 +341,12 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: Finetun
         enc = tok([texts[(k * B + i) % len(texts)] for i in range(B)], max_length=finetuning.max_seq_length,
                   truncation=True, padding=True, return_tensors="pt")
         mask = enc["attention_mask"]
-        labels = (torch.arange(mask.numel()).view_as(mask) % tags).masked_fill(mask == 0, -100) if tags \
-            else torch.arange(B) % 2  # a tag on every token: a little more than one per word costs
+        labels = torch.arange(B) % 2
+        if tags:  # a tag at each word's first piece, as a tagging run labels one token a word
+            pieces = [tok.convert_ids_to_tokens(row.tolist()) for row in enc["input_ids"]]
+            words = torch.tensor([[not (p.startswith("##") or p in tok.all_special_tokens) for p in row]
+                                  for row in pieces]) & mask.bool()
+            labels = (torch.arange(mask.numel()).view_as(mask) % tags).masked_fill(~words, -100)
         data.append({"input_ids": enc["input_ids"], "attention_mask": mask, "token_type_ids": enc["token_type_ids"],
                      "labels": labels})
     return _median_step(head(config), objective, data + data, finetuning.precision, device, batches)
@@ -342,9 +365,15 @@ class TimePlan:
     required_sizes: list[int]
     """The curve's sizes that run whatever the time."""
     curve_seconds: float
-    """The estimated time of the curves at those sizes and of the Figure 5 points."""
+    """The estimated time of the curves at those sizes and of the Figure 5 points (the published line's
+    planned sizes included)."""
     pretrain_seconds: float
     budget_seconds: float
+    published_sizes: list[int] = dataclasses.field(default_factory=list)
+    """The required sizes the published checkpoint's line runs at: the smallest, and the next ones whose
+    estimates fit in what pre-training, the other lines and the report leave of the budget."""
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    """What the plan left out to stay within the budget, as the report says it."""
 
     @property
     def total_seconds(self) -> float:
@@ -356,7 +385,8 @@ class TimePlan:
                                           for task, by in self.finetune_step_seconds.items()},
                 "required_sizes": self.required_sizes, "curve_minutes": round(self.curve_seconds / 60, 2),
                 "pretrain_minutes": round(self.pretrain_seconds / 60, 2),
-                "expected_minutes": round(self.total_seconds / 60, 2)}
+                "expected_minutes": round(self.total_seconds / 60, 2), "published_sizes": self.published_sizes,
+                "dropped": self.dropped}
 
 
 def _required(cfg: DemoConfig, sizes: Sequence[int]) -> list[int]:
@@ -364,27 +394,58 @@ def _required(cfg: DemoConfig, sizes: Sequence[int]) -> list[int]:
     return [n for n in sizes if n <= cfg.curve_required_up_to] or list(sizes[:1])
 
 
+class PlanTask(NamedTuple):
+    """What `plan_time` needs of a curve's task: its starts (with their timed steps), held-out examples,
+    training pool, classic baselines and seeds at each size."""
+
+    starts: Sequence[Start]
+    heldout: int
+    pool: int
+    baselines: Sequence[str]
+    seeds: Callable[[int], list[int]]
+
+
 def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSettings,
-              tasks: Mapping[str, tuple[Sequence[Start], int, int, Sequence[str]]]) -> TimePlan:
-    """The time plan after setup. ``tasks``: by name, the starts (with their timed steps), held-out examples,
-    training pool and classic baselines. The required sizes and the Figure 5 points are estimated
-    (`estimate_seconds`, the baselines' fits included); pre-training gets what is left, between
-    ``pretrain_min_share`` and ``pretrain_share`` of ``minutes``."""
+              tasks: Mapping[str, PlanTask]) -> TimePlan:
+    """The time plan after setup, in this order: pre-training gets ``pretrain_share`` of ``minutes``, less
+    only where the required work needs it and never below ``pretrain_min_share``; the required work runs
+    whatever its estimate (`estimate_seconds`): the required sizes of every line but the published
+    checkpoint, their classic baselines, the Figure 5 points and the published line at the smallest size;
+    the published line's larger sizes run, smallest first, while their estimates fit in what is left, the
+    others are dropped (``dropped``): the costliest line, and the one the demo's claim does not rest on."""
     required = _required(cfg, sizes)
     workers = cfg.worker_count()
     curve = 0.0
-    for starts, heldout, pool, baselines in tasks.values():
-        curve += estimate_seconds(starts, [min(n, pool) for n in required], cfg.seeds, finetuning, heldout,
-                                  speedup=workers, baselines=baselines)
-        figure = [_figure_start(cfg, s) for s in starts if s.name == OWN] * len(cfg.shares())
-        curve += estimate_seconds(figure, [min(cfg.figure_size, pool)], cfg.seeds, finetuning, heldout,
+    published: dict[int, float] = {}  # its estimate at each required size, over the tasks
+    for t in tasks.values():
+        lines = [s for s in t.starts if s.name != PUBLISHED]
+        curve += estimate_seconds(lines, [min(n, t.pool) for n in required], t.seeds, finetuning, t.heldout,
+                                  speedup=workers, baselines=t.baselines)
+        figure = [_figure_start(cfg, s) for s in lines if s.name == OWN] * len(cfg.shares())
+        curve += estimate_seconds(figure, [min(cfg.figure_size, t.pool)], t.seeds, finetuning, t.heldout,
                                   speedup=workers)
+        for s in t.starts:
+            if s.name == PUBLISHED:
+                for n in required:
+                    published[n] = published.get(n, 0.0) + estimate_seconds(
+                        [s], [min(n, t.pool)], t.seeds, finetuning, t.heldout, speedup=workers)
+    published_sizes = required[:1] if published else []
+    curve += sum(published[n] for n in published_sizes)
     budget = cfg.minutes * 60
-    rest = budget - curve - REPORT_SECONDS
-    pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, rest))
-    return TimePlan(finetune_step_seconds={name: {s.name: s.step_seconds for s in starts}
-                                           for name, (starts, *_) in tasks.items()},
-                    required_sizes=required, curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget)
+    pretrain = min(cfg.pretrain_share * budget, max(cfg.pretrain_min_share * budget, budget - curve - REPORT_SECONDS))
+    left = budget - pretrain - curve - REPORT_SECONDS
+    for n in required[1:] if published else ():
+        if published[n] > left:
+            break
+        published_sizes.append(n)
+        left -= published[n]
+        curve += published[n]
+    cut = [n for n in required if n not in published_sizes]
+    dropped = [f"{PUBLISHED} at {_sizes(cut)} examples (about {sum(published[n] for n in cut) / 60:.1f} minutes)"] \
+        if published and cut else []
+    return TimePlan(finetune_step_seconds={name: {s.name: s.step_seconds for s in t.starts} for name, t in tasks.items()},
+                    required_sizes=required, curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget,
+                    published_sizes=published_sizes, dropped=dropped)
 
 
 def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | None = None) -> Start:
@@ -393,28 +454,34 @@ def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | N
                                max_seeds=cfg.figure_seeds)
 
 
-def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Sequence[Start], finetuning: FinetuneSettings, precision: str,
-              tasks: int) -> None:
-    """The plan in a few lines, with a warning when the required sizes take the demo past its budget."""
+def _log_plan(cfg: DemoConfig, plan: TimePlan, starts: Mapping[str, Sequence[Start]], tasks: Sequence[CurveTask],
+              finetuning: FinetuneSettings, precision: str) -> None:
+    """The plan in a few lines, with what it dropped and a warning when the required sizes take the demo past
+    its budget."""
     for task, step_s in plan.finetune_step_seconds.items():
         logger.info(f"    a fine-tuning step of {finetuning.batch_size} sentences, {task}, in {precision}, one thread: "
                     + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in step_s.items()))
-    cells = sum(len(s.seeds(cfg.seeds(n))) for s in starts for n in plan.required_sizes) * tasks
-    cells += tasks * len(cfg.shares()) * min(cfg.figure_seeds, len(cfg.seeds(cfg.figure_size)))  # Figure 5
-    logger.info(f"    the curves at {_sizes(plan.required_sizes)} examples on {tasks} task"
-                f"{'s' * (tasks > 1)} and the Figure 5 points: {cells} "
+    cells = 0
+    for task in tasks:
+        seeds = cfg.task_seeds(task.family)
+        cells += sum(len(s.seeds(seeds(n), n)) for s in starts[task.name] for n in plan.required_sizes)
+        cells += len(cfg.shares()) * min(cfg.figure_seeds, len(seeds(cfg.figure_size)))  # Figure 5
+    logger.info(f"    the curves at {_sizes(plan.required_sizes)} examples on {len(tasks)} task"
+                f"{'s' * (len(tasks) > 1)} and the Figure 5 points: {cells} "
                 f"fine-tunings, each after a {finetuning.range_steps}-step range test, {cfg.worker_count()} at once: "
                 f"about {plan.curve_seconds / 60:.1f} minutes")
     logger.info(f"    pre-training: {plan.pretrain_seconds / 60:.1f} minutes (the budget of {cfg.minutes:g} after "
                 f"setup, less the curves' {plan.curve_seconds / 60:.1f} and {REPORT_SECONDS} s for the report, kept "
                 f"between {cfg.pretrain_min_share * cfg.minutes:.1f} and {cfg.pretrain_share * cfg.minutes:.1f})")
+    for what in plan.dropped:
+        logger.info(f"    left out to stay within {cfg.minutes:g} minutes: {what}")
     if plan.total_seconds > plan.budget_seconds + 1:
         logger.warning(f"the curves' sizes up to {plan.required_sizes[-1]:,} need about {plan.curve_seconds / 60:.1f} "
                        f"minutes on this machine: the demo will take about {plan.total_seconds / 60:.0f} minutes after "
                        f"setup, over its {cfg.minutes:g}")
 
 
-def _sizes(sizes: Sequence[int]) -> str:
+def _sizes(sizes: Iterable[int]) -> str:
     return ", ".join(f"{n:,}" for n in sizes)
 
 
@@ -721,9 +788,14 @@ def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], finetuning:
                 by_task[task.name] = [dataclasses.replace(s, step_seconds=timed[s.name]) for s in starts]
         finally:
             torch.set_num_threads(threads)
-        plan = plan_time(cfg, sizes, finetuning, {t.name: (by_task[t.name], len(t.heldout), len(t.train),
-                                                           CLASSIC_BASELINES[t.family]) for t in tasks})
-        _log_plan(cfg, plan, starts, finetuning, precision, len(tasks))
+        plan = plan_time(cfg, sizes, finetuning, {
+            t.name: PlanTask(by_task[t.name], len(t.heldout), len(t.train), CLASSIC_BASELINES[t.family],
+                             cfg.task_seeds(t.family)) for t in tasks})
+        for t in tasks:  # the published line at the sizes the plan kept for it
+            keep = frozenset(min(n, len(t.train)) for n in plan.published_sizes)
+            by_task[t.name] = [dataclasses.replace(s, sizes=keep) if s.name == PUBLISHED else s
+                               for s in by_task[t.name] if s.name != PUBLISHED or keep]
+        _log_plan(cfg, plan, by_task, tasks, finetuning, precision)
         demo.report["time_plan"] = plan.to_json()
     return by_task, plan
 
@@ -825,7 +897,7 @@ def _fill_mask_probes(demo: _Run, folder: Path, tok: Any) -> None:
         demo.report["fill_mask"] = []
         for text in FILL_MASK_PROBES:
             top = fill_mask(model, tok, text)
-            demo.report["fill_mask"].append({"text": text, "top": top})
+            demo.report["fill_mask"].append({"text": text, "top": top, "content_word": content_word(top[0][0])})
             logger.info(f"    {text}\n        " + ", ".join(f"{t} {p:.2f}" for t, p in top))
 
 
@@ -841,12 +913,12 @@ def _curves_and_figure(demo: _Run, starts: Mapping[str, Sequence[Start]], tasks:
         task_starts, folder = starts[task.name], task.name.replace(" ", "-")
         task_sizes = sorted({min(n, len(task.train)) for n in sizes})
         specs.append(CurveSpec(task_starts, task, task_sizes, demo.out / "curve" / folder,
-                               baselines=CLASSIC_BASELINES[task.family]))
+                               baselines=CLASSIC_BASELINES[task.family], seeds=cfg.task_seeds(task.family)))
         size = min(cfg.figure_size, len(task.train))
         if picked and size in _required(cfg, task_sizes):  # named by folder: two checkpoints can round alike
             own = next(s for s in task_starts if s.name == OWN)
             figure_specs.append(CurveSpec([_figure_start(cfg, own, f"{p.name} ({m:.2f} min)", p) for m, p in picked],
-                                          task, [size], demo.out / "figure" / folder))
+                                          task, [size], demo.out / "figure" / folder, seeds=cfg.task_seeds(task.family)))
     lines = ", ".join(s.name for s in next(iter(starts.values())))
     figure = (f" and Figure 5 (the own model after {', '.join(f'{m:.1f}' for m, _ in picked)} of its "
               f"{final_minutes:.1f} minutes of pre-training, fine-tuned on {cfg.figure_size:,} examples)"
@@ -1072,7 +1144,8 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
             "vocab. Its model card: it starts from the pre-trained nreimers/MiniLM-L6-H384-uncased and was then "
             "trained with a contrastive sentence-pair objective for 100k steps of 1,024 pairs on a TPU v3-8, on over "
             "1 billion sentence pairs: pre-training at a scale thousands of times the demo's"
-            + (f"; {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)} per size, the costliest line." ))
+            + f"; {cfg.published_seeds} seed{'s' * (cfg.published_seeds > 1)} per size, the costliest line, run at "
+            + f"{_sizes(report['time_plan']['published_sizes'])} examples (the sizes the plan could fit).")
     lines += [f"- **{name}** ({task}): {what}" for name, (task, what) in CLASSIC_LINES.items()]
     lines += ["",
               f"Every model is fine-tuned alike: {cfg.finetune_epochs:g} passes over the subset but at least "
@@ -1088,8 +1161,11 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
                   + "; ".join(f"{task}: " + ", ".join(f"{name} {sec:.3f} s" for name, sec in by.items())
                               for task, by in plan["finetune_step_seconds"].items())
                   + f"; {cfg.worker_count()} fine-tunings at once), and pre-training was given "
-                  f"{plan['pretrain_minutes']:.1f} minutes: what the budget left, between {cfg.pretrain_min_share:g} "
-                  f"and {cfg.pretrain_share:g} of it."]
+                  f"{plan['pretrain_minutes']:.1f} minutes: {cfg.pretrain_share:g} of the budget, less only where "
+                  f"the required lines needed it, and never below {cfg.pretrain_min_share:g} of it. The published "
+                  "checkpoint's line, the one the demo's claim does not rest on, ran at the smallest size and then at "
+                  "the next ones whose estimates fitted in what was left"
+                  + (f"; left out: {'; '.join(plan['dropped'])}." if plan["dropped"] else "; none was left out.")]
     lines += ["", "## Pre-training", "",
               f"- {pt['steps']:,} steps ({report['precision']}, the {pt['recipe']} recipe: batch {pt['batch_size']}, "
               f"peak learning rate {pt['lr']:g}, dropout {pt['dropout']:g}); held-out MLM accuracy "
@@ -1097,6 +1173,8 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
               + (f", NSP accuracy {pt['heldout_nsp_accuracy']:.3f}" if pt["heldout_nsp_accuracy"] is not None else "")
               + "; curves: `pretrain/curves.png`", "", "## Fill-mask (own pre-training)", ""]
     lines += [f"- `{e['text']}`: " + ", ".join(f"{t} ({p:.2f})" for t, p in e["top"]) for e in report["fill_mask"]]
+    lines += ["", f"The top answer is a content word (a whole word, not a stop word) on "
+                  f"{sum(e['content_word'] for e in report['fill_mask'])} of the {len(report['fill_mask'])} prompts."]
     if "inference" in report:
         lines += ["", *_inference_table(report)]
     return lines + [""]

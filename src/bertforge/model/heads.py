@@ -25,7 +25,7 @@ from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel
 
 __all__ = ["MODEL_CLASSES", "infer_model_class", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-           "BertForMultipleChoice", "gather_positions", "FEATURE_KEY", "FEATURE_CHOICES", "resolve_layers",
+           "BertForMultipleChoice", "gather_positions", "tagged_positions", "FEATURE_KEY", "FEATURE_CHOICES", "resolve_layers",
            "feature_layers", "check_features", "ScalarMix",
            "BertFeatureBiLSTMForTokenClassification", "BertFeatureBiLSTMForSequenceClassification",
            "BertFeatureBiLSTMForQuestionAnswering", "FEATURE_MODEL_CLASSES"]
@@ -276,7 +276,7 @@ class BertForSequenceClassification(_DropoutLinear):
 
 
 class BertForTokenClassification(_DropoutLinear):
-    """Dropout + Linear on every token's final hidden state (tagging, e.g. NER)."""
+    """Dropout + Linear on every token's final hidden state (tagging, e.g. NER), or on the tagged ones."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config, config.num_labels, add_pooling_layer=False)
@@ -284,15 +284,29 @@ class BertForTokenClassification(_DropoutLinear):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                return_dict: bool | None = None) -> TokenClassifierOutput | tuple[Any, ...]:
-        """labels: (B, T) tag ids, -100 on sub-word continuations, specials and padding."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states,
+                return_dict: bool | None = None, positions: torch.Tensor | None = None
+                ) -> TokenClassifierOutput | tuple[Any, ...]:
+        """labels: (B, T) tag ids, -100 on sub-word continuations, specials and padding.
+
+        ``positions`` (B, K): logits at these tokens only, (B, K, C), and ``labels`` (B, K) aligned with
+        them (`tagged_positions` makes both): the head and, with a faster encoder (`bertforge.fast`), the
+        last layer's queries and feed-forward run at one token a word instead of every token."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, output_positions=positions,
                         output_attentions=output_attentions)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C); (B, K, C) at positions
         loss = losses.token_classification_loss(logits, labels) if labels is not None else None
         output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                        attentions=out.attentions)
         return output if return_dict is not False else output.to_tuple()
+
+
+def tagged_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) labels, -100 where untagged -> ((B, K) the tagged positions of each row in order, padded with
+    untagged ones; (B, K) their labels, -100 on the padding), K the most tags a row has (at least 1)."""
+    tagged = labels != losses.IGNORE_INDEX
+    k = max(1, int(tagged.sum(1).max()))
+    positions = torch.sort(tagged.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :k]  # (B, K)
+    return positions, labels.gather(1, positions)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):

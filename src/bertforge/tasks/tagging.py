@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
+from bertforge.model.heads import FEATURE_KEY, tagged_positions
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
 from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
@@ -306,28 +307,54 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
 
 # ---------------------------------------------------------------------------- the task
 class TaggingObjective(AccuracyObjective):
-    """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy."""
+    """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy.
+
+    ``tagged_only``: the model's logits are asked for at the labelled positions alone
+    (`bertforge.model.heads.tagged_positions`): the same loss, without a head (and, with a faster
+    encoder, a last layer) over the sub-word continuations, specials and padding. A feature-based tagger
+    reads every token (its BiLSTM runs over them) and takes ``tagged_only`` False."""
 
     term = "tagging"
+
+    def __init__(self, tagged_only: bool = True) -> None:
+        self.tagged_only = tagged_only
 
     def counts(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         return {self.term: float((batch["labels"] != losses.IGNORE_INDEX).sum())}
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        logits = model_logits(model, batch).logits  # (B, T, C)
         labels = batch["labels"]
+        if self.tagged_only:
+            positions, labels = tagged_positions(labels)
+            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                           positions=positions).logits  # (B, K, C)
+        else:
+            logits = model_logits(model, batch).logits  # (B, T, C)
         loss = losses.token_classification_loss(logits, labels, reduction="sum")
         return {self.term: loss}, {"correct": (logits.argmax(-1) == labels).sum()}  # -100 never equals an argmax
 
 
 def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device: torch.device | str = "cpu",
                  dist: Any = None) -> np.ndarray:
-    """(words,) the predicted tag id of every word (-1: no tokens), from its max-context window."""
+    """(words,) the predicted tag id of every word (-1: no tokens), from its max-context window. A
+    fine-tuned tagger's logits are asked for at the tagged tokens only (`TaggingObjective`)."""
+    from bertforge.model.heads import BertForTokenClassification
+    from bertforge.train.distributed import unwrap_model
+
+    tagged_only = isinstance(unwrap_model(model), BertForTokenClassification)
 
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
-        best = model_logits(m, batch).logits.argmax(-1).cpu().numpy()  # (B, T)
-        return [best[i, :len(encoded.words[k])][encoded.words[k] >= 0] for i, k in enumerate(idx)]
+        if not tagged_only:
+            best = model_logits(m, batch).logits.argmax(-1).cpu().numpy()  # (B, T)
+            return [best[i, :len(encoded.words[k])][encoded.words[k] >= 0] for i, k in enumerate(idx)]
+        at = [np.flatnonzero(encoded.words[k] >= 0) for k in idx]
+        positions = torch.zeros(len(at), max(1, max(map(len, at))), dtype=torch.long)
+        for i, a in enumerate(at):
+            positions[i, :len(a)] = torch.from_numpy(a)
+        best = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                 positions=positions.to(batch["input_ids"].device)).logits.argmax(-1).cpu().numpy()  # (B, K)
+        return [best[i, :len(a)] for i, a in enumerate(at)]
 
     per_window = predict_items(model, encoded, batch_size, device, run, dist)
     out = np.full(encoded.num_words, -1, dtype=np.int64)
@@ -422,7 +449,7 @@ class TaggingFamily(TaskFamily):
         return EvalData(path, (encoded, sentences), report, encoded.summary())
 
     def objective(self, config: Any) -> TaggingObjective:
-        return TaggingObjective()
+        return TaggingObjective(tagged_only=FEATURE_KEY not in getattr(config, "extra", {}))
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
