@@ -372,9 +372,13 @@ def main() -> None:
 
 
 def ran(cell: Any) -> dict[str, Any]:
-    """What a cell's result depends on besides its key: the task's and the fine-tuning's settings, its steps."""
+    """What a cell's result depends on besides its key: the task's and the fine-tuning's settings, its steps and
+    the range test's rule."""
+    from bertforge.demo.curve import RANGE_RULE
+
     return json.loads(json.dumps({"task": cell.task_settings, "finetuning": dataclasses.asdict(cell.finetuning),
-                                  "steps": cell.steps, "baseline": cell.baseline}))
+                                  "steps": cell.steps, "baseline": cell.baseline,
+                                  **({} if cell.baseline else {"range_rule": RANGE_RULE})}))
 
 
 def reusable(path: Path, cell: Any) -> bool:

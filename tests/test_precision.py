@@ -208,7 +208,11 @@ def test_kernels_limited_to_avx2_count_bf16_as_emulated_and_the_cpu_name_says_so
     assert "kernels limited" not in plain and prec.kernel_limits() == {}
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert prec.native_bf16(torch.device("cpu")) is False  # whatever the CPU has
+    prec.native_bf16.cache_clear()  # asked once per device and process: ask anew under the limits
+    try:
+        assert prec.native_bf16(torch.device("cpu")) is False  # whatever the CPU has
+    finally:
+        prec.native_bf16.cache_clear()
     assert prec.cpu_name() == plain + "; kernels limited by ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
     assert "ATEN_CPU_CAPABILITY=avx2" in prec._machine_key()  # a probe under limits is kept apart
 

@@ -42,5 +42,8 @@ def test_a_stored_cell_is_reused_only_when_it_ran_with_the_same_settings(tmp_pat
     assert crossing.reusable(path, _cell("first"))
     assert not crossing.reusable(path, _cell("last"))  # a changed default runs the cell again
     assert not crossing.reusable(path, _cell("first", epochs=30))
+    older = {k: v for k, v in crossing.ran(_cell("first")).items() if k != "range_rule"}
+    path.write_text(json.dumps({"key": "k", "accuracy": 0.9, "ran_with": older}))
+    assert not crossing.reusable(path, _cell("first"))  # chosen by an earlier range-test rule: run again
     path.write_text(json.dumps({"key": "k", "accuracy": 0.9}))  # a result that does not say how it ran
     assert not crossing.reusable(path, _cell("first"))

@@ -30,7 +30,7 @@ from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
 __all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "RangeTest", "parse_sizes",
-           "format_lr", "subset", "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "range_test",
+           "format_lr", "subset", "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "range_test", "RANGE_RULE",
            "run_cell", "run_cells", "run_curves", "run_curve", "plot_curve", "plot_minutes", "CLASSIC_BASELINES",
            "baseline_seconds", "run_baseline"]
 
@@ -244,6 +244,11 @@ SWEEP_SHIFT = 100.0
 """A sweep that hit an edge is run again this factor higher (no divergence) or lower (at once)."""
 MAX_SWEEPS = 3
 """Sweeps a range test runs at most; one that still ends on an edge is flagged (``edge``)."""
+
+
+RANGE_RULE = {"smoothing": SMOOTHING, "diverged": DIVERGED, "edge_steps": EDGE_STEPS, "sweep_shift": SWEEP_SHIFT,
+              "max_sweeps": MAX_SWEEPS}
+"""The range test's rule as a record, for results stored beside the settings they ran with."""
 
 
 @dataclass(frozen=True)

@@ -1086,13 +1086,31 @@ CLASSIC_LINES = {
 """report.md's description of each classic line: its task and what it is."""
 
 
+def _lr_lines(cfg: DemoConfig, curves: Sequence[Curve], figure: dict[str, Any] | None) -> list[str]:
+    """report.md's learning-rate section: the rates the range tests chose, and the rule."""
+    lr_divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
+    lines = ["## Learning rates the range tests chose", ""]
+    for curve in curves:
+        lines += [f"{curve.task}:", "", *_lr_table(curve), ""]
+    tests, extended, flagged = _range_test_counts(curves, figure)
+    return lines + [
+        f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes from a "
+        f"learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
+        f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate at which the smoothed "
+        f"training loss starts to diverge, divided by {lr_divisor:g}), the true few-shot protocol of Perez et al. "
+        f"(2021). A sweep that ends without divergence is run again {SWEEP_SHIFT:g} times higher (one that diverges "
+        f"within its first {EDGE_STEPS} steps, that much lower), up to {MAX_SWEEPS} sweeps, so no ceiling or floor "
+        f"decides a rate. {extended} of the {tests} range tests needed more than one sweep; {flagged} still ended on "
+        "an edge" + (f" (marked \u2020: their rate is the last sweep's edge over {lr_divisor:g})" if flagged else "")
+        + ". Each test's sweeps, divergence rate and step are in `report.json` (`range_tests`).", ""]
+
+
 def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], tok: Any,
             published: Path | None) -> list[str]:
     """report.md's lines: headline and curves, Figure 5, learning rates, the lines, time and pre-training."""
     from bertforge.model.config import BertConfig
 
     pt = report["pretraining"]
-    lr_divisor = FinetuneSettings.__dataclass_fields__["lr_divisor"].default
     own = BertConfig.load(Path(cfg.out) / "pretrain" / "model")
     lines = ["# bertforge demo report", "", report["headline"], "", "![label-efficiency curves](curve.png)", "",
              f"{report['minutes']} minutes on {os.cpu_count()} CPU cores ({cpu_name()}); every setting and every "
@@ -1108,20 +1126,7 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
             lines += [f"Left out to stay within {cfg.minutes:g} minutes: {_sizes(curve.cut)} "
                       "examples (`--minutes` makes room).", ""]
     lines += _figure_lines(report.get("figure5"))
-    lines += ["## Learning rates the range tests chose", ""]
-    for curve in curves:
-        lines += [f"{curve.task}:", "", *_lr_table(curve), ""]
-    tests, extended, flagged = _range_test_counts(curves, report.get("figure5"))
-    lines += [f"No development split and no held-out label decides anything: each fine-tuning's peak rate comes "
-              f"from a learning-rate range test on its own subset ({cfg.range_steps} steps, the rate rising from "
-              f"{format_lr(cfg.range_top / 10 ** 4)} to {format_lr(cfg.range_top)}; the rate at which the smoothed "
-              f"training loss starts to diverge, divided by {lr_divisor:g}), the true few-shot protocol of Perez et "
-              f"al. (2021). A sweep that ends without divergence is run again {SWEEP_SHIFT:g} times higher (one that "
-              f"diverges within its first {EDGE_STEPS} steps, that much lower), up to {MAX_SWEEPS} sweeps, so no "
-              f"ceiling or floor decides a rate. {extended} of the {tests} range tests needed more than one sweep; "
-              f"{flagged} still ended on an edge" + (" (marked \u2020: their rate is the last sweep's edge over "
-              f"{lr_divisor:g})" if flagged else "") + ". Each test's sweeps, divergence rate and step are in "
-              "`report.json` (`range_tests`).", ""]
+    lines += _lr_lines(cfg, curves, report.get("figure5"))
     lines += ["## The lines", "",
               f"- **{RANDOM_INIT}**: the demo's {cfg.model} BERT ({own.num_hidden_layers} layers, hidden "
               f"{own.hidden_size}, {encoder_parameters(own) / 1e6:.1f} M parameters, the demo's {tok.vocab_size:,}-piece "

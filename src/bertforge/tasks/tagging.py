@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.model.heads import FEATURE_KEY, tagged_positions
+from bertforge.model.heads import reads_positions, tagged_positions
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
 from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
@@ -309,10 +309,10 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
 class TaggingObjective(AccuracyObjective):
     """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy.
 
-    ``tagged_only``: the model's logits are asked for at the labelled positions alone
-    (`bertforge.model.heads.tagged_positions`): the same loss, without a head (and, with a faster
-    encoder, a last layer) over the sub-word continuations, specials and padding. A feature-based tagger
-    reads every token (its BiLSTM runs over them) and takes ``tagged_only`` False."""
+    ``tagged_only``: a model that reads positions (`bertforge.model.heads.reads_positions`) is asked for
+    its logits at the labelled positions alone (`bertforge.model.heads.tagged_positions`): the same loss,
+    without a head (and, with a faster encoder, a last layer) over the sub-word continuations, specials and
+    padding. A feature-based tagger reads every token (its BiLSTM runs over them) whatever the setting."""
 
     term = "tagging"
 
@@ -325,7 +325,7 @@ class TaggingObjective(AccuracyObjective):
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         labels = batch["labels"]
-        if self.tagged_only:
+        if self.tagged_only and reads_positions(model):
             positions, labels = tagged_positions(labels)
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                            positions=positions).logits  # (B, K, C)
@@ -339,10 +339,7 @@ def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device:
                  dist: Any = None) -> np.ndarray:
     """(words,) the predicted tag id of every word (-1: no tokens), from its max-context window. A
     fine-tuned tagger's logits are asked for at the tagged tokens only (`TaggingObjective`)."""
-    from bertforge.model.heads import BertForTokenClassification
-    from bertforge.train.distributed import unwrap_model
-
-    tagged_only = isinstance(unwrap_model(model), BertForTokenClassification)
+    tagged_only = reads_positions(model)
 
     def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
         if not tagged_only:
@@ -449,7 +446,7 @@ class TaggingFamily(TaskFamily):
         return EvalData(path, (encoded, sentences), report, encoded.summary())
 
     def objective(self, config: Any) -> TaggingObjective:
-        return TaggingObjective(tagged_only=FEATURE_KEY not in getattr(config, "extra", {}))
+        return TaggingObjective()
 
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
