@@ -14,7 +14,8 @@ import torch
 
 from bertforge import cli
 from bertforge.console import show_logs
-from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, FinetuneSettings, Start, baseline_seconds
+from bertforge.demo.curve import CURVE_MARGIN, RUN_SECONDS, Curve, CurveTask, FinetuneSettings, Start, \
+    baseline_seconds
 from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.demo.run import MIN_PRETRAIN_STEPS, MOVIE_REVIEWS, OWN, POS, RANDOM_INIT, DemoConfig, _checkpoints_at, \
     _DemoData, _figure_points, _learn_vocab, _random_init, _Run, _Step, _write_pretraining_text, PlanTask, content_word, \
@@ -204,7 +205,15 @@ def test_the_plan_gives_pre_training_its_share_then_the_required_lines_then_the_
                             + here.dropped[0].split("(about ")[1]]
     assert 0.2 * budget < slow.pretrain_seconds < 0.5 * budget and slow.published_sizes == [100]  # the smallest
     assert slow.total_seconds == pytest.approx(budget)  # what the required lines leave: the budget is spent
-    assert slow.dropped and slow.dropped[0].startswith("all-MiniLM-L6-v2 at 300, 1,000 examples (about ")
+    # the optional work in its order: the movie-review curve's seeds beyond min_seeds, then the published sizes
+    assert slow.seeds_capped == ["movie reviews"] and len(slow.dropped) == 2
+    assert slow.dropped[0].startswith("movie reviews: the seeds beyond the first 3 (about ")
+    assert slow.dropped[1].startswith("all-MiniLM-L6-v2 at 300, 1,000 examples (about ")
+    assert fast.seeds_capped == here.seeds_capped == []
+    assert slow.seeds(cfg, CurveTask(MOVIE_REVIEWS, "classification", [], []))(100) == [0, 1, 2]
+    assert slow.seeds(cfg, CurveTask(POS, "tagging", [], []))(100) == fast.seeds(cfg, CurveTask(
+        MOVIE_REVIEWS, "classification", [], []))(100)[:3]
+    assert fast.seeds(cfg, CurveTask(MOVIE_REVIEWS, "classification", [], []))(100) == [0, 1, 2, 3, 4]
     slowest = plan(1.0, 2.5)  # an estimate over the whole budget: pre-training keeps its least share, the demo overruns
     assert slowest.pretrain_seconds == pytest.approx(0.2 * budget) and slowest.total_seconds > budget
     assert slowest.published_sizes == [100]
