@@ -29,10 +29,10 @@ from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG, TFIDF
 from bertforge.io import atomic_path
 from bertforge.stats import Interval, mean_interval, paired_difference
 
-__all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "RangeTest", "parse_sizes",
-           "format_lr", "subset", "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr", "range_test", "RANGE_RULE",
-           "run_cell", "run_cells", "run_curves", "run_curve", "plot_curve", "plot_minutes", "CLASSIC_BASELINES",
-           "baseline_seconds", "run_baseline"]
+__all__ = ["FinetuneSettings", "Start", "CurveTask", "CurveSpec", "Curve", "Cell", "RangeTest", "RANGE_RULE",
+           "parse_sizes", "format_lr", "subset", "finetune_steps", "planned_steps", "estimate_seconds", "choose_lr",
+           "range_test", "run_cell", "run_cells", "run_curves", "run_curve", "plot_curve", "plot_minutes",
+           "CLASSIC_BASELINES", "baseline_seconds", "run_baseline"]
 
 logger = logging.getLogger("bertforge")
 
@@ -449,7 +449,8 @@ class Curve:
             "size_seconds": {str(k): round(v, 1) for k, v in self.size_seconds.items()},
             "accuracy": by_line(self.accuracy),
             "interval": by_line(self.accuracy, lambda accs: mean_interval(accs).to_json()),
-            "lr": by_line(self.lr), "range_tests": by_line(self.range_tests), "baseline_settings": by_line(self.baseline_settings), "differences": {}}
+            "lr": by_line(self.lr), "range_tests": by_line(self.range_tests),
+            "baseline_settings": by_line(self.baseline_settings), "differences": {}}
         for a, b in comparisons:
             if a in self.accuracy and b in self.accuracy:
                 out["differences"][f"{a} - {b}"] = {

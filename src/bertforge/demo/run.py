@@ -185,8 +185,8 @@ class DemoConfig:
             raise ValueError(f"pretrain_min_share ({self.pretrain_min_share}) must be at most pretrain_share "
                              f"({self.pretrain_share})")
         if self.published_seeds > min(self.curve_seeds, self.tagging_seeds):
-            raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds ({self.curve_seeds}) "
-                             f"and tagging_seeds ({self.tagging_seeds})")
+            raise ValueError(f"published_seeds ({self.published_seeds}) must be at most curve_seeds "
+                             f"({self.curve_seeds}) and tagging_seeds ({self.tagging_seeds})")
         parse_sizes(self.curve_sizes, 1)  # a malformed list is an error before anything runs
         self.shares()
 
@@ -471,9 +471,10 @@ def plan_time(cfg: DemoConfig, sizes: Sequence[int], finetuning: FinetuneSetting
     if published and cut:
         dropped.append(f"{PUBLISHED} at {_sizes(cut)} examples (about {sum(published[n] for n in cut) / 60:.1f} "
                        "minutes)")
-    return TimePlan(finetune_step_seconds={name: {s.name: s.step_seconds for s in t.starts} for name, t in tasks.items()},
-                    required_sizes=required, curve_seconds=curve, pretrain_seconds=pretrain, budget_seconds=budget,
-                    published_sizes=published_sizes, seeds_capped=capped, dropped=dropped)
+    steps = {name: {s.name: s.step_seconds for s in t.starts} for name, t in tasks.items()}
+    return TimePlan(finetune_step_seconds=steps, required_sizes=required, curve_seconds=curve,
+                    pretrain_seconds=pretrain, budget_seconds=budget, published_sizes=published_sizes,
+                    seeds_capped=capped, dropped=dropped)
 
 
 def _figure_start(cfg: DemoConfig, own: Start, name: str = OWN, folder: Path | None = None) -> Start:
@@ -1196,9 +1197,9 @@ def _report(cfg: DemoConfig, report: dict[str, Any], curves: Sequence[Curve], to
                               for task, by in plan["finetune_step_seconds"].items())
                   + f"; {cfg.worker_count()} fine-tunings at once), and pre-training was given "
                   f"{plan['pretrain_minutes']:.1f} minutes: {cfg.pretrain_share:g} of the budget, less only where "
-                  f"the required lines needed it, and never below {cfg.pretrain_min_share:g} of it. The published "
-                  "checkpoint's line, the one the demo's claim does not rest on, ran at the smallest size and then at "
-                  "the next ones whose estimates fitted in what was left"
+                  f"the required work needed it, and never below {cfg.pretrain_min_share:g} of it. What was left took "
+                  f"the optional work in its order while the estimates fitted: a curve's seeds beyond the first "
+                  f"{cfg.min_seeds}, then {PUBLISHED} at the sizes beyond the smallest"
                   + (f"; left out: {'; '.join(plan['dropped'])}." if plan["dropped"] else "; none was left out.")]
     lines += ["", "## Pre-training", "",
               f"- {pt['steps']:,} steps ({report['precision']}, the {pt['recipe']} recipe: batch {pt['batch_size']}, "

@@ -27,7 +27,8 @@ from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel
 
 __all__ = ["MODEL_CLASSES", "infer_model_class", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-           "BertForMultipleChoice", "gather_positions", "reads_positions", "tagged_positions", "FEATURE_KEY", "FEATURE_CHOICES", "resolve_layers",
+           "BertForMultipleChoice", "gather_positions", "reads_positions", "tagged_positions", "FEATURE_KEY",
+           "FEATURE_CHOICES", "resolve_layers",
            "feature_layers", "check_features", "ScalarMix",
            "BertFeatureBiLSTMForTokenClassification", "BertFeatureBiLSTMForSequenceClassification",
            "BertFeatureBiLSTMForQuestionAnswering", "FEATURE_MODEL_CLASSES"]
