@@ -58,8 +58,8 @@ COLOURS = {RANDOM_INIT: "tab:red", OWN: "tab:blue", PUBLISHED: "tab:green", CRF:
 
 @dataclass
 class DemoConfig:
-    """The demo's settings (defaults: about 20 minutes; the label-efficiency curve's required sizes are
-    planned first, from fine-tuning steps timed on the machine, and pre-training gets the rest)."""
+    """The demo's settings (defaults: about 20 minutes; pre-training gets half, less only where the required
+    work, estimated from fine-tuning steps timed on the machine, needs more; optional work takes the rest)."""
 
     out: str = "runs/demo"
     """Folder of everything the demo writes."""
@@ -67,9 +67,9 @@ class DemoConfig:
     """The whole demo's time budget on this machine (setup not included). Scale the demo up here. A machine
     too slow for the curve's required sizes in it takes longer (``pretrain_min_share``)."""
     pretrain_share: float = setting(0.5, above=0, below=1)
-    """Most of ``minutes`` pre-training gets (its schedule is fitted to its time). It gets what the budget
-    leaves after the curve's required sizes, estimated before it starts from fine-tuning steps timed here,
-    up to this share."""
+    """The share of ``minutes`` pre-training gets (its schedule is fitted to its time), less only where the
+    required work, estimated before it starts from fine-tuning steps timed here, needs more of the rest;
+    optional work then takes what is left (`plan_time`)."""
     pretrain_min_share: float = setting(0.45, above=0, below=1)
     """Least of ``minutes`` pre-training gets, even where the required work is estimated to need more than the
     rest (the demo then takes longer than ``minutes``, and says so before it pre-trains): the time in which
@@ -799,8 +799,8 @@ def _plan(demo: _Run, starts: Sequence[Start], sizes: Sequence[int], finetuning:
     """Step 5: a fine-tuning step of each start on each task timed in one thread, as a curve worker runs it,
     and the time plan made and logged. ``starts`` begins with random initialisation; returned by task."""
     cfg = demo.cfg
-    with demo.step("Plan the time: fine-tuning steps timed, the curves' required sizes estimated, pre-training gets "
-                   "the rest"):
+    with demo.step("Plan the time: fine-tuning steps timed, the work estimated, pre-training's share kept, optional "
+                   "work fitted in what is left"):
         threads = torch.get_num_threads()
         if cfg.worker_count() > 1:
             torch.set_num_threads(1)
