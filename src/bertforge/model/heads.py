@@ -9,8 +9,6 @@ transformers' ``output_attentions`` and ``return_dict=False`` (the plain tuple, 
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,8 +25,8 @@ from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel
 
 __all__ = ["MODEL_CLASSES", "infer_model_class", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-           "BertForMultipleChoice", "gather_positions", "reads_positions", "tagged_positions", "FEATURE_KEY",
-           "FEATURE_CHOICES", "resolve_layers",
+           "BertForMultipleChoice", "gather_positions", "tagged_positions", "FEATURE_KEY", "FEATURE_CHOICES",
+           "resolve_layers",
            "feature_layers", "check_features", "ScalarMix",
            "BertFeatureBiLSTMForTokenClassification", "BertFeatureBiLSTMForSequenceClassification",
            "BertFeatureBiLSTMForQuestionAnswering", "FEATURE_MODEL_CLASSES"]
@@ -301,21 +299,6 @@ class BertForTokenClassification(_DropoutLinear):
         output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                        attentions=out.attentions)
         return output if return_dict is not False else output.to_tuple()
-
-
-def reads_positions(model: Any) -> bool:
-    """Whether ``model`` (inside any DDP, compile or ``functools.partial`` wrapper) answers at given
-    ``positions`` only: a fine-tuned tagger does; a feature-based one, whose BiLSTM runs over every token,
-    does not."""
-    while True:
-        if isinstance(model, functools.partial):
-            model = model.func
-        elif hasattr(model, "_orig_mod"):  # torch.compile's wrapper
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return "positions" in inspect.signature(getattr(model, "forward", model)).parameters
 
 
 def tagged_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,8 @@ guide: docs/finetuning.md.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +19,17 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
-from bertforge.model.heads import reads_positions, tagged_positions
+from bertforge.model.heads import tagged_positions
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
 from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
                                   TrainData, model_logits, unseen_labels)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
+from bertforge.train.distributed import unwrap_model
 
 __all__ = ["Sentence", "read_sentences", "tag_list", "tag_ids", "detect_scheme", "resolve_scheme", "TagWindows",
-           "encode_sentences", "TaggingObjective", "predict_tags", "tagging_metrics", "conll_text", "TaggingFamily"]
+           "encode_sentences", "reads_positions", "TaggingObjective", "predict_tags", "tagging_metrics", "conll_text",
+           "TaggingFamily"]
 
 OUTSIDE = "O"
 DOCSTART = "-DOCSTART-"
@@ -306,10 +310,19 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer: Any, max_seq_leng
 
 
 # ---------------------------------------------------------------------------- the task
+def reads_positions(model: Any) -> bool:
+    """Whether ``model`` (inside a ``functools.partial`` and any `unwrap_model` wrapper) answers at given
+    ``positions`` only: a fine-tuned tagger does; a feature-based one, whose BiLSTM runs over every token,
+    does not."""
+    while isinstance(model, functools.partial):  # a cached-features run binds its features
+        model = model.func
+    return "positions" in inspect.signature(unwrap_model(model).forward).parameters
+
+
 class TaggingObjective(AccuracyObjective):
     """Summed cross-entropy over the labelled positions (one per word) of a batch; token accuracy.
 
-    ``tagged_only``: a model that reads positions (`bertforge.model.heads.reads_positions`) is asked for
+    ``tagged_only``: a model that reads positions (`reads_positions`) is asked for
     its logits at the labelled positions alone (`bertforge.model.heads.tagged_positions`): the same loss,
     without a head (and, with a faster encoder, a last layer) over the sub-word continuations, specials and
     padding. A feature-based tagger reads every token (its BiLSTM runs over them) whatever the setting."""
