@@ -34,7 +34,6 @@ def main() -> None:
     from bertforge.demo.run import DemoConfig, _finetuning, _random_init, time_finetuning_step, time_pretraining_step
     from bertforge.experiments.datasets import brown_split
     from bertforge.io import atomic_write_text
-    from bertforge.tasks import tagging
     from bertforge.text.vocab import learn_vocab
     from bertforge.train.precision import cpu_name, native_bf16
 
@@ -57,13 +56,8 @@ def main() -> None:
             for task, text in texts.items():
                 seconds[f"{name}, {task}"] = time_finetuning_step(folder, text, finetuning, device,
                                                                   tags=tags if task == "pos" else 0)
-            every = tagging.TaggingObjective.__init__  # the tagger over every token: the head everywhere
-            tagging.TaggingObjective.__init__ = lambda self, tagged_only=True: every(self, tagged_only=False)
-            try:
-                seconds[f"{name}, pos, every token"] = time_finetuning_step(folder, texts["pos"], finetuning, device,
-                                                                            tags=tags)
-            finally:
-                tagging.TaggingObjective.__init__ = every
+            seconds[f"{name}, pos, every token"] = time_finetuning_step(folder, texts["pos"], finetuning, device,
+                                                                        tags=tags, tagged_only=False)
         torch.set_num_threads(2)
         seconds["tiny, pre-training (2 threads)"] = time_pretraining_step(cfg, tok.vocab_size, precision, device)
     result = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpu": cpu_name(),

@@ -313,6 +313,8 @@ def test_a_fine_tuning_step_is_timed_in_the_model_s_shape(tmp_path, tokenizer):
         finetuning = FinetuneSettings(epochs=3, min_steps=4, batch_size=4, max_seq_length=16, dropout=0.1, precision=precision)
         times[precision] = time_finetuning_step(folder, texts, finetuning, torch.device("cpu"), batches=2)
     times["tagger"] = time_finetuning_step(folder, texts, finetuning, torch.device("cpu"), batches=2, tags=7)
+    times["tagger at every token"] = time_finetuning_step(folder, texts, finetuning, torch.device("cpu"), batches=2,
+                                                          tags=7, tagged_only=False)
     assert all(0 < t < 10 for t in times.values())
 
 

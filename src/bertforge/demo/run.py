@@ -325,10 +325,11 @@ def time_pretraining_step(cfg: DemoConfig, vocab_size: int, precision: str, devi
 
 
 def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: FinetuneSettings, device: torch.device,
-                         batches: int = FINETUNE_TIMER_BATCHES, tags: int = 0) -> float:
+                         batches: int = FINETUNE_TIMER_BATCHES, tags: int = 0, tagged_only: bool = True) -> float:
     """Seconds of a fine-tuning step of a classifier (``tags`` 0) or a tagger over ``tags`` tags shaped as the
     checkpoint in ``folder`` (fresh weights: the shape sets the time) on ``batches`` batches of ``texts``: the
-    median over a pass after an untimed one (each new padded length is slow the first time)."""
+    median over a pass after an untimed one (each new padded length is slow the first time). ``tagged_only``:
+    the tagger's `TaggingObjective` setting (False: logits at every token)."""
     from bertforge.model.config import BertConfig, dropout_overrides
     from bertforge.model.heads import BertForSequenceClassification, BertForTokenClassification
     from bertforge.tasks.classification import ClassificationObjective
@@ -338,7 +339,7 @@ def time_finetuning_step(folder: Path, texts: Sequence[str], finetuning: Finetun
     tok = BertTokenizer.from_pretrained(folder)
     config = BertConfig.load(folder).replace(num_labels=tags or 2, **dropout_overrides(finetuning.dropout))
     head = BertForTokenClassification if tags else BertForSequenceClassification
-    objective = TaggingObjective() if tags else ClassificationObjective()
+    objective = TaggingObjective(tagged_only) if tags else ClassificationObjective()
     B = finetuning.batch_size
     data = []
     for k in range(batches):  # each batch its own sentences: the padded length varies as in a run
