@@ -516,4 +516,4 @@ def test_the_estimate_counts_each_baseline_fit_per_seed():
     got = estimate_seconds([], [100, 1000], seeds, FINETUNING, 0, baselines=[CRF, TFIDF])
     expected = 3 * sum(baseline_seconds(b, n) for b in (CRF, TFIDF) for n in (100, 1000))
     assert base == 0 and got == pytest.approx(curve_module.CURVE_MARGIN * expected)
-    assert baseline_seconds(CRF, 1000) > 4 * baseline_seconds(TFIDF, 1000)  # the CRF's iterations cost
+    assert baseline_seconds(CRF, 1000) > 3 * baseline_seconds(TFIDF, 1000)  # the CRF's iterations cost

@@ -158,23 +158,56 @@ def test_order_follows_the_seed(static_dir):
     assert sum(x != y for x, y in zip(a0, c0)) > 0.9 * len(a0)  # another seed, another order
     assert sum(x != y for x, y in zip(a0, a1)) > 0.9 * len(a0)  # a new order every epoch
 
-    # Shards are read one at a time, each in one run, in an order that changes every epoch.
-    where = collections.defaultdict(set)
+
+
+@pytest.mark.parametrize("window", [1, 2, 8])
+def test_shards_are_read_a_window_at_a_time_and_mixed_within_it(static_dir, window):
+    """A window of shards is read once per epoch, its instances interleaved; windows change every epoch."""
+    a, c = loader(static_dir, 8, seed=3, shuffle_shards=window), loader(static_dir, 8, seed=4, shuffle_shards=window)
+    a0, a1, c0 = epoch_rows(a), epoch_rows(a), epoch_rows(c)
     ds = a.dataset
+    where = {}
     for k in range(len(ds.sizes)):
         shard = ds.shard(k)
         for i in range(len(shard)):
-            where[instance_key(shard.instance(i))].add(k)
-    assert all(len(v) == 1 for v in where.values())
+            assert instance_key(shard.instance(i)) not in where
+            where[instance_key(shard.instance(i))] = k
+    n = len(ds.sizes)
+    assert n >= 4
 
-    def shard_runs(epoch):
-        seq = [next(iter(where[r])) for b in epoch for r in b]
-        runs = [s for j, s in enumerate(seq) if j == 0 or seq[j - 1] != s]
-        assert len(runs) == len(set(runs))  # no shard visited twice
-        return runs
+    def windows(epoch):
+        """The shard sets read one after the other, and how often consecutive rows change shard."""
+        seq = [where[r] for b in epoch for r in b]
+        groups, changes = [], 0
+        for j, k in enumerate(seq):
+            if j and seq[j - 1] != k:
+                changes += 1
+            if not groups or (k not in groups[-1] and len(groups[-1]) == min(window, n)):
+                groups.append({k})
+            else:
+                groups[-1].add(k)
+        return groups, changes / len(seq)
 
-    assert len(shard_runs(a0)) >= len(ds.sizes) - 1  # (the dropped remainder may hold a small one)
-    assert shard_runs(a0) != shard_runs(a1) and shard_runs(a0) != shard_runs(c0)
+    (g0, mix), (g1, _), (h0, _) = windows(a0), windows(a1), windows(c0)
+    assert all(len(g) <= window for g in g0)
+    assert sum(len(g) for g in g0) >= n - 1  # each shard in one window (the dropped remainder may hold one)
+    assert len(set().union(*g0)) == sum(len(g) for g in g0)
+    if window == 1:
+        assert mix < 0.01 and g0 != g1 and g0 != h0  # shard by shard, in an order that changes every epoch
+    else:
+        assert mix > 0.3  # neighbouring rows come from different shards of the window
+
+
+def test_a_resume_refuses_another_shard_window(static_dir):
+    a = loader(static_dir, 8, seed=3, shuffle_shards=2)
+    next(iter(a))
+    state = a.state_dict()
+    b = loader(static_dir, 8, seed=3, shuffle_shards=4)
+    with pytest.raises(ValueError, match="2 shard"):
+        b.load_state_dict(state)
+    c = loader(static_dir, 8, seed=3, shuffle_shards=2)
+    c.load_state_dict(state)
+    assert epoch_rows(c) == epoch_rows(a)
 
 
 @pytest.mark.parametrize("kind", ["static", "dynamic"])

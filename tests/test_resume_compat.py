@@ -101,6 +101,28 @@ def test_a_run_recorded_with_the_earlier_warmup_defaults_resumes(root, tok, nsp_
     assert "warmup_steps: 10000 -> 2" in message and "pass --warmup-steps 10000 to resume this run" in message
 
 
+def _as_recorded_before_shard_windows(out: Path) -> None:
+    """Rewrite a run's records as versions that read shards one by one wrote them: no shuffle_shards."""
+    def drop(record):
+        if isinstance(record, dict):
+            record.pop("shuffle_shards", None)
+            for v in record.values():
+                drop(v)
+    for path in (latest_checkpoint(out) / "trainer_state.json", out / "run_config.json"):
+        record = json.loads(path.read_text())
+        drop(record)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def test_a_run_recorded_before_shard_windows_resumes_shard_by_shard_only(root, tok, nsp_data):
+    out = root / "earlier-shard-order"
+    pretrain(config(nsp_data, tok, out, max_steps=1, shuffle_shards=1))
+    _as_recorded_before_shard_windows(out)
+    message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=2))  # today's default: 8
+    assert "shuffle_shards: 1 -> 8" in message
+    assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, shuffle_shards=1)).step == 2
+
+
 def test_a_run_recorded_with_an_earlier_given_warmup_says_which_flag_resumes_it(root, tok, nsp_data):
     out = root / "earlier-given-warmup"
     pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=1))

@@ -71,7 +71,7 @@ def test_resume_rules_are_declared_on_the_fields_and_inherited_through_a_new_def
     for name in ("lr", "batch_size", "seed", "schedule", "budget_minutes"):
         assert name not in pretrain.resumable and name not in finetune.resumable, name
     assert pretrain.absent == {"budget_minutes": 0.0, "recipe": "paper", "masked_lm_prob": None,
-                               "head_warmup_ratio": None}
+                               "head_warmup_ratio": None, "shuffle_shards": 1}
     assert (finetune.default_warmup_ratio, pretrain.default_warmup_steps) == (0.1, 10_000)
     assert "warmup_steps_used" in pretrain.with_facts(("warmup_steps_used",)).resumable
 

@@ -1,8 +1,11 @@
 """Prepared shards -> batches for `BertForPreTraining`: seeded order, split by rank, exactly resumable.
 
-Shards and their instances are visited in permutations drawn from (seed, epoch[, shard]), one shard in
-memory at a time; rank ``r`` takes the r-th slice of each global batch, so N processes see the batches of
-one with an N-times larger batch. Masks drawn here are seeded by (seed, epoch, the instance's position).
+Each epoch visits the shards in a permutation drawn from (seed, epoch), a window of ``shuffle_shards`` of
+them at a time, and the window's instances in one permutation drawn from (seed, epoch, window): a shard
+holds a stretch of the corpus (a few thousand neighbouring documents, each several times over), so reading
+shards one by one would train on one topic for a while and end the run on whichever came last. Memory holds
+one window. Rank ``r`` takes the r-th slice of each global batch, so N processes see the batches of one
+with an N-times larger batch. Masks drawn here are seeded by (seed, epoch, the instance's position).
 """
 
 from __future__ import annotations
@@ -10,12 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from bertforge.data.instances import MaskingConfig, SpecialIds, mask_instances
+from bertforge.data.instances import MaskingConfig, SpecialIds, TrainingInstance, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard, sha256_file
 
@@ -114,7 +117,7 @@ class CursorLoader:
 
 
 class PretrainingDataset:
-    """A prepared folder: its manifest, checked, and its shards, loaded on demand (one at a time)."""
+    """A prepared folder: its manifest, checked, and its shards, read on demand."""
 
     def __init__(self, folder: str | Path, *, vocab_hash: str | None = None,
                  normalization: dict[str, bool] | None = None, verify_checksums: bool = True,
@@ -143,7 +146,6 @@ class PretrainingDataset:
             self.shards = [self.shards[i] for i in shards]
         self.sizes = np.array([s["instances"] for s in self.shards], dtype=np.int64)
         self.verify_checksums = verify_checksums
-        self._cached: tuple[int, Shard] | None = None
 
     def __len__(self) -> int:
         return int(self.sizes.sum())
@@ -172,15 +174,14 @@ class PretrainingDataset:
         logger.debug("%s: %d shards match the manifest's sizes and checksums", self.folder, len(self.shards))
 
     def shard(self, index: int) -> Shard:
-        if self._cached is None or self._cached[0] != index:
-            entry = self.shards[index]
-            shard = read_shard(self.folder / entry["file"], vocab_hash=self.vocab_hash,
-                               sha256=entry["sha256"] if self.verify_checksums else None)
-            if len(shard) != entry["instances"]:
-                raise ShardError(f"{self.folder / entry['file']}: {len(shard)} instances, manifest says "
-                                 f"{entry['instances']}")
-            self._cached = (index, shard)
-        return self._cached[1]
+        """Shard ``index``, read and checked against the manifest (not kept: the loader holds its window)."""
+        entry = self.shards[index]
+        shard = read_shard(self.folder / entry["file"], vocab_hash=self.vocab_hash,
+                           sha256=entry["sha256"] if self.verify_checksums else None)
+        if len(shard) != entry["instances"]:
+            raise ShardError(f"{self.folder / entry['file']}: {len(shard)} instances, manifest says "
+                             f"{entry['instances']}")
+        return shard
 
 
 def _describe(normalization: dict[str, Any]) -> str:
@@ -216,16 +217,29 @@ def _check_special(special: SpecialIds, dataset: PretrainingDataset) -> None:
                          f"has {V} tokens")
 
 
+class _Window(NamedTuple):
+    """Shards read together: their instances' order, and where each shard's instances start in it."""
+
+    key: tuple[int, ...]
+    shards: list[Shard]
+    starts: np.ndarray
+    order: np.ndarray
+
+
 class PretrainingLoader(CursorLoader):
     """Iterates batches of one epoch per ``iter()``; the next ``iter()`` continues with the next epoch."""
 
     def __init__(self, dataset: PretrainingDataset, batch_size: int, *, seed: int = 0, rank: int = 0,
                  world_size: int = 1, special: SpecialIds | None = None, pad_to_multiple_of: int = 8,
-                 masking: MaskingConfig | None = None):
+                 masking: MaskingConfig | None = None, shuffle_shards: int = 8):
+        """``shuffle_shards``: shards whose instances are shuffled together (and held in memory at once)."""
+        if shuffle_shards < 1:
+            raise ValueError(f"shuffle_shards must be at least 1, not {shuffle_shards}")
         self.cursor = EpochCursor(len(dataset), batch_size, seed=seed, rank=rank, world_size=world_size)
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
+        self.shuffle_shards = shuffle_shards
         self.pad_to_multiple_of = pad_to_multiple_of
         cfg = dataset.config
         self.max_predictions = cfg["max_predictions_per_seq"]
@@ -241,34 +255,54 @@ class PretrainingLoader(CursorLoader):
             _check_special(special, dataset)
             self.max_predictions = self.masking.max_predictions_per_seq
         self.special = special
-        self._perm: tuple[tuple[int, int], np.ndarray] | None = None
+        self._window: _Window | None = None
 
-    def _permutation(self, epoch: int, shard: int) -> np.ndarray:
-        """The shard's instance order in ``epoch``; kept while batches read the same shard."""
-        if self._perm is None or self._perm[0] != (epoch, shard):
-            self._perm = ((epoch, shard), epoch_permutation(int(self.dataset.sizes[shard]), self.seed, epoch, shard))
-        return self._perm[1]
+    def state_dict(self) -> dict[str, int]:
+        return {**self.cursor.state_dict(), "shuffle_shards": self.shuffle_shards}
 
-    def _instances(self, epoch: int, begin: int, end: int) -> list[tuple[int, int]]:
-        """(shard, index in shard) of the epoch's instances begin..end-1."""
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        saved = state.get("shuffle_shards", 1)
+        if saved != self.shuffle_shards:
+            raise ValueError(f"loader state is for {saved} shard(s) shuffled together; this loader shuffles "
+                             f"{self.shuffle_shards} (resume with shuffle_shards {saved}, or start afresh)")
+        self.cursor.load_state_dict(state)
+
+    def _windows(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's windows: its shard permutation cut into runs of ``shuffle_shards``."""
         order = epoch_permutation(len(self.dataset.sizes), self.seed, epoch)
-        starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[order])])  # of each shard in the epoch
+        return [order[i:i + self.shuffle_shards] for i in range(0, len(order), self.shuffle_shards)]
+
+    def _read(self, epoch: int, shards: np.ndarray) -> _Window:
+        """The window of ``shards`` in ``epoch``, read once and kept while batches read it."""
+        key = (epoch, *map(int, shards))
+        if self._window is None or self._window.key != key:
+            self._window = None  # the last window's memory goes before the next one's is read
+            starts = np.concatenate([[0], np.cumsum(self.dataset.sizes[shards])])
+            # keyed by the shards (one shard: the key of a shard read alone)
+            self._window = _Window(key, [self.dataset.shard(int(k)) for k in shards], starts,
+                                   epoch_permutation(int(starts[-1]), self.seed, *key))
+        return self._window
+
+    def _instances(self, epoch: int, begin: int, end: int) -> list[TrainingInstance]:
+        """The epoch's instances begin..end-1."""
+        windows = self._windows(epoch)
+        starts = np.concatenate([[0], np.cumsum([self.dataset.sizes[w].sum() for w in windows])])
         out = []
         j = int(np.searchsorted(starts, begin, side="right")) - 1
         g = begin
         while g < end:
-            shard = int(order[j])
-            perm = self._permutation(epoch, shard)
+            window = self._read(epoch, windows[j])
             stop = min(end, int(starts[j + 1]))
-            out.extend((shard, int(perm[k - starts[j]])) for k in range(g, stop))
+            picked = window.order[g - starts[j]:stop - starts[j]]
+            within = np.searchsorted(window.starts, picked, side="right") - 1
+            out.extend(window.shards[k].instance(int(i - window.starts[k])) for k, i in zip(within, picked))
             g = stop
             j += 1
         return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for epoch, first in self.cursor.batches(str(self.dataset.folder)):
-            mine = self._instances(epoch, first, first + self.batch_size)
-            instances = [self.dataset.shard(s).instance(i) for s, i in mine]
+            instances = self._instances(epoch, first, first + self.batch_size)
             if self.masking is not None:
                 self._mask(instances, epoch, first)
             yield self.collate(instances)

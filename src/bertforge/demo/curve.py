@@ -39,17 +39,19 @@ logger = logging.getLogger("bertforge")
 CLASSIC_BASELINES = {"tagging": (CRF, MOST_FREQUENT_TAG), "classification": (TFIDF,)}
 """The lines of the classic models a practitioner would use instead (`bertforge.experiments.baselines`), by
 task family."""
-BASELINE_SECONDS = {CRF: 0.05, MOST_FREQUENT_TAG: 1e-4, TFIDF: 0.01}
-"""A baseline's fitting time per training example in one thread, measured on Brown sentences (the CRF's 100
-L-BFGS iterations: about 50 s for 1,000) and movie reviews (TF-IDF's 35 cross-validation fits and the refit:
-about 10 s for 1,000) on an AMD EPYC Zen 4: the plan's estimate of a baseline cell."""
+BASELINE_SECONDS = {CRF: 0.03, MOST_FREQUENT_TAG: 1e-4, TFIDF: 0.007}
+"""A baseline's fitting time per training example in one thread: the plan's estimate of a baseline cell. From
+the demo's measured runs on an AMD EPYC Zen 4 (docs/results/demo.json), the CRF's 100 L-BFGS iterations on
+Brown sentences (nine cells, 4,200 sentences: 2.2 minutes, the same under AVX2 kernels) and TF-IDF's 35
+cross-validation fits and refit on movie reviews (0.6 minutes)."""
 
 EVAL_COST = 0.3
 """Time to score an example, as a share of a training step's time per example (no gradients)."""
 RUN_SECONDS = 0.5
 """A fine-tuning's time besides its steps and evaluation (loading, optimizer, saving), twice a cell."""
-CURVE_MARGIN = 1.1
-"""`estimate_seconds`' margin: steps timed in isolation run a little faster than in a run."""
+CURVE_MARGIN = 1.05
+"""`estimate_seconds`' margin: in the demo's measured runs the fine-tunings took 2% longer than their steps
+timed alone (natively; 8% less under AVX2 kernels), and the worker pool left a worker idle for 1%."""
 SMOOTHING = 0.8
 """Weight of the past in the range test's smoothed loss (an exponential moving average, bias-corrected)."""
 DIVERGED = 1.25

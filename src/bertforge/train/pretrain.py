@@ -63,6 +63,10 @@ class PretrainConfig(TrainConfig):
     """Hold out the last this many shards of --data for evaluation (when no --eval-data)."""
     eval_batches: int = setting(20, resumable=True, at_least=1)
     """Batches per evaluation at most."""
+    shuffle_shards: int = setting(8, absent=1, at_least=1)
+    """Shards whose instances are shuffled together, and held in memory at once: a shard is a stretch of the
+    corpus, so one at a time would train on one stretch for a while (1: shard by shard, as runs recorded
+    without this setting read)."""
     objective: ObjectiveName = "auto"
     """mlm+nsp (the paper's BERT; NSP data), mlm (masked LM only: the ablation "No NSP", also on NSP data),
     ltr (left-to-right LM with a causal mask, no NSP: "LTR & No NSP"), or auto (mlm+nsp on NSP data, else mlm)."""
@@ -252,7 +256,7 @@ def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfi
 
     def evaluate(model: nn.Module, step: int) -> dict[str, float]:
         loader = PretrainingLoader(dataset, batch, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
-                                   special=special)
+                                   special=special, shuffle_shards=cfg.shuffle_shards)
         names: list[str] = []
         totals: torch.Tensor | None = None
         for i, b in enumerate(loader):
@@ -310,7 +314,8 @@ class PretrainRun(TrainingRun[TrainResult]):
         self.masking = cfg.masking(data_cfg)
         special = special_ids(tok) if data_cfg.get("dynamic_masking") or self.masking else None
         self.loader = PretrainingLoader(self.dataset, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                                        world_size=dist.world_size, special=special, masking=self.masking)
+                                        world_size=dist.world_size, special=special, masking=self.masking,
+                                        shuffle_shards=cfg.shuffle_shards)
         self.nsp = nsp = bool(data_cfg["nsp"])
         self.objective_name = objective = cfg.resolve_objective(nsp)
         self.objective = (LeftToRightObjective() if objective == "ltr"
