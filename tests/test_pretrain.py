@@ -475,7 +475,7 @@ def test_a_run_resumes_from_its_folder_alone_and_its_record_is_a_config_file(roo
     assert cli.main(["pretrain", "--out", str(out), "--resume", "--lr", "0.5"]) == 2  # not a resumable setting
     assert "the run's settings differ (lr: 0.002 -> 0.5)" in capsys.readouterr().err
     assert cli.main(["pretrain", "--out", str(tmp_path / "never-ran"), "--resume"]) == 2  # nothing recorded there
-    assert "pretrain needs --data" in capsys.readouterr().err
+    assert "holds no run_config.json, so no run there got as far as its first checkpoint" in capsys.readouterr().err
 
 
 def test_a_yaml_config_file_is_honoured_and_flags_override_it(root, tok, nsp_data, tmp_path, capsys):

@@ -20,7 +20,7 @@ from bertforge import cli
 from bertforge.console import show_logs
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import BertForMaskedLM, BertForSequenceClassification
-from bertforge.serving.predictor import Predictor
+from bertforge.serving.predictor import InputError, Predictor
 from bertforge.serving.http import MAX_REQUEST_TOKENS, create_app
 
 
@@ -232,3 +232,19 @@ def test_cli_serve_builds_the_app_from_its_flags(clf, monkeypatch, capsys):
     limits = client.get("/health").json()["limits"]
     assert limits["max_batch"] == 2 and limits["max_request_tokens"] == 40
     assert client.post("/predict", json={"inputs": ["a", "b", "c"]}).status_code == 413
+
+
+def test_top_k_and_pooling_are_honoured_or_refused_never_ignored(client, clf, mlm):
+    one = client.post("/classify", json={"inputs": ["a good book"], "top_k": 1}).json()
+    assert len(one["predictions"][0]["probabilities"]) == 1
+    assert len(clf(["a good book"], top_k=1)[0]["probabilities"]) == 1
+    assert len(clf(["a good book"])[0]["probabilities"]) == 2  # no top_k: every label, whatever the server's
+    got = client.post("/classify", json={"inputs": ["a good book"], "pooling": "cls"})
+    assert got.status_code == 422 and "pooling applies to embeddings, not to the classification head" in \
+        got.json()["error"]
+    with pytest.raises(InputError, match="pooling applies to embeddings"):
+        mlm(["a [MASK] ."], pooling="cls")
+    with pytest.raises(InputError, match="top_k must be an integer >= 1, got 2.5"):
+        mlm.fill_mask(["a [MASK] ."], top_k=2.5)
+    with pytest.raises(InputError, match="normalize must be true or false, got 'no'"):
+        clf.embed(["a good book"], normalize="no")

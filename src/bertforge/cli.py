@@ -444,13 +444,20 @@ class Inference:
 
     embeddings: bool = False
     """Pooled sentence embeddings, whatever the head."""
-    pooling: Pooling = "mean"
+    pooling: Annotated[Pooling | None, arg(help_behavior_hint="(default: mean)")] = None
     """Embeddings: the mean over the tokens, the last layer at [CLS], or BERT's tanh pooler."""
-    top_k: int = 5
-    """Fill-mask: tokens per [MASK]."""
+    top_k: Annotated[int | None, arg(help_behavior_hint="(default: 5 for fill-mask, every label for "
+                                                        "classification)")] = None
+    """Fill-mask: tokens per [MASK]; classification: the most likely labels shown (another head refuses it)."""
     batch_size: Annotated[int | None, arg(help_behavior_hint="(default: 32)")] = None
     """Sequences per forward pass."""
     precision: PrecisionFlag = "fp32"
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def _inference_overrides(inference: Inference, *groups: Any) -> dict[str, Any]:
@@ -563,8 +570,8 @@ def serve(checkpoint: Positional[str], host: str = "127.0.0.1", port: int = 8000
         return 2
     predictor = _load_predictor(checkpoint, _inference_overrides(inference, settings, squad, tagging), inference)
     serve(predictor, host=host, port=port, max_batch=max_batch,
-          max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=inference.top_k,
-          pooling=inference.pooling)
+          max_request_bytes=max_request_bytes, max_request_tokens=max_request_tokens, top_k=inference.top_k or 5,
+          pooling=inference.pooling or "mean")
     return 0
 
 
@@ -609,6 +616,44 @@ def demo(config: Annotated[str | None, arg(metavar="FILE")] = None,
         print(f"bertforge demo: error: {e}", file=sys.stderr)
         return 2
     run_demo(cfg)
+    return 0
+
+
+# ---------------------------------------------------------------------------- fetch
+Fetchable = Literal["all-minilm-l6-v2", "movie-reviews", "sentiment-tweets", "sentiment-nyt", "sentiment-amazon",
+                    "brown-pos", "wikipedia-leads"]
+
+
+def fetch(what: Positional[Fetchable], out: str = "data") -> int:
+    """Fetch real data or a published checkpoint (once, into the cache), and say how the commands read it.
+
+    all-minilm-l6-v2: a published BERT checkpoint (6 layers, hidden 384), a --model for finetune, predict,
+    features and pretrain --init-from. movie-reviews (sentence polarity), sentiment-tweets / -nyt / -amazon
+    (valence scores), brown-pos (part-of-speech tags): train and dev files in --out, with the finetune flags
+    that read them. wikipedia-leads: 10,033 Wikipedia lead sections as pre-training text in --out (every 20th
+    held out), for prepare.
+
+    Args:
+        what: all-minilm-l6-v2, movie-reviews, sentiment-tweets, sentiment-nyt, sentiment-amazon, brown-pos or
+            wikipedia-leads
+        out: folder the task and text files are written to
+    """
+    from bertforge import resources
+    from bertforge.experiments.datasets import pretraining_text, task_files
+
+    if what == "all-minilm-l6-v2":
+        folder = resources.minilm_folder()
+        print(f"{what}: {folder}")
+        print(f"  bertforge finetune --model {folder} ...")
+    elif what == "wikipedia-leads":
+        train, held_out = pretraining_text(what, Path(out))
+        print(f"{what}: {train} (held out: {held_out})")
+        print(f"  bertforge vocab {train} --out vocab; bertforge prepare {train} --tokenizer vocab --out data128")
+    else:
+        settings = task_files(what, Path(out))
+        print(f"{what}: {settings['train_file']}, {settings['dev_file']}")
+        print("  bertforge finetune " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+              + " --model ... --out ...")
     return 0
 
 
@@ -660,6 +705,7 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "plot": plot,
     "demo": demo,
     "ablate": ablate,
+    "fetch": fetch,
 }
 """Command name -> the function it runs: its signature gives the command's flags, its docstring the help."""
 
@@ -712,8 +758,12 @@ def _settings_file(early: argparse.Namespace) -> str | None:
     of its settings (``OUT/run_config.json``), so that a run resumes without its flags typed again."""
     if early.config is not None:
         return early.config
-    if early.resume and early.out and (Path(early.out) / RUN_CONFIG).is_file():
-        return str(Path(early.out) / RUN_CONFIG)
+    if early.resume and early.out:
+        record = Path(early.out) / RUN_CONFIG
+        if not record.is_file():  # written once a run is accepted, before its first checkpoint
+            raise ValueError(f"--resume: {early.out} holds no {RUN_CONFIG}, so no run there got as far as its first "
+                             "checkpoint; start it without --resume (or give its settings with --config)")
+        return str(record)
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import errno
+import functools
 import gzip
 import json
 import lzma
@@ -290,17 +291,65 @@ def read_json_object(path: Path) -> dict:
 
 
 def read_settings_file(path: str | Path, what: str = "config file") -> object:
-    """The content of a JSON or YAML file, or a ValueError naming the file (``what``: its role)."""
+    """The content of a JSON or YAML file, or a ValueError naming the file (``what``: its role). A key twice in
+    one mapping, and a YAML integer with a leading zero (YAML 1.1 reads ``010`` as octal 8), are refused:
+    either would silently be another setting than the one written."""
     try:
         text = Path(path).read_text(encoding="utf-8")
         if str(path).endswith((".yaml", ".yml")):
             import yaml
 
-            return yaml.safe_load(text)
-        return json.loads(text)
+            return yaml.load(text, Loader=_strict_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read the {what} ({e})") from e
+    except _DuplicateKey as e:
+        raise ValueError(f"{path}: {e}") from None
     except Exception as e:  # noqa: BLE001 - yaml's errors (YAMLError) without importing yaml up front
         mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ValueError(f"{path}{where}: not valid YAML ({problem or ' '.join(str(e).split())})") from e
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object holding a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's pairs as a dict, a key given twice refused."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _strict_yaml_loader() -> type:
+    """yaml's SafeLoader, refusing a key twice in one mapping and an integer written with a leading zero."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+            self.flatten_mapping(node)
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise ConstructorError(None, None, f"the key {key!r} is given twice in one mapping (first at "
+                                                       f"line {seen[key] + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep)
+
+        def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+            text = str(self.construct_scalar(node)).replace("_", "")
+            if re.fullmatch(r"[-+]?0[0-9]+", text):
+                raise ConstructorError(None, None, f"{text} has a leading zero, which YAML reads as an octal "
+                                                   "number; write it without the zero (or quote it)",
+                                       node.start_mark)
+            return super().construct_yaml_int(node)
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    return StrictLoader

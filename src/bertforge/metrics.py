@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["accuracy", "f1_binary", "matthews_corrcoef", "pearson", "spearman", "GLUE_METRICS", "glue_metrics",
-           "SCHEMES", "entity_spans", "ner_metrics", "normalize_answer", "squad_exact", "squad_f1", "squad_metrics"]
+           "glue_metric_names", "SCHEMES", "entity_spans", "ner_metrics", "normalize_answer", "squad_exact",
+           "squad_f1", "squad_metrics"]
 
 
 # ------------------------------------------------------------------------------ classification and regression (GLUE)
@@ -128,6 +129,11 @@ def _task_metrics(task: str) -> tuple[str, tuple[str, ...]]:
     if claims_glue:
         raise ValueError(f"unknown GLUE task {task!r}; GLUE tasks are {', '.join(GLUE_METRICS)}")
     return name, ("accuracy",)
+
+
+def glue_metric_names(task: str) -> tuple[str, ...]:
+    """The metrics `glue_metrics` reports for ``task``."""
+    return _task_metrics(task)[1]
 
 
 def glue_metrics(task: str, preds: Any, labels: Any) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -91,8 +92,12 @@ def _choices(config_class: type) -> dict[str, tuple[Any, ...]]:
 
 
 def check_settings(config: Any) -> None:
-    """A ValueError naming the first field of ``config`` outside its ``Literal`` choices or its range."""
+    """A ValueError naming the first field of ``config`` outside its ``Literal`` choices, outside its range, or
+    of another type than its annotation's (`check_value`: no bool for an integer, no float for a count, no
+    NaN for a number; a path for a string is taken): a Python caller's values held to the rules of flags and
+    files."""
     choices = _choices(type(config))
+    kinds = field_types(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name in choices and value not in choices[f.name]:
@@ -101,6 +106,18 @@ def check_settings(config: Any) -> None:
         problem = out_of_range(type(config), f.name, value)
         if problem:
             raise ValueError(f"{f.name} {problem}")
+        kind = kinds.get(f.name)
+        if kind is not None and not (isinstance(value, os.PathLike) and _takes_text(kind)):
+            try:
+                check_value(value, kind)
+            except SettingValueError as e:
+                raise ValueError(f"{f.name}: {e}") from None
+
+
+def _takes_text(annotation: Any) -> bool:
+    """Whether ``annotation`` is ``str`` or an optional one: a path there is read as its text."""
+    return annotation is str or (typing.get_origin(annotation) in (Union, types.UnionType)
+                                 and str in typing.get_args(annotation))
 
 
 # ---------------------------------------------------------------------------- values

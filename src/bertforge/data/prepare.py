@@ -37,13 +37,15 @@ from bertforge.data.instances import (DocumentPool, InstanceBatch, MaskingConfig
                                       mask_batch)
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
-from bertforge.settings import check_settings, setting
+from bertforge.settings import HugeNumber, check_settings, setting
 
 __all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats", "special_ids"]
 
 logger = logging.getLogger("bertforge")
 
 MANIFEST = "manifest.json"
+MAX_WORKERS = 1024
+"""More worker processes than any machine runs: a larger --workers is a typo."""
 SETTINGS = "settings.json"
 # The counts of each shard's sidecar that the manifest's totals add up.
 _COUNTS = ("instances", "tokens", "input_tokens", "documents", "one_sentence_documents", "sentences", "not_next")
@@ -232,10 +234,13 @@ def prepare(inputs: list[str | Path], out_dir: str | Path, tokenizer: str | Path
     from bertforge.text.tokenizer import BertTokenizer
 
     cfg = config or PrepareConfig()
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1 (the machines the work is split across), got {num_shards}")
     if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}")
-    if workers < 1:
-        raise ValueError("workers must be >= 1")
+        raise ValueError(f"shard_index must be in [0, {num_shards}) (one of --num-shards' parts), got {shard_index}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be in [1, {MAX_WORKERS}] (processes on this machine), got "
+                         f"{HugeNumber.shown(workers)!r}")
     files = expand_inputs(inputs)
     tok = BertTokenizer.from_pretrained(tokenizer)
     tokenizer_dir = str(Path(tokenizer).resolve())

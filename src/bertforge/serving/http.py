@@ -104,8 +104,10 @@ class _Service:
             raise HTTPException(400, problem)
         return data
 
-    def parse(self, data: Any) -> tuple[list[Any], dict[str, Any]]:
-        """A parsed body -> (its inputs, the options of the predictor's call): ``top_k`` and ``pooling``."""
+    def parse(self, data: Any, head: str) -> tuple[list[Any], dict[str, Any]]:
+        """A parsed body -> (its inputs, the options of the predictor's call for ``head``): ``top_k`` (fill-mask,
+        the server's default unless given; classification, where given) and ``pooling`` (embeddings); an
+        option given to a head that reads none is refused by the predictor (422)."""
         from starlette.exceptions import HTTPException
 
         if not isinstance(data, dict):
@@ -126,13 +128,16 @@ class _Service:
         if len(inputs) > self.max_batch:
             raise HTTPException(413, f"{len(inputs):,} inputs; the limit is {self.max_batch:,} per request "
                                      "(--max-batch)")
-        k = data.get("top_k", self.top_k)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise HTTPException(400, f"\"top_k\" must be an integer >= 1, got {json.dumps(k)}")
-        how = data.get("pooling", self.pooling)
-        if how not in POOLINGS:
-            raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
-        return inputs, {"top_k": k, "pooling": how}
+        options: dict[str, Any] = {}
+        if "top_k" in data or head == "fill-mask":
+            k = options["top_k"] = data.get("top_k", self.top_k)
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise HTTPException(400, f"\"top_k\" must be an integer >= 1, got {json.dumps(k)}")
+        if "pooling" in data or head == "embeddings":
+            how = options["pooling"] = data.get("pooling", self.pooling)
+            if how not in POOLINGS:
+                raise HTTPException(400, f"\"pooling\" must be one of {', '.join(POOLINGS)}, got {json.dumps(how)}")
+        return inputs, options
 
     def predict(self, inputs: list[Any], head: str, options: dict[str, Any]) -> list[dict[str, Any]]:
         """The predictor's records for ``inputs`` once their tokens are within the limit (in a thread)."""
@@ -162,7 +167,7 @@ class _Service:
         name = head or self.predictor.head
 
         async def handle(request: Any) -> Any:
-            inputs, options = self.parse(await self.read_json(request))
+            inputs, options = self.parse(await self.read_json(request), name)
             try:
                 records = await run_in_threadpool(self.predict, inputs, name, options)
             except InputError as e:

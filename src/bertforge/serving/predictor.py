@@ -237,19 +237,26 @@ class Predictor:
 
     # -------------------------------------------------------------------- heads
     @_one_or_many
-    def __call__(self, inputs: Sequence[Any], *, head: str | None = None, top_k: int = 5,
-                 pooling: str = "mean") -> list[dict[str, Any]]:
-        """Records of the model's head (or of ``head="embeddings"``) for ``inputs``."""
+    def __call__(self, inputs: Sequence[Any], *, head: str | None = None, top_k: int | None = None,
+                 pooling: str | None = None) -> list[dict[str, Any]]:
+        """Records of the model's head (or of ``head="embeddings"``) for ``inputs``. ``top_k``: fill-mask's
+        tokens (5 unless given) or classification's labels; ``pooling``: the embeddings'; either given to a
+        head that reads neither is refused rather than ignored."""
         head = head or self.head
+        if pooling is not None and head != "embeddings":
+            raise InputError(f"pooling applies to embeddings, not to the {head} head")
+        if top_k is not None and head not in ("fill-mask", "classification"):
+            raise InputError(f"top_k applies to fill-mask and classification, not to the {head} head")
         if head == "embeddings":
-            vectors = self.embed(inputs, pooling=pooling)
+            vectors = self.embed(inputs, pooling=pooling or "mean")
             return [self._record(i, a, b, embedding=v.tolist())
                     for i, ((a, b), v) in enumerate(zip(self._pairs(inputs), vectors))]
         self._need(head)
         if head == "fill-mask":
-            return self.fill_mask(inputs, top_k=top_k)
-        return {"classification": self.classify, "tagging": self.tag, "qa": self.answer,
-                "multiple-choice": self.choose}[head](inputs)
+            return self.fill_mask(inputs, top_k=5 if top_k is None else top_k)
+        if head == "classification":
+            return self.classify(inputs, top_k=top_k)
+        return {"tagging": self.tag, "qa": self.answer, "multiple-choice": self.choose}[head](inputs)
 
     @_one_or_many
     def fill_mask(self, inputs: Sequence[Any], top_k: int = 5) -> list[dict[str, Any]]:
@@ -258,8 +265,8 @@ class Predictor:
         from bertforge.tasks.encoding import Windows, predict_items
 
         self._need("fill-mask")
-        if top_k < 1:
-            raise InputError(f"top_k must be >= 1, got {top_k}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InputError(f"top_k must be an integer >= 1, got {top_k!r}")
         tok = self.tokenizer
         mask_id, vocab = tok.mask_token_id, tok.vocab_size
         items = self._pairs(inputs)
@@ -383,6 +390,8 @@ class Predictor:
         from bertforge.serving.features import FeatureSettings, embed
 
         self.check_pooling(pooling)
+        if not isinstance(normalize, bool):
+            raise InputError(f"normalize must be true or false, got {normalize!r}")
         bert = getattr(self.model, "bert", self.model)
         items = self._pairs(inputs)
         at = "last" if bert.config.is_decoder else "cls"  # where the sentence heads pool (`bertforge.model.heads`)

@@ -59,8 +59,9 @@ class TaskSettings:
     label_column: str = ""
     """Column of the label (default: the GLUE task's, else "label")."""
     label_names: str = ""
-    """Classification: names of the integer labels 0, 1, ... in order, comma-separated (e.g. negative,positive):
-    the model's id2label, and what predictions and the service say (default: the labels as written)."""
+    """Classification: names of the integer labels 0, 1, ... in order, comma-separated (e.g. negative,positive;
+    in Python also a list): the model's id2label, and what predictions and the service say (default: the
+    labels as written)."""
     max_seq_length: int = setting(0, at_least=0, at_most=65535)
     """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
     windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
@@ -94,6 +95,7 @@ class TaskSettings:
     """Skip (and count) malformed rows instead of stopping at the first."""
 
     def __post_init__(self) -> None:
+        self.join_label_names()
         check_settings(self)  # the ranges and choices declared on the fields
         if 0 < self.max_seq_length < 4:
             raise ValueError(f"max_seq_length must be 0 (the task's default) or >= 4, got {self.max_seq_length}")
@@ -101,6 +103,13 @@ class TaskSettings:
         if any(not n for n in names) or len(set(names)) != len(names):
             raise ValueError(f"label_names must be distinct, non-empty names separated by commas, got "
                              f"{self.label_names!r}")
+
+    def join_label_names(self) -> None:
+        """A Python caller's list of ``label_names`` held as the flag writes them (comma-separated)."""
+        if isinstance(self.label_names, (list, tuple)):
+            if not all(isinstance(n, str) and "," not in n for n in self.label_names):
+                raise ValueError(f"label_names must be names without commas, got {self.label_names!r}")
+            self.label_names = ",".join(self.label_names)
 
     def named_labels(self) -> list[str]:
         """``label_names`` as a list, in id order (empty: the labels as the files write them)."""
@@ -413,6 +422,11 @@ class TaskFamily(Protocol):
                              f"{self.long_inputs_why}")
         return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                    long_inputs=long_inputs)
+
+    def metric_names(self, task: str) -> tuple[str, ...]:
+        """The metrics an evaluation of ``task`` reports (``*``: any text; with several dev files each is
+        prefixed by its file's name): what ``metric_for_best`` and early stopping may name."""
+        return ("accuracy",)
 
     def files(self, cfg: TaskSettings, spec: str, split: str) -> list[Path]:
         """The files of ``split`` (train, dev, test) named by ``spec`` (comma-separated)."""

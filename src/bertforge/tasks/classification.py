@@ -11,6 +11,7 @@ Long inputs are truncated the TF release's way or cut into windows whose logits 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from bertforge.tasks.base import (PREDICTION_TABLE, AccuracyObjective, EvalData,
 from bertforge.tasks.encoding import Windows, longest_first, predict_items, window_starts
 
 __all__ = ["Example", "GlueDataset", "GLUE_TASKS", "ReadReport", "read_examples", "glue_files", "label_list",
-           "targets", "encode_examples", "ClassificationObjective", "predict_logits",
+           "ids_as_names", "targets", "encode_examples", "ClassificationObjective", "predict_logits",
            "compute_metrics", "main_metric", "label_fields", "prediction_records", "ClassificationFamily"]
 
 logger = logging.getLogger("bertforge")
@@ -112,7 +113,8 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
     path = Path(path)
     glue = GLUE_TASKS.get(task or "")
     col_a = text_column or (glue.text_a if glue else "text")
-    hint = "" if text_column or glue else "; name the text column with --text-column"
+    hints = {} if glue else {"text": "; name the text column with --text-column (text_column= in Python)",
+                             "label": "; name the label column with --label-column (label_column= in Python)"}
     col_b = text_pair_column or (glue.text_b if glue and not text_column else None)
     col_label = label_column or (glue.label if glue else "label")
     no_label = set(glue.no_label) if glue else set()
@@ -123,7 +125,10 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
     examples: list[Example] = []
 
     def add(line: int, a: Any, b: Any, label: Any, has_label: bool) -> None:
-        label = "" if label is None or not has_label else str(label).strip()
+        label, problem = label_text(label) if has_label else ("", "")
+        if problem:
+            bad(line, problem)
+            return
         if label == "" or label in no_label:
             if require_labels:
                 report.skip("no label" if label == "" else f"no gold label {label!r}", line)
@@ -135,7 +140,8 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
         for n, record in read_records(path, report):
             for col in (col_a, col_b, col_label if require_labels else None):
                 if col is not None and col not in record:
-                    raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))}){hint}")
+                    raise ValueError(f"{path}:{n}: no key {col!r} (keys: {', '.join(map(str, record))})"
+                                     f"{hints.get(col, '')}")
             a, b = record[col_a], record.get(col_b) if col_b else None
             if not isinstance(a, str) or (col_b is not None and not isinstance(b, str)):
                 bad(n, f"texts must be strings, got {col_a}={a!r}" + (f", {col_b}={b!r}" if col_b else ""))
@@ -154,7 +160,8 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
                     positions = {name: i for i, name in enumerate(header)}
                     for col in (col_a, col_b, col_label if require_labels else None):
                         if col is not None and col not in positions:
-                            raise ValueError(f"{path}:{line}: no column {col!r} (columns: {', '.join(header)}){hint}")
+                            raise ValueError(f"{path}:{line}: no column {col!r} (columns: {', '.join(header)})"
+                                             f"{hints.get(col, '')}")
                     continue
             if len(row) != width:
                 bad(line, f"{len(row)} fields where the {'header has' if header else 'layout has'} {width}"
@@ -165,6 +172,21 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
                 row[positions[col_label]] if has_label else None, has_label)
     report.finish(len(examples))
     return examples, report
+
+
+def label_text(value: Any) -> tuple[str, str]:
+    """A label as a record holds it -> (its text, "": no label), or ("", the problem) for a value no label can
+    be: NaN is a missing value (pandas' and Arrow's), as an empty field is; an integral float is the integer
+    a column with a missing value was widened from (1.0: "1"); an infinity or a list is refused."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "", ""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "", f"label {value!r} is not a finite number"
+        return (str(int(value)) if value.is_integer() else repr(value)), ""
+    if not isinstance(value, (str, int)):
+        return "", (f"a label is one value (a class name or a score), got {type(value).__name__} {value!r:.60}")
+    return str(value).strip(), ""
 
 
 def label_list(examples: Sequence[Example], task: str | None = None) -> list[str]:
@@ -179,17 +201,27 @@ def label_list(examples: Sequence[Example], task: str | None = None) -> list[str
 
 
 def name_labels(examples: Sequence[Example], names: Sequence[str], path: str | Path) -> list[Example]:
-    """``examples`` with their integer labels 0, 1, ... replaced by ``names`` (``--label-names``), an error
-    naming the file and line for a label that is no index into them."""
+    """``examples`` with their integer labels 0, 1, ... replaced by ``names`` (``--label-names``), a label that
+    is one of the names kept (a file written with them), an error naming the file and line for any other."""
     out = []
     for e in examples:
-        if e.label is not None:
+        if e.label is not None and e.label not in names:
             if not (e.label.isdigit() and int(e.label) < len(names)):
                 raise ValueError(f"{path}:{e.line}: label {e.label!r} is not one of 0..{len(names) - 1}, the "
                                  f"indexes of --label-names ({', '.join(names)})")
             e = e._replace(label=names[int(e.label)])
         out.append(e)
     return out
+
+
+def ids_as_names(examples: Sequence[Example], label2id: Mapping[str, int]) -> list[Example]:
+    """Integer labels read as the model's label ids where its labels are names that are not integers: a file
+    written with a dataset's ids (0, 1) scores against a model trained on its names (negative, positive)."""
+    names = {i: name for name, i in label2id.items()}
+    if any(name.lstrip("-").isdigit() for name in label2id):
+        return list(examples)
+    return [e._replace(label=names[int(e.label)]) if e.label is not None and e.label.isdigit()
+            and int(e.label) in names else e for e in examples]
 
 
 def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str, int] | None,
@@ -201,9 +233,12 @@ def targets(examples: Sequence[Example], path: str | Path, label2id: Mapping[str
         out = np.zeros(len(examples), dtype=np.float32)
         for i, e in enumerate(examples):
             try:
-                out[i] = float(e.label)  # type: ignore[arg-type]
+                score = float(e.label)  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 raise ValueError(f"{path}:{e.line}: the score {e.label!r} is not a number") from None
+            if not abs(score) <= float(np.finfo(np.float32).max):  # "nan", "inf", or beyond float32
+                raise ValueError(f"{path}:{e.line}: the score {e.label!r} is not a finite number")
+            out[i] = score
         return out
     ids = np.zeros(len(examples), dtype=np.int64)
     for i, e in enumerate(examples):
@@ -410,6 +445,13 @@ class ClassificationFamily(TaskFamily):
                              "(--long-inputs truncate); pass --long-inputs windows, or no --stride")
         return cfg
 
+    def metric_names(self, task: str) -> tuple[str, ...]:
+        from bertforge.metrics import glue_metric_names
+
+        if task in GLUE_TASKS:
+            return glue_metric_names(task)
+        return ("pearson", "spearman") if self.regression(task) else ("accuracy", "f1")
+
     @staticmethod
     def regression(task: str) -> bool:
         glue = GLUE_TASKS.get(task)
@@ -455,6 +497,7 @@ class ClassificationFamily(TaskFamily):
         if not examples:
             raise ValueError(f"{report.summary()}: no labelled examples")
         if label2id is not None:
+            examples = ids_as_names(examples, label2id)
             unseen_labels(path, (e.label for e in examples), label2id)
         y = targets(examples, path, label2id, unseen=UNSEEN)
         encoded = self._encode(cfg, tokenizer, examples, str(path)).with_labels(y)

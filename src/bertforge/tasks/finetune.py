@@ -9,6 +9,7 @@ are its fields; the task families never import this module.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import logging
 import math
@@ -117,6 +118,7 @@ class FinetuneConfig(TaskSettings, TrainConfig):
     """max_steps 0: set from --epochs once the data is read (`FinetuneRun.settled_config`)."""
 
     def __post_init__(self) -> None:
+        self.join_label_names()  # before the settings' types are checked
         TrainConfig.__post_init__(self)
         if self.task and self.task not in task_names():
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
@@ -161,8 +163,8 @@ def parse_grid(spec: str) -> dict[str, tuple[Any, ...]]:
             grid[name] = tuple(dict.fromkeys(_GRID_TYPES[name](v) for v in values.split(",") if v))
         except ValueError:
             raise ValueError(f"--grid: {name} takes {_GRID_TYPES[name].__name__} values, got {values!r}") from None
-        if not grid[name] or any(v <= 0 for v in grid[name]):
-            raise ValueError(f"--grid: {name} values must be > 0, got {values!r}")
+        if not grid[name] or not all(math.isfinite(v) and v > 0 for v in grid[name]):
+            raise ValueError(f"--grid: {name} values must be finite numbers > 0, got {values!r}")
     if not grid:
         raise ValueError(f"--grid {spec!r}: no settings")
     return grid
@@ -282,6 +284,33 @@ def finetune(cfg: FinetuneConfig, data: PreparedData | None = None, *, train: An
     return FinetuneRun(cfg, data, train=train, dev=dev, callbacks=callbacks).run()
 
 
+def _check_evaluation(cfg: FinetuneConfig, has_dev: bool, callbacks: Sequence[Any]) -> FinetuneConfig:
+    """The rules between the evaluation's settings, checked before any data is read or folder changed: the
+    metrics named exist for the task, callbacks are callables, early stopping has dev data to read; without
+    dev data there is no best model to keep (said once), and the final model is the run's."""
+    named = [("metric_for_best", cfg.metric_for_best)]
+    for k, callback in enumerate(callbacks):
+        if not callable(callback):
+            raise TypeError(f"callbacks[{k}] is {type(callback).__name__} {callback!r:.40}, not a callable "
+                            "(step, metrics) -> stop")
+        if isinstance(callback, EarlyStopping):
+            named.append((f"callbacks[{k}] (EarlyStopping) metric", callback.metric))
+    patterns = family_for(cfg.task).metric_names(cfg.task) if cfg.task else ("*",)  # no task: its own check
+    for what, name in named:
+        if name and not any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*_" + p) for p in patterns):
+            raise ValueError(f"{what} {name!r} is not a metric of task {cfg.task}: its evaluation reports "
+                             f"{', '.join(patterns)} (with several dev files, each prefixed by its file's name, "
+                             f"as dev2_{patterns[0]})")
+    stopping = cfg.early_stopping_patience or any(isinstance(c, EarlyStopping) for c in callbacks)
+    if stopping and not has_dev:
+        raise ValueError("early stopping reads the dev metrics: give dev data (dev_file, or dev=) or leave "
+                         "early_stopping_patience at 0")
+    if cfg.keep_best and not has_dev:
+        logger.info("no dev data: the run keeps its final model only (keep_best off)")
+        cfg = dataclasses.replace(cfg, keep_best=False)
+    return cfg
+
+
 class FinetuneRun(TrainingRun[FinetuneResult]):
     """Fine-tuning (`bertforge.train.run.TrainingRun`): a task family's files, its head on a pre-trained
     checkpoint, steps from --epochs, and the best model on dev kept in ``OUT/best/``."""
@@ -298,8 +327,8 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
                 raise ValueError(f"give the {name} data once: {name}= or {name}_file (or prepared data)")
             if given is not None and not is_in_memory(given):
                 cfg = dataclasses.replace(cfg, **{f"{name}_file": str(given)})
-        if cfg.keep_best and not cfg.dev_file and not is_in_memory(dev):
-            raise ValueError("--keep-best needs --dev-file (or pass --no-keep-best)")
+        cfg = _check_evaluation(cfg, bool(cfg.dev_file or is_in_memory(dev) or (data is not None and data.dev)),
+                                callbacks)
         super().__init__(cfg)
         self.data = data
         self.given = {name: d for name, d in (("train", train), ("dev", dev)) if is_in_memory(d)}
@@ -354,7 +383,7 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         cfg, per_epoch = self.prepared.family.configure(self.cfg), self.steps_per_epoch
         if per_epoch < 1:
             raise ValueError(f"{cfg.train_file}: {len(self.prepared.train.encoded)} training sequences, fewer than "
-                             f"one batch ({cfg.batch_size})")
+                             f"one batch ({cfg.batch_size}); lower batch_size (--batch-size) to at most that")
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
         return dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or per_epoch)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ def rows_of(data: Any) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
         return data.to_dict(orient="records"), names
     if isinstance(data, Mapping):  # columns
+        _check_columns(data)
         columns = {k: list(v) for k, v in data.items()}
         lengths = {len(v) for v in columns.values()}
         if len(lengths) > 1:
@@ -63,6 +65,19 @@ def rows_of(data: Any) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
         return [dict(r) for r in data], names
     raise TypeError(f"expected a file path, a datasets.Dataset, a pandas DataFrame, a list of records (dicts) or a "
                     f"dict of columns; got {type(data).__name__}")
+
+
+def _check_columns(data: Mapping[Any, Any]) -> None:
+    """A TypeError saying what to pass where a dict is not columns: a `datasets.DatasetDict` (its splits), or
+    one record (a text where a column of texts belongs would be read as its characters)."""
+    splits = [k for k, v in data.items() if hasattr(v, "column_names")]
+    if splits:
+        raise TypeError(f"a dict of datasets (a DatasetDict of {', '.join(map(repr, data))}); pass one split, "
+                        f"e.g. data[{splits[0]!r}]")
+    for k, v in data.items():
+        if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__len__"):
+            raise TypeError(f"column {k!r} is {type(v).__name__} {v!r:.50}, not a list: a dict is read as columns "
+                            "of equal length; pass one record as a list of records, [{...}]")
 
 
 def input_suffix(task: str) -> str:
@@ -202,4 +217,18 @@ def temporary_input(data: Any, cfg: Any, split: str, *, labelled: bool) -> Itera
         yield Path(data)
         return
     with tempfile.TemporaryDirectory(prefix="bertforge-") as tmp:
-        yield write_input(input_text(data, cfg, split, labelled)[0], cfg, Path(tmp), split)
+        path = write_input(input_text(data, cfg, split, labelled)[0], cfg, Path(tmp), split)
+        try:
+            yield path
+        except ValueError as e:  # the reader's message, about the data given rather than a file deleted now
+            raise type(e)(_of_the_data(str(e), path, split)) from None
+
+
+def _of_the_data(message: str, path: Path, split: str) -> str:
+    """A reader's ``message`` about the temporary file ``path`` said of the ``split`` data: "train data, row
+    3: ..." where the file holds a row a line (JSON lines), else "train data (written as CoNLL), line 7"."""
+    rows = path.suffix == ".jsonl"
+    where = re.compile(re.escape(str(path)) + r":(\d+)")
+    message = where.sub(lambda m: f"{split} data, {'row' if rows else 'line'} {m.group(1)}", message)
+    as_what = {".conll": "CoNLL", ".json": "SQuAD JSON"}.get(path.suffix, "")
+    return message.replace(str(path), f"{split} data" + (f" (written as {as_what})" if as_what else ""))

@@ -544,6 +544,9 @@ class SquadFamily(TaskFamily):
     long_inputs_supported = ("windows",)
     long_inputs_why = "a long context is cut into windows every --stride tokens (doc_stride)"
 
+    def metric_names(self, task: str) -> tuple[str, ...]:
+        return ("exact_match", "f1", "total", "HasAns_*", "NoAns_*", "best_*")  # v2.0's breakdown
+
     def configure(self, cfg: TaskSettings) -> TaskSettings:
         cfg = dataclasses.replace(super().configure(cfg), stride=cfg.stride or self.default_stride)
         _check_window_settings(cfg.max_seq_length, cfg.stride, cfg.max_query_length)

@@ -424,6 +424,9 @@ class TaggingFamily(TaskFamily):
     long_inputs_supported = ("windows",)
     long_inputs_why = "every word gets a tag, so a long sentence is cut into windows"
 
+    def metric_names(self, task: str) -> tuple[str, ...]:
+        return ("accuracy", "precision", "recall", "f1", "f1_*")  # f1_TYPE: each entity type's
+
     @staticmethod
     def _read(cfg: TaskSettings, path: Path, require_tags: bool) -> tuple[list[Sentence], ReadReport]:
         return read_sentences(path, tag_column=cfg.tag_column, require_tags=require_tags,

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from bertforge.settings import check_settings
+
 __all__ = ["EvalCallback", "EarlyStopping"]
 
 EvalCallback = Callable[[int, dict[str, float]], "bool | str | None"]
@@ -28,6 +30,10 @@ class EarlyStopping:
     waited: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
+        try:
+            check_settings(self)  # the types: no text for a count, no NaN for a number
+        except ValueError as e:
+            raise ValueError(f"EarlyStopping {e}") from None
         if self.patience < 1:
             raise ValueError(f"EarlyStopping patience must be at least 1, got {self.patience}")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0):

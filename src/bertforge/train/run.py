@@ -77,12 +77,15 @@ class TrainingRun(Generic[Outcome]):
         dist = self.dist
         self.read_inputs()
         self.cfg = self.settled_config()  # the settings every later step reads
-        resume_from = open_run_dir(self.out, self.cfg.resume, self.cfg.overwrite, outputs=self.outputs, dist=dist)
+        folder = dict(run_dir=self.out, resume=self.cfg.resume, overwrite=self.cfg.overwrite, outputs=self.outputs,
+                      dist=dist)
+        open_run_dir(**folder, change=False)  # refused here, before the data is read, changes nothing
         self.setup_data()
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         model = self.build_model()
         torch.manual_seed(self.cfg.seed + dist.rank)  # dropout: a stream of its own per process
         objective, batches, evaluate = self.setup_training(model)
+        resume_from = open_run_dir(**folder)  # the data and model accepted: an earlier run's files go now
         # `fit` writes the settings once a resume's are accepted: a refused resume changes nothing
         self.trainer = build_trainer(model, objective, batches, self.cfg, self.out, dist=dist, evaluate=evaluate,
                                      tokenizer=self.tokenizer, run_config=self.run_config(model),

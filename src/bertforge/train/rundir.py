@@ -80,12 +80,14 @@ def run_files(run_dir: str | Path, outputs: tuple[str, ...] = (), names: tuple[s
 
 
 def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, outputs: tuple[str, ...] = (),
-                 dist: Distributed | None = None) -> Path | None:
+                 dist: Distributed | None = None, change: bool = True) -> Path | None:
     """Admit a run into ``run_dir`` and return the checkpoint it continues from (None: a fresh start).
 
     A folder holding an earlier run's files (`run_files`) is refused, untouched, unless ``resume`` continues
     from its newest checkpoint or ``overwrite`` deletes them. Every process calls this (holding the folder's
-    lock); only the main one changes the folder.
+    lock); only the main one changes the folder. ``change=False`` checks only: a run calls it so before it
+    reads its data and builds its model, and again once they are accepted, so that nothing is deleted for a
+    run that is then refused.
     """
     dist = dist or Distributed()
     folder = Path(run_dir)
@@ -101,6 +103,8 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
                else "it has no checkpoint to resume from")
         raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
                          "--overwrite to delete them and start afresh, or use a new --out")
+    if not change:
+        return latest if resume else None
     dist.barrier()  # every process has looked before the main one changes anything
     if dist.is_main:
         _clear(folder, held if not resume else None, overwrite, outputs)
