@@ -214,3 +214,32 @@ def test_resume_where_no_run_was_recorded_says_so(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["finetune", "--out", str(tmp_path / "empty"), "--resume"]) == 2
     assert "holds no run_config.json, so no run there got as far as its first checkpoint" in capsys.readouterr().err
+
+
+def test_data_in_memory_holding_a_lone_surrogate_is_refused_naming_the_row(base, tmp_path):
+    bad = rows(16)
+    bad[4]["text"] = "a good \udc80 film"
+    with pytest.raises(ValueError, match=r"train data: row 5: a lone surrogate '\\udc80'"):
+        finetune(config(base, tmp_path / "run"), train=bad, dev=rows(8))
+
+
+def test_json_nested_too_deep_is_a_bad_row_not_a_traceback(tmp_path):
+    path = write(tmp_path / "deep.jsonl", json.dumps({"text": "a", "label": 1}) + "\n" + "[" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=f"{path}:2: JSON nested too deep"):
+        read_examples(path)
+    array = write(tmp_path / "deep.json", "[" * 100_000)
+    with pytest.raises(ValueError, match="nested too deep|not a JSON array"):
+        read_examples(array)
+
+
+def test_a_library_warning_is_one_line_of_the_command(tmp_path, tok_dir, capsys):
+    from bertforge import cli
+
+    text = write(tmp_path / "text.txt", "".join(f"sentence number {i} of a text .\n" for i in range(40)))
+    args = ["prepare", str(text), "--out", str(tmp_path / "data"), "--tokenizer", str(tok_dir), "--no-nsp",
+            "--dynamic-masking", "--no-progress"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "identical copies" in line]
+    assert len(warned) == 1 and warned[0].startswith("WARNING:bertforge:no NSP with dynamic masking")
+    assert "warnings.warn" not in err and "UserWarning" not in err

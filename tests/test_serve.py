@@ -248,3 +248,15 @@ def test_top_k_and_pooling_are_honoured_or_refused_never_ignored(client, clf, ml
         mlm.fill_mask(["a [MASK] ."], top_k=2.5)
     with pytest.raises(InputError, match="normalize must be true or false, got 'no'"):
         clf.embed(["a good book"], normalize="no")
+
+
+@pytest.mark.parametrize("inputs, message", [
+    (None, "expected a text, a pair .* or a list of them, got NoneType None"),
+    (7, "got int 7"),
+    ([], "no inputs: nothing to predict"),
+])
+def test_inputs_that_are_no_text_get_one_line(clf, inputs, message):
+    with pytest.raises(InputError, match=message):
+        clf.classify(inputs)
+    with pytest.raises(InputError, match=message):
+        clf.embed(inputs)

@@ -27,6 +27,7 @@ import sys
 import threading
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -332,8 +333,9 @@ def plot(run_dir: Positional[str], out: str | None = None) -> int:
 # ---------------------------------------------------------------------------- finetune / evaluate / predict
 def finetune(config: Annotated[str | None, arg(metavar="FILE")] = None,
              cfg: Annotated[FinetuneConfig, arg(name="")] = FinetuneConfig()) -> int:
-    """Fine-tune: classification / regression (GLUE or CSV / TSV / JSONL), NER (CoNLL), SQuAD v1.1 / v2.0,
-    multiple choice (SWAG); --grid for the paper's search (--grid alone: the paper's grid).
+    """Fine-tune: classification / regression (GLUE, or CSV / TSV / JSONL / a JSON array of records / Parquet,
+    plain or .gz / .bz2 / .xz), NER (CoNLL), SQuAD v1.1 / v2.0, multiple choice (SWAG); --grid for the paper's
+    search (--grid alone: the paper's grid).
 
     Args:
         config: JSON or YAML file of the settings below (flags override it)
@@ -805,9 +807,20 @@ def _console(verbose: bool, stream: str) -> Iterator[None]:
     logger = logging.getLogger("bertforge")
     handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
     show_logs(verbose, stream)
+    shown = warnings.showwarning
+
+    def one_line(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        """A library's warning as the command's own line, not Python's with its source line (-v: both)."""
+        if verbose:
+            shown(message, category, filename, lineno, file, line)
+        else:
+            logger.warning("%s", message)
+
+    warnings.showwarning = one_line
     try:
         yield
     finally:
+        warnings.showwarning = shown
         logger.handlers[:] = handlers
         logger.setLevel(level)
         logger.propagate = propagate

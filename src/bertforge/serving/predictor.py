@@ -111,6 +111,11 @@ def _one_or_many(method: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(inputs, (str, Mapping)):
             return method(self, [inputs], *args, **kwargs)[0]
+        if not isinstance(inputs, Sequence) or isinstance(inputs, bytes):
+            raise InputError(f"expected a text, a pair ({{'text': ..., 'text_pair': ...}}) or a list of them, got "
+                             f"{type(inputs).__name__} {inputs!r:.40}")
+        if not inputs:
+            raise InputError("no inputs: nothing to predict")
         return method(self, inputs, *args, **kwargs)
 
     return run

@@ -45,8 +45,8 @@ class TaskSettings:
 
     task: str = ""
     """A GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli: its file layout, labels and metrics);
-    classification / regression (generic CSV / TSV / JSONL, with --text-column); ner (CoNLL-2003) / tagging
-    (token<TAB>tag); squad (v1.1) / squad2 (v2.0); swag / multiple_choice."""
+    classification / regression (generic CSV / TSV / JSONL / JSON array / Parquet, with --text-column); ner
+    (CoNLL-2003) / tagging (token<TAB>tag); squad (v1.1) / squad2 (v2.0); swag / multiple_choice."""
     train_file: str = ""
     """Training file(s), separated by commas, or the task's folder (GLUE, SQuAD's official names, SWAG)."""
     dev_file: str = ""
@@ -222,6 +222,9 @@ def read_records(path: Path, report: ReadReport) -> Iterator[tuple[int, dict]]:
                 except json.JSONDecodeError as e:
                     bad(n, f"not a JSON record ({e})")
                     continue
+                except RecursionError:
+                    bad(n, "JSON nested too deep to be a record")
+                    continue
                 if not isinstance(record, dict):
                     bad(n, f"expected a JSON object, got {type(record).__name__}")
                     continue
@@ -238,6 +241,8 @@ def _json_array(path: Path, bad: Callable[[int, str], None]) -> Iterator[tuple[i
         raise not_utf8(path) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: not a JSON array of records ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deep to be an array of records") from None
     for n, record in enumerate(items, 1):
         if isinstance(record, dict):
             yield n, record

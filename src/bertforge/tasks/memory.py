@@ -189,14 +189,28 @@ def input_text(data: Any, cfg: Any, split: str, labelled: bool = True) -> tuple[
         if not rows:
             raise ValueError("no rows")
         if family == "classification":
-            return _classification(rows, names, cfg)
-        if family == "tagging":
-            return _tagging(rows, names, cfg, labelled), ""
-        if family == "squad":
-            return _squad(rows, "2.0" if cfg.task == "squad2" else "1.1"), ""
-        return _json_lines(rows), ""
+            text, label_names = _classification(rows, names, cfg)
+        elif family == "tagging":
+            text, label_names = _tagging(rows, names, cfg, labelled), ""
+        elif family == "squad":
+            text, label_names = _squad(rows, "2.0" if cfg.task == "squad2" else "1.1"), ""
+        else:
+            text, label_names = _json_lines(rows), ""
+        _check_unicode(text, "row" if family in ("classification", "multiple_choice") else "line")
+        return text, label_names
     except (ValueError, TypeError) as e:
         raise type(e)(f"{split} data: {e}") from None
+
+
+def _check_unicode(text: str, unit: str) -> None:
+    """A ValueError naming the row (or the line of the file written) of a lone surrogate, which no file can
+    hold: text decoded with ``errors="surrogateescape"``, or half of a character cut apart."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        where = text.count("\n", 0, e.start) + 1
+        raise ValueError(f"{unit} {where}: a lone surrogate {text[e.start]!r}, which is not Unicode text "
+                         "(decoded with errors='surrogateescape', or half of a character cut off?)") from None
 
 
 def write_input(text: str, cfg: Any, folder: Path, split: str, *, resume: bool = False) -> Path:
