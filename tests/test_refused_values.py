@@ -243,3 +243,19 @@ def test_a_library_warning_is_one_line_of_the_command(tmp_path, tok_dir, capsys)
     warned = [line for line in err.splitlines() if "identical copies" in line]
     assert len(warned) == 1 and warned[0].startswith("WARNING:bertforge:no NSP with dynamic masking")
     assert "warnings.warn" not in err and "UserWarning" not in err
+
+
+def test_a_run_record_is_a_config_file_under_any_name_and_an_unknown_key_is_refused_in_any_file(base, tmp_path):
+    import dataclasses
+
+    from bertforge.settings import RUN_FACTS, config_from_file
+
+    out = tmp_path / "run"
+    finetune(config(base, out), train=rows(), dev=rows(8))
+    record = json.loads((out / "run_config.json").read_text())
+    assert set(record) - {f.name for f in dataclasses.fields(FinetuneConfig)} <= set(RUN_FACTS)
+    copied = write(tmp_path / "settings.json", json.dumps(record))
+    assert config_from_file(FinetuneConfig, copied).lr == 1e-3
+    named = write(tmp_path / "run_config.json", json.dumps({"lr": 1e-3, "lrr": 2}))
+    with pytest.raises(ValueError, match="unknown key 'lrr'"):
+        config_from_file(FinetuneConfig, named)

@@ -791,7 +791,7 @@ def _run(command: str, args: list[str]) -> int:
         # a recipe's settings first, a config file's (or the run's record) over them, the flags over all
         base = cls.from_recipe(early.recipe) if early.recipe is not None and hasattr(cls, "from_recipe") else None
         if file is not None:
-            base = config_from_file(cls, file, base, run_record=Path(file).name == RUN_CONFIG)
+            base = config_from_file(cls, file, base)
             if early.config is None:
                 logging.getLogger("bertforge").info("resuming with the settings %s records; flags given override them",
                                                     file)

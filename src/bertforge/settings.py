@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 
 __all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
            "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value",
-           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file",
+           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "RUN_FACTS",
            "check_device"]
 
 
@@ -382,13 +382,19 @@ def read_config_file(file: str | Path) -> dict[str, Any]:
     return data
 
 
-def config_from_file(cls: type, file: str | Path, base: Any = None, *, run_record: bool = False) -> Any:
-    """A ``cls`` config from a JSON / YAML file of its settings over ``base`` (or the named ``recipe``);
-    ``run_record``: the file is a run's ``run_config.json``, whose entries that are no setting are skipped."""
+RUN_FACTS = ("warmup_steps_used", "data_vocab_hash", "model_config", "labels")
+"""What a run's record of its settings (``OUT/run_config.json``) holds besides them: the warmup the settings
+resolve to and what the run found (`bertforge.train.run.TrainingRun.run_config`). A record, under any name,
+is a valid config file: these are skipped there, and any other key that is no setting is refused."""
+
+
+def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
+    """A ``cls`` config from a JSON / YAML file of its settings over ``base`` (or the named ``recipe``); a run's
+    record (it holds ``warmup_steps_used``) is read without its `RUN_FACTS`."""
     try:
         data = read_config_file(file)
-        if run_record:
-            data = {k: v for k, v in data.items() if k in field_types(cls)}
+        if "warmup_steps_used" in data:
+            data = {k: v for k, v in data.items() if k not in RUN_FACTS}
         values = read_settings(cls, data, ints_as_floats=True)
         if base is None and "recipe" in values and hasattr(cls, "from_recipe"):  # a named recipe's settings first
             base = cls.from_recipe(values["recipe"])
