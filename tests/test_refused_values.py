@@ -259,3 +259,17 @@ def test_a_run_record_is_a_config_file_under_any_name_and_an_unknown_key_is_refu
     named = write(tmp_path / "run_config.json", json.dumps({"lr": 1e-3, "lrr": 2}))
     with pytest.raises(ValueError, match="unknown key 'lrr'"):
         config_from_file(FinetuneConfig, named)
+
+
+def test_predict_to_a_folder_and_of_an_empty_text_say_what_they_are(base, tmp_path, capsys):
+    from bertforge import cli
+
+    out = tmp_path / "run"
+    finetune(config(base, out), train=rows(), dev=rows(8))
+    (tmp_path / "folder").mkdir()
+    capsys.readouterr()
+    assert cli.main(["predict", str(out / "model"), "a good film", "--out", str(tmp_path / "folder")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'folder'}: a folder is there; give a file's path" in err and ".tmp" not in err
+    assert cli.main(["predict", str(out / "model"), ""]) == 0  # an empty text, not the working folder
+    assert "GLUE" not in capsys.readouterr().err

@@ -508,8 +508,8 @@ def predict(checkpoint: Positional[str], inputs: Positional[tuple[str, ...]] = (
 
     given = _inference_overrides(inference, settings, columns, squad, tagging)
     head = "embeddings" if inference.embeddings else checkpoint_head(checkpoint)
-    if (head in FINE_TUNED_HEADS and file is None and len(inputs) == 1 and inputs[0] != "-"
-            and Path(inputs[0]).exists()):
+    if (head in FINE_TUNED_HEADS and file is None and len(inputs) == 1 and inputs[0].strip() not in ("", "-")
+            and Path(inputs[0]).exists()):  # "" is a text (Path("") is the working folder)
         return _predict_task_file(checkpoint, inputs[0], out, inference, given)
 
     def lines(path: str) -> list[str]:  # stripped, UTF-8 checked; blank lines are inputs too (as features reads)

@@ -106,6 +106,8 @@ def _undone_on_failure(target: Path, undo: Callable[[], None], temporary: Path |
 def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``target`` that replaces it on success (on an exception: removed)."""
     target = Path(target)
+    if target.is_dir():  # before anything is written: os.replace would name the temporary file
+        raise IsADirectoryError(f"{target}: a folder is there; give a file's path")
     tmp: Path | None = None
 
     def remove() -> None:
