@@ -413,8 +413,9 @@ def test_integer_labels_are_named_by_label_names_in_the_model_predictions_and_ev
     with pytest.raises(ValueError, match="--label-names names integer class labels; regression has scores"):
         finetune(config(base, tmp_path / "r", task="regression", train_file=str(train), label_names="a,b",
                         keep_best=False))
-    with pytest.raises(ValueError, match="--label-names names the integer labels of classification; tagging"):
-        finetune(config(base, tmp_path / "t", task="tagging", train_file=str(train), label_names="a,b",
+    with pytest.raises(ValueError, match="--label-names names the labels of classification and the tags of "
+                                         "tagging; multiple_choice"):
+        finetune(config(base, tmp_path / "t", task="multiple_choice", train_file=str(train), label_names="a,b",
                         keep_best=False))
 
 

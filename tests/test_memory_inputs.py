@@ -114,6 +114,17 @@ def test_tagging_rows_with_classlabel_tags_train_and_predict(base, tmp_path):
     assert [len(r["tags"]) for r in tagged] == [6, 6]
 
 
+def test_a_tagging_classlabel_keeps_its_order_as_the_model_s_ids(base, tmp_path):
+    names = ["O", "I-PER", "B-PER"]  # not the order the tags sort in
+    rows = [{"tokens": ["the", "man", "john", "smith"], "ner_tags": [0, 0, 2, 1]} for _ in range(16)]
+    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                  "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})
+    out = tmp_path / "ner"
+    finetune(config(base, out, task="ner"), train=datasets.Dataset.from_list(rows, features=features))
+    id2label = json.loads((out / "model" / "config.json").read_text())["id2label"]
+    assert [id2label[str(i)] for i in range(3)] == names
+
+
 def test_squad_rows_as_datasets_writes_them_read_as_the_official_file(tmp_path):
     context = "Paris is the capital of France."
     rows = [{"id": "q1", "title": "France", "context": context, "question": "What is the capital?",

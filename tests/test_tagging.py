@@ -423,7 +423,7 @@ def test_a_tiny_model_learns_a_tiny_ner_task(learned):
     assert all(len(r.split(" ")) == 3 for b in blocks for r in b)
     settings = json.loads((out / "best" / "config.json").read_text())["bertforge_finetune"]
     assert settings == {"task": "ner", "max_seq_length": 16, "stride": 0, "tag_column": -1, "tag_scheme": "auto",
-                        "tag_piece": "first"}
+                        "tag_piece": "first", "label_names": ""}
 
 
 def test_a_run_whose_dev_file_has_an_unseen_tag_scores_it_at_every_evaluation(root, base, caplog):

@@ -61,7 +61,8 @@ class TaskSettings:
     label_names: str = ""
     """Classification: names of the integer labels 0, 1, ... in order, comma-separated (e.g. negative,positive;
     in Python also a list): the model's id2label, and what predictions and the service say (default: the
-    labels as written)."""
+    labels as written). Tagging: the tag set in id order (a `datasets` ClassLabel's; every training tag one of
+    them)."""
     max_seq_length: int = setting(0, at_least=0, at_most=65535)
     """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
     windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
@@ -419,8 +420,8 @@ class TaskFamily(Protocol):
         """``cfg`` with the family's defaults filled in; a setting the family cannot take is an error. A
         configured ``cfg`` comes back unchanged."""
         if cfg.label_names and "label_names" not in self.settings:
-            raise ValueError(f"--label-names names the integer labels of classification; {self.name} ({cfg.task}) "
-                             "takes its labels as its files write them")
+            raise ValueError(f"--label-names names the labels of classification and the tags of tagging; {self.name} "
+                             f"({cfg.task}) takes its labels as its files write them")
         long_inputs = self.long_inputs_supported[0] if cfg.long_inputs == "auto" else cfg.long_inputs
         if long_inputs not in self.long_inputs_supported:
             raise ValueError(f"--long-inputs {long_inputs} does not apply to {self.name} ({cfg.task}): "

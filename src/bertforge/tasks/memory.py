@@ -149,6 +149,19 @@ def _tagging(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any, 
     return "\n".join(lines) + "\n"
 
 
+def _tag_names(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any) -> str:
+    """A ClassLabel tag column's names in id order, comma-separated: the model's tag ids are the dataset's
+    ("" when the column has none, or label_names is set)."""
+    tags_key = cfg.label_column or next((k for k in TAG_COLUMNS if rows and k in rows[0]), TAG_COLUMNS[0])
+    tag_names = names.get(tags_key)
+    if not tag_names or cfg.label_names:
+        return ""
+    if any("," in n or not n.strip() for n in tag_names):
+        raise ValueError(f"the ClassLabel names of column {tags_key!r} hold a comma or are empty; name the tags "
+                         "with label_names")
+    return ",".join(tag_names)
+
+
 def _answers(value: Any) -> list[dict[str, Any]]:
     """SQuAD's answer list from `datasets`' {"text": [...], "answer_start": [...]} or a list of answers."""
     if isinstance(value, Mapping):
@@ -191,7 +204,7 @@ def input_text(data: Any, cfg: Any, split: str, labelled: bool = True) -> tuple[
         if family == "classification":
             text, label_names = _classification(rows, names, cfg)
         elif family == "tagging":
-            text, label_names = _tagging(rows, names, cfg, labelled), ""
+            text, label_names = _tagging(rows, names, cfg, labelled), _tag_names(rows, names, cfg)
         elif family == "squad":
             text, label_names = _squad(rows, "2.0" if cfg.task == "squad2" else "1.1"), ""
         else:

@@ -420,7 +420,7 @@ class TaggingFamily(TaskFamily):
     name = "tagging"
     head = "BertForTokenClassification"
     tasks = ("ner", "tagging")
-    settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme", "tag_piece")
+    settings = ("task", "max_seq_length", "stride", "tag_column", "tag_scheme", "tag_piece", "label_names")
     long_inputs_supported = ("windows",)
     long_inputs_why = "every word gets a tag, so a long sentence is cut into windows"
 
@@ -437,7 +437,7 @@ class TaggingFamily(TaskFamily):
         sentences = [s for _, got, _ in read for s in got]
         if not sentences:
             raise ValueError(f"{cfg.train_file}: no tagged sentences")
-        labels = tag_list(sentences)
+        labels = cfg.named_labels() or tag_list(sentences)  # named: a ClassLabel's order, kept as the ids
         if len({t for s in sentences for t in s.tags or ()}) < 2:
             raise ValueError(f"{cfg.train_file}: one tag only ({sentences[0].tags[0]!r}): nothing to learn")
         scheme = _training_scheme(read, cfg.tag_scheme, cfg.task, labels)
