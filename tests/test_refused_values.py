@@ -273,3 +273,7 @@ def test_predict_to_a_folder_and_of_an_empty_text_say_what_they_are(base, tmp_pa
     assert f"{tmp_path / 'folder'}: a folder is there; give a file's path" in err and ".tmp" not in err
     assert cli.main(["predict", str(out / "model"), ""]) == 0  # an empty text, not the working folder
     assert "GLUE" not in capsys.readouterr().err
+    assert cli.main(["predict", str(out / "model"), "a good film", "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(["predict", str(out / "model"), "a good film", "--top-k", "1", "--format", "jsonl"]) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["probabilities"]) == 1
