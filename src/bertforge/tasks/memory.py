@@ -120,14 +120,21 @@ def _classification(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg
         return _json_lines(rows), ""
     if cfg.label_names or (glue is not None and glue.labels is not None):
         return _json_lines(rows), ""
-    if any("," in n or not n.strip() for n in label_names):
-        raise ValueError(f"the ClassLabel names of column {column!r} hold a comma or are empty ({label_names}); "
-                         "name the labels with label_names")
-    return _json_lines(rows), ",".join(label_names)
+    return _json_lines(rows), _joined(label_names, column, "labels")
 
 
-def _tagging(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any, require_tags: bool) -> str:
-    """CoNLL columns: a word and its tag per line, a blank line after each sentence."""
+def _joined(names: list[str], column: str, what: str) -> str:
+    """A ClassLabel column's names as ``label_names`` writes them (comma-separated, in id order)."""
+    if any("," in n or not n.strip() for n in names):
+        raise ValueError(f"the ClassLabel names of column {column!r} hold a comma or are empty ({names}); name the "
+                         f"{what} with label_names")
+    return ",".join(names)
+
+
+def _tagging(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any, require_tags: bool
+             ) -> tuple[str, str]:
+    """CoNLL columns: a word and its tag per line, a blank line after each sentence; and the tag names a
+    ClassLabel column gives, in its order, for the model's tag ids ("" when none or label_names is set)."""
     words_key = cfg.text_column or "tokens"
     tags_key = cfg.label_column or next((k for k in TAG_COLUMNS if rows and k in rows[0]), TAG_COLUMNS[0])
     tag_names = names.get(tags_key)
@@ -146,20 +153,7 @@ def _tagging(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any, 
                 raise ValueError(f"row {n}: word {k} {word!r} is empty or holds a tab or line break")
             lines.append(f"{word}\t{tags[k]}" if tags is not None else word)
         lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def _tag_names(rows: list[dict[str, Any]], names: dict[str, list[str]], cfg: Any) -> str:
-    """A ClassLabel tag column's names in id order, comma-separated: the model's tag ids are the dataset's
-    ("" when the column has none, or label_names is set)."""
-    tags_key = cfg.label_column or next((k for k in TAG_COLUMNS if rows and k in rows[0]), TAG_COLUMNS[0])
-    tag_names = names.get(tags_key)
-    if not tag_names or cfg.label_names:
-        return ""
-    if any("," in n or not n.strip() for n in tag_names):
-        raise ValueError(f"the ClassLabel names of column {tags_key!r} hold a comma or are empty; name the tags "
-                         "with label_names")
-    return ",".join(tag_names)
+    return "\n".join(lines) + "\n", _joined(tag_names, tags_key, "tags") if tag_names and not cfg.label_names else ""
 
 
 def _answers(value: Any) -> list[dict[str, Any]]:
@@ -204,7 +198,7 @@ def input_text(data: Any, cfg: Any, split: str, labelled: bool = True) -> tuple[
         if family == "classification":
             text, label_names = _classification(rows, names, cfg)
         elif family == "tagging":
-            text, label_names = _tagging(rows, names, cfg, labelled), _tag_names(rows, names, cfg)
+            text, label_names = _tagging(rows, names, cfg, labelled)
         elif family == "squad":
             text, label_names = _squad(rows, "2.0" if cfg.task == "squad2" else "1.1"), ""
         else:

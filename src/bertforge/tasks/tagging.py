@@ -316,7 +316,15 @@ def reads_positions(model: Any) -> bool:
     does not."""
     while isinstance(model, functools.partial):  # a cached-features run binds its features
         model = model.func
-    return "positions" in inspect.signature(unwrap_model(model).forward).parameters
+    forward = unwrap_model(model).forward
+    return _takes_positions(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_positions(forward: Any) -> bool:
+    """Whether a ``forward`` function has a ``positions`` parameter (read once per function: it is asked every
+    training step)."""
+    return "positions" in inspect.signature(forward).parameters
 
 
 class TaggingObjective(AccuracyObjective):

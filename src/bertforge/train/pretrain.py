@@ -251,12 +251,15 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
 
 
 def _evaluator(dataset: Any, objective: PretrainingObjective, cfg: PretrainConfig, dist: Any, special: Any):
-    """The objective's held-out loss and accuracy over the same instances at every evaluation."""
+    """The objective's held-out loss and accuracy over the same instances at every evaluation: one loader,
+    rewound to its first batch each time, so that a held-out set within one shard window is read once."""
     batch = min(cfg.micro_batch(dist.world_size), max(1, len(dataset) // dist.world_size))
+    loader = PretrainingLoader(dataset, batch, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
+                               special=special, shuffle_shards=cfg.shuffle_shards)
+    start = loader.state_dict()
 
     def evaluate(model: nn.Module, step: int) -> dict[str, float]:
-        loader = PretrainingLoader(dataset, batch, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
-                                   special=special, shuffle_shards=cfg.shuffle_shards)
+        loader.load_state_dict(start)
         names: list[str] = []
         totals: torch.Tensor | None = None
         for i, b in enumerate(loader):
