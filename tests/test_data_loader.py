@@ -281,21 +281,36 @@ def test_epoch_cursor_walks_global_batches_split_by_rank_and_resumes():
     rank r starts at r * 2 in each global batch; each walk is one epoch, the next walk the next."""
     ranks = [EpochCursor(10, 2, seed=3, rank=r, world_size=2) for r in (0, 1)]
     assert [len(c) for c in ranks] == [2, 2]
-    assert [list(c.batches("x")) for c in ranks] == [[(0, 0), (0, 4)], [(0, 2), (0, 6)]]
+    assert [list(c.batches("x")) for c in ranks] == [[(0, 0, 2), (0, 4, 6)], [(0, 2, 4), (0, 6, 8)]]
     assert ranks[0].state_dict() == {"epoch": 1, "position": 0, "seed": 3, "global_batch": 4}
-    assert list(ranks[0].batches("x")) == [(1, 0), (1, 4)]
+    assert list(ranks[0].batches("x")) == [(1, 0, 2), (1, 4, 6)]
     one = EpochCursor(10, 4, seed=3)
     next(one.batches("x"))
     state = one.state_dict()  # taken after a batch: resumes at the next one
     again = EpochCursor(10, 4, seed=3)
     again.load_state_dict(state)
-    assert list(again.batches("x")) == [(0, 4)] and again.epoch == 1
+    assert list(again.batches("x")) == [(0, 4, 8)] and again.epoch == 1
     with pytest.raises(ValueError, match="seed 3 and global batch 4"):
         EpochCursor(10, 2, seed=3).load_state_dict(state)
     with pytest.raises(ValueError, match="tiny: 3 instances, fewer than one global batch"):
         next(EpochCursor(3, 4).batches("tiny"))
     with pytest.raises(ValueError, match="rank"):
         EpochCursor(10, 2, rank=2, world_size=2)
+
+
+def test_epoch_cursor_keeping_the_last_batch_shares_it_out_in_equal_padded_slices():
+    """Without drop_last, 10 items in global batches of 4 (2 ranks x 2) make three batches an epoch, the
+    last 2 items one each; 3 ranks x 2 leave 4 items: slices of 2, the third rank's wrapping to item 0."""
+    ranks = [EpochCursor(10, 2, seed=3, rank=r, world_size=2, drop_last=False) for r in (0, 1)]
+    assert [len(c) for c in ranks] == [3, 3]
+    assert [list(c.batches("x")) for c in ranks] == [[(0, 0, 2), (0, 4, 6), (0, 8, 9)],
+                                                     [(0, 2, 4), (0, 6, 8), (0, 9, 10)]]
+    three = [EpochCursor(10, 2, rank=r, world_size=3, drop_last=False) for r in range(3)]
+    assert [list(c.batches("x"))[-1] for c in three] == [(0, 6, 8), (0, 8, 10), (0, 10, 12)]
+    assert [list(c.batches("x"))[0] for c in three] == [(1, 0, 2), (1, 2, 4), (1, 4, 6)]
+    assert list(EpochCursor(1, 4, drop_last=False).batches("one")) == [(0, 0, 1)]
+    with pytest.raises(ValueError, match="empty: 0 instances"):
+        next(EpochCursor(0, 4, drop_last=False).batches("empty"))
 
 
 def test_epoch_permutation_depends_on_the_seed_and_keys_only():

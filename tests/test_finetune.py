@@ -312,41 +312,78 @@ def _take(source: EncodedBatches, n: int) -> list[dict[str, torch.Tensor]]:
 
 def test_batches_follow_the_seeded_permutation_of_each_epoch():
     """Epoch e visits the items in the permutation drawn from (seed, e, 0): the pre-training
-    loader's order over one shard; ranks take consecutive slices of each global batch."""
+    loader's order over one shard; ranks take consecutive slices of each global batch. With drop_last the
+    last incomplete global batch is left out; without it, its items are shared out in equal rank slices,
+    padded from the epoch's first items, so every item is trained every epoch."""
     n = 23
     f = Windows([np.arange(2 + i % 5) for i in range(n)], np.ones(n, dtype=np.int64), np.arange(n), n)
     f.with_labels(np.arange(n))
-    for seed, batch, world in ((0, 4, 1), (7, 2, 2), (12345, 3, 1)):
-        ranks = [EncodedBatches(f, batch, seed=seed, rank=r, world_size=world) for r in range(world)]
-        steps = n // (batch * world)  # the last incomplete global batch is dropped
-        assert all(len(b) == steps for b in ranks)
-        for epoch in range(3):
-            perm = np.random.default_rng([seed, epoch, 0]).permutation(n)
-            want = [[perm[k * batch * world + r * batch:][:batch].tolist() for k in range(steps)] for r in range(world)]
-            assert [[b["labels"].tolist() for b in source] for source in ranks] == want, (seed, epoch)
+    for seed, batch, world in ((0, 4, 1), (7, 2, 2), (12345, 3, 1), (3, 4, 3)):
+        for drop_last in (True, False):
+            ranks = [EncodedBatches(f, batch, seed=seed, rank=r, world_size=world, drop_last=drop_last)
+                     for r in range(world)]
+            full, left = divmod(n, batch * world)
+            per = -(-left // world)  # the last slice of each rank, without drop_last
+            assert all(len(b) == full + (not drop_last) for b in ranks)
+            for epoch in range(3):
+                perm = np.random.default_rng([seed, epoch, 0]).permutation(n)
+                want = [[perm[k * batch * world + r * batch:][:batch].tolist() for k in range(full)]
+                        for r in range(world)]
+                if not drop_last:
+                    for r in range(world):
+                        want[r].append(perm[(full * batch * world + r * per + np.arange(per)) % n].tolist())
+                got = [[b["labels"].tolist() for b in source] for source in ranks]
+                assert got == want, (seed, world, drop_last, epoch)
+                if not drop_last:
+                    assert set(sum((sum(g, []) for g in got), [])) == set(range(n))
 
 
-@pytest.mark.parametrize("stop", [1, 3, 5, 7, 12])
-def test_resuming_anywhere_gives_the_uninterrupted_batches(stop):
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("stop", [1, 3, 5, 6, 7, 12])
+def test_resuming_anywhere_gives_the_uninterrupted_batches(stop, drop_last):
     """A loader stopped after ``stop`` batches (mid-epoch, at an epoch's end, in a later epoch) and a
     fresh one loaded with its state give, together, the batches of one that never stopped."""
-    n = 23  # 5 batches of 4 per epoch, 3 items dropped
+    n = 23  # 5 batches of 4 per epoch, and 3 items dropped or a 6th batch of 3
+    per_epoch = 5 if drop_last else 6
     f = Windows([np.arange(2 + i % 7) for i in range(n)], np.full(n, 2, dtype=np.int64), np.arange(n), n)
     f.with_labels(np.arange(n))
-    uninterrupted = _take(EncodedBatches(f, 4, seed=5), 15)
-    first = EncodedBatches(f, 4, seed=5)
+    uninterrupted = _take(EncodedBatches(f, 4, seed=5, drop_last=drop_last), 15)
+    first = EncodedBatches(f, 4, seed=5, drop_last=drop_last)
     seen = _take(first, stop)
     state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
-    assert state == {"epoch": stop // 5, "position": 4 * (stop % 5), "seed": 5, "global_batch": 4}
-    resumed = EncodedBatches(f, 4, seed=5)
+    kept = {} if drop_last else {"drop_last": False}
+    assert state == {"epoch": stop // per_epoch, "position": 4 * (stop % per_epoch), "seed": 5, "global_batch": 4,
+                     **kept}
+    resumed = EncodedBatches(f, 4, seed=5, drop_last=drop_last)
     resumed.load_state_dict(state)
     together = seen + _take(resumed, 15 - stop)
     assert all(torch.equal(a[k], b[k]) for a, b in zip(together, uninterrupted) for k in a)
     with pytest.raises(ValueError, match="seed 5"):
-        EncodedBatches(f, 4, seed=6).load_state_dict(state)
+        EncodedBatches(f, 4, seed=6, drop_last=drop_last).load_state_dict(state)
+    with pytest.raises(ValueError, match=f"drop_last {drop_last}; this loader has {not drop_last}"):
+        EncodedBatches(f, 4, seed=5, drop_last=not drop_last).load_state_dict(state)
     with pytest.raises(ValueError, match="fewer than one global batch"):
-        next(iter(EncodedBatches(f, 8, world_size=3, name="tiny.csv")))
+        next(iter(EncodedBatches(f, 8, world_size=3, name="tiny.csv", drop_last=True)))
+    assert len(next(iter(EncodedBatches(f, 8, world_size=3, name="tiny.csv")))["labels"]) == 8
 
+
+
+def test_two_gloo_processes_train_an_epoch_s_padded_last_batch(base, tmp_path):
+    """13 examples, global batch 8 on 2 processes: two steps an epoch, the second's 5 examples shared out
+    as 3 and 3 (one padded from the epoch's start); both processes finish every step and agree."""
+    rows = [{"text": f"{'good' if i % 2 else 'bad'} film number {i}", "label": i % 2} for i in range(13)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bertforge",
+           "finetune", "--task", "classification", "--model", str(base), "--train-file", str(train), "--out", str(out),
+           "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--log-every", "1", "--no-progress"]
+    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line).get("split") == "train"]
+    assert steps == [1, 2, 3, 4] and (out / "model" / "config.json").is_file()
 
 def test_families_read_task_settings_and_never_import_the_recipe():
     """FinetuneConfig is TaskSettings plus the loop's settings: a family takes either; no family

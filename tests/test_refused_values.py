@@ -277,3 +277,39 @@ def test_predict_to_a_folder_and_of_an_empty_text_say_what_they_are(base, tmp_pa
     assert "--batch-size must be >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["predict", str(out / "model"), "a good film", "--top-k", "1", "--format", "jsonl"]) == 0
     assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["probabilities"]) == 1
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_an_epoch_s_last_incomplete_batch_is_trained_unless_drop_last(base, tmp_path, monkeypatch, grad_accum):
+    """13 examples in batches of 8: two steps an epoch, the second of 5 (as transformers trains them);
+    with drop_last one step; 5 examples, fewer than a batch, train one step of 5."""
+    from bertforge.train.loop import Trainer
+
+    sizes: list[list[int]] = []
+    step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self, micro: (
+        sizes.append([len(b["input_ids"]) for b in micro]), step(self, micro))[1])
+    half = [4, 4] if grad_accum == 2 else [8]
+    for n, drop_last, want in ((13, False, [half, [4, 1] if grad_accum == 2 else [5]] * 2), (13, True, [half] * 2),
+                               (5, False, [[4, 1] if grad_accum == 2 else [5]] * 2)):
+        sizes.clear()
+        out = tmp_path / f"run-{n}-{drop_last}"
+        result = finetune(config(base, out, max_steps=0, epochs=2, drop_last=drop_last, grad_accum=grad_accum),
+                          train=rows(n))
+        assert sizes == want and result.train.step == len(want)
+
+
+def test_a_run_recorded_when_last_batches_were_dropped_resumes_with_drop_last_only(base, tmp_path):
+    """A record without drop_last predates training the last batch: its epochs left it out, so resuming it
+    otherwise is refused naming the setting, and with drop_last it continues."""
+    from bertforge.train.rundir import latest_checkpoint
+
+    out = tmp_path / "earlier"
+    finetune(config(base, out, max_steps=1, drop_last=True, checkpoint_every=1), train=rows(13))
+    for path in (latest_checkpoint(out) / "trainer_state.json", out / "run_config.json"):
+        text = path.read_text()
+        path.write_text(text.replace('"drop_last": true,', "").replace(', "drop_last": true', ""))
+        assert "drop_last" not in path.read_text()
+    with pytest.raises(ValueError, match="drop_last: True -> False"):
+        finetune(config(base, out, max_steps=2, resume=True), train=rows(13))
+    assert finetune(config(base, out, max_steps=2, resume=True, drop_last=True), train=rows(13)).train.step == 2

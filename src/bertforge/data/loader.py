@@ -36,9 +36,15 @@ def epoch_permutation(n: int, seed: int, *keys: int) -> np.ndarray:
 
 
 class EpochCursor:
-    """Where an epoch-by-epoch walk over ``size`` items in rank-sliced global batches stands, resumably."""
+    """Where an epoch-by-epoch walk over ``size`` items in rank-sliced global batches stands, resumably.
 
-    def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1):
+    ``drop_last``: an epoch's last global batch, when incomplete, is left out (pre-training, as Google's
+    release does); otherwise it is cut into equal rank slices (``ceil(left / world_size)`` items each, the
+    last slices padded from the epoch's first items when ``left`` does not divide, as PyTorch's
+    ``DistributedSampler`` pads) and every process takes the same number of batches."""
+
+    def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = True):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad batch_size / rank / world_size: {batch_size}, {rank}, {world_size}")
         self.size = size
@@ -46,6 +52,7 @@ class EpochCursor:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.drop_last = drop_last
         self.epoch = 0
         self.position = 0  # items of this epoch consumed (all ranks together)
 
@@ -55,32 +62,44 @@ class EpochCursor:
 
     def __len__(self) -> int:
         """Batches per epoch (per rank)."""
-        return self.size // self.global_batch
+        return self.size // self.global_batch if self.drop_last else -(-self.size // self.global_batch)
 
     def state_dict(self) -> dict[str, int]:
+        kept = {} if self.drop_last else {"drop_last": False}  # a state without it predates keeping the last
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "global_batch": self.global_batch}
+                "global_batch": self.global_batch, **kept}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state.get("seed", self.seed) != self.seed or state.get("global_batch", self.global_batch) != self.global_batch:
             raise ValueError(f"loader state is for seed {state.get('seed')} and global batch "
                              f"{state.get('global_batch')}; this loader has {self.seed} and {self.global_batch}")
+        if bool(state.get("drop_last", True)) != self.drop_last:
+            raise ValueError(f"loader state is for drop_last {bool(state.get('drop_last', True))}; this loader "
+                             f"has {self.drop_last}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
-    def batches(self, name: str) -> Iterator[tuple[int, int]]:
-        """(epoch, first item) of this rank's batches in the rest of one epoch. The cursor moves past a
-        batch before it is handed out, so a ``state_dict()`` taken after it resumes at the next one."""
-        if self.size < self.global_batch:
+    def batches(self, name: str) -> Iterator[tuple[int, int, int]]:
+        """(epoch, first, stop) of this rank's batches in the rest of one epoch: the epoch's items
+        ``first .. stop - 1`` (modulo ``size``: a padded last slice wraps to the epoch's first items). The
+        cursor moves past a batch before it is handed out, so a ``state_dict()`` taken after it resumes at
+        the next one."""
+        if self.size < (self.global_batch if self.drop_last else 1):
             raise ValueError(f"{name}: {self.size} instances, fewer than one global batch ({self.global_batch})")
-        if self.position + self.global_batch > self.size:  # resumed right after an epoch's last batch
+        if self._epoch_done():  # resumed right after an epoch's last batch
             self._next_epoch()
         epoch = self.epoch
         while self.epoch == epoch:
-            first = self.position + self.rank * self.batch_size
-            self.position += self.global_batch
-            if self.position + self.global_batch > self.size:
+            left = self.size - self.position
+            per = self.batch_size if left >= self.global_batch else -(-left // self.world_size)
+            first = self.position + self.rank * per
+            self.position += min(left, self.global_batch)
+            if self._epoch_done():
                 self._next_epoch()
-            yield epoch, first
+            yield epoch, first, first + per
+
+    def _epoch_done(self) -> bool:
+        left = self.size - self.position
+        return left <= 0 or (self.drop_last and left < self.global_batch)
 
     def _next_epoch(self) -> None:
         self.epoch += 1
@@ -104,6 +123,11 @@ class CursorLoader:
     @property
     def global_batch(self) -> int:
         return self.cursor.global_batch
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether an epoch's last incomplete batch (and optimizer step) is left out."""
+        return self.cursor.drop_last
 
     def __len__(self) -> int:
         """Batches per epoch (per rank)."""
@@ -301,8 +325,8 @@ class PretrainingLoader(CursorLoader):
         return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for epoch, first in self.cursor.batches(str(self.dataset.folder)):
-            instances = self._instances(epoch, first, first + self.batch_size)
+        for epoch, first, stop in self.cursor.batches(str(self.dataset.folder)):
+            instances = self._instances(epoch, first, stop)
             if self.masking is not None:
                 self._mask(instances, epoch, first)
             yield self.collate(instances)

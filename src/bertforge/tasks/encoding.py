@@ -156,14 +156,15 @@ class EncodedBatches(CursorLoader):
 
     Epoch ``e`` visits the items in the permutation drawn from ``(seed, e, 0)``
     (`bertforge.data.loader.epoch_permutation` over one "shard"). Each ``iter()`` yields the rest of one
-    epoch. Every global batch of ``batch_size * world_size`` items is cut into rank slices, the last
-    incomplete one dropped (`bertforge.data.loader.EpochCursor`); ``state_dict`` / ``load_state_dict``
-    resume with the very same batches."""
+    epoch. Every global batch of ``batch_size * world_size`` items is cut into rank slices; the last
+    incomplete one is trained (smaller), or with ``drop_last`` left out (`bertforge.data.loader.EpochCursor`);
+    ``state_dict`` / ``load_state_dict`` resume with the very same batches."""
 
     def __init__(self, encoded: EncodedSet, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 name: str = "training data"):
+                 name: str = "training data", drop_last: bool = False):
         self.encoded = encoded
-        self.cursor = EpochCursor(len(encoded), batch_size, seed=seed, rank=rank, world_size=world_size)
+        self.cursor = EpochCursor(len(encoded), batch_size, seed=seed, rank=rank, world_size=world_size,
+                                  drop_last=drop_last)
         self.name = name
         self._order: tuple[int, np.ndarray] | None = None
 
@@ -174,8 +175,8 @@ class EncodedBatches(CursorLoader):
         return self._order[1]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for epoch, first in self.cursor.batches(self.name):
-            items = self.order(epoch)[first:first + self.cursor.batch_size]
+        for epoch, first, stop in self.cursor.batches(self.name):
+            items = self.order(epoch)[np.arange(first, stop) % len(self.encoded)]
             yield self.encoded.collate([int(i) for i in items])
 
 

@@ -59,6 +59,9 @@ class FinetuneConfig(TaskSettings, TrainConfig):
 
     batch_size: int = 32
     """Global batch: sequences (windows) per optimizer step over all processes and accumulation steps."""
+    drop_last: bool = setting(False, absent=True)
+    """Leave out each epoch's last incomplete batch (transformers' dataloader_drop_last); by default it is
+    trained, as a smaller last step of the epoch."""
     max_steps: int = 0
     """Optimizer steps of the run (0: --epochs passes over the training data)."""
     lr: float = 2e-5
@@ -375,7 +378,8 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self.prepared.train.encoded) // self.cfg.batch_size
+        n, batch = len(self.prepared.train.encoded), self.cfg.batch_size
+        return n // batch if self.cfg.drop_last else -(-n // batch)
 
     def settled_config(self) -> FinetuneConfig:
         """The family's defaults filled in, and the run's steps: --max-steps, or --epochs passes over the
@@ -383,7 +387,8 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         cfg, per_epoch = self.prepared.family.configure(self.cfg), self.steps_per_epoch
         if per_epoch < 1:
             raise ValueError(f"{cfg.train_file}: {len(self.prepared.train.encoded)} training sequences, fewer than "
-                             f"one batch ({cfg.batch_size}); lower batch_size (--batch-size) to at most that")
+                             f"one batch ({cfg.batch_size}) and drop_last (--drop-last) leaves it out; lower "
+                             f"batch_size (--batch-size) to at most that, or keep the last batch")
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
         return dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or per_epoch)
 
@@ -411,7 +416,7 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
             encoded = cache_features(model.to(dist.device), encoded, cfg.eval_batch_size, dist.device, dist)
             objective = CachedObjective(objective)
         batches = EncodedBatches(encoded, cfg.micro_batch(dist.world_size), seed=cfg.seed, rank=dist.rank,
-                                 world_size=dist.world_size, name=cfg.train_file)
+                                 world_size=dist.world_size, name=cfg.train_file, drop_last=cfg.drop_last)
         if cfg.resume and (self.best_dir / BEST_METRICS).is_file():
             self.best = json.loads((self.best_dir / BEST_METRICS).read_text(encoding="utf-8"))
         return objective, batches, self.evaluate if data.dev else None

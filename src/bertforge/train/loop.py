@@ -63,6 +63,9 @@ class Objective(Protocol):
 class BatchSource(Protocol):
     """A resumable, endless-by-epochs batch iterable (`bertforge.data.loader.PretrainingLoader`)."""
 
+    drop_last: bool
+    """Whether an epoch's last incomplete batch is left out; otherwise it makes a smaller last step."""
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -280,12 +283,15 @@ class Trainer:
             try:
                 out.append(next(it))
             except StopIteration:  # end of an epoch: the source continues with the next one
+                it = iter(self.batches)
+                if out and not self.batches.drop_last:  # the epoch's last, smaller step
+                    break
                 if new_epoch:
                     raise ValueError(f"an epoch of the training data holds fewer than grad_accum "
                                      f"({self.cfg.grad_accum}) micro-batches") from None
                 # An epoch's last micro-batches that do not fill a step are dropped, as a source
                 # batching the whole step at once drops them: accumulation leaves the data order as is.
-                out, it, new_epoch = [], iter(self.batches), True
+                out, new_epoch = [], True
         return out, it
 
     def train_step(self, micro: list[dict[str, torch.Tensor]]
