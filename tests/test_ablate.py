@@ -467,7 +467,7 @@ def _bad_row(data, files):
     (lambda d, f: d["tasks"][1].update(metric="f1"),
      r"toy.yaml: tasks\[1\] \(TAG\)\.metric: 'f1' is not among the metrics TAG's dev files are scored with "
      r"\(accuracy\)$"),
-    (lambda d, f: d["finetune"].update(batch_size=64),
+    (lambda d, f: d["finetune"].update(batch_size=64, drop_last=True),
      r"toy.yaml: tasks\[0\] \(CLS\): 48 training sequences, fewer than one batch \(batch_size 64\)$"),
     (lambda d, f: d["finetune"].update(max_seq_length=128),
      r"toy.yaml: tasks\[0\] \(CLS\): max_seq_length 128 is longer than the 64 positions of BERT's model$"),

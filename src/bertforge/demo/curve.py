@@ -188,7 +188,9 @@ def subset(total: int, size: int, seed: int) -> np.ndarray:
 
 def finetune_steps(size: int, finetuning: FinetuneSettings, start: Start | None = None) -> int:
     """Optimizer steps of a fine-tuning on ``size`` examples: ``epochs`` passes, at least ``min_steps`` (the
-    ``start``'s own where it has them): a small subset must train long enough to learn."""
+    ``start``'s own where it has them): a small subset must train long enough to learn. Every step is a full
+    batch (the runs drop an epoch's incomplete last one): at 100 examples in batches of 32, every fourth step
+    would otherwise be 4 examples, a step of noise."""
     floor = finetuning.min_steps if start is None or start.min_steps is None else start.min_steps
     epochs = finetuning.epochs if start is None or start.epochs is None else start.epochs
     return max(math.ceil(epochs * size / finetuning.batch_size), floor)
@@ -305,7 +307,7 @@ def _finetune(cell: Cell, lr: float, steps: int, **settings: Any) -> Any:
             **cell.task_settings, model=cell.folder, train_file=cell.train_file, out=cell.out, overwrite=True,
             max_steps=steps, lr=lr, batch_size=ft.batch_size, max_seq_length=ft.max_seq_length,
             dropout=ft.dropout, precision=ft.precision, seed=cell.seed, keep_best=False,
-            checkpoint_every=10**9, progress=False, **settings))
+            checkpoint_every=10**9, progress=False, drop_last=True, **settings))
     if res.train.interrupted:
         raise KeyboardInterrupt(f"fine-tuning stopped at step {res.train.step} ({cell.out})")
     return res

@@ -559,7 +559,7 @@ def _check_task_files(study: Study, inputs: _Inputs, out: StudyFolder, cfg: Abla
                 raise study.error(study.field(t), str(e)) from None
             read[key] = (len(data.train.encoded), _reported_metrics(data))
         count, metrics = read[key]
-        if count < fcfg.batch_size:
+        if count < fcfg.batch_size and fcfg.drop_last:
             where = f"{study.field(v)}.finetune (with task {t.name})" if "batch_size" in v.finetune else study.field(t)
             raise study.error(where, f"{count} training sequences, fewer than one batch (batch_size {fcfg.batch_size})")
         if t.metric and t.metric not in metrics:
