@@ -313,3 +313,22 @@ def test_a_run_recorded_when_last_batches_were_dropped_resumes_with_drop_last_on
     with pytest.raises(ValueError, match="drop_last: True -> False"):
         finetune(config(base, out, max_steps=2, resume=True), train=rows(13))
     assert finetune(config(base, out, max_steps=2, resume=True, drop_last=True), train=rows(13)).train.step == 2
+
+
+def test_a_run_of_data_in_memory_moved_elsewhere_resumes_there(base, tmp_path, monkeypatch):
+    """The record names the kept copy of in-memory data inside its run folder: moved, the folder resumes
+    from the command line with --resume alone, and from Python with the same data given again."""
+    import shutil
+
+    from bertforge import cli
+
+    old, new, again = tmp_path / "old", tmp_path / "elsewhere" / "new", tmp_path / "again"
+    finetune(config(base, old, max_steps=1, checkpoint_every=1), train=rows(), dev=rows(8))
+    new.parent.mkdir()
+    shutil.copytree(old, again)
+    shutil.move(old, new)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cli.main(["finetune", "--out", "new", "--resume", "--max-steps", "2", "--no-progress"]) == 0
+    assert json.loads((new / "run_config.json").read_text())["train_file"] == str(Path("new/inputs/train.jsonl"))
+    result = finetune(config(base, again, max_steps=2, resume=True), train=rows(), dev=rows(8))
+    assert result.train.step == 2

@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 __all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
            "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value",
            "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "RUN_FACTS",
+           "RUN_INPUTS", "follow_folder",
            "check_device"]
 
 
@@ -388,13 +389,30 @@ resolve to and what the run found (`bertforge.train.run.TrainingRun.run_config`)
 is a valid config file: these are skipped there, and any other key that is no setting is refused."""
 
 
+RUN_INPUTS = "inputs"
+"""The run folder's copy of data a run was given in memory (``OUT/inputs/``), which its record names."""
+
+
+def follow_folder(record: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
+    """A run's record of its settings with the files it keeps in its run folder (data given in memory, in
+    ``OUT/inputs/``) named inside ``out`` instead: a run folder moved or copied elsewhere resumes from there."""
+    was = record.get("out")
+    if not isinstance(was, str) or not was:
+        return dict(record)
+    inputs = Path(was) / RUN_INPUTS
+    moved = {name: str(Path(out) / RUN_INPUTS / Path(value).relative_to(inputs)) for name, value in record.items()
+             if isinstance(value, str) and value and Path(value).is_relative_to(inputs)}
+    return {**record, **moved}
+
+
 def config_from_file(cls: type, file: str | Path, base: Any = None) -> Any:
     """A ``cls`` config from a JSON / YAML file of its settings over ``base`` (or the named ``recipe``); a run's
-    record (it holds ``warmup_steps_used``) is read without its `RUN_FACTS`."""
+    record (it holds ``warmup_steps_used``) is read without its `RUN_FACTS`, the files it names inside its
+    run folder where that folder is now (`follow_folder`: the record's own folder)."""
     try:
         data = read_config_file(file)
         if "warmup_steps_used" in data:
-            data = {k: v for k, v in data.items() if k not in RUN_FACTS}
+            data = follow_folder({k: v for k, v in data.items() if k not in RUN_FACTS}, Path(file).parent)
         values = read_settings(cls, data, ints_as_floats=True)
         if base is None and "recipe" in values and hasattr(cls, "from_recipe"):  # a named recipe's settings first
             base = cls.from_recipe(values["recipe"])

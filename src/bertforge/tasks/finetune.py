@@ -25,7 +25,7 @@ from bertforge.fast import speed_up, quantize_int8
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
-from bertforge.settings import read_settings, setting
+from bertforge.settings import RUN_INPUTS, read_settings, setting
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
@@ -347,7 +347,7 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
     def _write_given(self) -> None:
         """Data given in memory written into ``OUT/inputs/`` (the main process writes, the others wait), and the
         settings pointed at it; a ClassLabel's names name the labels unless --label-names does."""
-        cfg, dist, folder = self.cfg, self.dist, self.out / "inputs"
+        cfg, dist, folder = self.cfg, self.dist, self.out / RUN_INPUTS
         for split, data in self.given.items():
             text, names = input_text(data, cfg, split)
             if dist.is_main:

@@ -2,7 +2,7 @@
 `datasets.Dataset`, a pandas DataFrame, a list of records (dicts) or a dict of columns; it is written once
 in the family's own format and read by the same reader as a file, so every check and message is the
 file's. A run keeps what it was given in ``OUT/inputs/`` (its record points there: it resumes from its
-folder). `datasets` and pandas are never imported: their objects are recognised by what they offer.
+folder, wherever the folder has moved). `datasets` and pandas are never imported: their objects are recognised by what they offer.
 
     classification, multiple choice   JSON lines, one record per row (columns as --text-column & co. name)
     tagging                           CoNLL columns from a list of words and a list of tags per row

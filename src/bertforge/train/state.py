@@ -16,6 +16,7 @@ import torch
 
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.checkpoint import CheckpointError, read_state_dict, save_pretrained
+from bertforge.settings import follow_folder
 
 if TYPE_CHECKING:
     from torch import nn
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from bertforge.train.distributed import Distributed
 
 __all__ = ["STATE_PT", "STATE_JSON", "rng_state", "set_rng_state", "read_info", "read_state", "check_compatible",
+
            "setting_changes", "changes_text", "full_state_dicts", "save_model", "write_checkpoint", "load_weights"]
 
 STATE_PT = "trainer_state.pt"
@@ -123,7 +125,10 @@ def load_weights(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], rules: ResumeRules, folder: Path) -> None:
-    """Refuse to resume from ``folder`` if ``current`` differs from ``saved`` beyond what ``rules`` allow."""
+    """Refuse to resume from ``folder`` if ``current`` differs from ``saved`` beyond what ``rules`` allow (files
+    the record names inside its own run folder are compared where that folder is now: `follow_folder`)."""
+    if "out" in current:
+        saved = follow_folder(saved, current["out"])
     steps, ratio = saved.get("warmup_steps"), saved.get("warmup_ratio")
     if steps is not None and ratio is not None:
         # an old record holds both, the ratio winning when above 0: the same warmup as this run's is no change
