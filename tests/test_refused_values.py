@@ -332,3 +332,20 @@ def test_a_run_of_data_in_memory_moved_elsewhere_resumes_there(base, tmp_path, m
     assert json.loads((new / "run_config.json").read_text())["train_file"] == str(Path("new/inputs/train.jsonl"))
     result = finetune(config(base, again, max_steps=2, resume=True), train=rows(), dev=rows(8))
     assert result.train.step == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["vocab", "corpus.txt", "--out", "v", "--vocab-size", "1e26"], "--vocab-size: expected an integer, got '1e26'"),
+    (["vocab", "corpus.txt", "--out", "v", "--vocab-size=abc"], "--vocab-size: expected an integer, got 'abc'"),
+    (["vocab", "corpus.txt", "--out", "v", "--vocab-size"], "--vocab-size: expected an integer after it"),
+    (["finetune", "--task", "sst2", "--lr", "fast"], "--lr: expected a number, got 'fast'"),
+    (["predict", "m", "a text", "--precision", "fp99"], "--precision: expected one of auto, fp32, bf16, fp16, int8, "
+                                                         "got 'fp99'"),
+])
+def test_a_flag_value_of_the_wrong_type_is_one_line_naming_the_flag(tmp_path, monkeypatch, capsys, args, message):
+    from bertforge import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"bertforge {args[0]}: error: {message}\n" and not (tmp_path / "v").exists()

@@ -796,8 +796,52 @@ def _run(command: str, args: list[str]) -> int:
                 logging.getLogger("bertforge").info("resuming with the settings %s records; flags given override them",
                                                     file)
         fn = functools.partial(fn, cfg=base or cfg.default)
-    return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,),
-                    registry=_REGISTRY)
+    with _one_line_value_errors(given):
+        return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,),
+                        registry=_REGISTRY)
+
+
+_EXPECTED = {"INT": "an integer", "FLOAT": "a number", "STR": "a value", "PATH": "a path"}
+
+
+def _one_line_value_errors(args: list[str]) -> contextlib.AbstractContextManager:
+    """A flag's value that is not of its type or not among its choices (``--vocab-size 1e26``) as the
+    ValueError every other bad value is: one line naming the flag, what it takes and what it got. The command
+    line's other errors (an unknown flag, a missing one) keep their own message with its suggestions."""
+    try:
+        from tyro import _errors as events  # the parser's hook for its errors (where this version has it)
+
+        hook = events.on_parse_error
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
+
+    def one_line(event: Any) -> None:
+        argument = getattr(event, "argument", None)
+        if argument is None or not isinstance(event, (events.InstantiationFailure, events.InvalidChoice,
+                                                      events.BadValue)):
+            return
+        flags = tuple(argument.lowered.name_or_flags)
+        name = next((f for f in flags if f.startswith("--")), flags[0] if flags else str(argument.lowered.metavar))
+        metavar = str(argument.lowered.metavar)
+        choices = getattr(event, "choices", None)
+        if choices is None and metavar.startswith("{"):
+            choices = tuple(metavar.strip("{}").split(","))
+        expected = f"one of {', '.join(map(str, choices))}" if choices else _EXPECTED.get(metavar, metavar)
+        value = _flag_value(args, flags)
+        raise ValueError(f"{name}: expected {expected}" + (f", got {value!r}" if value is not None else " after it"))
+
+    return hook(one_line)
+
+
+def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value given to the last of ``flags`` in ``args`` (``--flag VALUE`` or ``--flag=VALUE``)."""
+    value = None
+    for i, a in enumerate(args):
+        if a in flags and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        elif a.split("=", 1)[0] in flags and "=" in a:
+            value = a.split("=", 1)[1]
+    return value
 
 
 @contextlib.contextmanager
