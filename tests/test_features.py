@@ -31,6 +31,7 @@ from bertforge.serving.features import (BertModelWithoutPooler, embed, extract_f
                                         write_features)
 from bertforge.model.heads import BertForPreTraining
 from bertforge.text.tokenizer import BertTokenizer
+from bertforge.serving.predictor import Predictor
 
 H, L = 32, 4
 TEXTS = ["the old house by the river", ("a small tree", "the long road to the city"), "",
@@ -256,6 +257,27 @@ def test_pooling_cls_and_mean(ckpt, tok, hf):
     close(long_mean[0], long_tokens[0].mean(0))
 
 
+
+def test_pooling_pooler_is_transformers_pooler_output_and_needs_a_trained_pooler(ckpt, tok, hf, tmp_path):
+    """pooler: the trained pooler's output, transformers' pooler_output (its [CLS]); the names features,
+    predict and serve take are one set; a checkpoint without a trained pooler, or other layers, are refused."""
+    pooled = extract_features(ckpt, TEXTS, pooling="pooler", batch_size=2)
+    assert pooled.values.shape == (len(TEXTS), H) and pooled.pooling == "pooler"
+    for i, text in enumerate(TEXTS):
+        a, b = (text, None) if isinstance(text, str) else text
+        with torch.no_grad():
+            close(pooled[i], hf(**tok(a, b, return_tensors="pt")).pooler_output[0])
+    np.testing.assert_allclose(Predictor.from_pretrained(ckpt, head="embeddings").embed(TEXTS, pooling="pooler"), pooled.values,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="pooling pooler reads the last layer, not layers -1,-2"):
+        extract_features(ckpt, TEXTS, pooling="pooler", layers=(-1, -2))
+    bare = tmp_path / "no-pooler"
+    BertModelWithoutPooler.from_pretrained(ckpt).save_pretrained(bare)
+    write_tokenizer(bare)
+    with pytest.raises(ValueError, match="no-pooler has no trained pooler; use pooling mean or cls"):
+        extract_features(bare, TEXTS, pooling="pooler")
+
+
 # ---------------------------------------------------------------------------- input and errors
 def test_embed_pools_a_loaded_model_as_extract_features_does(ckpt, tok):
     model = BertModelWithoutPooler.from_pretrained(ckpt).eval()
@@ -306,7 +328,7 @@ def test_read_inputs_as_google_reads_them(tmp_path, monkeypatch):
     (dict(layers=(-1, 4)), "chosen twice"),
     (dict(layers=()), "no layers"),
     (dict(combine="mean"), "combine must be one of concat, sum"),
-    (dict(pooling="max"), "pooling must be one of cls, mean"),
+    (dict(pooling="max"), "pooling must be one of mean, cls, pooler, got .max."),
     (dict(max_seq_length=100), "exceeds the model's 64 positions"),
     (dict(max_seq_length=12, stride=11), "stride 11 is longer than a window"),
     (dict(precision="fp8"), "precision must be one of"),

@@ -64,9 +64,8 @@ from bertforge.data.prepare import PrepareConfig
 from bertforge.demo.run import DemoConfig
 from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
-from bertforge.serving.features import FeatureSettings, parse_layers
+from bertforge.serving.features import FeatureSettings, Pooling, parse_layers
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
-from bertforge.serving.predictor import Pooling
 from bertforge.settings import config_from_file, read_config_file
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.rundir import RUN_CONFIG, STOP_MARKER, read_stop_marker, stopped_where

@@ -45,15 +45,15 @@ from bertforge.settings import check_settings, setting
 from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
 __all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
-           "split_pair", "parse_layers", "output_format", "POOLINGS", "EmbedPooling", "SUFFIXES", "DEFAULT_LAYERS"]
+           "split_pair", "parse_layers", "output_format", "POOLINGS", "Pooling", "check_pooling", "SUFFIXES", "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 
 DEFAULT_LAYERS = (-1, -2, -3, -4)
 DEFAULT_MAX_SEQ_LENGTH = 128  # the TF script's; lowered to the model's positions when it has fewer
 Combine = Literal["concat", "sum"]
-EmbedPooling = Literal["cls", "mean", "last"]
-POOLINGS: tuple[str, ...] = ("cls", "mean")  # extract_features' and write_features'; embed also takes "last"
+Pooling = Literal["mean", "cls", "pooler"]
+POOLINGS: tuple[str, ...] = typing.get_args(Pooling)
 SUFFIXES = (".jsonl", ".npy", ".safetensors")
 _CHUNK_BYTES = 256 << 20  # float32 vectors held at once (one chunk of inputs)
 _ENCODE_BATCH = 4096  # texts per call to the tokenizer
@@ -69,9 +69,10 @@ class FeatureSettings:
     alone with pooling)"""
     combine: Combine = "concat"
     """put the layers side by side (concat) or add them up (sum)"""
-    pooling: EmbedPooling | None = None
-    """one vector per input: at [CLS] (not for left-to-right models), its tokens' mean, or (`embed` only) its
-    final [SEP] (none: a vector per token)"""
+    pooling: Pooling | None = None
+    """one vector per input: its tokens' mean, the vector at [CLS] (not for left-to-right models), or the trained
+    pooler's output, as sentence heads read it (at [CLS]; a left-to-right model's at its last token); none: a
+    vector per token"""
     max_seq_length: int | None = setting(None, at_least=4)
     """tokens per forward pass; longer inputs are cut into windows (none: 128, or the model's positions if fewer)"""
     stride: int = setting(0, at_least=0)
@@ -195,6 +196,7 @@ class _Spec:
     precision: str  # resolved: fp32, bf16, fp16 or int8
     device: torch.device
     dim: int
+    pooled_at: int  # the token a cls / pooler pooling reads: 0 ([CLS]), or -1 (a left-to-right model's last)
 
 
 def _collate(windows: list[_Window], device: torch.device) -> dict[str, torch.Tensor]:
@@ -249,12 +251,15 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
     limit = max(spec.max_seq_length, _CHUNK_BYTES // (4 * spec.dim))
 
     def flush(items: list[int]) -> None:
-        for i, seq, vectors in _run_chunk(model, inputs, items, spec, cls, sep, bar):
-            if pooling == "mean":
-                vectors = vectors.mean(0, dtype=np.float64).astype(np.float32)
-            elif pooling:
-                vectors = vectors[0 if pooling == "cls" else -1]
-            add(i, seq, vectors)
+        done = list(_run_chunk(model, inputs, items, spec, cls, sep, bar))
+        if pooling == "mean":
+            pooled = [vectors.mean(0, dtype=np.float64).astype(np.float32) for _, _, vectors in done]
+        elif pooling:
+            pooled = [vectors[spec.pooled_at] for _, _, vectors in done]
+            if pooling == "pooler" and done:
+                pooled = list(_pool(model, np.stack(pooled), spec.precision))
+        for k, (i, seq, vectors) in enumerate(done):
+            add(i, seq, pooled[k] if pooling else vectors)
 
     with (frozen_weights(speed_up(model)), int8_weights(model, spec.precision == "int8"),
           bar or contextlib.nullcontext()):
@@ -268,6 +273,16 @@ def _run(model: BertModel, inputs: list[tuple[np.ndarray, np.ndarray | None]], s
             chunk.append(i)
             tokens += n
         flush(chunk)
+
+
+@torch.inference_mode()
+def _pool(model: BertModel, vectors: np.ndarray, precision: str) -> np.ndarray:
+    """The pooler's output (tanh of its dense layer) for the (N, H) vectors it reads."""
+    pooler = model.pooler
+    param = next(pooler.parameters())
+    with autocast(precision, param.device):
+        out = pooler(torch.from_numpy(vectors).to(param.device, param.dtype)[:, None])  # (N, 1, H) -> (N, H)
+    return out.float().cpu().numpy()
 
 
 # ---------------------------------------------------------------------------- setting up
@@ -300,11 +315,28 @@ def _encode(tok: Any, texts: Sequence[str | tuple[str, str | None]]) -> list[tup
     return out
 
 
-def _check_pooling(config: Any, pooling: str | None, what: str) -> None:
-    """A left-to-right model's [CLS] has seen nothing after itself: its "cls" pooling is refused."""
-    if pooling == "cls" and config.is_decoder:
+def check_pooling(model: BertModel, settings: FeatureSettings, what: str, loaded: Any = None) -> None:
+    """A left-to-right model's [CLS] has seen nothing after itself: its "cls" pooling is refused; "pooler"
+    needs a trained pooler (not one ``loaded``, the model ``model`` is part of, made fresh when it loaded) and
+    reads the last layer alone."""
+    pooling, causal = settings.pooling, model.config.is_decoder
+    trained = _trained_pooler(model, model if loaded is None else loaded)
+    if pooling == "cls" and causal:
         raise ValueError(f"{what}: a left-to-right model (config is_decoder: true), whose [CLS] vector has seen "
-                         "[CLS] alone and nothing of the text, so pooling cls carries no sentence; use pooling mean")
+                         "[CLS] alone and nothing of the text, so pooling cls carries no sentence; use pooling mean"
+                         + (" (or pooler, which reads its last token)" if trained else ""))
+    if pooling == "pooler" and not trained:
+        raise ValueError(f"{what} has no trained pooler; use pooling mean" + ("" if causal else " or cls"))
+    if pooling == "pooler" and settings.layers not in (None, (-1,)):
+        raise ValueError(f"pooling pooler reads the last layer, not layers {','.join(map(str, settings.layers))}: "
+                         "leave --layers unset")
+
+
+def _trained_pooler(model: BertModel, loaded: Any) -> bool:
+    """Whether ``model`` has a pooler its checkpoint trained (not one made fresh when ``loaded`` loaded)."""
+    report = getattr(loaded, "load_report", None)
+    fresh = report.newly_initialized if report is not None else []
+    return getattr(model, "pooler", None) is not None and not any("pooler." in k for k in fresh)
 
 
 def _resolve(settings: FeatureSettings, config: Any, device: torch.device | str) -> _Spec:
@@ -323,18 +355,17 @@ def _resolve(settings: FeatureSettings, config: Any, device: torch.device | str)
         device = setup(device).device
     precision = resolve_precision(settings.precision, device, inference=True)
     dim = config.hidden_size * (len(positions) if settings.combine == "concat" else 1)
-    return _Spec(settings, layers, positions, max_seq_length, precision, device, dim)
+    pooled_at = -1 if settings.pooling == "pooler" and config.is_decoder else 0
+    return _Spec(settings, layers, positions, max_seq_length, precision, device, dim, pooled_at)
 
 
 def _setup(checkpoint: str | Path, texts: Sequence[str | tuple[str, str | None]], settings: FeatureSettings) -> _Setup:
     from bertforge.text.tokenizer import BertTokenizer
 
-    if settings.pooling == "last":
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got 'last'")
     if len(texts) == 0:
         raise ValueError("no texts to extract features from")
-    model = BertModelWithoutPooler.from_pretrained(checkpoint)
-    _check_pooling(model.config, settings.pooling, str(checkpoint))
+    model = (BertModel if settings.pooling == "pooler" else BertModelWithoutPooler).from_pretrained(checkpoint)
+    check_pooling(model, settings, str(checkpoint))
     spec = _resolve(settings, model.config, settings.device)
     model.to(spec.device).eval()
     tok = BertTokenizer.from_pretrained(checkpoint)
@@ -420,8 +451,8 @@ def embed(model: BertModel, tokenizer: Any, texts: Sequence[str | tuple[str, str
     """(N, D) float32 pooled vectors of ``texts`` from a `BertModel` already loaded, on its device."""
     settings = _settings(settings, options, FeatureSettings(pooling="mean"))
     if settings.pooling is None:
-        raise ValueError(f"pooling must be one of {', '.join(typing.get_args(EmbedPooling))}, got None")
-    _check_pooling(model.config, settings.pooling, f"this {type(model).__name__}")
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got None")
+    check_pooling(model, settings, f"this {type(model).__name__}")
     spec = _resolve(settings, model.config, next(model.parameters()).device)
     s = _Setup(model, tokenizer, _encode(tokenizer, texts), spec, windowed=0)
     return _extract(s, lambda name, dtype, shape: np.zeros(shape, dtype=dtype)).values

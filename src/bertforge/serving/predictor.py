@@ -18,16 +18,16 @@ import functools
 import json
 import logging
 import threading
-import typing
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from bertforge.fast import speed_up
+from bertforge.serving.features import POOLINGS
 from bertforge.train.distributed import resolve_device
 from bertforge.train.precision import INFERENCE_PRECISIONS, autocast, dtype_of, resolve_precision
 
@@ -37,8 +37,6 @@ __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_i
 logger = logging.getLogger("bertforge")
 
 HEADS = ("fill-mask", "classification", "tagging", "qa", "multiple-choice", "embeddings")
-Pooling = Literal["mean", "cls", "pooler"]
-POOLINGS: tuple[str, ...] = typing.get_args(Pooling)
 SEPARATOR = " ||| "  # between the texts of one input line (the TF release's extract_features convention)
 
 _ARCHITECTURE_HEADS = {"BertForMaskedLM": "fill-mask", "BertForPreTraining": "fill-mask",
@@ -374,20 +372,15 @@ class Predictor:
 
     def check_pooling(self, pooling: str) -> None:
         """An `InputError` if this model's embeddings cannot pool as ``pooling`` says."""
+        from bertforge.serving.features import FeatureSettings, check_pooling
+
         if pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        bert = getattr(self.model, "bert", self.model)
-        causal = bert.config.is_decoder
-        report = getattr(self.model, "load_report", None)
-        fresh = report.newly_initialized if report is not None else []
-        pooler = bert.pooler is not None and not any("pooler." in k for k in fresh)  # a trained one
-        if causal and pooling == "cls":
-            raise InputError(f"{self.name or 'this model'}: {_LEFT_TO_RIGHT}, whose [CLS] vector has seen [CLS] "
-                             "alone and nothing of the text; use pooling mean"
-                             + (" (or pooler, which reads its last token)" if pooler else ""))
-        if pooling == "pooler" and not pooler:
-            raise InputError(f"{self.name or 'this checkpoint'} has no trained pooler (a "
-                             f"{type(self.model).__name__}); use pooling mean" + ("" if causal else " or cls"))
+        try:
+            check_pooling(getattr(self.model, "bert", self.model), FeatureSettings(pooling=pooling),
+                          self.name or f"this {type(self.model).__name__}", loaded=self.model)
+        except ValueError as e:
+            raise InputError(str(e)) from None
 
     @_one_or_many
     def embed(self, inputs: Sequence[Any], pooling: str = "mean", normalize: bool = False) -> np.ndarray:
@@ -398,15 +391,9 @@ class Predictor:
         if not isinstance(normalize, bool):
             raise InputError(f"normalize must be true or false, got {normalize!r}")
         bert = getattr(self.model, "bert", self.model)
-        items = self._pairs(inputs)
-        at = "last" if bert.config.is_decoder else "cls"  # where the sentence heads pool (`bertforge.model.heads`)
-        settings = FeatureSettings(pooling=at if pooling == "pooler" else pooling, max_seq_length=self.max_seq_length,
-                                   stride=self.stride, batch_size=self.batch_size, precision=self.precision)
-        out = embed(bert, self.tokenizer, items, settings)
-        if pooling == "pooler":
-            with torch.inference_mode():
-                pooled = torch.from_numpy(out).to(self.device, next(bert.pooler.parameters()).dtype)
-                out = bert.pooler(pooled[:, None]).float().cpu().numpy()  # (N, 1, H) -> (N, H)
+        settings = FeatureSettings(pooling=pooling, max_seq_length=self.max_seq_length, stride=self.stride,
+                                   batch_size=self.batch_size, precision=self.precision)
+        out = embed(bert, self.tokenizer, self._pairs(inputs), settings)
         if normalize:
             out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
