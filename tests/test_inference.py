@@ -255,18 +255,21 @@ def test_tagging_gives_entities_whose_character_offsets_are_the_text(tagger):
         words = record["words"]
         assert "".join(w["text"] for w in words) == "".join(text.split())  # every character, in order
         assert all(text[w["start"]:w["end"]] == w["text"] for w in words)
-        # One tag per word, read at its first WordPiece: transformers' argmax there.
+        # One tag per word, read at its first WordPiece: transformers' argmax there, its probability the score.
         enc = tok(text, return_tensors="pt", return_word_ids=True)
         with torch.no_grad():
-            best = theirs(input_ids=enc["input_ids"]).logits.argmax(-1)[0].tolist()
+            prob, best = theirs(input_ids=enc["input_ids"]).logits.softmax(-1).max(-1)
         first: dict[int, int] = {}
         for position, w in enumerate(enc["word_ids"][0].tolist()):
             if w >= 0:
                 first.setdefault(w, position)
-        assert [w["tag"] for w in words] == [TAGS[best[first[k]]] for k in range(len(words))]
+        assert [w["tag"] for w in words] == [TAGS[best[0, first[k]]] for k in range(len(words))]
+        np.testing.assert_allclose([w["score"] for w in words], [prob[0, first[k]] for k in range(len(words))],
+                                   atol=1e-5)
         for e in record["entities"]:
             assert text[e["start"]:e["end"]] == e["text"]
             inside = [w for w in words if e["start"] <= w["start"] and w["end"] <= e["end"]]
+            assert e["score"] == pytest.approx(np.mean([w["score"] for w in inside]))
             assert inside[0]["start"] == e["start"] and inside[-1]["end"] == e["end"]  # whole words
             assert all(w["tag"][2:] == e["type"] for w in inside) and inside[0]["tag"][0] in "BI"
             found += 1

@@ -486,8 +486,11 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_token_classification(lea
     assert right >= 0.8 * len(gold)
     r = next(r for r in records if r["entities"])
     e = r["entities"][0]
-    assert r["tags"][e["start"]] == f"B-{e['type']}" and e["text"] == " ".join(r["tokens"][e["start"]:e["end"]])
-    assert set(records[0]) == {"index", "line", "tokens", "tags", "entities"} and records[3]["index"] == 3
+    a, b = e["word_start"], e["word_end"]  # words, not characters: not the text predictions' start / end
+    assert r["tags"][a] == f"B-{e['type']}" and e["text"] == " ".join(r["tokens"][a:b])
+    assert e["score"] == pytest.approx(np.mean(r["scores"][a:b]))
+    assert set(records[0]) == {"index", "line", "tokens", "tags", "scores", "entities"} and records[3]["index"] == 3
+    assert all(len(r["scores"]) == len(r["tokens"]) and all(0 < p <= 1 for p in r["scores"]) for r in records)
     text = (tmp_path / "p.conll").read_text()
     assert text.split("\n\n")[0].splitlines() == [f"{w} {t}" for w, t in zip(records[0]["tokens"],
                                                                                records[0]["tags"])]

@@ -45,7 +45,8 @@ from bertforge.settings import check_settings, setting
 from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
 __all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
-           "split_pair", "parse_layers", "output_format", "POOLINGS", "Pooling", "check_pooling", "SUFFIXES", "DEFAULT_LAYERS"]
+           "split_pair", "parse_layers", "output_format", "POOLINGS", "Pooling", "check_pooling", "SUFFIXES",
+           "DEFAULT_LAYERS"]
 
 logger = logging.getLogger("bertforge")
 

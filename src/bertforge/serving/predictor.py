@@ -469,7 +469,7 @@ def format_record(record: Mapping[str, Any], head: str) -> str:
         labels = ",".join(record["labels"]) if "labels" in record else record["label"]
         return f"{labels}\t{record['score']:.4f}\t{text}"
     if head == "tagging":
-        found = [f"  {e['type']}\t[{e['start']}:{e['end']}]\t{e['text']}" for e in record["entities"]]
+        found = [f"  {e['type']}\t[{e['start']}:{e['end']}]\t{e['score']:.4f}\t{e['text']}" for e in record["entities"]]
         return "\n".join([text, *(found or ["  (no entities)"])])
     if head == "qa":
         answer = "(no answer)" if record["no_answer"] else f"{record['answer']}\t[{record['start']}:{record['end']}]"

@@ -360,35 +360,48 @@ def predict_tags(model: nn.Module, encoded: TagWindows, batch_size: int, device:
                  dist: Any = None) -> np.ndarray:
     """(words,) the predicted tag id of every word (-1: no tokens), from its max-context window. A
     fine-tuned tagger's logits are asked for at the tagged tokens only (`TaggingObjective`)."""
+    return predict_tags_and_scores(model, encoded, batch_size, device, dist)[0]
+
+
+def predict_tags_and_scores(model: nn.Module, encoded: TagWindows, batch_size: int,
+                            device: torch.device | str = "cpu", dist: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """`predict_tags`, and (words,) the probability the model gives each predicted tag (0: no tokens)."""
     tagged_only = reads_positions(model)
 
-    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[np.ndarray]:
-        if not tagged_only:
-            best = model_logits(m, batch).logits.argmax(-1).cpu().numpy()  # (B, T)
-            return [best[i, :len(encoded.words[k])][encoded.words[k] >= 0] for i, k in enumerate(idx)]
-        at = [np.flatnonzero(encoded.words[k] >= 0) for k in idx]
-        positions = torch.zeros(len(at), max(1, max(map(len, at))), dtype=torch.long)
-        for i, a in enumerate(at):
-            positions[i, :len(a)] = torch.from_numpy(a)
-        best = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                 positions=positions.to(batch["input_ids"].device)).logits.argmax(-1).cpu().numpy()  # (B, K)
-        return [best[i, :len(a)] for i, a in enumerate(at)]
+    def run(m: nn.Module, batch: dict[str, torch.Tensor], idx: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        at = [np.flatnonzero(encoded.words[k] >= 0) for k in idx]  # each window's tagged tokens
+        if tagged_only:
+            positions = torch.zeros(len(at), max(1, max(map(len, at))), dtype=torch.long)
+            for i, a in enumerate(at):
+                positions[i, :len(a)] = torch.from_numpy(a)
+            logits = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                       positions=positions.to(batch["input_ids"].device)).logits  # (B, K, C): its tagged tokens
+            at = [np.arange(len(a)) for a in at]
+        else:
+            logits = model_logits(m, batch).logits  # (B, T, C)
+        prob, best = (t.cpu().numpy() for t in logits.float().softmax(-1).max(-1))
+        return [(best[i, a], prob[i, a]) for i, a in enumerate(at)]
 
     per_window = predict_items(model, encoded, batch_size, device, run, dist)
     out = np.full(encoded.num_words, -1, dtype=np.int64)
-    for w, got in zip(encoded.words, per_window):
+    scores = np.zeros(encoded.num_words, dtype=np.float32)
+    for w, (got, prob) in zip(encoded.words, per_window):
         out[w[w >= 0]] = got
-    return out
+        scores[w[w >= 0]] = prob
+    return out, scores
 
 
 def _predicted_tags(model: nn.Module, encoded: TagWindows, cfg: TaskSettings, device: torch.device | str,
-                    dist: Any = None) -> tuple[list[list[str]], list[str]]:
-    """Each sentence's predicted tag per word ("O" for words without tokens), and the model's tags."""
+                    dist: Any = None) -> tuple[list[list[str]], list[str], list[list[float]]]:
+    """Each sentence's predicted tag per word ("O" for words without tokens), the model's tags, and each
+    sentence's probability of its predicted tag per word (0 for words without tokens)."""
     id2label = model.config.id2label or {}
     labels = [id2label.get(i, str(i)) for i in range(model.config.num_labels)]
-    flat = [OUTSIDE if i < 0 else labels[i] for i in predict_tags(model, encoded, cfg.eval_batch_size, device, dist)]
+    ids, scores = predict_tags_and_scores(model, encoded, cfg.eval_batch_size, device, dist)
+    flat = [OUTSIDE if i < 0 else labels[i] for i in ids]
     offsets = encoded.word_offsets
-    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])], labels
+    return ([flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])], labels,
+            [scores[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])])
 
 
 # ---------------------------------------------------------------------------- metrics and files
@@ -413,13 +426,26 @@ def conll_text(sentences: Iterable[Sequence[Sequence[str]]]) -> str:
 
 
 # ---------------------------------------------------------------------------- the family
+@dataclass
+class _Tagged:
+    """Each sentence's predicted tag per word, its probability, and the entities the tags make (type, first
+    word, end word)."""
+
+    tags: list[list[str]]
+    scores: list[list[float]]
+    entities: list[list[tuple[str, int, int]]]
+
+    def entity_score(self, sentence: int, a: int, b: int) -> float:
+        """An entity's score: the mean of its words' (transformers' "simple" aggregation)."""
+        return float(np.mean(self.scores[sentence][a:b]))
+
+
 def _tag_sentences(model: nn.Module, tokenizer: Any, cfg: TaskSettings, sentences: list[Sentence],
-                   device: torch.device | str) -> tuple[list[list[str]], list[list[tuple[str, int, int]]]]:
-    """Each sentence's predicted tag per word, and the entities they make (type, first word, end word)."""
+                   device: torch.device | str) -> _Tagged:
     encoded = encode_sentences(sentences, tokenizer, cfg.max_seq_length, cfg.stride, cfg.tag_piece)
-    tags, labels = _predicted_tags(model, encoded, cfg, device)
+    tags, labels, scores = _predicted_tags(model, encoded, cfg, device)
     scheme = resolve_scheme(cfg.tag_scheme, "tagging", labels, tags)
-    return tags, [entity_spans(seq, scheme) if scheme else [] for seq in tags]
+    return _Tagged(tags, scores, [entity_spans(seq, scheme) if scheme else [] for seq in tags])
 
 
 class TaggingFamily(TaskFamily):
@@ -475,7 +501,7 @@ class TaggingFamily(TaskFamily):
     def evaluate(self, model: nn.Module, data: EvalData, cfg: TaskSettings, device: torch.device,
                  dist: Any = None) -> EvalResult:
         encoded, sentences = data.data
-        pred, labels = _predicted_tags(model, encoded, cfg, device, dist)
+        pred, labels, _ = _predicted_tags(model, encoded, cfg, device, dist)
         gold = [s.tags for s in sentences]
         scheme = resolve_scheme(cfg.tag_scheme, cfg.task, labels, gold)
         metrics = tagging_metrics(gold, pred, scheme)
@@ -484,13 +510,15 @@ class TaggingFamily(TaskFamily):
 
     def predict(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, path: Path,
                 device: torch.device) -> list[dict[str, Any]]:
-        """``{"index", "line", "tokens", "tags", "entities"}`` per sentence; entities in word indices."""
+        """``{"index", "line", "tokens", "tags", "scores", "entities"}`` per sentence: each word's tag and its
+        probability; entities with their words ``word_start`` .. ``word_end`` - 1 (a file's words have no
+        characters: the keys are not `predict_texts`' character ``start`` / ``end``) and their mean score."""
         sentences, _ = self._read(cfg, path, False)
-        pred, entities = _tag_sentences(model, tokenizer, cfg, sentences, device)
-        return [{"index": i, "line": s.line, "tokens": s.tokens, "tags": tags,
-                 "entities": [{"type": kind, "start": a, "end": b, "text": " ".join(s.tokens[a:b])}
-                              for kind, a, b in spans]}
-                for i, (s, tags, spans) in enumerate(zip(sentences, pred, entities))]
+        got = _tag_sentences(model, tokenizer, cfg, sentences, device)
+        return [{"index": i, "line": s.line, "tokens": s.tokens, "tags": tags, "scores": got.scores[i],
+                 "entities": [{"type": kind, "word_start": a, "word_end": b, "text": " ".join(s.tokens[a:b]),
+                               "score": got.entity_score(i, a, b)} for kind, a, b in spans]}
+                for i, (s, tags, spans) in enumerate(zip(sentences, got.tags, got.entities))]
 
     def format_predictions(self, records: list[dict[str, Any]], out: Path) -> str:
         """CoNLL columns ``token pred``, a blank line between sentences."""
@@ -498,7 +526,8 @@ class TaggingFamily(TaskFamily):
 
     def predict_texts(self, model: nn.Module, tokenizer: Any, cfg: TaskSettings, texts: Sequence[Sequence[str]],
                       device: torch.device | str) -> list[dict[str, Any]]:
-        """``{"index", "text", "words", "entities"}`` per text (the tokenizer's words), in characters."""
+        """``{"index", "text", "words", "entities"}`` per text (the tokenizer's words), in characters, each
+        word with its tag's probability and each entity with its words' mean (``score``)."""
         texts = [t[0] for t in texts]
         enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_word_ids=True)
         spans: list[list[tuple[int, int]]] = []  # per text: each word's characters
@@ -510,10 +539,11 @@ class TaggingFamily(TaskFamily):
             spans.append([(s, e) for s, e in found.values()])
         sentences = [Sentence([text[s:e] for s, e in words], None, [i + 1] * len(words))
                      for i, (text, words) in enumerate(zip(texts, spans))]
-        tags, entities = _tag_sentences(model, tokenizer, cfg, sentences, device)
+        got = _tag_sentences(model, tokenizer, cfg, sentences, device)
         return [{"index": i, "text": text,
                  "entities": [{"type": kind, "start": words[a][0], "end": words[b - 1][1],
-                               "text": text[words[a][0]:words[b - 1][1]]} for kind, a, b in ents],
-                 "words": [{"text": text[s:e], "start": s, "end": e, "tag": t}
-                           for (s, e), t in zip(words, seq)]}
-                for i, (text, words, seq, ents) in enumerate(zip(texts, spans, tags, entities))]
+                               "text": text[words[a][0]:words[b - 1][1]], "score": got.entity_score(i, a, b)}
+                              for kind, a, b in ents],
+                 "words": [{"text": text[s:e], "start": s, "end": e, "tag": t, "score": p}
+                           for (s, e), t, p in zip(words, seq, got.scores[i])]}
+                for i, (text, words, seq, ents) in enumerate(zip(texts, spans, got.tags, got.entities))]
