@@ -475,10 +475,10 @@ def _bad_row(data, files):
      r"toy.yaml: variants\[\d\] \(.*\)\.pretrain: the data's sequences of 128 tokens \(prepare max_seq_length\) "
      r"are longer than the model's 64 positions"),
     (lambda d, f: _one_row(d, {"long_inputs": "truncate"}),
-     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): --long-inputs truncate does not apply to "
+     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): long_inputs='truncate' does not apply to "
      r"tagging"),
     (lambda d, f: _one_row(d, {"features": "-1,-3"}),
-     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): --features '-1,-3': layer -3 does not exist"),
+     r"toy.yaml: variants\[0\] \(BERT\)\.finetune \(with task TAG\): features='-1,-3': layer -3 does not exist"),
     (lambda d, f: d["pretraining"]["pretrain"].update(precision="fp16"),
      r"toy.yaml: pretraining.pretrain.precision: fp16 needs a CUDA device"),
 ])

@@ -93,8 +93,8 @@ def test_masked_lm_pretraining_keeps_the_checkpoints_pooler(root, tok, mlm_data,
 
 
 def test_a_size_preset_beside_init_from_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="--model mini and --init-from x: the model's size and shape are the "
-                                         "checkpoint's .*; drop --model"):
+    with pytest.raises(ValueError, match="model='mini' and init_from='x': the model's size and shape are the "
+                                         "checkpoint's .*; drop model"):
         PretrainConfig(data="d", init_from="x", model="mini")
     PretrainConfig(data="d", init_from="x")  # the default preset: not given
     PretrainConfig.from_recipe("budget", data="d", init_from="x", max_steps=100)  # the recipe's preset

@@ -89,13 +89,13 @@ def test_feature_choices_resolve_to_the_papers_layers():
 
 
 def test_bad_features_are_clear_errors(root, base, files):
-    with pytest.raises(ValueError, match="--features 'penultimate': choose one of embeddings, second-to-last"):
+    with pytest.raises(ValueError, match="features='penultimate': choose one of embeddings, second-to-last"):
         FinetuneConfig(task="ner", features="penultimate")
     with pytest.raises(ValueError, match="give one of them"):
         FinetuneConfig(task="ner", features="last", bilstm=True)
-    with pytest.raises(ValueError, match="--features '5': layer 5 does not exist: the model has 2 layers"):
+    with pytest.raises(ValueError, match="features='5': layer 5 does not exist: the model has 2 layers"):
         finetune(features_run(base, root / "bad-layer", files[0], "5"))
-    with pytest.raises(ValueError, match="--features applies to tagging and classification, not to squad"):
+    with pytest.raises(ValueError, match="features applies to tagging and classification, not to squad"):
         FinetuneConfig(task="squad", features="last")
 
 
@@ -113,7 +113,7 @@ def test_cli_finetune_with_features_then_evaluate(root, base, files, capsys):
     assert len(blocks) == 24  # one block of predicted tags per dev sentence
     assert cli.main(["finetune", "--task", "ner", "--model", str(base), "--train-file", str(train),
                      "--out", str(root / "cli-bad"), "--features", "top", "--no-keep-best"]) == 2
-    assert "--features 'top': choose one of" in capsys.readouterr().err
+    assert "--features top: choose one of" in capsys.readouterr().err
 
 
 def test_classification_on_cached_features(root, base, monkeypatch):

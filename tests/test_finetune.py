@@ -441,16 +441,16 @@ def test_integer_labels_are_named_by_label_names_in_the_model_predictions_and_ev
     assert {r["label"] for r in predict(out / "model", train)} <= {"negative", "positive"}
     assert set(evaluate(out / "model", file=train)) == {"accuracy", "f1"}  # the dev's 0 / 1 named as in training
     bad = write(tmp_path / "bad.jsonl", json.dumps({"text": "x", "label": 2}) + "\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl:1: label '2' is not one of 0\.\.1, the indexes of --label-names"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: label '2' is not one of 0\.\.1, the indexes of label_names"):
         evaluate(out / "model", file=bad)
     for settings, message in (({"label_names": "a,,b"}, "label_names must be distinct, non-empty names"),
                               ({"label_names": "a,a"}, "label_names must be distinct")):
         with pytest.raises(ValueError, match=message):
             config(base, out, **settings)
-    with pytest.raises(ValueError, match="--label-names names integer class labels; regression has scores"):
+    with pytest.raises(ValueError, match="label_names names integer class labels; regression has scores"):
         finetune(config(base, tmp_path / "r", task="regression", train_file=str(train), label_names="a,b",
                         keep_best=False))
-    with pytest.raises(ValueError, match="--label-names names the labels of classification and the tags of "
+    with pytest.raises(ValueError, match="label_names names the labels of classification and the tags of "
                                          "tagging; multiple_choice"):
         finetune(config(base, tmp_path / "t", task="multiple_choice", train_file=str(train), label_names="a,b",
                         keep_best=False))
@@ -588,7 +588,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     assert first.train.exit_code == 128 + signal.SIGTERM
     assert json.loads((halves / "model" / STOP_MARKER).read_text())["reason"] == "SIGTERM"
     monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
-    with pytest.raises(ValueError, match="pass --resume"):
+    with pytest.raises(ValueError, match="resume=True continues it"):
         finetune(config(base, halves, **settings))
     # What a kill during the saves of model/ and best/ leaves: cleared by the resumed run.
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -612,7 +612,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_equals_an_uninterrupted_one(root, 
     shutil.rmtree(straight / "checkpoints")
     before = {p: p.read_bytes() for p in sorted(straight.rglob("*")) if p.is_file()}
     with pytest.raises(ValueError, match="already holds a previous run's files .*metrics.jsonl.*model/.*best/.*"
-                                         "no checkpoint to resume from, --overwrite"):
+                                         "no checkpoint to resume from, overwrite=True"):
         finetune(config(base, straight, **settings))
     assert {p: p.read_bytes() for p in sorted(straight.rglob("*")) if p.is_file()} == before
 
@@ -733,7 +733,7 @@ def test_grid_runs_every_configuration_keeps_the_best_on_dev_and_resumes(root, b
     assert table[0].split("\t")[:8] == ["lr", "batch_size", "epochs", "steps", "minutes", "best_step", "metric",
                                         "value"]
     assert len(table) == 5 and table[1].startswith("0.001\t16\t3\t6\t")
-    with pytest.raises(ValueError, match="--resume"):
+    with pytest.raises(ValueError, match="already holds a grid; resume=True continues it, overwrite=True runs it"):
         finetune_grid(cfg)
     # Resume: finished runs are read back, not trained again; a removed one is run again.
     shutil.rmtree(out / "grid" / "lr1e-06-bs32-ep3")

@@ -87,9 +87,9 @@ def test_the_setting_is_resolved_per_family_and_refused_where_it_cannot_apply(ba
     assert configured("ner").long_inputs == "windows" and configured("squad").long_inputs == "windows"
     assert configured("classification", long_inputs="windows", stride=8).stride == 8
     for task, value in (("ner", "truncate"), ("squad2", "truncate"), ("swag", "windows")):
-        with pytest.raises(ValueError, match=f"--long-inputs {value} does not apply to"):
+        with pytest.raises(ValueError, match=f"long_inputs='{value}' does not apply to"):
             configured(task, long_inputs=value)
-    with pytest.raises(ValueError, match="--stride 8 places windows, but long inputs are truncated"):
+    with pytest.raises(ValueError, match="stride=8 places windows, but long inputs are truncated"):
         configured("classification", stride=8)  # truncation would ignore the stride
     with pytest.raises(ValueError, match="long_inputs must be one of auto, truncate, windows"):
         FinetuneConfig(task="sst2", long_inputs="cut")  # type: ignore[arg-type]

@@ -355,8 +355,8 @@ def test_resume_checks_refuse_incompatible_runs(root, tok, nsp_data):
     with pytest.raises(ValueError, match="no complete checkpoint"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=1))
     pretrain(config(nsp_data, tok, out, max_steps=1))
-    with pytest.raises(ValueError, match="already holds a previous run's files.*--resume to continue it from "
-                                         "checkpoints/step-00000001.*--overwrite"):
+    with pytest.raises(ValueError, match="already holds a previous run's files.*resume=True continues it from "
+                                         "checkpoints/step-00000001.*overwrite=True"):
         pretrain(config(nsp_data, tok, out, max_steps=2))
     with pytest.raises(ValueError, match=r"settings differ \(.*model: 'tiny' -> 'mini'"):
         pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, model="mini"))
@@ -393,10 +393,10 @@ def test_a_finished_run_without_its_checkpoints_is_refused_and_left_byte_identic
         pretrain(config(nsp_data, tok, out, max_steps=3))
     message = str(refused.value)
     assert str(out) in message and "metrics.jsonl" in message and "model/" in message
-    assert "no checkpoint to resume from" in message and "--overwrite" in message
-    with pytest.raises(ValueError, match="no complete checkpoint.*--overwrite"):
+    assert "no checkpoint to resume from" in message and "overwrite=True" in message
+    with pytest.raises(ValueError, match="no complete checkpoint.*overwrite=True"):
         pretrain(config(nsp_data, tok, out, max_steps=3, resume=True))
-    with pytest.raises(ValueError, match="--resume.*--overwrite.*one of them"):
+    with pytest.raises(ValueError, match="resume=True.*overwrite=True.*one of them"):
         pretrain(config(nsp_data, tok, out, max_steps=3, resume=True, overwrite=True))
     assert cli.main(["pretrain", *cli_args(config(nsp_data, tok, out, max_steps=3))]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -143,7 +143,7 @@ def test_a_run_without_dev_data_trains_and_keeps_its_final_model(base, tmp_path,
     with caplog.at_level("INFO", logger="bertforge"):
         finetune(config(base, out), train=rows())
     assert (out / "model" / "config.json").is_file() and not (out / "best").exists()
-    assert sum("keep_best off" in r.getMessage() for r in caplog.records) == 1
+    assert sum("keep_best=False" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_prepare_refuses_shard_and_worker_counts_before_writing_anything(tmp_path, tok_dir):
@@ -204,7 +204,7 @@ def test_an_error_in_data_given_in_memory_names_the_row_not_a_temporary_file(bas
 def test_a_missing_column_is_named_with_the_setting_that_names_it(tmp_path):
     path = write(tmp_path / "t.jsonl", json.dumps({"text": "a", "stars": 1}) + "\n")
     with pytest.raises(ValueError, match=r"no key 'label' \(keys: text, stars\); name the label column with "
-                                         r"--label-column \(label_column= in Python\)"):
+                                         r"label_column$"):
         read_examples(path)
 
 
@@ -349,3 +349,24 @@ def test_a_flag_value_of_the_wrong_type_is_one_line_naming_the_flag(tmp_path, mo
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err == f"bertforge {args[0]}: error: {message}\n" and not (tmp_path / "v").exists()
+
+
+def test_a_message_names_a_setting_as_python_takes_it_and_as_the_command_line_does(base, tmp_path, capsys):
+    """The same refusal speaks of resume=True / overwrite=True to a Python caller and of --resume /
+    --overwrite on the command line."""
+    from bertforge import cli
+
+    out = tmp_path / "run"
+    finetune(config(base, out, max_steps=1, checkpoint_every=1), train=rows())
+    with pytest.raises(ValueError) as python:
+        finetune(config(base, out, max_steps=1), train=rows())
+    assert "resume=True continues it" in str(python.value) and "overwrite=True deletes them" in str(python.value)
+    assert "--" not in str(python.value)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows()), encoding="utf-8")
+    assert cli.main(["finetune", "--task", "classification", "--model", str(base), "--train-file", str(train),
+                     "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume continues it" in err and "--overwrite deletes them" in err and "resume=True" not in err
+    with pytest.raises(ValueError, match=r"metric_for_best 'bleu' is not a metric of task classification"):
+        finetune(config(base, tmp_path / "other", metric_for_best="bleu"), train=rows())

@@ -98,7 +98,7 @@ def test_a_run_recorded_with_the_earlier_warmup_defaults_resumes(root, tok, nsp_
     # Another warmup now is a change, and the message says what to pass.
     _as_recorded_before_unset_warmup(out, 10_000, 0.0)
     message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=3, warmup_steps=2))
-    assert "warmup_steps: 10000 -> 2" in message and "pass --warmup-steps 10000 to resume this run" in message
+    assert "warmup_steps: 10000 -> 2" in message and "pass warmup_steps=10000 to resume this run" in message
 
 
 def _as_recorded_before_shard_windows(out: Path) -> None:
@@ -128,17 +128,17 @@ def test_a_run_recorded_with_an_earlier_given_warmup_says_which_flag_resumes_it(
     pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=1))
     _as_recorded_before_unset_warmup(out, 1, 0.0)
     message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None))
-    assert "(warmup_steps: 1 -> None); pass --warmup-steps 1 to resume this run, or use a new output folder" \
+    assert "(warmup_steps: 1 -> None); pass warmup_steps=1 to resume this run, or use a new output folder" \
         in message
     message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None, warmup_ratio=0.5))
-    assert "pass --warmup-steps 1 instead of --warmup-ratio to resume this run" in message
+    assert "pass warmup_steps=1 instead of warmup_ratio to resume this run" in message
     assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=1)).step == 2
 
     out = root / "earlier-given-ratio"
     pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=None, warmup_ratio=0.5))
     _as_recorded_before_unset_warmup(out, 10_000, 0.5)  # the ratio won over the steps when above 0
     message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None))
-    assert "pass --warmup-ratio 0.5 to resume this run" in message
+    assert "pass warmup_ratio=0.5 to resume this run" in message
     assert pretrain(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None,
                            warmup_ratio=0.5)).step == 2
 
@@ -147,7 +147,7 @@ def test_a_warmup_setting_given_differently_says_which_flag_resumes_the_run(root
     out = root / "given-warmup"
     pretrain(config(nsp_data, tok, out, max_steps=1, warmup_steps=1))
     message = _refusal(config(nsp_data, tok, out, resume=True, max_steps=2, warmup_steps=None, lr=2e-3))
-    assert "(lr: 0.001 -> 0.002; warmup_steps: 1 -> None); pass --warmup-steps 1 and the other settings as " \
+    assert "(lr: 0.001 -> 0.002; warmup_steps: 1 -> None); pass warmup_steps=1 and the other settings as " \
            "they were to resume this run, or use a new output folder" in message
 
 
@@ -163,7 +163,7 @@ def test_an_earlier_record_of_a_ratio_default_recipe_resumes_on_its_default(tmp_
     trainer = Trainer(nn.Linear(2, 2), None, None, cfg, tmp_path)
     earlier = {**trainer.run_config, "warmup_steps": 10_000, "warmup_ratio": 0.1}  # its default then
     check_compatible(earlier, trainer.run_config, trainer.resume_rules, tmp_path)
-    with pytest.raises(ValueError, match=r"pass --warmup-ratio 0.2 to resume this run"):
+    with pytest.raises(ValueError, match=r"pass warmup_ratio=0.2 to resume this run"):
         check_compatible({**earlier, "warmup_ratio": 0.2}, trainer.run_config, trainer.resume_rules, tmp_path)
 
 

@@ -193,7 +193,7 @@ def test_errors_name_file_place_and_question_and_skips_are_counted(tmp_path):
         read_squad(unlabelled, mode="eval")
 
     v2 = write_json(tmp_path / "v2.json", squad_json([("x y", [qa("n", "?", is_impossible=True)])], "v2.0"))
-    with pytest.raises(ValueError, match="marked is_impossible: an unanswerable question.*--task squad2"):
+    with pytest.raises(ValueError, match="marked is_impossible: an unanswerable question.*task='squad2'"):
         read_squad(v2, "1.1")
     assert read_squad(v2, "1.1", skip_bad_rows=True).reports[0].skipped_questions == {"unanswerable": ["n"]}
     dup = write_json(tmp_path / "dup.json", squad_json([("x y", [qa("d", "?", [("x", 0)])]),
@@ -492,7 +492,7 @@ def test_the_fine_tuned_folder_is_transformers_bert_for_question_answering(learn
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert saved.pop("bertforge_finetune") and saved.pop("finetuning_task") == "squad"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="--task squad for SQuAD v1.1, squad2 for v2.0"):
+    with pytest.raises(ValueError, match="task='squad' for SQuAD v1.1, squad2 for v2.0"):
         evaluate(tmp_path / "hf", file=train)
     m = evaluate(tmp_path / "hf", file=train, settings={"task": "squad", "max_seq_length": 32, "stride": 8,
                                                          "max_query_length": 8})

@@ -74,14 +74,14 @@ def test_every_bilstm_head_rebuilds_its_own_output_layer():
 def test_squad_takes_bilstm_and_features_stays_refused_where_it_was():
     assert FinetuneConfig(task="squad", bilstm=True).bilstm
     assert FinetuneConfig(task="squad2", bilstm=True, bilstm_size=8).bilstm_size == 8
-    with pytest.raises(ValueError, match=r"--features applies to tagging and classification, not to squad "
-                                         r"\(squad2\); --bilstm puts the BiLSTM on a fine-tuned encoder"):
+    with pytest.raises(ValueError, match=r"features applies to tagging and classification, not to squad "
+                                         r"\(squad2\); bilstm=True puts the BiLSTM on a fine-tuned encoder"):
         FinetuneConfig(task="squad2", features="last")
     for task in ("swag", "multiple_choice"):
-        with pytest.raises(ValueError, match=rf"--bilstm applies to tagging, classification and SQuAD, not to "
+        with pytest.raises(ValueError, match=rf"bilstm=True applies to tagging, classification and SQuAD, not to "
                                              rf"multiple_choice \({task}\)"):
             FinetuneConfig(task=task, bilstm=True)
-        with pytest.raises(ValueError, match=rf"--features applies to tagging and classification, not to "
+        with pytest.raises(ValueError, match=rf"features applies to tagging and classification, not to "
                                              rf"multiple_choice \({task}\)$"):
             FinetuneConfig(task=task, features="last")
 

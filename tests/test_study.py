@@ -134,7 +134,7 @@ def test_a_non_figure_variant_keeps_its_checkpoint_settings(tmp_path):
     ({"pretraining": {"vocab_size": 10 ** 40}},
      r"toy.yaml: pretraining.vocab_size: expected an integer in \[100, 4,294,967,296\], got a 41-digit number$"),
     ({"seeds": [0, 10 ** 40]}, r"toy.yaml: seeds\[1\]: must be below 2\*\*63, got a 41-digit number$"),
-    ({"finetune": {"features": "top-3"}}, r"toy.yaml: finetune: --features 'top-3': choose one of"),
+    ({"finetune": {"features": "top-3"}}, r"toy.yaml: finetune: features='top-3': choose one of"),
     ({"finetune": {"epochs": 0}}, r"toy.yaml: finetune.epochs: must be in \(0, 1000000\], got 0$"),
     ({"finetune": {"device": "tpu"}}, r"toy.yaml: finetune.device: expected auto, cpu, cuda or cuda:K, got 'tpu'$"),
     ({"pretraining": {"prepare": {"dupe_factor": 0}}},

@@ -66,7 +66,7 @@ from bertforge.experiments.runner import AblateConfig
 from bertforge.model.heads import MODEL_CLASSES
 from bertforge.serving.features import FeatureSettings, Pooling, parse_layers
 from bertforge.serving.http import MAX_BATCH, MAX_REQUEST_BYTES, MAX_REQUEST_TOKENS
-from bertforge.settings import config_from_file, read_config_file
+from bertforge.settings import config_from_file, read_config_file, speaking_in_flags
 from bertforge.tasks.finetune import INPUT_SETTINGS, FinetuneConfig
 from bertforge.train.rundir import RUN_CONFIG, STOP_MARKER, read_stop_marker, stopped_where
 from bertforge.train.precision import InferencePrecision as Precision
@@ -795,7 +795,7 @@ def _run(command: str, args: list[str]) -> int:
                 logging.getLogger("bertforge").info("resuming with the settings %s records; flags given override them",
                                                     file)
         fn = functools.partial(fn, cfg=base or cfg.default)
-    with _one_line_value_errors(given):
+    with _one_line_value_errors(given), speaking_in_flags():
         return tyro.cli(fn, args=given, prog=f"bertforge {command}", config=(PositionalMetavarFromFieldName,),
                         registry=_REGISTRY)
 

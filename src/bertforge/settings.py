@@ -3,26 +3,57 @@
 A field's annotation says what a setting takes and `setting` adds its range and resume rules, held alike
 for flags, ``--config`` and study files, inference overrides and Python; every reader's error is a
 `FieldError` naming the setting's path ("finetune.lr: ...").
+
+A message that tells the user which setting to change names it as they give it (`option`): as a flag while
+a command runs (`speaking_in_flags`), as a keyword argument in Python.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
 import os
+import shlex
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
+__all__ = ["option", "speaking_in_flags", "setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings", "SettingValueError",
            "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value",
            "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "RUN_FACTS",
            "RUN_INPUTS", "follow_folder",
            "check_device"]
+
+
+# ---------------------------------------------------------------------------- naming
+_FLAGS = contextvars.ContextVar("bertforge_flags", default=False)
+
+
+@contextlib.contextmanager
+def speaking_in_flags() -> Iterator[None]:
+    """While a command runs: messages name settings as its flags (`option`)."""
+    token = _FLAGS.set(True)
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
+
+
+def option(name: str, value: Any = None) -> str:
+    """Setting ``name`` (with ``value``) as the user gives it: ``--max-steps 5`` / ``--resume`` /
+    ``--no-nsp`` while a command runs, ``max_steps=5`` / ``resume=True`` / ``nsp=False`` in Python."""
+    if _FLAGS.get():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            return flag if value else f"--no-{name.replace('_', '-')}"
+        return flag if value is None else f"{flag} {shlex.quote(value) if isinstance(value, str) else value}"
+    return name if value is None else f"{name}={value!r}"
 
 
 # ---------------------------------------------------------------------------- declaring

@@ -21,6 +21,7 @@ import torch
 from bertforge.data.instances import MaskingConfig, SpecialIds, TrainingInstance, mask_instances
 from bertforge.data.prepare import load_manifest
 from bertforge.data.shards import Shard, ShardError, read_shard, sha256_file
+from bertforge.settings import option
 
 __all__ = ["IGNORE_INDEX", "CursorLoader", "EpochCursor", "epoch_permutation", "PretrainingDataset", "PretrainingLoader"]
 
@@ -154,7 +155,7 @@ class PretrainingDataset:
             raise ShardError(f"{self.folder}: unknown dataset format {m.get('format')!r}")
         if not m.get("complete"):
             raise ShardError(f"{self.folder}: incomplete: shards {m.get('missing_shards')} are missing "
-                             "(re-run prepare; with --num-shards, every shard index must have run)")
+                             f"(re-run prepare; with {option('num_shards')}, every shard index must have run)")
         if vocab_hash is not None and m["vocab_hash"] != vocab_hash:
             raise ShardError(f"{self.folder}: prepared with another vocab (hash {m['vocab_hash'][:12]}) than the "
                              f"model's tokenizer (hash {vocab_hash[:12]}); prepare the data with this tokenizer")

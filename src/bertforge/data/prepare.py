@@ -37,7 +37,7 @@ from bertforge.data.instances import (DocumentPool, InstanceBatch, MaskingConfig
                                       mask_batch)
 from bertforge.data.shards import ShardError, shard_name, write_shard
 from bertforge.io import atomic_write_text
-from bertforge.settings import HugeNumber, check_settings, setting
+from bertforge.settings import HugeNumber, check_settings, option, setting
 
 __all__ = ["PrepareConfig", "prepare", "load_manifest", "format_stats", "special_ids"]
 
@@ -183,7 +183,7 @@ def build_shard(task: _ShardJob) -> dict[str, Any]:
     notes = []
     if cfg.nsp and len(pool) == 1:
         notes.append(f"shard {task.index}: its window holds a single document, so every NotNext segment B "
-                     "is drawn from that same document (raise --shard-chars, or give more documents)")
+                     f"is drawn from that same document (raise {option('shard_chars')}, or give more documents)")
     counts = pool.sentence_counts()
     info = {
         "index": task.index,
@@ -237,7 +237,8 @@ def prepare(inputs: list[str | Path], out_dir: str | Path, tokenizer: str | Path
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1 (the machines the work is split across), got {num_shards}")
     if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index must be in [0, {num_shards}) (one of --num-shards' parts), got {shard_index}")
+        raise ValueError(f"shard_index must be in [0, {num_shards}) (one of the {option('num_shards')} parts), got "
+                         f"{shard_index}")
     if not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"workers must be in [1, {MAX_WORKERS}] (processes on this machine), got "
                          f"{HugeNumber.shown(workers)!r}")

@@ -22,6 +22,7 @@ from bertforge.model import losses
 from bertforge.model.config import BertConfig
 from bertforge.model.checkpoint import CheckpointError, load_config, read_state_dict
 from bertforge.model.bert import BertModel, BertModelOutput, BertPreTrainedModel, activation, gather_positions
+from bertforge.settings import option
 
 __all__ = ["MODEL_CLASSES", "infer_model_class", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
@@ -393,7 +394,7 @@ def check_features(spec: str) -> None:
     try:
         [int(x) for x in spec.split(",")]
     except ValueError:
-        raise ValueError(f"--features {spec!r}: choose one of {', '.join(FEATURE_CHOICES)}, or layer indexes "
+        raise ValueError(f"{option('features', spec)}: choose one of {', '.join(FEATURE_CHOICES)}, or layer indexes "
                          "such as -1,-2 (concatenated; 0 is the embedding output, -1 the last layer)") from None
 
 
@@ -426,7 +427,7 @@ def feature_layers(spec: str, num_layers: int) -> tuple[list[int], str]:
     try:
         return resolve_layers(layers, num_layers), combine
     except ValueError as e:
-        raise ValueError(f"--features {spec!r}: {e}") from None
+        raise ValueError(f"{option('features', spec)}: {e}") from None
 
 
 class ScalarMix(nn.Module):

@@ -41,7 +41,7 @@ from bertforge.fast.int8 import int8_weights
 from bertforge.model.bert import BertModel
 from bertforge.model.heads import resolve_layers
 from bertforge.tasks.encoding import Windows, max_context_window, window_starts
-from bertforge.settings import check_settings, setting
+from bertforge.settings import check_settings, option, setting
 from bertforge.train.precision import InferencePrecision, autocast, check_precision, resolve_precision
 
 __all__ = ["FeatureSettings", "Extracted", "Written", "extract_features", "write_features", "embed", "read_inputs",
@@ -330,7 +330,7 @@ def check_pooling(model: BertModel, settings: FeatureSettings, what: str, loaded
         raise ValueError(f"{what} has no trained pooler; use pooling mean" + ("" if causal else " or cls"))
     if pooling == "pooler" and settings.layers not in (None, (-1,)):
         raise ValueError(f"pooling pooler reads the last layer, not layers {','.join(map(str, settings.layers))}: "
-                         "leave --layers unset")
+                         f"leave {option('layers')} unset")
 
 
 def _trained_pooler(model: BertModel, loaded: Any) -> bool:

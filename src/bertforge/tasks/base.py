@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from bertforge.io import COMPRESSED_SUFFIXES, open_binary
-from bertforge.settings import check_settings, setting
+from bertforge.settings import check_settings, option, setting
 from bertforge.tasks.encoding import EncodedSet
 
 __all__ = ["TaskSettings", "LONG_INPUTS", "ReadReport", "text_lines", "csv_rows", "read_records", "not_utf8",
@@ -420,11 +420,11 @@ class TaskFamily(Protocol):
         """``cfg`` with the family's defaults filled in; a setting the family cannot take is an error. A
         configured ``cfg`` comes back unchanged."""
         if cfg.label_names and "label_names" not in self.settings:
-            raise ValueError(f"--label-names names the labels of classification and the tags of tagging; {self.name} "
+            raise ValueError(f"{option('label_names')} names the labels of classification and the tags of tagging; {self.name} "
                              f"({cfg.task}) takes its labels as its files write them")
         long_inputs = self.long_inputs_supported[0] if cfg.long_inputs == "auto" else cfg.long_inputs
         if long_inputs not in self.long_inputs_supported:
-            raise ValueError(f"--long-inputs {long_inputs} does not apply to {self.name} ({cfg.task}): "
+            raise ValueError(f"{option('long_inputs', long_inputs)} does not apply to {self.name} ({cfg.task}): "
                              f"{self.long_inputs_why}")
         return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
                                    long_inputs=long_inputs)

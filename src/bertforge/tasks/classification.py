@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
+from bertforge.settings import option
 from bertforge.tasks.base import (PREDICTION_TABLE, AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily,
                                   TaskSettings, TrainData, csv_rows, file_format, model_logits, numpy_logits,
                                   prediction_table, read_records, split_files, unseen_labels)
@@ -113,8 +114,8 @@ def read_examples(path: str | Path, task: str | None = None, *, text_column: str
     path = Path(path)
     glue = GLUE_TASKS.get(task or "")
     col_a = text_column or (glue.text_a if glue else "text")
-    hints = {} if glue else {"text": "; name the text column with --text-column (text_column= in Python)",
-                             "label": "; name the label column with --label-column (label_column= in Python)"}
+    hints = {} if glue else {"text": f"; name the text column with {option('text_column')}",
+                             "label": f"; name the label column with {option('label_column')}"}
     col_b = text_pair_column or (glue.text_b if glue and not text_column else None)
     col_label = label_column or (glue.label if glue else "label")
     no_label = set(glue.no_label) if glue else set()
@@ -208,7 +209,7 @@ def name_labels(examples: Sequence[Example], names: Sequence[str], path: str | P
         if e.label is not None and e.label not in names:
             if not (e.label.isdigit() and int(e.label) < len(names)):
                 raise ValueError(f"{path}:{e.line}: label {e.label!r} is not one of 0..{len(names) - 1}, the "
-                                 f"indexes of --label-names ({', '.join(names)})")
+                                 f"indexes of {option('label_names')} ({', '.join(names)})")
             e = e._replace(label=names[int(e.label)])
         out.append(e)
     return out
@@ -438,11 +439,12 @@ class ClassificationFamily(TaskFamily):
         cfg = super().configure(cfg)
         glue = GLUE_TASKS.get(cfg.task)
         if cfg.label_names and (self.regression(cfg.task) or (glue is not None and glue.labels is not None)):
-            raise ValueError(f"--label-names names integer class labels; {cfg.task} has "
+            raise ValueError(f"{option('label_names')} names integer class labels; {cfg.task} has "
                              f"{'scores' if self.regression(cfg.task) else 'labels of its own'}")
         if cfg.stride and cfg.long_inputs != "windows":
-            raise ValueError(f"--stride {cfg.stride} places windows, but long inputs are truncated "
-                             "(--long-inputs truncate); pass --long-inputs windows, or no --stride")
+            raise ValueError(f"{option('stride', cfg.stride)} places windows, but long inputs are truncated "
+                             f"({option('long_inputs', 'truncate')}); give {option('long_inputs', 'windows')}, or no "
+                             f"{option('stride')}")
         return cfg
 
     def metric_names(self, task: str) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from bertforge.fast import speed_up, quantize_int8
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.config import dropout_overrides
 from bertforge.model.heads import FEATURE_KEY, FEATURE_MODEL_CLASSES, check_features
-from bertforge.settings import RUN_INPUTS, read_settings, setting
+from bertforge.settings import RUN_INPUTS, option, read_settings, setting
 from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
@@ -131,16 +131,16 @@ class FinetuneConfig(TaskSettings, TrainConfig):
         if self.features:
             check_features(self.features)
         if self.features and self.bilstm:
-            raise ValueError("--features trains a BiLSTM on a frozen encoder, --bilstm one on a fine-tuned "
-                             "encoder: give one of them")
+            raise ValueError(f"{option('features')} trains a BiLSTM on a frozen encoder, {option('bilstm', True)} one "
+                             "on a fine-tuned encoder: give one of them")
         if (self.features or self.bilstm) and self.task:
             family = family_for(self.task)
             if self.features and (family.name == "squad" or family.model_class not in FEATURE_MODEL_CLASSES):
-                hint = "; --bilstm puts the BiLSTM on a fine-tuned encoder" if family.name == "squad" else ""
-                raise ValueError(f"--features applies to tagging and classification, not to {family.name} "
+                hint = f"; {option('bilstm', True)} puts the BiLSTM on a fine-tuned encoder" if family.name == "squad" else ""
+                raise ValueError(f"{option('features')} applies to tagging and classification, not to {family.name} "
                                  f"({self.task}){hint}")
             if family.model_class not in FEATURE_MODEL_CLASSES:
-                raise ValueError(f"--bilstm applies to tagging, classification and SQuAD, not to {family.name} "
+                raise ValueError(f"{option('bilstm', True)} applies to tagging, classification and SQuAD, not to {family.name} "
                                  f"({self.task})")
 
 
@@ -160,16 +160,16 @@ def parse_grid(spec: str) -> dict[str, tuple[Any, ...]]:
         name, sep, values = part.partition("=")
         name = {"batch": "batch_size"}.get(name, name)
         if not sep or name not in _GRID_TYPES or not values:
-            raise ValueError(f"--grid {spec!r}: expected \"paper\" or settings like \"lr=5e-5,3e-5 batch_size=16,32 "
+            raise ValueError(f"{option('grid', spec)}: expected \"paper\" or settings like \"lr=5e-5,3e-5 batch_size=16,32 "
                              f"epochs=2,3\" ({', '.join(_GRID_TYPES)}); got {part!r}")
         try:
             grid[name] = tuple(dict.fromkeys(_GRID_TYPES[name](v) for v in values.split(",") if v))
         except ValueError:
-            raise ValueError(f"--grid: {name} takes {_GRID_TYPES[name].__name__} values, got {values!r}") from None
+            raise ValueError(f"{option('grid')}: {name} takes {_GRID_TYPES[name].__name__} values, got {values!r}") from None
         if not grid[name] or not all(math.isfinite(v) and v > 0 for v in grid[name]):
-            raise ValueError(f"--grid: {name} values must be finite numbers > 0, got {values!r}")
+            raise ValueError(f"{option('grid')}: {name} values must be finite numbers > 0, got {values!r}")
     if not grid:
-        raise ValueError(f"--grid {spec!r}: no settings")
+        raise ValueError(f"{option('grid', spec)}: no settings")
     return grid
 
 
@@ -291,7 +291,7 @@ def _check_evaluation(cfg: FinetuneConfig, has_dev: bool, callbacks: Sequence[An
     """The rules between the evaluation's settings, checked before any data is read or folder changed: the
     metrics named exist for the task, callbacks are callables, early stopping has dev data to read; without
     dev data there is no best model to keep (said once), and the final model is the run's."""
-    named = [("metric_for_best", cfg.metric_for_best)]
+    named = [(option("metric_for_best"), cfg.metric_for_best)]
     for k, callback in enumerate(callbacks):
         if not callable(callback):
             raise TypeError(f"callbacks[{k}] is {type(callback).__name__} {callback!r:.40}, not a callable "
@@ -306,10 +306,10 @@ def _check_evaluation(cfg: FinetuneConfig, has_dev: bool, callbacks: Sequence[An
                              f"as dev2_{patterns[0]})")
     stopping = cfg.early_stopping_patience or any(isinstance(c, EarlyStopping) for c in callbacks)
     if stopping and not has_dev:
-        raise ValueError("early stopping reads the dev metrics: give dev data (dev_file, or dev=) or leave "
-                         "early_stopping_patience at 0")
+        raise ValueError(f"early stopping reads the dev metrics: give dev data ({option('dev_file')}) or leave "
+                         f"{option('early_stopping_patience')} at 0")
     if cfg.keep_best and not has_dev:
-        logger.info("no dev data: the run keeps its final model only (keep_best off)")
+        logger.info("no dev data: the run keeps its final model only (%s)", option("keep_best", False))
         cfg = dataclasses.replace(cfg, keep_best=False)
     return cfg
 
@@ -387,8 +387,8 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         cfg, per_epoch = self.prepared.family.configure(self.cfg), self.steps_per_epoch
         if per_epoch < 1:
             raise ValueError(f"{cfg.train_file}: {len(self.prepared.train.encoded)} training sequences, fewer than "
-                             f"one batch ({cfg.batch_size}) and drop_last (--drop-last) leaves it out; lower "
-                             f"batch_size (--batch-size) to at most that, or keep the last batch")
+                             f"one batch ({cfg.batch_size}) and {option('drop_last', True)} leaves it out; lower "
+                             f"{option('batch_size')} to at most that, or keep the last batch")
         max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
         return dataclasses.replace(cfg, max_steps=max_steps, eval_every=cfg.eval_every or per_epoch)
 
@@ -428,7 +428,7 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
                                              self.dist)
         main = cfg.metric_for_best or main
         if main not in metrics:
-            raise ValueError(f"--metric-for-best {main!r} is not among the metrics ({', '.join(metrics)})")
+            raise ValueError(f"{option('metric_for_best', main)} is not among the metrics ({', '.join(metrics)})")
         stop = self._callbacks(step, metrics, main)
         if not (cfg.keep_best and _better(metrics[main], self.best["value"] if self.best else None)):
             return Evaluation(metrics, stop=stop)
@@ -534,7 +534,7 @@ def finetune_grid(cfg: FinetuneConfig) -> GridResult:
     from bertforge.train.distributed import setup
 
     if not cfg.dev_file:
-        raise ValueError("--grid needs --dev-file: the best run is chosen on dev")
+        raise ValueError(f"{option('grid')} needs {option('dev_file')}: the best run is chosen on dev")
     grid = parse_grid(cfg.grid)
     dist = setup(cfg.device)
     with run_lock(cfg.out, dist):
@@ -560,8 +560,8 @@ def _finetune_grid(cfg: FinetuneConfig, grid: dict[str, tuple[Any, ...]], dist: 
         done = folder / _RUN_RESULT
         if done.is_file() and not cfg.overwrite:
             if not cfg.resume:
-                raise ValueError(f"{out} already holds a grid; pass --resume to continue it, --overwrite to run it "
-                                 "afresh, or use a new --out")
+                raise ValueError(f"{out} already holds a grid; {option('resume', True)} continues it, "
+                                 f"{option('overwrite', True)} runs it afresh, or give {option('out')} a new folder")
             rows.append(json.loads(done.read_text(encoding="utf-8")))
             continue
         # resuming a grid: a run killed before its first checkpoint starts again
@@ -655,8 +655,8 @@ def load_finetuned(checkpoint: str | Path, settings: Mapping[str, Any] | None = 
     saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
     task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
     if not task:
-        raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task (--task squad "
-                         "for SQuAD v1.1, squad2 for v2.0)" if model_class.__name__ == "BertForQuestionAnswering"
+        raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task "
+                         f"({option('task', 'squad')} for SQuAD v1.1, squad2 for v2.0)" if model_class.__name__ == "BertForQuestionAnswering"
                          else f"{checkpoint}: a {model_class.__name__}, not a fine-tuned model")
     if task == "classification" and model.config.num_labels == 1:
         task = "regression"

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
+from bertforge.settings import option
 from bertforge.tasks.base import (AccuracyObjective, EvalData, EvalResult, ReadReport, TaskFamily, TaskSettings,
                                   TrainData, model_logits, split_files, text_lines)
 from bertforge.tasks.encoding import Windows, max_context_window, offsets_through_marks, predict_items, window_starts
@@ -134,7 +135,8 @@ def read_squad(path: str | Path, version: str = "1.1", *, mode: Literal["train",
                 except ValueError as e:
                     if not skip_bad_rows:
                         named = f"question id {qid!r}; " if qid else ""
-                        raise ValueError(f"{e} ({named}--skip-bad-rows skips and counts such questions)") from None
+                        raise ValueError(f"{e} ({named}{option('skip_bad_rows', True)} skips and counts such "
+                                         "questions)") from None
                     report.skip_question(e.reason if isinstance(e, _BadAnswer) else "malformed", qid or where)
                     continue
                 if question.id in seen:
@@ -168,7 +170,8 @@ def _read_question(qa: Any, where: str, context: str, paragraph: int, version: s
     texts = tuple(_typed(a, "text", str, f"{where}.answers[{n}]") for n, a in enumerate(answers))
     if version == "1.1" and (impossible or not answers):
         raise _BadAnswer(f"{where}: {'marked is_impossible' if impossible else 'no answers'}: an unanswerable "
-                         "question, which SQuAD 1.1 has not (SQuAD 2.0 data: use --task squad2)", "unanswerable")
+                         f"question, which SQuAD 1.1 has not (SQuAD 2.0 data: use {option('task', 'squad2')})",
+                         "unanswerable")
     impossible = impossible or "is_impossible" not in qa and not answers
     start = -1
     if mode == "train" and not impossible:
@@ -333,7 +336,7 @@ def _answer_tokens(data: SquadData, q: Question, offs: np.ndarray, skip_bad_rows
         return first, last
     if not skip_bad_rows:
         raise ValueError(f"{q.where}: the answer {q.answers[0]!r} holds no token (only characters "
-                         f"the tokenizer drops) (question id {q.id!r}; --skip-bad-rows skips and "
+                         f"the tokenizer drops) (question id {q.id!r}; {option('skip_bad_rows', True)} skips and "
                          "counts such questions)")
     for report in data.reports:  # the question's file's (``where`` starts with its path)
         if q.where.startswith(report.path + ":"):

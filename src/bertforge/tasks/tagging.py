@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from bertforge.model import losses
+from bertforge.settings import option
 from bertforge.model.heads import tagged_positions
 from bertforge.io import open_binary
 from bertforge.metrics import SCHEMES, entity_spans, ner_metrics
@@ -161,8 +162,8 @@ def _problem(tag: str, task: str, scheme: str | None) -> str | None:
         except ValueError as e:
             return str(e)
     elif task == "ner" and not _is_entity_tag(tag):
-        return (f"task ner needs entity tags (O, B-TYPE, I-TYPE, ...), got {tag!r} (a wrong --tag-column? "
-                "--task tagging takes any tag set)")
+        return (f"task ner needs entity tags (O, B-TYPE, I-TYPE, ...), got {tag!r} (a wrong {option('tag_column')}? "
+                f"{option('task', 'tagging')} takes any tag set)")
     return None
 
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from bertforge.io import atomic_write_text
 from bertforge.resources import cache_dir
+from bertforge.settings import option
 
 __all__ = ["Precision", "InferencePrecision", "PRECISIONS", "INFERENCE_PRECISIONS", "KERNEL_LIMITS", "autocast",
            "bf16_faster", "check_precision", "cpu_flags", "cpu_name", "dtype_of", "has_amx", "kernel_limits",
@@ -124,8 +125,8 @@ def resolve_precision(precision: str, device: torch.device | str, *, inference: 
         raise ValueError(f"precision int8 runs on CPU; on {device.type} use bf16 or fp16")
     if precision == "bf16" and not native_bf16(device):
         logger.warning("precision bf16 on a %s without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU "
-                       "before Ampere) is emulated, far slower than fp32; use --precision fp32 or auto here",
-                       device.type)
+                       "before Ampere) is emulated, far slower than fp32; use %s or auto here",
+                       device.type, option("precision", "fp32"))
     return precision
 
 

@@ -24,7 +24,7 @@ from bertforge.data.prepare import load_manifest, special_ids
 from bertforge.model import losses
 from bertforge.model.config import BertConfig, dropout_overrides
 from bertforge.model.heads import BertForMaskedLM, BertForPreTraining
-from bertforge.settings import setting
+from bertforge.settings import option, setting
 from bertforge.text.tokenizer import BertTokenizer
 from bertforge.train.config import TrainConfig
 from bertforge.train.history import objective_metrics
@@ -87,8 +87,8 @@ class PretrainConfig(TrainConfig):
         super().__post_init__()
         size = RECIPES.get(self.recipe, {}).get("model", "base")
         if self.init_from and self.model not in (size, ""):
-            raise ValueError(f"--model {self.model} and --init-from {self.init_from}: the model's size and shape are "
-                             f"the checkpoint's (its config.json); drop --model")
+            raise ValueError(f"{option('model', self.model)} and {option('init_from', self.init_from)}: the model's size "
+                             f"and shape are the checkpoint's (its config.json); drop {option('model')}")
         # A recipe named but not applied (every setting it sets still at the paper's default) would be
         # recorded and ignored: `from_recipe` (``--recipe``, ``recipe:`` in a config file) applies one.
         preset = RECIPES.get(self.recipe)
@@ -119,7 +119,8 @@ class PretrainConfig(TrainConfig):
             return data_objective(nsp_data)
         if self.objective == "mlm+nsp" and not nsp_data:
             raise ValueError(f"{self.data}: objective mlm+nsp needs data prepared with next sentence prediction "
-                             "(this data was prepared with --no-nsp); use --objective mlm or ltr")
+                             f"(this data was prepared with {option('nsp', False)}); use {option('objective', 'mlm')} or "
+                             "ltr")
         return self.objective
 
 
@@ -240,7 +241,7 @@ def build_pretraining_model(cfg: PretrainConfig, vocab_size: int, nsp: bool, max
         source = source / "config.json" if source.is_dir() else source
         raise ValueError(f"{source}: type_vocab_size is {config.type_vocab_size}, but the data was prepared with "
                          "next sentence prediction, whose segment B has token type 1: NSP needs type_vocab_size >= 2 "
-                         "(or prepare the data with --no-nsp)")
+                         f"(or prepare the data with {option('nsp', False)})")
     if config.vocab_size != vocab_size:
         raise ValueError(f"the model has {config.vocab_size} word embeddings but the data's vocab has "
                          f"{vocab_size} entries")
@@ -295,10 +296,11 @@ class PretrainRun(TrainingRun[TrainResult]):
     def __init__(self, cfg: PretrainConfig):
         super().__init__(cfg)
         if not cfg.data:
-            raise ValueError("pretrain needs --data (a folder written by `bertforge prepare`)")
+            raise ValueError(f"pretrain needs {option('data')} (a folder written by `bertforge prepare`)")
         tokenizer_dir = cfg.tokenizer or cfg.init_from
         if not tokenizer_dir:
-            raise ValueError("pretrain needs --tokenizer (the vocab folder the data was prepared with) or --init-from")
+            raise ValueError(f"pretrain needs {option('tokenizer')} (the vocab folder the data was prepared with) or "
+                             f"{option('init_from')}")
         self.tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
 
     def setup_data(self) -> None:
@@ -308,7 +310,7 @@ class PretrainRun(TrainingRun[TrainResult]):
         self.data_cfg = data_cfg = self.manifest["config"]
         n_shards = len(self.manifest["shards"])
         if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
-            raise ValueError(f"--eval-shards {cfg.eval_shards} would hold out all {n_shards} shards of {cfg.data}")
+            raise ValueError(f"{option('eval_shards', cfg.eval_shards)} would hold out all {n_shards} shards of {cfg.data}")
         held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
         made_with = {"vocab_hash": tok.vocab_hash, "normalization": tok.normalization}  # the data's must match
         self.dataset = PretrainingDataset(cfg.data, **made_with,
@@ -377,12 +379,12 @@ class PretrainRun(TrainingRun[TrainResult]):
         if cfg.warmup_scaled and not cfg.budget_minutes:
             logger.warning(f"pretrain: the paper's {cfg.DEFAULT_WARMUP_STEPS:,} warmup steps are longer than this run's "
                            f"{cfg.max_steps:,}: warming up over {cfg.warmup:,} (the paper's share, 1%) instead; "
-                           "--warmup-steps or --warmup-ratio chooses")
+                           f"{option('warmup_steps')} or {option('warmup_ratio')} chooses")
         fresh = getattr(model, "fresh_head", ())
         if fresh and trainer.head_share:
             head = ".".join(fresh[0].split(".")[:2])
             logger.info(f"pretrain: {cfg.init_from} has no {head} head: it trains alone over the first "
-                        f"{trainer.head_share:.0%} of the run, then with the encoder (--head-warmup-ratio)")
+                        f"{trainer.head_share:.0%} of the run, then with the encoder ({option('head_warmup_ratio')})")
 
     def finish(self, result: TrainResult) -> TrainResult:
         if self.dist.is_main:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bertforge.io import clear_stale
+from bertforge.settings import option
 from bertforge.train.distributed import Distributed
 from bertforge.train.state import STATE_PT
 
@@ -92,17 +93,18 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
     dist = dist or Distributed()
     folder = Path(run_dir)
     if resume and overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+        raise ValueError(f"{option('resume', True)} continues the run in {option('out')} and "
+                         f"{option('overwrite', True)} deletes it: give one of them")
     held = run_files(folder, outputs)
     latest = latest_checkpoint(folder)
     if resume and latest is None:
-        hint = f" (it holds {', '.join(held)}; pass --overwrite to start afresh there)" if held else ""
-        raise ValueError(f"--resume: {folder} has no complete checkpoint to resume from{hint}")
+        hint = f" (it holds {', '.join(held)}; {option('overwrite', True)} starts afresh there)" if held else ""
+        raise ValueError(f"{option('resume', True)}: {folder} has no complete checkpoint to resume from{hint}")
     if not resume and not overwrite and held:
-        how = (f"pass --resume to continue it from {latest.relative_to(folder)}" if latest is not None
+        how = (f"{option('resume', True)} continues it from {latest.relative_to(folder)}" if latest is not None
                else "it has no checkpoint to resume from")
         raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
-                         "--overwrite to delete them and start afresh, or use a new --out")
+                         f"{option('overwrite', True)} deletes them and starts afresh, or give {option('out')} a new folder")
     if not change:
         return latest if resume else None
     dist.barrier()  # every process has looked before the main one changes anything
@@ -115,7 +117,7 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
 def _clear(folder: Path, held: list[str] | None, overwrite: bool, outputs: tuple[str, ...]) -> None:
     """Delete the earlier run's files ``held`` (None: a resumed run keeps them), then what killed writes left."""
     if overwrite and held:
-        logger.warning("--overwrite: deleting the previous run's %s in %s", ", ".join(held), folder)
+        logger.warning("%s: deleting the previous run's %s in %s", option("overwrite", True), ", ".join(held), folder)
     # a fresh start also drops what a run that failed before its first result left (settings, events)
     for name in (held + run_files(folder, names=RUN_SETUP)) if held is not None else []:
         p = folder / name.rstrip("/")

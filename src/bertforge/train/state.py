@@ -16,7 +16,7 @@ import torch
 
 from bertforge.io import atomic_dir, atomic_write_text
 from bertforge.model.checkpoint import CheckpointError, read_state_dict, save_pretrained
-from bertforge.settings import follow_folder
+from bertforge.settings import follow_folder, option
 
 if TYPE_CHECKING:
     from torch import nn
@@ -181,10 +181,12 @@ def setting_changes(saved: Mapping[str, Any], current: Mapping[str, Any], absent
 def _warmup_hint(steps: int | None, ratio: float | None, given_steps: int | None, given_ratio: float | None) -> str:
     """What to pass to resume a run recorded with warmup ``steps`` / ``ratio``, given ``given_*``."""
     if steps is not None:
-        return f"pass --warmup-steps {steps}" + (" instead of --warmup-ratio" if given_ratio is not None else "")
+        return (f"pass {option('warmup_steps', steps)}"
+                + (f" instead of {option('warmup_ratio')}" if given_ratio is not None else ""))
     if ratio is not None:
-        return f"pass --warmup-ratio {ratio}" + (" instead of --warmup-steps" if given_steps is not None else "")
-    return "give neither --warmup-steps nor --warmup-ratio"
+        return (f"pass {option('warmup_ratio', ratio)}"
+                + (f" instead of {option('warmup_steps')}" if given_steps is not None else ""))
+    return f"give neither {option('warmup_steps')} nor {option('warmup_ratio')}"
 
 
 def changes_text(changed: list[tuple[str, Any, Any]], most: int = 8) -> str:
