@@ -88,7 +88,7 @@ def test_bad_in_memory_data_is_refused_naming_what_was_expected(base, tmp_path):
         finetune(config(base, tmp_path / "a", keep_best=False), train=[1, 2, 3])
     with pytest.raises(ValueError, match="train data: columns of different lengths: text: 2, label: 1"):
         finetune(config(base, tmp_path / "b", keep_best=False), train={"text": ["a", "b"], "label": [1]})
-    with pytest.raises(ValueError, match=r"inputs/train\.jsonl:2: no key 'text'"):
+    with pytest.raises(ValueError, match=r"^train data, row 2: no key 'text'"):
         finetune(config(base, tmp_path / "c", keep_best=False), train=[{"text": "good", "label": 1}, {"review": "bad", "label": 0}])
     with pytest.raises(ValueError, match="train data: row 1: 2 words but 1 tags"):
         finetune(config(base, tmp_path / "d", task="ner", keep_best=False),

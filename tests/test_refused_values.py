@@ -370,3 +370,24 @@ def test_a_message_names_a_setting_as_python_takes_it_and_as_the_command_line_do
     assert "--resume continues it" in err and "--overwrite deletes them" in err and "resume=True" not in err
     with pytest.raises(ValueError, match=r"metric_for_best 'bleu' is not a metric of task classification"):
         finetune(config(base, tmp_path / "other", metric_for_best="bleu"), train=rows())
+
+
+def test_max_seq_length_follows_the_model_s_positions_unless_given_and_more_is_refused_before_the_data(tmp_path):
+    """A 64-position model fine-tunes at 64 tokens when max_seq_length is left unset; 128 given is refused
+    naming the model before any data is read (a file that does not exist is never opened)."""
+    from finetune_fixtures import saved
+
+    from bertforge.model.heads import BertForPreTraining
+
+    short = saved(tmp_path / "short", BertForPreTraining, 0, positions=64)
+    result = finetune(config(short, tmp_path / "run"), train=rows())
+    assert json.loads((tmp_path / "run" / "run_config.json").read_text())["max_seq_length"] == 64
+    assert result.train.step == 2
+    with pytest.raises(ValueError, match=rf"max_seq_length=128 exceeds the 64 positions of {short}$"):
+        finetune(config(short, tmp_path / "other", max_seq_length=128, train_file=str(tmp_path / "absent.jsonl")))
+
+
+def test_a_bad_row_of_data_given_in_memory_is_named_by_its_row_not_the_run_s_copy(base, tmp_path):
+    bad = [{"text": "a", "label": 1.0}] * 8 + [{"text": "b", "label": math.inf}]
+    with pytest.raises(ValueError, match=r"^train data, row 9: label inf is not a finite number$"):
+        finetune(config(base, tmp_path / "run", task="regression"), train=bad)

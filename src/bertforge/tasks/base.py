@@ -65,7 +65,8 @@ class TaskSettings:
     them)."""
     max_seq_length: int = setting(0, at_least=0, at_most=65535)
     """Tokens per sequence, [CLS] and [SEP] included; longer inputs are truncated or cut into overlapping
-    windows (--long-inputs) (0: the task's default: 384 for SQuAD, 128 otherwise)."""
+    windows (--long-inputs) (0: the task's default, 384 for SQuAD and 128 otherwise, or the model's positions
+    if fewer)."""
     long_inputs: Literal["auto", "truncate", "windows"] = "auto"
     """Inputs longer than --max-seq-length: truncate (keep the start of a text; a pair loses tokens from the
     end of its longer segment first, as the paper's code does), or windows (overlapping windows every
@@ -393,9 +394,22 @@ class EvalResult:
     writes them."""
 
 
+def _positions(model: str) -> int | None:
+    """The positions of checkpoint folder ``model`` (None: none named, or no config to read: loading it says why)."""
+    from bertforge.model.checkpoint import CheckpointError, load_config
+
+    if not model:
+        return None
+    try:
+        return load_config(model).max_position_embeddings
+    except (CheckpointError, OSError):
+        return None
+
+
 class TaskFamily(Protocol):
     """One of the paper's fine-tuning setups, as `bertforge.tasks.finetune` drives it, with what most
-    families share: ``max_seq_length`` 0 -> ``default_max_seq_length``; ``long_inputs`` auto -> the first
+    families share: ``max_seq_length`` 0 -> ``default_max_seq_length`` (the model's positions if fewer; more
+    is an error before any data is read); ``long_inputs`` auto -> the first
     of ``long_inputs_supported`` (another one is an error saying ``long_inputs_why``); --label-names only
     where ``settings`` holds it; files named by a comma-separated list."""
 
@@ -420,14 +434,18 @@ class TaskFamily(Protocol):
         """``cfg`` with the family's defaults filled in; a setting the family cannot take is an error. A
         configured ``cfg`` comes back unchanged."""
         if cfg.label_names and "label_names" not in self.settings:
-            raise ValueError(f"{option('label_names')} names the labels of classification and the tags of tagging; {self.name} "
-                             f"({cfg.task}) takes its labels as its files write them")
+            raise ValueError(f"{option('label_names')} names the labels of classification and the tags of tagging; "
+                             f"{self.name} ({cfg.task}) takes its labels as its files write them")
         long_inputs = self.long_inputs_supported[0] if cfg.long_inputs == "auto" else cfg.long_inputs
         if long_inputs not in self.long_inputs_supported:
             raise ValueError(f"{option('long_inputs', long_inputs)} does not apply to {self.name} ({cfg.task}): "
                              f"{self.long_inputs_why}")
-        return dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length or self.default_max_seq_length,
-                                   long_inputs=long_inputs)
+        model = getattr(cfg, "model", "")
+        positions = _positions(model)
+        max_seq_length = cfg.max_seq_length or min(self.default_max_seq_length, positions or 1 << 31)
+        if positions and max_seq_length > positions:
+            raise ValueError(f"{option('max_seq_length', max_seq_length)} exceeds the {positions} positions of {model}")
+        return dataclasses.replace(cfg, max_seq_length=max_seq_length, long_inputs=long_inputs)
 
     def metric_names(self, task: str) -> tuple[str, ...]:
         """The metrics an evaluation of ``task`` reports (``*``: any text; with several dev files each is

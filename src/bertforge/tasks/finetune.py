@@ -30,7 +30,8 @@ from bertforge.tasks import family_for, task_names
 from bertforge.tasks.base import EvalData, ReadReport, TaskFamily, TaskSettings, TrainData
 from bertforge.tasks.encoding import EncodedBatches
 from bertforge.tasks.feature_based import CachedObjective, cache_features
-from bertforge.tasks.memory import input_suffix, input_text, is_in_memory, temporary_input, write_input
+from bertforge.tasks.memory import (input_suffix, input_text, is_in_memory, of_the_data, temporary_input,
+                                    write_input)
 from bertforge.train.callbacks import EarlyStopping, EvalCallback
 from bertforge.train.lock import run_lock
 from bertforge.train.config import TrainConfig
@@ -136,12 +137,13 @@ class FinetuneConfig(TaskSettings, TrainConfig):
         if (self.features or self.bilstm) and self.task:
             family = family_for(self.task)
             if self.features and (family.name == "squad" or family.model_class not in FEATURE_MODEL_CLASSES):
-                hint = f"; {option('bilstm', True)} puts the BiLSTM on a fine-tuned encoder" if family.name == "squad" else ""
+                hint = (f"; {option('bilstm', True)} puts the BiLSTM on a fine-tuned encoder" if family.name == "squad"
+                        else "")
                 raise ValueError(f"{option('features')} applies to tagging and classification, not to {family.name} "
                                  f"({self.task}){hint}")
             if family.model_class not in FEATURE_MODEL_CLASSES:
-                raise ValueError(f"{option('bilstm', True)} applies to tagging, classification and SQuAD, not to {family.name} "
-                                 f"({self.task})")
+                raise ValueError(f"{option('bilstm', True)} applies to tagging, classification and SQuAD, not to "
+                                 f"{family.name} ({self.task})")
 
 
 # ---------------------------------------------------------------------------- the paper's grid
@@ -160,12 +162,13 @@ def parse_grid(spec: str) -> dict[str, tuple[Any, ...]]:
         name, sep, values = part.partition("=")
         name = {"batch": "batch_size"}.get(name, name)
         if not sep or name not in _GRID_TYPES or not values:
-            raise ValueError(f"{option('grid', spec)}: expected \"paper\" or settings like \"lr=5e-5,3e-5 batch_size=16,32 "
-                             f"epochs=2,3\" ({', '.join(_GRID_TYPES)}); got {part!r}")
+            raise ValueError(f"{option('grid', spec)}: expected \"paper\" or settings like \"lr=5e-5,3e-5 "
+                             f"batch_size=16,32 epochs=2,3\" ({', '.join(_GRID_TYPES)}); got {part!r}")
         try:
             grid[name] = tuple(dict.fromkeys(_GRID_TYPES[name](v) for v in values.split(",") if v))
         except ValueError:
-            raise ValueError(f"{option('grid')}: {name} takes {_GRID_TYPES[name].__name__} values, got {values!r}") from None
+            raise ValueError(f"{option('grid')}: {name} takes {_GRID_TYPES[name].__name__} values, "
+                             f"got {values!r}") from None
         if not grid[name] or not all(math.isfinite(v) and v > 0 for v in grid[name]):
             raise ValueError(f"{option('grid')}: {name} values must be finite numbers > 0, got {values!r}")
     if not grid:
@@ -266,7 +269,7 @@ def prepare_data(cfg: FinetuneConfig) -> PreparedData:
 
     for name in ("task", "model", "train_file"):
         if not getattr(cfg, name):
-            raise ValueError(f"finetune needs --{name.replace('_', '-')}")
+            raise ValueError(f"finetune needs {option(name)}")
     family = family_for(cfg.task)
     cfg = family.configure(cfg)
     tok = BertTokenizer.from_pretrained(cfg.model)
@@ -362,7 +365,13 @@ class FinetuneRun(TrainingRun[FinetuneResult]):
         if self.given:
             self._write_given()
         if self.data is None:
-            self.data = prepare_data(self.cfg)
+            try:
+                self.data = prepare_data(self.cfg)
+            except ValueError as e:  # about the data given, not the copy the run keeps of it
+                message = str(e)
+                for split in self.given:
+                    message = of_the_data(message, Path(getattr(self.cfg, f"{split}_file")), split)
+                raise type(e)(message) from None
         else:
             configured = self.data.family.configure(self.cfg)
             differ = [name for name in ("task", "model", "train_file", "dev_file", *self.data.family.settings)
@@ -655,8 +664,9 @@ def load_finetuned(checkpoint: str | Path, settings: Mapping[str, Any] | None = 
     saved = dict(model.config.extra.get(SETTINGS_KEY) or {})
     task = given.get("task") or saved.get("task") or _HEAD_TASKS.get(model_class.__name__, "")
     if not task:
+        qa = model_class.__name__ == "BertForQuestionAnswering"
         raise ValueError(f"{checkpoint}: a {model_class.__name__} fine-tuned elsewhere: name its task "
-                         f"({option('task', 'squad')} for SQuAD v1.1, squad2 for v2.0)" if model_class.__name__ == "BertForQuestionAnswering"
+                         f"({option('task', 'squad')} for SQuAD v1.1, squad2 for v2.0)" if qa
                          else f"{checkpoint}: a {model_class.__name__}, not a fine-tuned model")
     if task == "classification" and model.config.num_labels == 1:
         task = "regression"

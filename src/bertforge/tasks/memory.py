@@ -2,7 +2,8 @@
 `datasets.Dataset`, a pandas DataFrame, a list of records (dicts) or a dict of columns; it is written once
 in the family's own format and read by the same reader as a file, so every check and message is the
 file's. A run keeps what it was given in ``OUT/inputs/`` (its record points there: it resumes from its
-folder, wherever the folder has moved). `datasets` and pandas are never imported: their objects are recognised by what they offer.
+folder, wherever the folder has moved). `datasets` and pandas are never imported: their objects are
+recognised by what they offer.
 
     classification, multiple choice   JSON lines, one record per row (columns as --text-column & co. name)
     tagging                           CoNLL columns from a list of words and a list of tags per row
@@ -29,7 +30,8 @@ from typing import Any
 
 from bertforge.io import atomic_write_text
 
-__all__ = ["TAG_COLUMNS", "is_in_memory", "rows_of", "input_suffix", "input_text", "write_input", "temporary_input"]
+__all__ = ["TAG_COLUMNS", "is_in_memory", "rows_of", "input_suffix", "input_text", "write_input", "temporary_input",
+           "of_the_data"]
 
 TAG_COLUMNS = ("ner_tags", "tags", "labels", "label", "pos_tags")
 """Where a tagging row's tags are looked for, in order, unless --label-column names the column."""
@@ -242,12 +244,13 @@ def temporary_input(data: Any, cfg: Any, split: str, *, labelled: bool) -> Itera
         try:
             yield path
         except ValueError as e:  # the reader's message, about the data given rather than a file deleted now
-            raise type(e)(_of_the_data(str(e), path, split)) from None
+            raise type(e)(of_the_data(str(e), path, split)) from None
 
 
-def _of_the_data(message: str, path: Path, split: str) -> str:
-    """A reader's ``message`` about the temporary file ``path`` said of the ``split`` data: "train data, row
-    3: ..." where the file holds a row a line (JSON lines), else "train data (written as CoNLL), line 7"."""
+def of_the_data(message: str, path: Path, split: str) -> str:
+    """A reader's ``message`` about the file ``path`` the ``split`` data given in memory was written to, said
+    of the data: "train data, row 3: ..." where the file holds a row a line (JSON lines), else "train data
+    (written as CoNLL), line 7"."""
     rows = path.suffix == ".jsonl"
     where = re.compile(re.escape(str(path)) + r":(\d+)")
     message = where.sub(lambda m: f"{split} data, {'row' if rows else 'line'} {m.group(1)}", message)

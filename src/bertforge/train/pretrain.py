@@ -87,8 +87,8 @@ class PretrainConfig(TrainConfig):
         super().__post_init__()
         size = RECIPES.get(self.recipe, {}).get("model", "base")
         if self.init_from and self.model not in (size, ""):
-            raise ValueError(f"{option('model', self.model)} and {option('init_from', self.init_from)}: the model's size "
-                             f"and shape are the checkpoint's (its config.json); drop {option('model')}")
+            raise ValueError(f"{option('model', self.model)} and {option('init_from', self.init_from)}: the model's "
+                             f"size and shape are the checkpoint's (its config.json); drop {option('model')}")
         # A recipe named but not applied (every setting it sets still at the paper's default) would be
         # recorded and ignored: `from_recipe` (``--recipe``, ``recipe:`` in a config file) applies one.
         preset = RECIPES.get(self.recipe)
@@ -119,8 +119,8 @@ class PretrainConfig(TrainConfig):
             return data_objective(nsp_data)
         if self.objective == "mlm+nsp" and not nsp_data:
             raise ValueError(f"{self.data}: objective mlm+nsp needs data prepared with next sentence prediction "
-                             f"(this data was prepared with {option('nsp', False)}); use {option('objective', 'mlm')} or "
-                             "ltr")
+                             f"(this data was prepared with {option('nsp', False)}); use "
+                             f"{option('objective', 'mlm')} or ltr")
         return self.objective
 
 
@@ -310,7 +310,8 @@ class PretrainRun(TrainingRun[TrainResult]):
         self.data_cfg = data_cfg = self.manifest["config"]
         n_shards = len(self.manifest["shards"])
         if cfg.eval_shards and not cfg.eval_data and cfg.eval_shards >= n_shards:
-            raise ValueError(f"{option('eval_shards', cfg.eval_shards)} would hold out all {n_shards} shards of {cfg.data}")
+            raise ValueError(f"{option('eval_shards', cfg.eval_shards)} would hold out all {n_shards} shards of "
+                             f"{cfg.data}")
         held_out = range(n_shards - cfg.eval_shards, n_shards) if cfg.eval_shards and not cfg.eval_data else range(0)
         made_with = {"vocab_hash": tok.vocab_hash, "normalization": tok.normalization}  # the data's must match
         self.dataset = PretrainingDataset(cfg.data, **made_with,

@@ -104,7 +104,8 @@ def open_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False, *, 
         how = (f"{option('resume', True)} continues it from {latest.relative_to(folder)}" if latest is not None
                else "it has no checkpoint to resume from")
         raise ValueError(f"{folder} already holds a previous run's files ({', '.join(held)}); {how}, "
-                         f"{option('overwrite', True)} deletes them and starts afresh, or give {option('out')} a new folder")
+                         f"{option('overwrite', True)} deletes them and starts afresh, or give {option('out')} a new "
+                         "folder")
     if not change:
         return latest if resume else None
     dist.barrier()  # every process has looked before the main one changes anything
