@@ -822,9 +822,7 @@ def _one_line_value_errors(args: list[str]) -> contextlib.AbstractContextManager
         flags = tuple(argument.lowered.name_or_flags)
         name = next((f for f in flags if f.startswith("--")), flags[0] if flags else str(argument.lowered.metavar))
         metavar = str(argument.lowered.metavar)
-        choices = getattr(event, "choices", None)
-        if choices is None and metavar.startswith("{"):
-            choices = tuple(metavar.strip("{}").split(","))
+        choices = tuple(metavar.strip("{}").split(",")) if metavar.startswith("{") else getattr(event, "choices", None)
         expected = f"one of {', '.join(map(str, choices))}" if choices else _EXPECTED.get(metavar, metavar)
         value = _flag_value(args, flags)
         raise ValueError(f"{name}: expected {expected}" + (f", got {value!r}" if value is not None else " after it"))
