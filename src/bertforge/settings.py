@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 __all__ = ["option", "speaking_in_flags", "setting", "MAX_MINUTES", "field_metadata", "out_of_range", "check_settings",
-           "SettingValueError",
-           "HugeNumber", "FieldError", "check_value", "field_types", "read_settings", "from_mapping", "read_value",
-           "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file", "config_from_file", "RUN_FACTS",
-           "RUN_INPUTS", "follow_folder",
-           "check_device"]
+           "SettingValueError", "HugeNumber", "FieldError", "check_value", "field_types", "read_settings",
+           "from_mapping", "read_value", "read_mapping", "check_keys", "AS_GIVEN", "OTHER_KEYS", "read_config_file",
+           "config_from_file", "RUN_FACTS", "RUN_INPUTS", "follow_folder", "check_device"]
 
 
 # ---------------------------------------------------------------------------- naming
