@@ -137,12 +137,14 @@ def version(package: str) -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    from bertforge.fast.int8 import full_range_int8
+    from bertforge.fast.int8 import int8_choice
     from bertforge.train.precision import cpu_name, native_bf16
 
+    choice = int8_choice()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu": cpu_name(), "flags": cpu_flags(), "full_range_int8": full_range_int8(),
+        "cpu": cpu_name(), "flags": cpu_flags(),
+        "int8": {"kernel": choice.kernel, "w_max": choice.w_max, "probe_ms": choice.times, "source": choice.source},
         "native_bf16": native_bf16(torch.device("cpu")), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "nproc": os.cpu_count(), "affinity": affinity, "python": platform.python_version(),
         "versions": {p: version(p) for p in ("bertforge", "torch", "transformers", "numpy", "onnx", "onnxruntime",
@@ -209,7 +211,7 @@ def _torch_runner(model, precision_context: Callable[[], contextlib.AbstractCont
 
 def build_bertforge(ctx: Context, precision: str) -> Runner:
     from bertforge.fast import speed_up
-    from bertforge.fast.int8 import full_range_int8
+    from bertforge.fast import int8 as int8_module
     from bertforge.model.bert import BertModel
     from bertforge.train.precision import autocast, dtype_of
 
@@ -217,7 +219,8 @@ def build_bertforge(ctx: Context, precision: str) -> Runner:
     details = {"prepare": f"freeze=True, int8={precision == 'int8'}", "autocast": precision}
     if precision == "int8":
         dtype = dtype_of("int8")
-        details.update(weights=f"+-{127 if full_range_int8() else 63}",
+        kernel, w_max = int8_module._kernel()
+        details.update(kernel=kernel, weights=f"+-{w_max}",
                        float_layers=str(dtype).replace("torch.", "") if dtype else "float32")
     return _torch_runner(model, lambda: autocast(precision, "cpu"), details)
 
@@ -408,8 +411,9 @@ def main(argv=None) -> int:
     meta = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "loadavg_before": _loadavg()}
     flags = ", ".join(f for f, on in info["flags"].items() if on) or "none of " + ", ".join(CPU_FLAGS)
-    print(f"# {info['cpu']}; int8/bf16 flags: {flags}; int8 product exact with full-range weights: "
-          f"{info['full_range_int8']}; native bf16: {info['native_bf16']}", flush=True)
+    int8 = info["int8"]
+    print(f"# {info['cpu']}; int8/bf16 flags: {flags}; int8 kernel {int8['kernel']} (probe, ms: {int8['probe_ms']}; "
+          f"weights {int8['w_max']}); native bf16: {info['native_bf16']}", flush=True)
     print("# " + ", ".join(f"{p} {v}" for p, v in info["versions"].items() if v) + f"; {args.threads} thread(s); "
           f"affinity {info['affinity']}; load average {meta['loadavg_before']}", flush=True)
 

@@ -57,12 +57,12 @@ TARGETS = {"cosine_min": 0.99, "cosine_mean": 0.995, "task_points": 0.5}
 @contextmanager
 def six_bit_weights():
     """int8 as a CPU without VNNI runs it: weights quantized to +-63."""
-    saved = int8_module.full_range_int8
-    int8_module.full_range_int8 = lambda: False
+    saved = int8_module._kernel
+    int8_module._kernel = lambda: (saved()[0], 63)
     try:
         yield
     finally:
-        int8_module.full_range_int8 = saved
+        int8_module._kernel = saved
 
 
 def precisions() -> list[str]:
@@ -170,9 +170,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu": cpu_name(), "full_range_int8": int8_module.full_range_int8(), "threads": torch.get_num_threads(),
+    kernel, w_max = int8_module._kernel()
+    machine = {"cpu": cpu_name(), "int8_kernel": kernel, "int8_w_max": w_max, "threads": torch.get_num_threads(),
                "torch": torch.__version__, "python": platform.python_version()}
-    print(f"{machine['cpu']}; int8 product exact with 7-bit weights: {machine['full_range_int8']}", flush=True)
+    print(f"{machine['cpu']}; int8 kernel {kernel}, weights +-{w_max}", flush=True)
     results = {"machine": machine, "settings": vars(args) | {"work": None}, "targets": TARGETS}
     results["sentence_vectors"] = sentence_vectors(args.sentences)
     results["movie_reviews"] = task_scores("movie-reviews", work, args.epochs)

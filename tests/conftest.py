@@ -5,6 +5,7 @@ Helpers are handed out as fixtures (callables), so test files need no imports fr
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from pathlib import Path
@@ -31,6 +32,28 @@ def _auto_precision_without_probe(monkeypatch):
     as the faster there, so that they neither depend on the machine nor write to that cache;
     tests/test_precision.py tests the probe itself."""
     monkeypatch.setattr("bertforge.train.precision.bf16_faster", lambda: True)
+
+
+@functools.cache
+def _untimed_int8_choice():
+    from bertforge.fast import int8
+
+    w_max = {k: 127 if int8.full_range_int8(k) else 63 for k in int8.kernel_candidates()}
+    return int8.Int8Choice(next(iter(w_max), None), w_max, {"fp32": 2.0, **{k: 1.0 for k in w_max}}, "tests")
+
+
+@pytest.fixture(autouse=True)
+def _int8_without_probe(monkeypatch):
+    """``--precision int8`` times its kernels against fp32 once per machine (`bertforge.fast.int8.int8_choice`)
+    and keeps the answer in the user's cache. Tests take the first exact kernel as faster than fp32, so
+    that they neither depend on the machine's timing nor write to that cache; tests/test_int8.py tests the
+    probe itself."""
+    from bertforge.train import precision
+
+    monkeypatch.setattr("bertforge.fast.int8.int8_choice", _untimed_int8_choice)
+    precision._int8_pays.cache_clear()
+    yield
+    precision._int8_pays.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -55,25 +55,42 @@ def test_int8_product_is_close_to_the_float_one_stacked_or_alone():
     assert int8_linear(torch.randn(0, 48), q).shape == (0, 32)
 
 
+def _kernels() -> list:
+    return [pytest.param(k, marks=pytest.mark.skipif(k not in int8_module.kernel_candidates(),
+                                                     reason=f"no {k} int8 kernel on this CPU"))
+            for k in int8_module.KERNELS]
+
+
+@pytest.mark.parametrize("kernel", _kernels())
 @torch.no_grad()
-def test_the_integer_product_is_exact_with_the_weights_range_this_cpu_gets():
-    """The weights are quantized to +-127 only where the probe found the int8 product exact for them (VNNI),
-    else to +-63 (AVX2's 16-bit saturation); either way the product of worst-case operands is exact."""
-    w_max = 127 if full_range_int8() else 63
+def test_each_kernel_s_integer_product_is_exact_with_the_weights_range_it_gets(kernel, monkeypatch):
+    """A kernel gets weights of +-127 only where the probe found its product exact for them (VNNI), else +-63
+    (AVX2's 16-bit saturation); either way the product of worst-case operands is exact, and a quantized
+    layer's output is the quantized operands' product, scaled, to float32 rounding."""
+    w_max = 127 if full_range_int8(kernel) else 63
     g = torch.Generator().manual_seed(1)
     a = torch.where(torch.rand(64, 512, generator=g) < 0.5, 127, -127).to(torch.int8)
-    b = torch.where(torch.rand(512, 48, generator=g) < 0.5, w_max, -w_max).to(torch.int8)
-    assert torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
+    w = torch.where(torch.rand(48, 512, generator=g) < 0.5, w_max, -w_max).to(torch.int8)
+    got = int8_module._product(kernel, int8_module._pack(kernel, w), a, torch.ones(48))
+    assert torch.equal(got.double(), a.double() @ w.double().t())
+    monkeypatch.setattr(int8_module, "_kernel", lambda: (kernel, w_max))
     (layer,) = _layers((512, 48))
-    int8_linear(torch.randn(3, 512), layer)
-    assert int(layer.__dict__[int8_module._INT8][1].wt.abs().max()) == w_max
+    q = layer.__dict__[int8_module._INT8][1]
+    assert q.kernel == kernel
+    x = torch.randn(3, 512, generator=g)
+    s = x.abs().amax(1, keepdim=True) / 127
+    w_scale = layer.weight.abs().amax(1) / w_max
+    wq = torch.round(layer.weight / w_scale[:, None])
+    want = (torch.round(x / s).double() @ wq.double().t()) * s.double() * w_scale.double() + layer.bias.double()
+    torch.testing.assert_close(int8_linear(x, layer).double(), want, rtol=1e-5, atol=1e-5)
+    assert int(wq.abs().max()) == w_max
 
 
+@pytest.mark.parametrize("kernel", _kernels())
 @torch.no_grad()
-def test_without_full_range_the_weights_keep_to_six_bits(monkeypatch):
-    monkeypatch.setattr(int8_module, "full_range_int8", lambda: False)
+def test_six_bit_weights_stay_close_to_the_float_product(kernel, monkeypatch):
+    monkeypatch.setattr(int8_module, "_kernel", lambda: (kernel, 63))
     (layer,) = _layers((64, 16))
-    assert int(layer.__dict__[int8_module._INT8][1].wt.abs().max()) == 63
     x = torch.randn(5, 64)
     assert _relative_error(int8_linear(x, layer), F.linear(x, layer.weight, layer.bias)) < 0.04
 
@@ -217,3 +234,65 @@ def test_evaluate_and_the_command_line_take_int8(classifier, tmp_path, capsys):
     assert record["label"] in ("neg", "pos")
     assert cli.main(["finetune", "--precision", "int8"]) == 2  # training's precisions are the flag's choices
     assert "--precision: expected one of auto, fp32, bf16, fp16, got 'int8'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the kernel choice, and int8 where it does not pay
+def test_the_probe_times_each_exact_kernel_and_keeps_its_answer_per_machine(tmp_path, monkeypatch):
+    """The probe measures fp32 and every exact kernel once per machine, keeps the times in the cache folder
+    and takes the fastest kernel that beats fp32, or none; a damaged cache is measured again."""
+    monkeypatch.undo()  # the real int8_choice, not the untimed one the tests run with
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path))
+    times = int8_module.probe_times({k: 63 for k in int8_module.kernel_candidates()}, repeats=1)
+    assert set(times) == {"fp32", *int8_module.kernel_candidates()} and all(0 < t < 1e4 for t in times.values())
+    measured = []
+
+    def fake(w_max, repeats=5):
+        measured.append(sorted(w_max))
+        return {"fp32": 2.0, **{k: 1.0 + i for i, k in enumerate(w_max)}}
+
+    monkeypatch.setattr(int8_module, "probe_times", fake)
+    int8_module.int8_choice.cache_clear()
+    try:
+        first = int8_module.int8_choice()
+        want = int8_module.kernel_candidates()[0] if int8_module.kernel_candidates() else None
+        assert first.kernel == want and "measured now" in first.source
+        int8_module.int8_choice.cache_clear()
+        assert int8_module.int8_choice().times == first.times and len(measured) == 1  # read back, not measured
+        entry = json.loads(int8_module.probe_file().read_text())["entries"]
+        assert len(entry) == 1 and "int8 probe 1" in next(iter(entry))
+        monkeypatch.setattr(int8_module, "probe_times", lambda w_max, repeats=5: {"fp32": 1.0, **dict.fromkeys(w_max,
+                                                                                                              3.0)})
+        int8_module.probe_file().write_text("{not json")
+        int8_module.int8_choice.cache_clear()
+        slow = int8_module.int8_choice()
+        assert slow.kernel is None and "measured now" in slow.source
+        assert all(f"{k} 3.00 ms (0.33x)" in slow.summary() for k in int8_module.kernel_candidates())
+    finally:
+        int8_module.int8_choice.cache_clear()
+
+
+def test_where_no_kernel_beats_fp32_int8_runs_fp32_and_says_so(classifier, monkeypatch, caplog, capsys):
+    """The Predictor, /health, evaluate and the command line run fp32 for --precision int8 where the probe
+    found int8 slower, with one warning that names the CPU and the times."""
+    from starlette.testclient import TestClient
+
+    from bertforge import cli
+    from bertforge.serving.http import create_app
+    from bertforge.serving.predictor import Predictor
+
+    slow = int8_module.Int8Choice(None, {"onednn": 63}, {"fp32": 1.0, "onednn": 3.0}, "measured before")
+    monkeypatch.setattr(int8_module, "int8_choice", lambda: slow)
+    prec._int8_pays.cache_clear()
+    with caplog.at_level("WARNING", logger="bertforge"):
+        predictor = Predictor.from_pretrained(classifier, device="cpu", precision="int8")
+        assert prec.resolve_precision("int8", "cpu", inference=True) == "fp32"
+    warnings = [r.getMessage() for r in caplog.records if "precision int8" in r.getMessage()]
+    assert len(warnings) == 1 and "no int8 kernel beats fp32 on this CPU" in warnings[0]
+    assert "onednn 3.00 ms (0.33x)" in warnings[0] and warnings[0].endswith("running fp32")
+    assert predictor.precision == "fp32" and not any(is_quantized(m) for m in quantized_layers(predictor.model))
+    health = TestClient(create_app(predictor)).get("/health").json()
+    assert health["precision"] == "fp32" and "no int8 kernel beats fp32" in health["precision_note"]
+    prec._int8_pays.cache_clear()
+    assert cli.main(["predict", str(classifier), TEXTS[0], "--precision", "int8"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("WARNING:bertforge:precision int8: no int8 kernel beats fp32") == 1

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from bertforge import machine
 from bertforge.train import precision as prec
 from bertforge.train.config import TrainConfig
 from bertforge.train.loop import Trainer
@@ -101,7 +102,7 @@ def test_the_probes_answer_is_written_to_the_cache_and_read_back_by_the_next_pro
     kept = json.loads(probe.file.read_text())
     entry = kept["entries"][prec._machine_key()]
     assert kept["version"] == 1 and (entry["fp32_ms"], entry["bf16_ms"]) == (40.0, 20.0)
-    assert prec._machine_key().startswith(prec._cpuinfo()[0]) and torch.__version__ in prec._machine_key()
+    assert prec._machine_key().startswith(machine.cpu_info()[0]) and torch.__version__ in prec._machine_key()
 
     new_process()
     probe.timings.update(fp32=0.010, bf16=0.050)  # a new probe would say fp32; the file is what decides
@@ -221,14 +222,13 @@ def test_the_cpu_is_named_by_model_family_and_number(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
                     "model name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nmodel name\t: other\n")
-    real_path = prec.Path
-    monkeypatch.setattr(prec, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
-    prec._cpuinfo.cache_clear()
+    real_path = machine.Path
+    monkeypatch.setattr(machine, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    machine.cpu_info.cache_clear()
     try:
-        assert prec._cpuinfo() == ("AMD EPYC 7B13 (family 25 model 1)", frozenset({"fpu", "avx2", "fma"}))
-        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-        monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+        assert machine.cpu_info() == ("AMD EPYC 7B13 (family 25 model 1)", frozenset({"fpu", "avx2", "fma"}))
+        for name in machine.KERNEL_LIMITS:
+            monkeypatch.delenv(name, raising=False)
         assert prec.cpu_name() == "AMD EPYC 7B13 (family 25 model 1), AVX2"
     finally:
-        prec._cpuinfo.cache_clear()
+        machine.cpu_info.cache_clear()

@@ -33,7 +33,7 @@ from bertforge.stats import mean_interval, paired_difference, seeds_for_half_wid
 from bertforge.io import atomic_path, atomic_write_text
 from bertforge.model.bert import encoder_parameters
 from bertforge.settings import MAX_MINUTES, check_settings, setting
-from bertforge.train.precision import PRECISIONS, cpu_name
+from bertforge.train.precision import PRECISIONS, cpu_name, int8_note
 from bertforge.train.pretrain import PretrainConfig, RecipeName
 
 __all__ = ["DemoConfig", "run_demo", "time_pretraining_step", "time_finetuning_step", "TimePlan", "PlanTask",
@@ -1011,6 +1011,8 @@ def _inference_figures(demo: _Run, folder: Path, data: _DemoData, device: torch.
                    "each precision"):
         demo.report["inference"] = {"model": name, "sentences": len(texts),
                                     "precisions": time_inference(folder, texts, device)}
+        if device.type == "cpu" and "int8" not in demo.report["inference"]["precisions"]:
+            demo.report["inference"]["int8"] = int8_note()
         for p, got in demo.report["inference"]["precisions"].items():
             logger.info(f"    {p}: {got['sentences_per_s']:,.0f} sentences/s, cosine with fp32 min "
                         f"{got['cosine_min']:.4f}, mean {got['cosine_mean']:.4f}")
@@ -1039,15 +1041,17 @@ def _write_report(demo: _Run, curves: Sequence[Curve], figure: dict[str, dict[fl
 
 def time_inference(folder: Path, texts: Sequence[str], device: torch.device) -> dict[str, dict[str, float]]:
     """Sentence vectors of ``texts`` (`bertforge.serving.features.embed`, mean pooling) from the encoder in
-    ``folder`` in each precision that runs well on ``device`` (fp32; bf16 where native; int8 on a CPU):
+    ``folder`` in each precision that runs well on ``device`` (fp32; bf16 where native; int8 on a CPU where an
+    int8 kernel beats fp32, `bertforge.fast.int8.int8_choice`):
     sentences/s of a pass after a short warm-up, and the cosines with the fp32 vectors (min, mean)."""
     from bertforge.serving.features import BertModelWithoutPooler, embed
     from bertforge.text.tokenizer import BertTokenizer
-    from bertforge.train.precision import native_bf16
+    from bertforge.train.precision import native_bf16, resolve_precision
 
     model = BertModelWithoutPooler.from_pretrained(folder).to(device).eval()
     tok = BertTokenizer.from_pretrained(folder)
-    precisions = ["fp32"] + ["bf16"] * native_bf16(device) + ["int8"] * (device.type == "cpu")
+    int8 = device.type == "cpu" and resolve_precision("int8", device, inference=True) == "int8"
+    precisions = ["fp32"] + ["bf16"] * native_bf16(device) + ["int8"] * int8
     vectors, seconds = {}, {}
     for p in precisions:
         embed(model, tok, texts[:32], precision=p)
@@ -1073,7 +1077,8 @@ def _inference_table(report: dict[str, Any]) -> list[str]:
     return lines + ["", f"Sentence vectors (the mean over the last layer) of {inf['sentences']:,} held-out movie-review "
                         f"sentences from {inf['model']}, in batches of 32 of similar length, as `bertforge features "
                         "--pooling mean --precision P` and `bertforge predict --embeddings` compute them. int8: the "
-                        "encoder's dense layers as int8 products (docs/performance.md), the rest as auto.", ""]
+                        "encoder's dense layers as int8 products (docs/performance.md), the rest as auto."
+                        + (f" int8 is not listed: {inf['int8']}." if inf.get("int8") else ""), ""]
 
 
 def _seeds_needed(curve: Curve, target: float = 0.02) -> str:

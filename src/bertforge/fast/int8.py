@@ -5,16 +5,27 @@ A quantized `nn.Linear` computes ``y = (q(x) @ q(W)^T) * s_x * s_w + b`` with
 
 * ``q(W) = round(W / s_w)``, int8, one scale ``s_w = max|W_j| / w_max`` per output channel (row of
   W), made once when the model is quantized;
-* ``q(x) = round(x / s_x)``, int8, one scale ``s_x = max|x_i| / 127`` per token (row of x), made at
-  run time, so a token with large activations does not cost the others their precision;
-* the product accumulated in int32 (`torch._int_mm`, oneDNN's int8 matrix product on CPU).
+* ``q(x) = round(x / s_x)``, one scale ``s_x = max|x_i| / 127`` per token (row of x), made at run time, so
+  a token with large activations does not cost the others their precision;
+* the product accumulated in int32 by the machine's fastest exact int8 kernel (`int8_kernel`).
 
 Everything else (embeddings, LayerNorm, attention's own products, the task heads) stays in floating point.
 
-``w_max`` is 127 where the CPU multiplies int8 without saturating (VNNI, AMX) and 63 elsewhere: AVX2's
-``vpmaddubsw`` adds two unsigned x signed byte products into a saturating 16-bit sum, which two products
-of full 7-bit weights (2 * 255 * 127) overflow, silently, while 6-bit ones (2 * 255 * 63) do not. It is
-probed once per process (`full_range_int8`), so a oneDNN limited by ``ONEDNN_MAX_CPU_ISA`` is caught too.
+Two kernels, both oneDNN's:
+
+* ``int_mm``: `torch._int_mm`, signed x signed bytes. PyTorch runs it through oneDNN only on CPUs with
+  AVX-512 VNNI; elsewhere it is a scalar loop, tens of times slower than fp32.
+* ``onednn``: oneDNN's quantized linear (``torch.ops.onednn.qlinear_pointwise``) on unsigned bytes,
+  ``q(x) + 128`` with the zero point 128, oneDNN folding the zero point into a per-column term. This is
+  the form AVX2's int8 instruction (``vpmaddubsw``: unsigned x signed bytes) multiplies, and oneDNN
+  picks its kernel by the instructions it finds (``ONEDNN_MAX_CPU_ISA`` caps them).
+
+``vpmaddubsw`` adds two products into a saturating 16-bit sum, which two products of full 7-bit weights
+(2 * 255 * 127) overflow, silently, while 6-bit ones (2 * 255 * 63) do not: ``w_max`` is 127 where a
+kernel multiplies without saturating (VNNI, AMX) and 63 elsewhere, probed per kernel on worst-case
+operands. `int8_kernel` measures each exact kernel against fp32 once per machine (the answer kept in
+bertforge's cache folder) and takes the fastest, or none where none beats fp32: then ``--precision
+int8`` runs fp32 and says so (`bertforge.train.precision.resolve_precision`).
 
 In train mode, with gradients on, or while exporting or compiling, a quantized layer runs its float
 weights, which quantization leaves as they are (the state dict is unchanged).
@@ -23,10 +34,17 @@ weights, which quantization leaves as they are (the state dict is unchanged).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
+import json
 import logging
-from collections.abc import Iterator
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import MethodType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +52,8 @@ from torch import nn
 
 from bertforge.fast.tracing import tracing
 
-__all__ = ["full_range_int8", "int8_linear", "int8_weights", "is_quantized", "quantize_int8", "quantized_layers"]
+__all__ = ["KERNELS", "Int8Choice", "full_range_int8", "int8_kernel", "int8_choice", "int8_linear", "int8_weights",
+           "is_quantized", "kernel_candidates", "probe_file", "quantize_int8", "quantized_layers"]
 
 logger = logging.getLogger("bertforge")
 
@@ -43,30 +62,186 @@ logger = logging.getLogger("bertforge")
 _INT8 = "_int8_weights"
 
 
+KERNELS = ("int_mm", "onednn")
+"""The int8 products `int8_kernel` chooses among (see the module docstring)."""
+_PROBE_VERSION = 1
+_KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
+"""The CPU flags that decide which int8 products run and how fast: part of the probe cache's key."""
+_PROBE_SHAPES = ((256, 384, 1536), (256, 1536, 384))
+"""(rows, in, out) of the probe's two layers: a batch of tokens through a BERT-small FFN's two dense layers."""
+
+
+def kernel_candidates() -> list[str]:
+    """The `KERNELS` that run a real int8 product here: ``int_mm`` only where PyTorch sends it to oneDNN
+    (AVX-512 VNNI, and no ``ONEDNN_MAX_CPU_ISA`` capping oneDNN below VNNI, which stands for a CPU without
+    it: there PyTorch's loop would run); ``onednn`` where this PyTorch has oneDNN's quantized linear."""
+    out = []
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    capped = bool(isa) and isa != "ALL" and "VNNI" not in isa and "AMX" not in isa
+    if getattr(torch.cpu, "_is_vnni_supported", lambda: False)() and not capped:
+        out.append("int_mm")
+    if hasattr(torch.ops.onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available():
+        out.append("onednn")
+    return out
+
+
 @functools.cache
-def full_range_int8() -> bool:
-    """Whether this process's int8 matrix product on CPU is exact for full-range (7-bit) weights, that
-    is, does not saturate on worst-case operands (see the module docstring)."""
+def full_range_int8(kernel: str = "int_mm") -> bool:
+    """Whether ``kernel``'s int8 matrix product on CPU is exact for full-range (7-bit) weights, that is,
+    does not saturate on worst-case operands (see the module docstring)."""
+    return _exact(kernel, 127)
+
+
+def _exact(kernel: str, w_max: int) -> bool:
+    """Whether ``kernel`` computes worst-case operands (activations and weights all at +-their largest)
+    exactly with weights of at most ``w_max``."""
     g = torch.Generator().manual_seed(0)
-    a = torch.where(torch.rand(32, 256, generator=g) < 0.5, 127, -127).to(torch.int8)
-    b = torch.where(torch.rand(256, 32, generator=g) < 0.5, 127, -127).to(torch.int8)
-    exact = a.long() @ b.long()
-    got = torch._int_mm(a, b).long()
-    full = bool(torch.equal(got, exact))
-    logger.debug("int8 matrix product %s full-range weights", "exact with" if full else "saturates with")
-    return full
+    x = torch.where(torch.rand(32, 256, generator=g) < 0.5, 127, -127).to(torch.int8)
+    w = torch.where(torch.rand(32, 256, generator=g) < 0.5, w_max, -w_max).to(torch.int8)  # (out, in)
+    exact = x.double() @ w.double().t()
+    got = _product(kernel, _pack(kernel, w), x, torch.ones(32)).double()
+    same = bool(torch.equal(got, exact))
+    logger.debug("int8 %s product %s weights of +-%d", kernel, "exact with" if same else "saturates with", w_max)
+    return same
+
+
+def _pack(kernel: str, wq: torch.Tensor) -> torch.Tensor:
+    """The int8 weights ``wq`` (out, in) in ``kernel``'s form."""
+    if kernel == "int_mm":
+        return wq.t().contiguous()
+    return torch.ops.onednn.qlinear_prepack(wq.contiguous(), None)
+
+
+def _product(kernel: str, packed: torch.Tensor, xq: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """(M, N) float32 ``(xq @ wq^T) * w_scale`` of int8 activations ``xq`` (M, K)."""
+    if kernel == "int_mm":
+        return torch._int_mm(xq, packed).float().mul_(w_scale)
+    xu = (xq.to(torch.int16) + 128).to(torch.uint8)
+    zero = torch.zeros(len(w_scale), dtype=torch.int32)
+    return torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, packed, w_scale, zero, None, 1.0, 0, torch.float32,
+                                              "none", [], "")
+
+
+class Int8Choice:
+    """`int8_kernel`'s answer: the ``kernel`` (None: none beats fp32), each candidate's ``w_max`` and the
+    probe's times (ms: ``fp32`` and each exact kernel's)."""
+
+    def __init__(self, kernel: str | None, w_max: dict[str, int], times: dict[str, float], source: str):
+        self.kernel, self.w_max, self.times, self.source = kernel, w_max, times, source
+
+    def summary(self) -> str:
+        fp32 = self.times.get("fp32", math.nan)
+        parts = [f"{k} {t:.2f} ms ({fp32 / t:.2f}x)" for k, t in self.times.items() if k != "fp32"]
+        return f"two dense layers: fp32 {fp32:.2f} ms, " + (", ".join(parts) or "no exact int8 kernel")
+
+
+def probe_file() -> Path:
+    """Where `int8_choice` keeps its answers, one per machine, in bertforge's cache folder."""
+    from bertforge.resources import cache_dir
+
+    return cache_dir() / "int8_probe.json"
+
+
+@functools.cache
+def int8_choice() -> Int8Choice:
+    """The int8 kernel this machine runs fastest among the exact `kernel_candidates`, if it beats fp32 on the
+    probe's layers (`_PROBE_SHAPES`, one thread), measured once per machine and kept in `probe_file`."""
+    from bertforge.io import atomic_write_text
+    from bertforge.machine import machine_key
+
+    path, key = probe_file(), f"{machine_key(_KEY_FLAGS)}; int8 probe {_PROBE_VERSION}"
+    entries = _read_probe(path)
+    entry = entries.get(key)
+    if entry is None:
+        w_max = {k: 127 if _exact(k, 127) else 63 for k in kernel_candidates()}
+        w_max = {k: m for k, m in w_max.items() if m == 127 or _exact(k, m)}
+        times = probe_times(w_max)
+        entry = {"w_max": w_max, "times_ms": {k: round(t, 4) for k, t in times.items()},
+                 "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        entries[key] = entry
+        try:
+            atomic_write_text(path, json.dumps({"version": 1, "entries": entries}, indent=1) + "\n")
+            source = f"measured now, kept in {path}"
+        except OSError as e:
+            source = f"measured now, not kept: {e}"
+    else:
+        source = f"measured before, read from {path}"
+    times = dict(entry["times_ms"])
+    fastest = min((k for k in times if k != "fp32"), key=times.__getitem__, default=None)
+    kernel = fastest if fastest is not None and times[fastest] < times["fp32"] else None
+    return Int8Choice(kernel, dict(entry["w_max"]), times, source)
+
+
+def int8_kernel() -> str | None:
+    """The kernel int8 products run with here (`int8_choice`); None: no int8 kernel beats fp32 here."""
+    return int8_choice().kernel
+
+
+def _read_probe(path: Path) -> dict[str, dict[str, Any]]:
+    """The usable entries of `probe_file`; none where it is absent or not what it should be."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as e:
+        logger.debug("int8: ignoring %s (%s)", path, e)
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) and data.get("version") == 1 else None
+    return {k: v for k, v in entries.items() if _usable(v)} if isinstance(entries, dict) else {}
+
+
+def _usable(entry: Any) -> bool:
+    def positive(t: Any) -> bool:
+        return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("times_ms"), dict) or not isinstance(
+            entry.get("w_max"), dict):
+        return False
+    times, w_max = entry["times_ms"], entry["w_max"]
+    return (positive(times.get("fp32")) and all(k in KERNELS and positive(t) for k, t in times.items() if k != "fp32")
+            and all(k in KERNELS and m in (63, 127) for k, m in w_max.items()) and set(times) - {"fp32"} <= set(w_max))
+
+
+def probe_times(w_max: dict[str, int], repeats: int = 5) -> dict[str, float]:
+    """Milliseconds of the probe's two dense layers (`_PROBE_SHAPES`) in fp32 and through each kernel of
+    ``w_max`` (quantizing the activations, the product, the scales and bias): the fastest of ``repeats``
+    after a warm-up, alternating so that other load hits all alike, on one thread."""
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.set_num_threads(1)
+        try:
+            torch.manual_seed(0)
+            layers = [nn.Linear(k, n) for _, k, n in _PROBE_SHAPES]
+            inputs = [torch.randn(m, k) for m, k, _ in _PROBE_SHAPES]
+            runs: dict[str, Callable[[], Any]] = {"fp32": lambda: [F.linear(x, m.weight, m.bias)
+                                                                   for x, m in zip(inputs, layers)]}
+            for kernel, limit in w_max.items():
+                weights = [_Int8Weight([m.weight], [m.bias], limit, kernel) for m in layers]
+                runs[kernel] = functools.partial(lambda ws: [_linear(x, w) for x, w in zip(inputs, ws)], weights)
+            times = {name: math.inf for name in runs}
+            for run in runs.values():
+                run()  # oneDNN compiles its kernels for each shape on first use
+            for i in range(repeats):
+                for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+                    start = time.perf_counter()
+                    runs[name]()
+                    times[name] = min(times[name], (time.perf_counter() - start) * 1e3)
+        finally:
+            torch.set_num_threads(threads)
+    return times
 
 
 class _Int8Weight:
-    """A weight quantized per output channel: ``wt`` (in_features, out_features) int8 for `torch._int_mm`,
+    """A weight quantized per output channel for ``kernel``: ``packed`` (its form of the int8 weights),
     ``scale`` (out_features,) and ``bias`` float32, and the storages and versions it was made from."""
 
-    __slots__ = ("wt", "scale", "bias", "sources", "versions")
+    __slots__ = ("kernel", "packed", "scale", "bias", "sources", "versions")
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], w_max: int):
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], w_max: int, kernel: str):
         w = torch.cat([t.detach().float() for t in weights])  # (out, in)
+        self.kernel = kernel
         self.scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / w_max
-        self.wt = torch.round(w / self.scale[:, None]).clamp_(-w_max, w_max).to(torch.int8).t().contiguous()
+        self.packed = _pack(kernel, torch.round(w / self.scale[:, None]).clamp_(-w_max, w_max).to(torch.int8))
         self.bias = (None if any(b is None for b in biases) else torch.cat([b.detach().float() for b in biases]))
         self.sources = [t.detach() for t in weights + [b for b in biases if b is not None]]
         self.versions = [t._version for t in self.sources]
@@ -84,7 +259,8 @@ def quantize_int8(model: nn.Module, quantized: bool = True) -> nn.Module:
     for layer in layers:
         _set_quantized(layer, quantized)
     if quantized:
-        logger.debug("int8: %d dense layers quantized (weights to +-%d)", len(layers), _w_max())
+        kernel, w_max = _kernel()
+        logger.debug("int8: %d dense layers quantized (weights to +-%d, kernel %s)", len(layers), w_max, kernel)
     return model
 
 
@@ -101,8 +277,13 @@ def int8_weights(model: nn.Module, quantized: bool = True) -> Iterator[nn.Module
             _set_quantized(layer, was)
 
 
-def _w_max() -> int:
-    return 127 if full_range_int8() else 63
+def _kernel() -> tuple[str, int]:
+    """The kernel quantized layers run with and its ``w_max``: `int8_kernel`, or where none beats fp32 (and
+    quantization was asked for all the same) the fastest exact one, or PyTorch's `torch._int_mm` loop."""
+    choice = int8_choice()
+    exact = {k: t for k, t in choice.times.items() if k != "fp32"}
+    kernel = choice.kernel or min(exact, key=exact.__getitem__, default="int_mm")
+    return kernel, choice.w_max.get(kernel) or (127 if full_range_int8(kernel) else 63)
 
 
 def _set_quantized(layer: nn.Linear, quantized: bool) -> None:
@@ -111,7 +292,7 @@ def _set_quantized(layer: nn.Linear, quantized: bool) -> None:
         if getattr(layer.__dict__.get("forward"), "__func__", None) is _forward:
             del layer.forward
     elif _INT8 not in layer.__dict__:
-        layer.__dict__[_INT8] = {1: _Int8Weight([layer.weight], [layer.bias], _w_max())}
+        layer.__dict__[_INT8] = {1: _Int8Weight([layer.weight], [layer.bias], *_kernel()[::-1])}
         layer.forward = MethodType(_forward, layer)  # calls outside `bertforge.fast.frozen.linear`
 
 
@@ -155,16 +336,21 @@ def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     params = [m.weight for m in layers] + [m.bias for m in layers if m.bias is not None]
     q = entries.get(len(layers))
     if q is None or not q.current(params):
-        q = entries[len(layers)] = _Int8Weight([m.weight for m in layers], [m.bias for m in layers], _w_max())
+        kernel, w_max = _kernel()
+        q = entries[len(layers)] = _Int8Weight([m.weight for m in layers], [m.bias for m in layers], w_max, kernel)
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1]).float()
+    x2 = x.reshape(-1, shape[-1])
     if x2.shape[0] == 0:
         return F.linear(x, torch.cat([m.weight for m in layers]), q.bias)  # no rows: the float shape and dtype
-    s = x2.abs().amax(1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127.0)  # (M, 1)
-    xq = torch.round(x2 / s).to(torch.int8)  # |x / s| <= 127 by construction
-    y = torch._int_mm(xq, q.wt).float().mul_(s).mul_(q.scale)  # (M, N)
-    if q.bias is not None:
-        y.add_(q.bias)
     dtype = (torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type)
              else x.dtype)  # what F.linear would return here
-    return y.to(dtype).reshape(*shape[:-1], -1)
+    return _linear(x2, q).to(dtype).reshape(*shape[:-1], -1)
+
+
+def _linear(x: torch.Tensor, q: _Int8Weight) -> torch.Tensor:
+    """(M, N) float32 outputs of the quantized layer ``q`` for the (M, K) rows ``x``."""
+    x = x.float()
+    s = x.abs().amax(1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127.0)  # (M, 1)
+    xq = torch.round(x / s).to(torch.int8)  # |x / s| <= 127 by construction
+    y = _product(q.kernel, q.packed, xq, q.scale).mul_(s)  # (M, N)
+    return y.add_(q.bias) if q.bias is not None else y

@@ -180,9 +180,13 @@ class _Service:
         import torch
         from starlette.responses import JSONResponse
 
+        from bertforge.fast.int8 import int8_kernel
+
         p = self.predictor
+        runs = {"int8_kernel": int8_kernel()} if p.precision == "int8" else {}
         return JSONResponse({"status": "ok", "model": p.name, "head": p.head, "device": str(p.device),
                              "precision": p.precision,  # int8: the dense layers; dtype: the rest's
+                             **runs, **({"precision_note": p.precision_note} if p.precision_note else {}),
                              "dtype": str(p.autocast or torch.float32).removeprefix("torch."),
                              "labels": p.labels, "routes": ["GET /health", *(f"POST {r}" for r in self.posts)],
                              "limits": {"max_batch": self.max_batch, "max_request_bytes": self.max_request_bytes,

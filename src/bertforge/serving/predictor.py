@@ -29,7 +29,7 @@ from torch import nn
 from bertforge.fast import speed_up
 from bertforge.serving.features import POOLINGS
 from bertforge.train.distributed import resolve_device
-from bertforge.train.precision import INFERENCE_PRECISIONS, autocast, dtype_of, resolve_precision
+from bertforge.train.precision import INFERENCE_PRECISIONS, autocast, dtype_of, int8_note, resolve_precision
 
 __all__ = ["Predictor", "InputError", "HEADS", "POOLINGS", "SEPARATOR", "parse_input", "checkpoint_head",
            "format_record", "format_records", "TurnLock", "take_turns"]
@@ -135,7 +135,10 @@ class Predictor:
                              "a [MASK], so it cannot fill masks; take its embeddings instead (--embeddings, "
                              "head='embeddings') or fine-tune it")
         self.device = device = resolve_device(device)
-        self.precision = resolve_precision(_precision(precision, dtype), device, inference=True)
+        asked = _precision(precision, dtype)
+        self.precision = resolve_precision(asked, device, inference=True)
+        self.precision_note = int8_note() if asked == "int8" and self.precision != "int8" else ""
+        """Why the precision that runs is not the one asked for ("" where it is)."""
         self.model = speed_up(model.eval(), freeze=True, int8=self.precision == "int8")
         self.tokenizer = tokenizer
         self.head = head

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from bertforge.io import atomic_write_text
+from bertforge.machine import KERNEL_LIMITS, cpu_flags, cpu_name, kernel_limits, machine_key
 from bertforge.resources import cache_dir
 from bertforge.settings import option
 
@@ -54,49 +55,6 @@ def native_bf16(device: torch.device) -> bool:
         return True
 
 
-@functools.cache
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """The CPU's model name (with its family and model numbers where listed) and flags from /proc/cpuinfo
-    ("unknown CPU" and no flags where it is absent)."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if not key.strip():
-                break  # the first processor's block is enough
-            fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name", "unknown CPU")
-    if fields.get("cpu family") and fields.get("model"):
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return name, frozenset(fields.get("flags", "").split())
-
-
-KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-"""Environment settings that cap PyTorch's, oneDNN's and MKL's CPU kernels below what the CPU has (an
-AVX2-only CPU's kernels, measured on a newer one)."""
-
-
-def kernel_limits() -> dict[str, str]:
-    """The `KERNEL_LIMITS` set in this process's environment."""
-    return {k: os.environ[k] for k in KERNEL_LIMITS if os.environ.get(k)}
-
-
-def cpu_name() -> str:
-    """The CPU's model name, family and model, its widest matrix / bf16 unit and any kernel limit
-    (`kernel_limits`): what a measured time depends on."""
-    name, flags = _cpuinfo()
-    units = ("AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else
-             "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "")
-    limits = kernel_limits()
-    return (f"{name}, {units}" if units else name) + (
-        "; kernels limited by " + " ".join(f"{k}={v}" for k, v in limits.items()) if limits else "")
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (none where it is absent)."""
-    return _cpuinfo()[1]
-
-
 def has_amx() -> bool:
     """Whether the CPU has AMX for bf16 (Linux lists ``amx_bf16`` only where processes may use the tiles)."""
     return "amx_bf16" in cpu_flags()
@@ -114,7 +72,8 @@ def check_precision(precision: str, *, inference: bool = False) -> str:
 
 
 def resolve_precision(precision: str, device: torch.device | str, *, inference: bool = False) -> str:
-    """fp32, bf16, fp16 (``inference``: or int8) for ``device``, "auto" resolved; emulated bf16 warns."""
+    """fp32, bf16, fp16 (``inference``: or int8) for ``device``, "auto" resolved; emulated bf16 warns; int8
+    where no int8 kernel beats fp32 on this CPU is fp32, said once (`bertforge.fast.int8.int8_choice`)."""
     device = torch.device(device)
     check_precision(precision, inference=inference)
     if precision == "auto":
@@ -123,11 +82,37 @@ def resolve_precision(precision: str, device: torch.device | str, *, inference: 
         raise ValueError("precision fp16 needs a CUDA device (its gradient scaler); on CPU use bf16")
     if precision == "int8" and device.type != "cpu":
         raise ValueError(f"precision int8 runs on CPU; on {device.type} use bf16 or fp16")
+    if precision == "int8" and not _int8_pays():
+        return "fp32"
     if precision == "bf16" and not native_bf16(device):
         logger.warning("precision bf16 on a %s without native bf16 (a CPU without AVX-512 BF16 or AMX, a GPU "
                        "before Ampere) is emulated, far slower than fp32; use %s or auto here",
                        device.type, option("precision", "fp32"))
     return precision
+
+
+@functools.cache
+def _int8_pays() -> bool:
+    """Whether an int8 kernel beats fp32 on this CPU (`bertforge.fast.int8.int8_choice`); where none does,
+    int8 runs fp32, and this says so once per process."""
+    from bertforge.fast.int8 import int8_choice
+
+    choice = int8_choice()
+    if choice.kernel is None:
+        logger.warning("precision int8: %s", int8_note())
+    else:
+        logger.info("precision int8: kernel %s on this CPU (%s; %s; %s)", choice.kernel, cpu_name(),
+                    choice.summary(), choice.source)
+    return choice.kernel is not None
+
+
+def int8_note() -> str:
+    """Why int8 runs fp32 here: the CPU and the probe's times (`bertforge.fast.int8.int8_choice`)."""
+    from bertforge.fast.int8 import int8_choice
+
+    choice = int8_choice()
+    return (f"no int8 kernel beats fp32 on this CPU ({cpu_name()}; {choice.summary()}; {choice.source}): "
+            "running fp32")
 
 
 def _auto(device: torch.device) -> str:
@@ -161,12 +146,9 @@ def probe_file() -> Path:
 
 
 def _machine_key() -> str:
-    """What a probe's answer holds for: the CPU model, its `_KEY_FLAGS`, any kernel limit, the torch and the
+    """What a probe's answer holds for: the machine (`bertforge.machine.machine_key` of `_KEY_FLAGS`) and the
     probe's version."""
-    name, flags = _cpuinfo()
-    limits = "".join(f"; {k}={v}" for k, v in kernel_limits().items())
-    return (f"{name}; {' '.join(f for f in _KEY_FLAGS if f in flags) or 'no vector flags'}{limits}; "
-            f"torch {torch.__version__}; probe {_PROBE['version']}")
+    return f"{machine_key(_KEY_FLAGS)}; probe {_PROBE['version']}"
 
 
 @functools.cache
