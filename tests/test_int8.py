@@ -296,3 +296,18 @@ def test_where_no_kernel_beats_fp32_int8_runs_fp32_and_says_so(classifier, monke
     assert cli.main(["predict", str(classifier), TEXTS[0], "--precision", "int8"]) == 0
     err = capsys.readouterr().err
     assert err.count("WARNING:bertforge:precision int8: no int8 kernel beats fp32") == 1
+
+
+def test_the_demo_s_inference_table_lists_int8_only_where_it_pays(classifier, monkeypatch):
+    from bertforge.demo.run import _inference_table, time_inference
+
+    texts = TEXTS * 4
+    assert set(time_inference(classifier, texts, torch.device("cpu"))) >= {"fp32", "int8"}
+    slow = int8_module.Int8Choice(None, {"onednn": 63}, {"fp32": 1.0, "onednn": 3.0}, "measured before")
+    monkeypatch.setattr(int8_module, "int8_choice", lambda: slow)
+    prec._int8_pays.cache_clear()
+    assert "int8" not in time_inference(classifier, texts, torch.device("cpu"))
+    table = _inference_table({"inference": {"precisions": {"fp32": {"sentences_per_s": 10.0, "vs_fp32": 1.0,
+                                                                  "cosine_min": 1.0, "cosine_mean": 1.0}},
+                                            "sentences": 12, "model": "m", "int8": prec.int8_note()}})
+    assert any("int8 is not listed: no int8 kernel beats fp32 on this CPU" in line for line in table)
