@@ -311,3 +311,23 @@ def test_the_demo_s_inference_table_lists_int8_only_where_it_pays(classifier, mo
                                                                   "cosine_min": 1.0, "cosine_mean": 1.0}},
                                             "sentences": 12, "model": "m", "int8": prec.int8_note()}})
     assert any("int8 is not listed: no int8 kernel beats fp32 on this CPU" in line for line in table)
+
+
+def test_a_kernel_that_fails_to_run_is_left_out_of_the_choice(monkeypatch, tmp_path):
+    monkeypatch.undo()
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path))
+
+    def broken(kernel, wq):
+        raise RuntimeError("onednn int8 linear: not on this CPU")
+
+    monkeypatch.setattr(int8_module, "_pack", broken)
+    monkeypatch.setattr(int8_module, "probe_times", lambda w_max, repeats=5: {"fp32": 1.0, **dict.fromkeys(w_max,
+                                                                                                          0.5)})
+    int8_module.int8_choice.cache_clear()
+    int8_module.full_range_int8.cache_clear()
+    try:
+        choice = int8_module.int8_choice()
+        assert choice.kernel is None and choice.w_max == {} and "no exact int8 kernel" in choice.summary()
+    finally:
+        int8_module.int8_choice.cache_clear()
+        int8_module.full_range_int8.cache_clear()
