@@ -78,10 +78,11 @@ def test_each_kernel_s_integer_product_is_exact_with_the_weights_range_it_gets(k
     q = layer.__dict__[int8_module._INT8][1]
     assert q.kernel == kernel
     x = torch.randn(3, 512, generator=g)
-    s = x.abs().amax(1, keepdim=True) / 127
+    amax = x.abs().amax(1, keepdim=True)
     w_scale = layer.weight.abs().amax(1) / w_max
     wq = torch.round(layer.weight / w_scale[:, None])
-    want = (torch.round(x / s).double() @ wq.double().t()) * s.double() * w_scale.double() + layer.bias.double()
+    xq = torch.round(x * (127 / amax))
+    want = (xq.double() @ wq.double().t()) * (amax / 127).double() * w_scale.double() + layer.bias.double()
     torch.testing.assert_close(int8_linear(x, layer).double(), want, rtol=1e-5, atol=1e-5)
     assert int(wq.abs().max()) == w_max
 
@@ -331,3 +332,71 @@ def test_a_kernel_that_fails_to_run_is_left_out_of_the_choice(monkeypatch, tmp_p
     finally:
         int8_module.int8_choice.cache_clear()
         int8_module.full_range_int8.cache_clear()
+
+
+# ------------------------------------------------------------------ the fused passes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_the_fused_passes_compute_what_the_pytorch_ops_do(dtype):
+    """The compiled quantize gives the very bytes and scales of the PyTorch ops (a zero row, a row with one
+    huge value, both byte forms); the compiled scaling back gives their outputs to one rounding of the
+    output's dtype."""
+    from bertforge.fast.int8_fused import fused_ops
+
+    ops = fused_ops()
+    if ops is None:
+        pytest.skip("no C++ compiler here: the fused passes are not built")
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(300, 384, generator=g) * 4).to(dtype)
+    x[7] = 0
+    x[8, 5] = 1e4
+    xf = x.float()
+    amax = xf.abs().amax(1, keepdim=True).clamp_min(2.0 ** -100)
+    want = torch.round(xf * (127.0 / amax))
+    assert torch.equal(want[7], torch.zeros(384))
+    for unsigned in (False, True):
+        q, s = ops.quantize_rows(x, unsigned)
+        assert q.dtype == (torch.uint8 if unsigned else torch.int8) and torch.equal(s, amax / 127.0)
+        assert torch.equal(q.float(), want + 128 * unsigned)
+    acc = torch.randint(-2 ** 20, 2 ** 20, (300, 96), generator=g, dtype=torch.int32)
+    ws, bias, s = torch.rand(96, generator=g), torch.randn(96, generator=g), torch.rand(300, 1, generator=g)
+    reference = acc.float().mul_(ws).mul_(s).add_(bias)
+    got = ops.dequantize_rows(acc, ws, s, bias, dtype == torch.bfloat16)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), reference.to(dtype).float(), rtol=2 ** -7 if dtype != torch.float32
+                               else 1e-6, atol=0)
+    torch.testing.assert_close(ops.dequantize_rows(acc.float(), None, s, None, False), acc.float() * s, rtol=1e-6,
+                               atol=0)
+
+
+def test_without_a_compiler_the_int8_path_runs_as_pytorch_ops_and_says_so_once(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    from bertforge.fast import int8_fused
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    int8_fused.fused_ops.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger="bertforge"):
+            assert int8_fused.fused_ops() is None and int8_fused.fused_ops() is None
+            (layer,) = _layers((64, 16))
+            x = torch.randn(5, 64)
+            with torch.no_grad():
+                assert torch.equal(int8_linear(x, layer), int8_module._linear_ops(x, layer.__dict__[int8_module._INT8][1]))
+        said = [r.getMessage() for r in caplog.records if "could not be built" in r.getMessage()]
+        assert said == ["int8: the fused quantize kernels could not be built here (RuntimeError: Error building "
+                        "extension: c++: command not found); the passes run as PyTorch ops"]
+    finally:
+        int8_fused.fused_ops.cache_clear()
+
+
+@torch.no_grad()
+def test_an_all_zero_row_gives_the_bias_on_both_paths():
+    (layer,) = _layers((64, 16))
+    q = layer.__dict__[int8_module._INT8][1]
+    x = torch.zeros(3, 64)
+    assert torch.equal(int8_module._linear_ops(x, q), layer.bias.expand(3, 16))
+    assert torch.equal(int8_linear(x, layer), layer.bias.expand(3, 16))

@@ -5,8 +5,8 @@ A quantized `nn.Linear` computes ``y = (q(x) @ q(W)^T) * s_x * s_w + b`` with
 
 * ``q(W) = round(W / s_w)``, int8, one scale ``s_w = max|W_j| / w_max`` per output channel (row of
   W), made once when the model is quantized;
-* ``q(x) = round(x / s_x)``, one scale ``s_x = max|x_i| / 127`` per token (row of x), made at run time, so
-  a token with large activations does not cost the others their precision;
+* ``q(x) = round(x * 127 / max|x_i|)``, one scale ``s_x = max|x_i| / 127`` per token (row of x), made at run
+  time, so a token with large activations does not cost the others their precision;
 * the product accumulated in int32 by the machine's fastest exact int8 kernel (`int8_kernel`).
 
 Everything else (embeddings, LayerNorm, attention's own products, the task heads) stays in floating point.
@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge.fast.int8_fused import fused_ops
 from bertforge.fast.tracing import tracing
 
 __all__ = ["KERNELS", "Int8Choice", "full_range_int8", "int8_kernel", "int8_choice", "int8_linear", "int8_weights",
@@ -117,12 +118,14 @@ def _pack(kernel: str, wq: torch.Tensor) -> torch.Tensor:
 
 
 def _product(kernel: str, packed: torch.Tensor, xq: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """(M, N) float32 ``(xq @ wq^T) * w_scale`` of int8 activations ``xq`` (M, K)."""
+    """(M, N) float32 ``(xq @ wq^T) * w_scale`` of int8 activations ``xq`` (M, K); ``onednn`` takes them as
+    the unsigned bytes ``xq + 128`` (uint8) too."""
     if kernel == "int_mm":
         return torch._int_mm(xq, packed).float().mul_(w_scale)
-    xu = (xq.to(torch.int16) + 128).to(torch.uint8)
+    if xq.dtype == torch.int8:
+        xq = (xq.to(torch.int16) + 128).to(torch.uint8)
     zero = torch.zeros(len(w_scale), dtype=torch.int32)
-    return torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, packed, w_scale, zero, None, 1.0, 0, torch.float32,
+    return torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, packed, w_scale, zero, None, 1.0, 0, torch.float32,
                                               "none", [], "")
 
 
@@ -348,13 +351,31 @@ def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
         return F.linear(x, torch.cat([m.weight for m in layers]), q.bias)  # no rows: the float shape and dtype
     dtype = (torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type)
              else x.dtype)  # what F.linear would return here
-    return _linear(x2, q).to(dtype).reshape(*shape[:-1], -1)
+    return _linear(x2, q, dtype).reshape(*shape[:-1], -1)
 
 
-def _linear(x: torch.Tensor, q: _Int8Weight) -> torch.Tensor:
-    """(M, N) float32 outputs of the quantized layer ``q`` for the (M, K) rows ``x``."""
+def _linear(x: torch.Tensor, q: _Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(M, N) outputs in ``dtype`` of the quantized layer ``q`` for the (M, K) rows ``x``: through the fused
+    passes (`bertforge.fast.int8_fused`) where they are built, else as PyTorch ops."""
+    ops = fused_ops() if x.dtype in _FUSED_DTYPES and dtype in _FUSED_DTYPES else None
+    if ops is None:
+        return _linear_ops(x, q).to(dtype)
+    xq, s = ops.quantize_rows(x.contiguous(), q.kernel != "int_mm")  # onednn: q(x) + 128, unsigned
+    if q.kernel == "int_mm":
+        return ops.dequantize_rows(torch._int_mm(xq, q.packed), q.scale, s, q.bias, dtype == torch.bfloat16)
+    y = _product(q.kernel, q.packed, xq, q.scale)  # the channel scales applied by oneDNN
+    return ops.dequantize_rows(y, None, s, q.bias, dtype == torch.bfloat16)
+
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+_AMAX_FLOOR = 2.0 ** -100
+"""A row's largest magnitude is at least this, so that 127 / it stays finite (an all-zero row gives zeros)."""
+
+
+def _linear_ops(x: torch.Tensor, q: _Int8Weight) -> torch.Tensor:
+    """`_linear` as PyTorch ops: (M, N) float32."""
     x = x.float()
-    s = x.abs().amax(1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127.0)  # (M, 1)
-    xq = torch.round(x / s).to(torch.int8)  # |x / s| <= 127 by construction
-    y = _product(q.kernel, q.packed, xq, q.scale).mul_(s)  # (M, N)
+    amax = x.abs().amax(1, keepdim=True).clamp_min_(_AMAX_FLOOR)  # (M, 1)
+    xq = torch.round(x * (127.0 / amax)).to(torch.int8)  # |x * 127 / amax| <= 127 by construction
+    y = _product(q.kernel, q.packed, xq, q.scale).mul_(amax.div_(127.0))  # (M, N)
     return y.add_(q.bias) if q.bias is not None else y
