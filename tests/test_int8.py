@@ -260,7 +260,7 @@ def test_the_probe_times_each_exact_kernel_and_keeps_its_answer_per_machine(tmp_
         int8_module.int8_choice.cache_clear()
         assert int8_module.int8_choice().times == first.times and len(measured) == 1  # read back, not measured
         entry = json.loads(int8_module.probe_file().read_text())["entries"]
-        assert len(entry) == 1 and "int8 probe 1" in next(iter(entry))
+        assert len(entry) == 1 and "int8 probe 2" in next(iter(entry))
         monkeypatch.setattr(int8_module, "probe_times", lambda w_max, repeats=5: {"fp32": 1.0, **dict.fromkeys(w_max,
                                                                                                               3.0)})
         int8_module.probe_file().write_text("{not json")

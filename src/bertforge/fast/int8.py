@@ -65,7 +65,7 @@ _INT8 = "_int8_weights"
 
 KERNELS = ("int_mm", "onednn")
 """The int8 products `int8_kernel` chooses among (see the module docstring)."""
-_PROBE_VERSION = 1
+_PROBE_VERSION = 2
 _KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
 """The CPU flags that decide which int8 products run and how fast: part of the probe cache's key."""
 _PROBE_SHAPES = ((256, 384, 1536), (256, 1536, 384))

@@ -16,9 +16,12 @@ and the int8 path runs as PyTorch ops.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +122,35 @@ def fused_ops() -> Any:
 
     key = hashlib.sha256(f"{torch.__version__} {' '.join(sorted(cpu_flags()))} {_SOURCE}".encode()).hexdigest()[:16]
     name = f"bertforge_int8_{key}"
-    if not any(Path(cpp_extension.get_default_build_root()).glob(f"*/{name}/{name}*.so")):
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")  # PyTorch's own choice of folder, then its default
+    built = Path(root).glob(f"{name}/{name}*.so") if root else Path(cpp_extension.get_default_build_root()).glob(
+        f"*/{name}/{name}*.so")
+    if not any(built):
         logger.info("int8: compiling the fused quantize kernels for this CPU (once; about half a minute)")
     try:
-        return cpp_extension.load_inline(name, cpp_sources=_SOURCE,
-                                         functions=["quantize_rows", "dequantize_rows"],
-                                         extra_cflags=["-O3", "-march=native", *_MAX_FLAGS], verbose=False)
+        with _ninja_on_path():
+            return cpp_extension.load_inline(name, cpp_sources=_SOURCE,
+                                             functions=["quantize_rows", "dequantize_rows"],
+                                             extra_cflags=["-O3", "-march=native", *_MAX_FLAGS], verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a read-only cache: PyTorch ops instead
         logger.info("int8: the fused quantize kernels could not be built here (%s: %s); the passes run as "
                     "PyTorch ops", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """The ninja that bertforge installs (the ``ninja`` package's binary) on PATH while an extension builds:
+    PyTorch's loader runs ``ninja`` from PATH, which lacks a virtual environment's own bin folder when its
+    Python is run without activating it."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path]) if path else ninja.BIN_DIR
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
