@@ -1,12 +1,12 @@
 """The passes around an int8 product fused into one each, compiled for this CPU on first use.
 
-In PyTorch ops, quantizing a token's activations (a float32 copy, ``abs``, ``amax``, the division, the
+In PyTorch ops, quantizing a token's activations (a float32 copy, ``abs``, ``amax``, the scaling, the
 rounding, the cast) and scaling the int32 results back (the conversion, two scalings, the bias, the cast to
 the output's dtype) are a dozen passes over memory: about as much time as the int8 product itself. Here
 each is one loop over a row: ``quantize_rows`` reads the row twice (its largest magnitude, then each value
-times ``127 / max``, rounded half to even as `torch.round` rounds) and writes bytes; ``dequantize_rows``
-reads int32 (or float32) and writes the output's dtype. The arithmetic is `bertforge.fast.int8`'s, to the
-last rounding of a float32 (the compiler may fuse a multiply and an add).
+times ``127 / max``, rounded half to even as `torch.round` rounds) and writes bytes, the very bytes and
+scales of `bertforge.fast.int8`'s PyTorch ops; ``dequantize_rows`` reads int32 (or float32) and writes the
+output's dtype, their values to one rounding (the compiler may fuse a multiply and an add).
 
 Built with PyTorch's C++ extension loader (a C++ compiler and ninja), ``-O3 -march=native``, under a name
 keyed by the CPU's flags, so that a build kept in a home folder shared by several machines is never run on
