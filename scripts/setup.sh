@@ -35,3 +35,7 @@ fi
 # torch is now present, so the `torch>=` range in pyproject.toml installs nothing more.
 "${PIP[@]}" install -e ".[test,baselines]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import bertforge, torch; print(f'setup: bertforge {bertforge.__version__}, torch {torch.__version__}')"
+# int8 inference's fused quantize loops, compiled for this CPU now rather than at the first int8 run (the
+# demo's inference table); where they cannot be built, int8 runs them as PyTorch ops.
+"$VENV/bin/python" -c "from bertforge.fast.int8_fused import fused_ops; \
+print('setup: int8 quantize loops ' + ('built for this CPU' if fused_ops() else 'not built: PyTorch ops instead'))"
