@@ -100,9 +100,10 @@ def _int8_pays() -> bool:
     choice = int8_choice()
     if choice.kernel is None:
         logger.warning("precision int8: %s", int8_note())
-    else:
-        logger.info("precision int8: kernel %s on this CPU (%s; %s; %s)", choice.kernel, cpu_name(),
-                    choice.summary(), choice.source)
+    else:  # said when measured; read back from the cache, only with -v
+        logger.log(logging.INFO if choice.source.startswith("measured now") else logging.DEBUG,
+                   "precision int8: kernel %s on this CPU (%s; %s; %s)", choice.kernel, cpu_name(), choice.summary(),
+                   choice.source)
     return choice.kernel is not None
 
 
