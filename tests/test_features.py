@@ -267,8 +267,8 @@ def test_pooling_pooler_is_transformers_pooler_output_and_needs_a_trained_pooler
         a, b = (text, None) if isinstance(text, str) else text
         with torch.no_grad():
             close(pooled[i], hf(**tok(a, b, return_tensors="pt")).pooler_output[0])
-    np.testing.assert_allclose(Predictor.from_pretrained(ckpt, head="embeddings").embed(TEXTS, pooling="pooler"), pooled.values,
-                               atol=1e-5)
+    served = Predictor.from_pretrained(ckpt, head="embeddings").embed(TEXTS, pooling="pooler")
+    np.testing.assert_allclose(served, pooled.values, atol=1e-5)
     with pytest.raises(ValueError, match="pooling pooler reads the last layer, not layers -1,-2"):
         extract_features(ckpt, TEXTS, pooling="pooler", layers=(-1, -2))
     bare = tmp_path / "no-pooler"

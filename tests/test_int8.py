@@ -385,7 +385,8 @@ def test_without_a_compiler_the_int8_path_runs_as_pytorch_ops_and_says_so_once(m
             (layer,) = _layers((64, 16))
             x = torch.randn(5, 64)
             with torch.no_grad():
-                assert torch.equal(int8_linear(x, layer), int8_module._linear_ops(x, layer.__dict__[int8_module._INT8][1]))
+                q = layer.__dict__[int8_module._INT8][1]
+                assert torch.equal(int8_linear(x, layer), int8_module._linear_ops(x, q))
         said = [r.getMessage() for r in caplog.records if "could not be built" in r.getMessage()]
         assert said == ["int8: the fused quantize kernels could not be built here (RuntimeError: Error building "
                         "extension: c++: command not found); the passes run as PyTorch ops"]

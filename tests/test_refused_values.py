@@ -339,8 +339,8 @@ def test_a_run_of_data_in_memory_moved_elsewhere_resumes_there(base, tmp_path, m
     (["vocab", "corpus.txt", "--out", "v", "--vocab-size=abc"], "--vocab-size: expected an integer, got 'abc'"),
     (["vocab", "corpus.txt", "--out", "v", "--vocab-size"], "--vocab-size: expected an integer after it"),
     (["finetune", "--task", "sst2", "--lr", "fast"], "--lr: expected a number, got 'fast'"),
-    (["features", "m", "in.txt", "--out", "f.npy", "--pooling", "last"], "--pooling: expected one of mean, cls, pooler, "
-                                                                        "got 'last'"),
+    (["features", "m", "in.txt", "--out", "f.npy", "--pooling", "last"],
+     "--pooling: expected one of mean, cls, pooler, got 'last'"),
     (["predict", "m", "a text", "--precision", "fp99"], "--precision: expected one of auto, fp32, bf16, fp16, int8, "
                                                          "got 'fp99'"),
 ])

@@ -160,7 +160,7 @@ def int8_choice() -> Int8Choice:
     entries = _read_probe(path)
     entry = entries.get(key)
     if entry is None:
-        w_max = {k: 127 if _exact(k, 127) else 63 for k in kernel_candidates()}
+        w_max = {k: 127 if full_range_int8(k) else 63 for k in kernel_candidates()}
         w_max = {k: m for k, m in w_max.items() if m == 127 or _exact(k, m)}
         times = probe_times(w_max)
         entry = {"w_max": w_max, "times_ms": {k: round(t, 4) for k, t in times.items()},
@@ -376,6 +376,7 @@ def _linear_ops(x: torch.Tensor, q: _Int8Weight) -> torch.Tensor:
     """`_linear` as PyTorch ops: (M, N) float32."""
     x = x.float()
     amax = x.abs().amax(1, keepdim=True).clamp_min_(_AMAX_FLOOR)  # (M, 1)
-    xq = torch.round(x * (127.0 / amax)).to(torch.int8)  # |x * 127 / amax| <= 127 by construction
+    xq = torch.round(x * (127.0 / amax))  # |x * 127 / amax| <= 127 by construction
+    xq = xq.to(torch.int8) if q.kernel == "int_mm" else xq.add_(128.0).to(torch.uint8)  # onednn's q(x) + 128
     y = _product(q.kernel, q.packed, xq, q.scale).mul_(amax.div_(127.0))  # (M, N)
     return y.add_(q.bias) if q.bias is not None else y

@@ -50,7 +50,8 @@ static void quantize(const T* x, int64_t m, int64_t k, Q* q, float* scale, float
       const float inv = (1.f / amax) * 127.f;  // as PyTorch's 127 / amax: the reciprocal, then the product
       scale[i] = amax / 127.f;
       Q* out = q + i * k;
-      for (int64_t j = 0; j < k; ++j) out[j] = static_cast<Q>(std::nearbyint(static_cast<float>(row[j]) * inv) + offset);
+      for (int64_t j = 0; j < k; ++j)
+        out[j] = static_cast<Q>(std::nearbyint(static_cast<float>(row[j]) * inv) + offset);
     }
   });
 }
