@@ -35,7 +35,7 @@ fi
 # torch is now present, so the `torch>=` range in pyproject.toml installs nothing more.
 "${PIP[@]}" install -e ".[test,baselines]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import bertforge, torch; print(f'setup: bertforge {bertforge.__version__}, torch {torch.__version__}')"
-# int8 inference's fused quantize loops, compiled for this CPU now rather than at the first int8 run (the
-# demo's inference table); where they cannot be built, int8 runs them as PyTorch ops.
-"$VENV/bin/python" -c "from bertforge.fast.int8_fused import fused_ops; \
-print('setup: int8 quantize loops ' + ('built for this CPU' if fused_ops() else 'not built: PyTorch ops instead'))"
+# CPU inference's fused loops (int8's passes, attention's softmax), compiled for this CPU now rather than at
+# the first inference (the demo's); where they cannot be built, inference runs PyTorch ops instead.
+"$VENV/bin/python" -c "from bertforge.fast.kernels import cpu_kernels; \
+print('setup: CPU kernels ' + ('built for this CPU' if cpu_kernels() else 'not built: PyTorch ops instead'))"

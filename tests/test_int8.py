@@ -341,9 +341,9 @@ def test_the_fused_passes_compute_what_the_pytorch_ops_do(dtype):
     """The compiled quantize gives the very bytes and scales of the PyTorch ops (a zero row, a row with one
     huge value, both byte forms); the compiled scaling back gives their outputs to one rounding of the
     output's dtype."""
-    from bertforge.fast.int8_fused import fused_ops
+    from bertforge.fast.kernels import cpu_kernels
 
-    ops = fused_ops()
+    ops = cpu_kernels()
     if ops is None:
         pytest.skip("no C++ compiler here: the fused passes are not built")
     g = torch.Generator().manual_seed(3)
@@ -372,26 +372,26 @@ def test_the_fused_passes_compute_what_the_pytorch_ops_do(dtype):
 def test_without_a_compiler_the_int8_path_runs_as_pytorch_ops_and_says_so_once(monkeypatch, caplog):
     from torch.utils import cpp_extension
 
-    from bertforge.fast import int8_fused
+    from bertforge.fast import kernels
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension: c++: command not found")
 
     monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
-    int8_fused.fused_ops.cache_clear()
+    kernels.cpu_kernels.cache_clear()
     try:
         with caplog.at_level("INFO", logger="bertforge"):
-            assert int8_fused.fused_ops() is None and int8_fused.fused_ops() is None
+            assert kernels.cpu_kernels() is None and kernels.cpu_kernels() is None
             (layer,) = _layers((64, 16))
             x = torch.randn(5, 64)
             with torch.no_grad():
                 q = layer.__dict__[int8_module._INT8][1]
                 assert torch.equal(int8_linear(x, layer), int8_module._linear_ops(x, q))
         said = [r.getMessage() for r in caplog.records if "could not be built" in r.getMessage()]
-        assert said == ["int8: the fused quantize kernels could not be built here (RuntimeError: Error building "
-                        "extension: c++: command not found); the passes run as PyTorch ops"]
+        assert said == ["bertforge's CPU kernels could not be built here (RuntimeError: Error building "
+                        "extension: c++: command not found); PyTorch ops run instead"]
     finally:
-        int8_fused.fused_ops.cache_clear()
+        kernels.cpu_kernels.cache_clear()
 
 
 @torch.no_grad()

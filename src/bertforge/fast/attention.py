@@ -15,10 +15,13 @@ import torch.nn.functional as F
 
 from bertforge.fast import dropout
 from bertforge.fast.frozen import linear
+from bertforge.fast.kernels import cpu_kernels
 from bertforge.fast.layout import LengthGroups, Padding, causal_mask
 from bertforge.model.bert import BertSelfAttention
 
 __all__ = ["attention", "self_attention", "written_out_attention"]
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def self_attention(module: BertSelfAttention, x: torch.Tensor, padding: Padding | None, shape: tuple[int, int],
@@ -67,6 +70,16 @@ def _grouped(qkv: torch.Tensor, groups: LengthGroups, A: int, D: int) -> torch.T
     """qkv (N, 3H) -> (N, H): attention run per length group (inference; see `LengthGroups`)."""
     N = qkv.shape[0]
     each = zip(groups.gathers, groups.key_masks, groups.real, groups.shapes)
+    kernels = cpu_kernels() if qkv.dtype == torch.bfloat16 and qkv.is_contiguous() else None
+    if kernels is not None:  # as below, with the per-head layout gathered and scattered by row copies
+        out = qkv.new_empty(N, A * D)
+        for g, (gather, key_mask, real, (b, t)) in enumerate(each):
+            q, k, v = kernels.gather_heads(qkv, gather, 3, A).view(3, A, b, t, D)
+            mask = key_mask.transpose(0, 1) if key_mask is not None else None  # (1, b, 1 or t, t)
+            y = written_out_attention(q, k, v, mask, 0.0, groups.causal)  # (A, b, t, D)
+            kernels.scatter_heads(y.reshape(A, b * t, D), real,
+                                  groups.targets[g] if groups.targets is not None else None, out)
+        return out
     if qkv.dtype == torch.bfloat16:
         # Written-out attention (as `attention` chooses in bf16), head-major: a group gathered as
         # (3, A, b*t, D) gives q, k, v that enter the batched matrix products without copies.
@@ -111,6 +124,14 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
         below = torch.ones(K, T, dtype=torch.bool, device=q.device).tril()  # (K, T)
         key_mask = below if key_mask is None else key_mask & below
     if not torch.is_grad_enabled():
+        kernels = cpu_kernels() if q.device.type == "cpu" and q.dim() == 4 and q.dtype in _KERNEL_DTYPES else None
+        if kernels is not None:  # the mask, the scale, the softmax and the cast in one pass (`kernels`)
+            scores = q @ k.transpose(-2, -1)  # (B, A, K, T)
+            mask = key_mask.expand(scores.shape) if key_mask is not None else None
+            probs = kernels.masked_softmax(scores, mask, scale)
+            if p > 0.0:
+                probs = probs * dropout.dropout_mask(probs.shape, p, probs.device, probs.dtype)
+            return probs @ v
         scores = (q * scale) @ k.transpose(-2, -1)  # (..., K, T)
         if key_mask is not None:
             scores.masked_fill_(~key_mask, float("-inf"))

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.fast.int8_fused import fused_ops
+from bertforge.fast.kernels import cpu_kernels
 from bertforge.fast.tracing import tracing
 
 __all__ = ["KERNELS", "Int8Choice", "full_range_int8", "int8_kernel", "int8_choice", "int8_linear", "int8_weights",
@@ -339,12 +339,7 @@ def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
         if len(layers) == 1:
             return F.linear(x, first.weight, first.bias)
         return F.linear(x, torch.cat([m.weight for m in layers]), torch.cat([m.bias for m in layers]))
-    entries = first.__dict__[_INT8]
-    params = [m.weight for m in layers] + [m.bias for m in layers if m.bias is not None]
-    q = entries.get(len(layers))
-    if q is None or not q.current(params):
-        kernel, w_max = _kernel()
-        q = entries[len(layers)] = _Int8Weight([m.weight for m in layers], [m.bias for m in layers], w_max, kernel)
+    q = _weight(layers)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if x2.shape[0] == 0:
@@ -354,10 +349,64 @@ def int8_linear(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
     return _linear(x2, q, dtype).reshape(*shape[:-1], -1)
 
 
+def _weight(layers: tuple[nn.Linear, ...]) -> _Int8Weight:
+    """The quantized weights of ``layers`` stacked, made again where a weight changed since."""
+    first = layers[0]
+    entries = first.__dict__[_INT8]
+    params = [m.weight for m in layers] + [m.bias for m in layers if m.bias is not None]
+    q = entries.get(len(layers))
+    if q is None or not q.current(params):
+        kernel, w_max = _kernel()
+        q = entries[len(layers)] = _Int8Weight([m.weight for m in layers], [m.bias for m in layers], w_max, kernel)
+    return q
+
+
+def int8_feed_forward(layer: nn.Module, residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    """What follows attention in a quantized `BertLayer`, ``h = LN(residual + attention output(y))`` and
+    ``LN(h + output(GELU(intermediate(h))))``, for (N, H) rows, as three int8 products and three compiled
+    passes between them (`bertforge.fast.kernels` ``epilogue_rows``): each takes a product's int32 results
+    through its scales, bias, residual and LayerNorm or GELU, in float32, to the float32 rows and the int8
+    bytes of the next product, with no pass of its own for the bias, the residual, LayerNorm, GELU or
+    quantizing. None where this layer is not one it can run exactly so: its dense layers not all quantized
+    or not in inference, another activation than GELU's exact form, a module hooked or replaced, dropout
+    on, a residual that is not float32, or no compiled kernels here."""
+    attention, intermediate, output = layer.attention.output, layer.intermediate, layer.output
+    denses = (attention.dense, intermediate.dense, output.dense)
+    kernels = cpu_kernels() if residual.dtype == torch.float32 and y.dtype in _FUSED_DTYPES else None
+    modules = (*denses, attention.LayerNorm, output.LayerNorm, attention.dropout, output.dropout)
+    if (kernels is None or intermediate.act is not F.gelu or residual.shape[0] == 0
+            or not all(type(m) is nn.Linear and is_quantized(m) and _runs_int8(m) for m in denses)
+            or any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+            or not all(type(m) is nn.LayerNorm and m.weight is not None and m.bias is not None
+                       and m.weight.dtype == torch.float32 for m in (attention.LayerNorm, output.LayerNorm))
+            or any(m.training and m.p > 0 for m in (attention.dropout, output.dropout))):
+        return None
+    a, i, o = (_weight((m,)) for m in denses)
+    unsigned = a.kernel != "int_mm"
+    xq, s = kernels.quantize_rows(y.contiguous(), unsigned)
+    h, hq, hs = _epilogue(kernels, a, xq, s, residual.contiguous(), attention.LayerNorm, quantize=True)
+    _, fq, fs = _epilogue(kernels, i, hq, hs, None, None, quantize=True, gelu=True)
+    return _epilogue(kernels, o, fq, fs, h, output.LayerNorm)[0]
+
+
+def _epilogue(kernels: Any, q: _Int8Weight, xq: torch.Tensor, s: torch.Tensor, residual: torch.Tensor | None,
+              norm: nn.LayerNorm | None, quantize: bool = False, gelu: bool = False) -> list[torch.Tensor]:
+    """``epilogue_rows`` of the int8 rows ``xq`` (scales ``s``) through ``q``: [float32 rows (unless GELU's,
+    which only the next product reads), their int8 bytes and scales (``quantize``)]."""
+    if q.kernel == "int_mm":
+        acc, channel = torch._int_mm(xq, q.packed), q.scale
+    else:
+        acc, channel = _product(q.kernel, q.packed, xq, q.scale), None  # the channel scales applied by oneDNN
+    byte_form = 0 if not quantize else 1 if q.kernel == "int_mm" else 2
+    return kernels.epilogue_rows(acc, channel, s, q.bias, residual, norm.weight if norm is not None else None,
+                                 norm.bias if norm is not None else None, norm.eps if norm is not None else 0.0,
+                                 gelu, not gelu, byte_form)
+
+
 def _linear(x: torch.Tensor, q: _Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(M, N) outputs in ``dtype`` of the quantized layer ``q`` for the (M, K) rows ``x``: through the fused
-    passes (`bertforge.fast.int8_fused`) where they are built, else as PyTorch ops."""
-    ops = fused_ops() if x.dtype in _FUSED_DTYPES and dtype in _FUSED_DTYPES else None
+    passes (`bertforge.fast.kernels`) where they are built, else as PyTorch ops."""
+    ops = cpu_kernels() if x.dtype in _FUSED_DTYPES and dtype in _FUSED_DTYPES else None
     if ops is None:
         return _linear_ops(x, q).to(dtype)
     xq, s = ops.quantize_rows(x.contiguous(), q.kernel != "int_mm")  # onednn: q(x) + 128, unsigned

@@ -14,6 +14,7 @@ import torch
 from bertforge.fast.attention import self_attention
 from bertforge.fast.layout import LengthGroups, Padding, causal_mask, right_padded
 from bertforge.fast.frozen import linear
+from bertforge.fast.int8 import int8_feed_forward
 from bertforge.fast.tracing import exporting
 from bertforge.model.bert import (BertLayer, BertModel, BertModelOutput, BertPooler, attention_probabilities,
                                   check_inputs, gather_positions)
@@ -115,6 +116,9 @@ def layer_forward(self: BertLayer, x: torch.Tensor, padding: Padding | torch.Ten
         residual = gather_positions(full, select).reshape(-1, x.shape[-1])  # (B*K, H)
         y = self_attention(self.attention.self, x, padding, shape, queries=residual, positions=select,
                            causal=causal)  # (B*K, H)
+    fused = int8_feed_forward(self, residual, y)  # int8 inference: the rest of the block in three passes
+    if fused is not None:
+        return fused
     h = attention.LayerNorm(residual + attention.dropout(linear(y, attention.dense)))  # post-LN
     f = self.intermediate.act(linear(h, self.intermediate.dense))  # (N, I)
     return out.LayerNorm(h + out.dropout(linear(f, out.dense)))  # (N, H)
