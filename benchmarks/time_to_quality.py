@@ -113,6 +113,7 @@ and the ratios of transformers' minutes to bertforge's), the JSON (``--json``) a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -129,7 +130,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_quality import add_shared_flags, corpus as quality_corpus, minutes_to_reach  # noqa: E402
+from pretrain_quality import _complete, add_shared_flags, corpus as quality_corpus, minutes_to_reach  # noqa: E402
 from pretrain_throughput import bench_cache, run_meta  # noqa: E402
 from step_time import _loadavg  # noqa: E402
 
@@ -140,7 +141,7 @@ from bertforge.model.config import BertConfig  # noqa: E402
 from bertforge.stats import mean_interval  # noqa: E402
 from bertforge.text.tokenizer import BertTokenizer  # noqa: E402
 from bertforge.train.optim import lr_factor  # noqa: E402
-from bertforge.train.precision import cpu_name, native_bf16  # noqa: E402
+from bertforge.train.precision import native_bf16  # noqa: E402
 from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build_pretraining_model  # noqa: E402
 from bertforge.train.run import build_trainer  # noqa: E402
 
@@ -176,19 +177,40 @@ class EvalSet:
         return {"instances": self.instances, "masked_positions": self.positions}
 
 
-def heldout_halves(held: Path, limit: int = 0) -> tuple[EvalSet, EvalSet]:
-    """(selection, report): the held-out instances in prepared order, the even-indexed ones and the odd
-    ones (each cut to its first ``limit`` instances if given), in batches of `EVAL_BATCH`."""
-    dataset = PretrainingDataset(held)
-    collate = PretrainingLoader(dataset, 1).collate
-    instances = [dataset.shard(s).instance(i) for s in range(len(dataset.shards)) for i in range(len(dataset.shard(s)))]
-    halves = []
-    for name, part in (("selection", instances[0::2]), ("report", instances[1::2])):
+    @classmethod
+    def of(cls, folder: Path, name: str, limit: int = 0) -> EvalSet:
+        """A prepared held-out folder's instances in prepared order (its first ``limit`` if given), in batches
+        of `EVAL_BATCH`."""
+        dataset = PretrainingDataset(folder)
+        collate = PretrainingLoader(dataset, 1).collate
+        part = [dataset.shard(s).instance(i) for s in range(len(dataset.shards)) for i in range(len(dataset.shard(s)))]
         part = part[:limit] if limit else part
         batches = [collate(part[i:i + EVAL_BATCH]) for i in range(0, len(part), EVAL_BATCH)]
         positions = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
-        halves.append(EvalSet(name, batches, len(part), positions))
-    return halves[0], halves[1]
+        return cls(name, batches, len(part), positions)
+
+
+def heldout_corpus(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, Path]]:
+    """(vocab, prepared training folder, (selection, report)): the cached corpus (`corpus`), and its held-out
+    documents (every 20th lead section, none in the training text) split by document, the even-numbered ones
+    for choosing settings and the odd ones for every reported number, each prepared on its own (dupe_factor 1,
+    Google's static masks; a NotNext pair draws its second segment from its own half)."""
+    from bertforge import resources
+    from bertforge.data.prepare import PrepareConfig, prepare
+
+    vocab, data, _ = corpus(bench_cache(), args.vocab_size, args.dupe_factor)
+    root = vocab.parent
+    folders = (root / "heldout-selection", root / "heldout-report")
+    if not all(_complete(f) for f in folders):
+        held = list(resources.iter_wikipedia_leads())[::20]  # `pretrain_quality.corpus`'s held-out documents
+        for folder, docs in zip(folders, (held[0::2], held[1::2])):
+            text = folder.with_suffix(".txt")
+            text.write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
+            prepare([text], folder, vocab, PrepareConfig(format="text", max_seq_length=MAX_SEQ_LENGTH,
+                                                         max_predictions_per_seq=MAX_PREDICTIONS, seed=0,
+                                                         shard_chars=1_000_000, dupe_factor=1), workers=1,
+                    progress=False)
+    return vocab, data, folders
 
 
 def unmasked_ids(batch: InstanceBatch) -> np.ndarray:
@@ -316,9 +338,13 @@ class Recorder:
     """A run's curve: evaluations on the schedule of `next_eval_time`, each a point."""
 
     def __init__(self, name: str, model: torch.nn.Module, logits: Logits, report: EvalSet,
-                 selection: EvalSet | None, budget: float):
+                 selection: EvalSet | None, budget: float, checkpoints: Path | None = None,
+                 save: Callable[[Path], None] | None = None):
         self.name, self.model, self.logits = name, model, logits
         self.report, self.selection, self.budget = report, selection, budget
+        self.checkpoints, self.save = checkpoints, save
+        self.keep = [m * 60 * budget / 600 for m in CHECKPOINT_MINUTES] if checkpoints is not None else []
+        self.saved: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
         self.due = 0.0
         self.eval_seconds = 0.0
@@ -332,25 +358,41 @@ class Recorder:
             point["selection_accuracy"] = round(evaluate(self.model, self.logits, self.selection)["mlm_accuracy"], 5)
         self.points.append(point)
         self.due = next_eval_time(seconds)
+        while self.keep and self.save is not None and (seconds >= self.keep[0] - 0.5 or seconds >= self.budget):
+            minutes = CHECKPOINT_MINUTES[len(self.saved)]  # nominal: the first evaluation at or after it
+            folder = self.checkpoints / f"{minutes:g}min"
+            self.save(folder)
+            self.saved.append({"minutes": minutes, "seconds": point["seconds"], "step": step, "folder": str(folder),
+                               "mlm_accuracy": point["mlm_accuracy"]})
+            self.keep.pop(0)
         self.eval_seconds += time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------- bertforge
 def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Path, data: Path, report: EvalSet,
-             out: str) -> dict[str, Any]:
-    """bertforge's budget recipe for ``--budget-minutes``, step by step through its Trainer."""
-    budget = args.budget_minutes * 60
-    cfg = PretrainConfig.from_recipe("budget", budget_minutes=args.budget_minutes, data=str(data), tokenizer=str(vocab),
+             out: str, model: str = "tiny", minutes: float = 10.0, dense: bool = False,
+             checkpoints: Path | None = None) -> dict[str, Any]:
+    """bertforge's budget recipe at the ``model`` preset for ``minutes``, step by step through its Trainer;
+    ``dense``: its vocabulary projection at every position (`DenseHead`), an ablation."""
+    budget = minutes * 60
+    cfg = PretrainConfig.from_recipe("budget", budget_minutes=minutes, data=str(data), tokenizer=str(vocab), model=model,
                                      seed=seed, progress=False, device="cpu", precision=args.precision, out=out)
     manifest = load_manifest(data)["config"]
     objective = cfg.resolve_objective(bool(manifest["nsp"]))
     torch.manual_seed(cfg.seed)  # as the recipe builds it (`bertforge.train.run.TrainingRun.run`)
-    model = build_pretraining_model(cfg, tok.vocab_size, bool(manifest["nsp"]), int(manifest["max_seq_length"]),
-                                    objective)
+    net = build_pretraining_model(cfg, tok.vocab_size, bool(manifest["nsp"]), int(manifest["max_seq_length"]),
+                                  objective)
     loader = PretrainingLoader(PretrainingDataset(data), cfg.batch_size, seed=cfg.seed, special=special_ids(tok),
                                masking=cfg.masking(manifest))
-    trainer = build_trainer(model, PretrainingObjective(nsp=objective == "mlm+nsp"), loader, cfg, out, tokenizer=tok)
-    rec = Recorder(OURS, trainer.model, ours_logits, report, None, budget)
+    head = (DenseHead if dense else PretrainingObjective)(nsp=objective == "mlm+nsp")
+    trainer = build_trainer(net, head, loader, cfg, out, tokenizer=tok)
+
+    def save(folder: Path) -> None:
+        from bertforge.model.checkpoint import save_pretrained
+
+        save_pretrained(trainer.model, folder, tokenizer=tok)
+
+    rec = Recorder(DENSE if dense else OURS, trainer.model, ours_logits, report, None, budget, checkpoints, save)
     lr = lambda: trainer.optimizer.param_groups[0]["lr"]  # noqa: E731 - the next step's rate
     rec.record(0.0, 0, lr())
     it = iter(loader)
@@ -371,10 +413,32 @@ def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Pat
     settings = {k: getattr(cfg, k) for k in ("recipe", "model", "objective", "masked_lm_prob", "batch_size", "lr",
                                               "adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "warmup_ratio",
                                               "dropout", "max_grad_norm", "budget_minutes")}
-    return {"settings": {**settings, "objective": objective, "schedule": "linear over the training clock"},
+    return {"settings": {**settings, "objective": objective, "schedule": "linear over the training clock",
+                         "mlm_head": "every position" if dense else "the masked positions only"},
             "precision": trainer.precision, "points": rec.points, "steps": trainer.step,
             "train_seconds": round(trainer.elapsed, 2), "eval_seconds": round(rec.eval_seconds, 1),
-            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": "budget"}
+            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": "budget", "checkpoints": rec.saved}
+
+
+class DenseHead(PretrainingObjective):
+    """bertforge's objective with the vocabulary projection at every position, as transformers' BertForMaskedLM
+    computes it (the encoder's last layer at every position too), the loss at the masked ones: what the sparse
+    head alone gives bertforge's step."""
+
+    def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        from bertforge.model import losses
+
+        filled = batch["labels"] != IGNORE_INDEX
+        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        every = out.prediction_logits if self.nsp else out.logits  # (B, T, V)
+        at = every.gather(1, batch["masked_positions"].long().unsqueeze(-1).expand(-1, -1, every.shape[-1]))
+        logits, labels = at[filled].float(), batch["labels"][filled]
+        terms = {"mlm": losses.masked_lm_loss(logits, labels, reduction="sum")}
+        stats = {"mlm_correct": (logits.argmax(-1) == labels).sum()}
+        if self.nsp:
+            raise SystemExit("the dense-head ablation runs the MLM-only recipe")
+        return terms, stats
 
 
 # ---------------------------------------------------------------------------- transformers
@@ -393,6 +457,10 @@ class HFSetting:
     max_grad_norm: float = 1.0
     clock_schedule: bool = False
     """bertforge's schedule laid over the training clock (else the Trainer's linear one over max_steps)."""
+    precision: str = "fp32"  # fp32, or bf16 (``bf16=True``) where the CPU computes it natively
+    torch_compile: bool = False  # TrainingArguments(torch_compile=True)
+    pad_to_multiple_of: int = 0  # the collator's (0: pad to each batch's longest)
+    masked_only: bool = False  # the MLM head at the masked positions only (`masked_only_model`), an ablation
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "optimizer": "Trainer's AdamW (adamw_torch_fused), transformers' decay exclusions",
@@ -417,7 +485,30 @@ def hf_model(setting: HFSetting, vocab_size: int, seed: int) -> Any:
                                attention_probs_dropout_prob=setting.dropout).to_dict()
     config.pop("bertforge_version")
     transformers.set_seed(seed)
-    return transformers.BertForMaskedLM(transformers.BertConfig(**config))
+    cls = masked_only_model() if setting.masked_only else transformers.BertForMaskedLM
+    return cls(transformers.BertConfig(**config))
+
+
+@functools.cache
+def masked_only_model() -> type:
+    """transformers' BertForMaskedLM with its MLM head (the vocabulary projection) run at the masked positions
+    only, as bertforge's: what that alone gives transformers' step."""
+    import transformers
+    from transformers.modeling_outputs import MaskedLMOutput
+
+    class BertForMaskedLMAtMasks(transformers.BertForMaskedLM):
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
+            if labels is None:  # no masks to read: every position, as its parent
+                return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                                       token_type_ids=token_type_ids, **kwargs)
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+            at = labels != IGNORE_INDEX
+            logits = self.cls(hidden[at])  # (M, V)
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels[at])
+            return MaskedLMOutput(loss=loss, logits=logits)
+
+    return BertForMaskedLMAtMasks
 
 
 class HFData:
@@ -430,26 +521,28 @@ class HFData:
         self.train = UnmaskedInstances(data)
 
 
-def training_arguments(setting: HFSetting, seed: int, max_steps: int, precision: str, out: str) -> Any:
+def training_arguments(setting: HFSetting, seed: int, max_steps: int, out: str) -> Any:
     from transformers import TrainingArguments
 
     return TrainingArguments(
         output_dir=out, per_device_train_batch_size=setting.batch_size, max_steps=max_steps,
         learning_rate=setting.lr, warmup_steps=setting.warmup_ratio,  # transformers 5: a float below 1 is a ratio
         lr_scheduler_type="linear", weight_decay=setting.weight_decay, adam_beta1=0.9, adam_beta2=setting.adam_beta2,
-        adam_epsilon=setting.adam_eps, max_grad_norm=setting.max_grad_norm, bf16=precision == "bf16", use_cpu=True,
-        dataloader_num_workers=0, seed=seed, save_strategy="no", report_to="none", disable_tqdm=True)
+        adam_epsilon=setting.adam_eps, max_grad_norm=setting.max_grad_norm, bf16=setting.precision == "bf16",
+        use_cpu=True, torch_compile=setting.torch_compile, dataloader_num_workers=0, seed=seed, save_strategy="no",
+        report_to="none", disable_tqdm=True)
 
 
-def hf_trainer(setting: HFSetting, seed: int, max_steps: int, precision: str, hf: HFData, model: Any, out: str,
-               callback: Any, clock: Clock | None = None, budget: float = 0.0) -> Any:
+def hf_trainer(setting: HFSetting, seed: int, max_steps: int, hf: HFData, model: Any, out: str, callback: Any,
+               clock: Clock | None = None, budget: float = 0.0) -> Any:
     """transformers' Trainer for ``setting``; with ``setting.clock_schedule`` its scheduler is a LambdaLR of
     bertforge's schedule at ``clock`` over ``budget`` seconds."""
     from transformers import DataCollatorForLanguageModeling, PrinterCallback
     from transformers import Trainer as HFTrainer
 
-    collator = DataCollatorForLanguageModeling(hf.tokenizer, mlm=True, mlm_probability=0.15)
-    trainer = HFTrainer(model=model, args=training_arguments(setting, seed, max_steps, precision, out),
+    collator = DataCollatorForLanguageModeling(hf.tokenizer, mlm=True, mlm_probability=0.15,
+                                               pad_to_multiple_of=setting.pad_to_multiple_of or None)
+    trainer = HFTrainer(model=model, args=training_arguments(setting, seed, max_steps, out),
                         train_dataset=hf.train, data_collator=collator, callbacks=[callback])
     trainer.remove_callback(PrinterCallback)  # the log lines, printed with disable_tqdm
     if setting.clock_schedule:
@@ -499,89 +592,56 @@ def _callback_class() -> type:
     return BudgetCallback
 
 
-def calibrate(setting: HFSetting, precision: str, hf: HFData, threads: int, steps: int, warmup: int = 2) -> float:
+def calibrate(setting: HFSetting, hf: HFData, threads: int, steps: int, warmup: int = 2) -> float:
     """Seconds per training step of ``setting`` (batch loading included): ``steps`` steps after ``warmup``, on a
     throw-away model, as a user would time them before choosing max_steps."""
     clock = Clock()
     callback = _callback_class()(None, clock, 0.0, threads)
     model = hf_model(setting, len(hf.tokenizer), 0)
     with tempfile.TemporaryDirectory(prefix="ttq-cal-") as out:
-        trainer = hf_trainer(setting, 0, warmup + steps, precision, hf, model, out, callback)
+        trainer = hf_trainer(setting, 0, warmup + steps, hf, model, out, callback)
         trainer.train()
     ends = callback.step_ends
     return (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup)
 
 
-def hf_run(name: str, setting: HFSetting, seed: int, minutes: float, precision: str, hf: HFData, report: EvalSet,
-           selection: EvalSet | None, args: argparse.Namespace, calibrations: dict[tuple[str, int], float]
-           ) -> dict[str, Any]:
-    """One transformers run of ``minutes`` of training clock."""
+def hf_run(name: str, setting: HFSetting, seed: int, minutes: float, hf: HFData, report: EvalSet,
+           selection: EvalSet | None, args: argparse.Namespace, checkpoints: Path | None = None,
+           tokenizer_folder: Path | None = None) -> dict[str, Any]:
+    """One transformers run of ``minutes`` of training clock. With the Trainer's own schedule, ``max_steps`` is
+    what a user sets: the budget over a calibrated step time, here 3 % more so that the clock, not max_steps,
+    ends the run (the schedule then ends at about 3 % of its rate); a run that still ends early reports the
+    seconds it lost."""
     budget = minutes * 60
+    threads = args.threads or torch.get_num_threads()
+    step_seconds = None
     if setting.clock_schedule:
-        step_seconds, max_steps = None, 10 ** 9  # the clock ends it; max_steps only caps
+        max_steps = 10 ** 9  # the clock ends it; max_steps only caps
     else:
-        key = (setting.model, setting.batch_size)
-        if key not in calibrations:
-            calibrations[key] = calibrate(setting, precision, hf, args.threads or torch.get_num_threads(),
-                                          args.calibration_steps)
-        step_seconds = calibrations[key]
-        max_steps = max(1, int(budget / step_seconds))
+        step_seconds = calibrate(setting, hf, threads, args.calibration_steps, 6 if setting.torch_compile else 2)
+        max_steps = max(1, math.ceil(1.03 * budget / step_seconds))
     clock = Clock()
     model = hf_model(setting, len(hf.tokenizer), seed)
     check_hf_logits(model, report.batches[0])
-    rec = Recorder(name, model, hf_logits, report, selection, budget)
-    callback = _callback_class()(rec, clock, budget, args.threads or torch.get_num_threads())
+    def save(folder: Path) -> None:  # a transformers folder, which bertforge reads as it is
+        model.save_pretrained(folder)
+        hf.tokenizer.save_pretrained(folder)
+
+    rec = Recorder(name, model, hf_logits, report, selection, budget, checkpoints, save)
+    callback = _callback_class()(rec, clock, budget, threads)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ttq-hf-") as out:
-        trainer = hf_trainer(setting, seed, max_steps, precision, hf, model, out, callback, clock, budget)
+        trainer = hf_trainer(setting, seed, max_steps, hf, model, out, callback, clock, budget)
         trainer.train()
     steps = rec.points[-1]["step"]
-    return {"settings": setting.describe(), "precision": precision, "points": rec.points, "steps": steps,
+    return {"settings": setting.describe(), "precision": setting.precision, "points": rec.points, "steps": steps,
             "max_steps": max_steps if not setting.clock_schedule else None,
             "calibration_s_per_step": round(step_seconds, 5) if step_seconds else None,
             "train_seconds": round(clock.elapsed, 2), "eval_seconds": round(rec.eval_seconds, 1),
-            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": callback.stopped_by}
-
-
-# ---------------------------------------------------------------------------- the grid
-def grid_settings(args: argparse.Namespace) -> list[HFSetting]:
-    return [HFSetting(model=m, batch_size=b, lr=lr, warmup_ratio=args.hf_warmup)
-            for m in _split(args.grid_models) for b in map(int, _split(args.grid_batches))
-            for lr in map(float, _split(args.grid_lrs))]
-
-
-def run_grid(args: argparse.Namespace, precision: str, hf: HFData, selection: EvalSet, report: EvalSet,
-             calibrations: dict) -> list[dict[str, Any]]:
-    points = []
-    for setting in grid_settings(args):
-        run = hf_run(TRAINER, setting, args.grid_seed, args.grid_minutes, precision, hf, report, selection, args,
-                     calibrations)
-        last = run["points"][-1]
-        points.append({"model": setting.model, "batch_size": setting.batch_size, "lr": setting.lr,
-                       "selection_accuracy": last["selection_accuracy"], "report_accuracy": last["mlm_accuracy"],
-                       **{k: run[k] for k in ("steps", "max_steps", "calibration_s_per_step", "stopped_by",
-                                              "train_seconds", "precision")},
-                       "curve": run["points"]})
-        print(f"#   grid {setting.model}, batch {setting.batch_size}, lr {setting.lr:g}: selection accuracy "
-              f"{last['selection_accuracy']:.4f} after {run['steps']} steps (max_steps {run['max_steps']}, "
-              f"{run['stopped_by']}); load {_loadavg()}", flush=True)
-    return points
-
-
-def grid_choice(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """The grid point with the best final selection-half accuracy."""
-    best = max(points, key=lambda p: p["selection_accuracy"])
-    return {k: best[k] for k in ("model", "batch_size", "lr", "selection_accuracy")}
-
-
-def load_grid(files: list[str]) -> dict[str, Any]:
-    """The grid measured by ``--grid-only`` runs (their points together), and its choice."""
-    parts = [json.loads(Path(f).read_text())["grid"] for f in files]
-    minutes = {p["minutes"] for p in parts}
-    if len(minutes) != 1:
-        raise SystemExit(f"the grid files were run for different minutes per point: {sorted(minutes)}")
-    points = [pt for p in parts for pt in p["points"]]
-    return {**parts[0], "points": points, "choice": grid_choice(points), "files": files}
+            "lost_seconds": round(max(0.0, budget - clock.elapsed), 2) if callback.stopped_by != "budget" else 0.0,
+            "wall_seconds": round(time.perf_counter() - started, 1), "stopped_by": callback.stopped_by,
+            "first_step_seconds": round(callback.step_ends[0], 2) if callback.step_ends else None,
+            "checkpoints": rec.saved}
 
 
 # ---------------------------------------------------------------------------- summary
@@ -699,6 +759,201 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# ---------------------------------------------------------------------------- the plan, run by workers
+SPEED_BATCH = 32
+GRID_BATCHES, GRID_LRS = (8, 16, 32, 64), (5e-4, 1e-3, 2e-3, 3e-3, 5e-3)
+TOP, TOP_SEEDS, WARMUPS = 3, (0, 1), (0.0, 0.15)
+PADS = (0, 8, 64)
+CHECKPOINT_MINUTES = (1.0, 2.0, 5.0, 10.0)
+DENSE, MASKED_ONLY = "bertforge (recipe, dense head)", "transformers (same recipe, masked positions only)"
+ARM_NAMES = (OURS, DENSE, TRAINER, SAME, MASKED_ONLY)
+
+
+def arm_label(arm: str, model: str) -> str:
+    """An arm's name in the report: today's names at the tiny preset, `` (mini)`` appended at mini."""
+    return arm if model == "tiny" else f"{arm} ({model})"
+
+
+@dataclass
+class Work:
+    """A measurement's folder: ``jobs/ID.json`` per finished job, ``claims/ID`` per running one (its process id),
+    ``checkpoints/`` the models kept for fine-tuning."""
+
+    root: Path
+
+    def done(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for f in sorted((self.root / "jobs").glob("**/*.json")):
+            out[str(f.relative_to(self.root / "jobs"))[:-5]] = json.loads(f.read_text())
+        return out
+
+    def claim(self, job_id: str) -> bool:
+        """Take ``job_id`` for this process unless a live process has it (a dead one's claim is taken over)."""
+        path = self.root / "claims" / job_id
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(path.read_text() or 0), 0)
+                return False  # running
+            except (ProcessLookupError, ValueError):
+                path.unlink(missing_ok=True)  # its process is gone: what it left half-done starts afresh
+                return self.claim(job_id)
+            except PermissionError:
+                return False
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+
+    def finish(self, job_id: str, result: dict[str, Any]) -> None:
+        from bertforge.io import atomic_write_text
+
+        path = self.root / "jobs" / f"{job_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+        (self.root / "claims" / job_id).unlink(missing_ok=True)
+
+
+def speed_options(model: str) -> list[dict[str, Any]]:
+    """transformers' speed options a CPU user can turn on, each combination timed (`calibrate`)."""
+    precisions = ("fp32", "bf16") if native_bf16(DEVICE) else ("fp32",)
+    return [{"precision": p, "torch_compile": c, "pad_to_multiple_of": pad}
+            for p in precisions for c in (False, True) for pad in PADS]
+
+
+def _option_id(o: dict[str, Any]) -> str:
+    return f"{o['precision']}-compile{int(o['torch_compile'])}-pad{o['pad_to_multiple_of']}"
+
+
+def fastest_options(done: dict[str, dict[str, Any]], model: str) -> dict[str, Any] | None:
+    """The fastest of ``model``'s timed options (None until every one is timed)."""
+    runs = [done.get(f"speed/{model}/{_option_id(o)}") for o in speed_options(model)]
+    if any(r is None for r in runs):
+        return None
+    ok = [r for r in runs if r.get("s_per_step")]
+    if not ok:
+        raise SystemExit(f"no speed option of transformers ran for {model}: "
+                         + "; ".join(f"{_option_id(r['options'])}: {r['failed']}" for r in runs))
+    return min(ok, key=lambda r: r["s_per_step"])["options"]
+
+
+def plan(done: dict[str, dict[str, Any]], models: list[str], seeds: list[int], scale: float) -> list[dict[str, Any]]:
+    """Every job whose inputs are measured, in the order to run them: transformers' speed options, its grid with
+    the fastest, the grid's top points for the full budget with two seeds, then the arms."""
+    jobs: list[dict[str, Any]] = []
+    for model in models:
+        for o in speed_options(model):
+            jobs.append({"id": f"speed/{model}/{_option_id(o)}", "kind": "speed", "model": model, "options": o})
+    for model in models:
+        options = fastest_options(done, model)
+        if options is None:
+            continue
+        grid = [{"id": f"grid/{model}/b{b}-lr{lr:g}", "kind": "hf", "model": model, "minutes": 3 * scale, "seed": 0,
+                 "selection": True, "setting": {"model": model, "batch_size": b, "lr": lr, **options}}
+                for b in GRID_BATCHES for lr in GRID_LRS]
+        jobs += grid
+        if any(j["id"] not in done for j in grid):
+            continue
+        ranked = sorted(grid, key=lambda j: -done[j["id"]]["points"][-1]["selection_accuracy"])[:TOP]
+        top = [dict(j["setting"]) for j in ranked]
+        top += [{**top[0], "warmup_ratio": w} for w in WARMUPS]
+        tops = [{"id": f"top/{model}/b{t['batch_size']}-lr{t['lr']:g}-w{t.get('warmup_ratio', 0.06):g}-s{s}",
+                 "kind": "hf", "model": model, "minutes": 10 * scale, "seed": s, "selection": True, "setting": t}
+                for t in top for s in TOP_SEEDS]
+        jobs += tops
+        same = {**asdict(same_recipe_setting()), "model": model, **options}
+        arms = {OURS: {"kind": "ours"}, DENSE: {"kind": "ours", "dense": True},
+                SAME: {"kind": "hf", "setting": same},
+                MASKED_ONLY: {"kind": "hf", "setting": {**same, "masked_only": True}}}
+        if all(j["id"] in done for j in tops):
+            def mean_selection(t: dict[str, Any]) -> float:
+                return statistics.mean(done[j["id"]]["points"][-1]["selection_accuracy"]
+                                       for j in tops if j["setting"] == t)
+            arms[TRAINER] = {"kind": "hf", "setting": max(top, key=mean_selection)}
+        for arm in ARM_NAMES:
+            if arm in arms:
+                for seed in seeds:
+                    jobs.append({"id": f"arm/{model}/{_slug(arm)}/s{seed}", "kind": arms[arm]["kind"], "arm": arm,
+                                 "model": model, "minutes": 10 * scale, "seed": seed, "selection": False,
+                                 "dense": arms[arm].get("dense", False), "setting": arms[arm].get("setting"),
+                                 "checkpoints": seed == seeds[0] and arm in (OURS, TRAINER)})
+    return jobs
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Run the plan's jobs one after another until none is left (waiting while another worker measures what the
+    next ones need); several workers, each pinned to its own core, share one folder."""
+    from bertforge.fast.allocator import keep_freed_memory
+
+    import transformers
+
+    transformers.logging.set_verbosity_warning()
+    work = Work(args.work)
+    allocator = keep_freed_memory()  # both libraries' runs, every arm: the same allocator
+    models, seeds = _split(args.models), [int(s) for s in _split(args.seeds)]
+    vocab, data, (selection_folder, report_folder) = heldout_corpus(args)
+    tok = BertTokenizer.from_pretrained(vocab)
+    selection, report_half = EvalSet.of(selection_folder, "selection", args.eval_instances), \
+        EvalSet.of(report_folder, "report", args.eval_instances)
+    hf = HFData(vocab, data)
+    while True:
+        done = work.done()
+        jobs = [j for j in plan(done, models, seeds, args.scale) if j["id"] not in done]
+        job = next((j for j in jobs if work.claim(j["id"])), None)
+        if job is None:
+            if not jobs and all(f"arm/{m}/{_slug(TRAINER)}/s{s}" in done for m in models for s in seeds):
+                print("# every job is done", flush=True)
+                return 0
+            time.sleep(20)  # what is left waits for jobs another worker runs
+            continue
+        meta = {**run_meta(), **machine_details(), "allocator_keeps_freed_memory": allocator}
+        print(f"# {job['id']} ... (load {_loadavg()})", flush=True)
+        started = time.perf_counter()
+        result = run_job(job, args, tok, vocab, data, hf, selection, report_half, work)
+        meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg())
+        work.finish(job["id"], {"job": job, **result, "meta": meta})
+        last = result.get("points", [{}])[-1]
+        print(f"#   done in {meta['wall_s']:.0f} s: " + (f"{result['s_per_step'] * 1e3:.1f} ms/step"
+              if result.get("s_per_step") else result.get("failed") or
+              f"accuracy {last.get('mlm_accuracy')}, {result.get('steps')} steps, {result.get('stopped_by')}"),
+              flush=True)
+
+
+def machine_details() -> dict[str, Any]:
+    """CPU family, model and flags, the cores this process may run on and its threads."""
+    from bertforge.machine import cpu_flags, cpu_info, kernel_limits
+
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma")))
+    return {"cpu_name": cpu_info()[0], "cpu_flags": flags, "kernel_limits": kernel_limits(),
+            "pinned_cores": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
+
+
+def run_job(job: dict[str, Any], args: argparse.Namespace, tok: BertTokenizer, vocab: Path, data: Path, hf: HFData,
+            selection: EvalSet, report_half: EvalSet, work: Work) -> dict[str, Any]:
+    checkpoints = work.root / "checkpoints" / job["model"] / _slug(job.get("arm", "")) if job.get("checkpoints") \
+        else None
+    if job["kind"] == "speed":
+        o = job["options"]
+        setting = HFSetting(model=job["model"], batch_size=SPEED_BATCH, lr=5e-4, **o)
+        try:
+            s = calibrate(setting, hf, torch.get_num_threads(), args.calibration_steps, 6 if o["torch_compile"] else 2)
+        except Exception as e:  # noqa: BLE001 - an option that does not run here is reported, not chosen
+            return {"options": o, "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {"options": o, "s_per_step": s}
+    if job["kind"] == "ours":
+        with tempfile.TemporaryDirectory(prefix="ttq-ours-") as out:  # the trainer writes nothing there
+            return ours_run(args, job["seed"], tok, vocab, data, report_half, out, model=job["model"],
+                            minutes=job["minutes"], dense=job["dense"], checkpoints=checkpoints)
+    setting = HFSetting(**job["setting"])
+    return hf_run(job.get("arm", TRAINER), setting, job["seed"], job["minutes"], hf, report_half,
+                  selection if job["selection"] else None, args, checkpoints=checkpoints, tokenizer_folder=vocab)
+
+
 # ---------------------------------------------------------------------------- main
 def _split(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
@@ -706,149 +961,75 @@ def _split(text: str) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Minutes of pre-training until held-out MLM accuracy 0.1 / 0.2 / 0.3: "
-                                            "bertforge's budget recipe, transformers' Trainer at the best of a grid, "
-                                            "and transformers at bertforge's recipe. See the module docstring.")
-    p.add_argument("--budget-minutes", type=float, default=10.0, help="each arm's training time; default %(default)s")
+                                            "bertforge's budget recipe against transformers at its best, with "
+                                            "ablations. See the module docstring.")
+    p.add_argument("--work", type=Path, default=Path("runs/time-to-quality"),
+                   help="the measurement's folder: finished jobs, claims, checkpoints; default %(default)s")
+    p.add_argument("--models", default="tiny,mini", help="presets compared; default %(default)s")
     p.add_argument("--seeds", default="0,1,2", help="the arms' seeds (comma-separated); default %(default)s")
-    p.add_argument("--only", action="append", choices=ARMS, metavar="ARM",
-                   help=f"run this arm only (repeatable): {', '.join(repr(a) for a in ARMS)}")
-    p.add_argument("--grid-minutes", type=float, default=3.0, help="training time of each grid point")
-    p.add_argument("--grid-models", default="tiny,mini", help="grid: model presets; default %(default)s")
-    p.add_argument("--grid-batches", default="32,128", help="grid: batch sizes; default %(default)s")
-    p.add_argument("--grid-lrs", default="1e-4,5e-4,2e-3", help="grid: learning rates; default %(default)s")
-    p.add_argument("--grid-seed", type=int, default=0, help="grid runs' seed; default %(default)s")
-    p.add_argument("--grid-only", action="store_true", help="run the grid only and write it to --json")
-    p.add_argument("--grid-json", nargs="+", metavar="JSON",
-                   help="the grid measured by --grid-only runs (their points together): the Trainer arm's setting")
-    p.add_argument("--hf-warmup", type=float, default=0.06,
-                   help="the Trainer arm's warmup, a share of max_steps; default %(default)s")
-    p.add_argument("--calibration-steps", type=int, default=20, help="timed steps that set max_steps")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="every run's minutes times this (a smoke run of the whole plan: 0.02); default 1")
+    p.add_argument("--calibration-steps", type=int, default=20, help="timed steps of a speed option or max_steps")
     p.add_argument("--precision", default="auto", help="bertforge's precision; default %(default)s")
     p.add_argument("--eval-instances", type=int, default=0,
                    help="evaluate the first this many instances of each held-out half (0: all)")
-    p.add_argument("--heldout-dupe-factor", type=int, default=1,
-                   help="passes over the held-out text (1, the demo's: about 5,700 masked positions per half; more "
-                        "passes give more positions of the same text, each with its own masks and pairs)")
-    p.add_argument("--corpus-only", action="store_true", help="build the cached corpus and stop")
+    p.add_argument("--corpus-only", action="store_true", help="build the cached corpus and held-out halves and stop")
+    p.add_argument("--report", action="store_true", help="instead of running: the table, --json and --plot of "
+                                                         "what the folder holds")
     add_shared_flags(p, "arms")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.merge:
-        return merge(args.merge, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    started = time.perf_counter()
-    vocab, data, held = corpus(bench_cache(), args.vocab_size, args.dupe_factor, args.heldout_dupe_factor)
     if args.corpus_only:
+        heldout_corpus(args)
         return 0
-    import transformers
+    if args.report:
+        return report_folder(args)
+    return worker(args)
 
-    transformers.logging.set_verbosity_warning()
-    meta = {**run_meta(), "settings": vars(args).copy()}
-    tok = BertTokenizer.from_pretrained(vocab)
-    selection, report_half = heldout_halves(held, args.eval_instances)
-    hf_precision = "bf16" if native_bf16(DEVICE) else "fp32"
-    arms = [a for a in (TRAINER, SAME, OURS) if a in (args.only or ARMS)]  # bertforge's last (module docstring)
-    seeds = [int(s) for s in _split(args.seeds)]
-    result: dict[str, Any] = {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "bertforge": meta["bertforge"], "budget_minutes": args.budget_minutes,
-        "levels": list(LEVELS),
-        "corpus": {"description": "bertforge demo's: 95% of the 10,033 Wikipedia leads + the movie-review training "
-                                  "sentences (no labels); Google's prepare (sentence pairs, static 15% masks undone "
-                                  "and masked afresh by both libraries)", "vocab_size": tok.vocab_size,
-                   "max_seq_length": MAX_SEQ_LENGTH, "max_predictions_per_seq": MAX_PREDICTIONS,
-                   "dupe_factor": args.dupe_factor, "training_instances": len(PretrainingDataset(data)),
-                   "data": str(data)},
-        "heldout": {"description": f"the other 5% of the leads, dupe_factor {args.heldout_dupe_factor}, Google's "
-                                   "static masks; selection = even instance index, report = odd",
-                    "selection": selection.describe(),
-                    "report": report_half.describe(), "eval_instances_cap": args.eval_instances or None},
-        "hf_precision": hf_precision, "grid": None, "arms": {}, "sources": [meta]}
-    print(f"# torch {meta['torch']}, transformers {meta['transformers']}; {meta['threads']} thread(s); {meta['nproc']} "
-          f"CPUs: {result['cpu']} (native bf16: {native_bf16(DEVICE)}); load {meta['loadavg_before']}", flush=True)
-    print(f"# {result['corpus']['training_instances']:,} training instances; held-out halves: selection "
-          f"{selection.describe()}, report {report_half.describe()}", flush=True)
 
-    hf = HFData(vocab, data) if args.grid_only or TRAINER in arms or SAME in arms else None
-    if hf is not None and len(hf.tokenizer) != tok.vocab_size:
-        raise SystemExit(f"transformers' tokenizer has {len(hf.tokenizer)} tokens, the vocab {tok.vocab_size}")
-    calibrations: dict[tuple[str, int], float] = {}
-    if args.grid_only or (TRAINER in arms and not args.grid_json):
-        assert hf is not None
-        print(f"# grid: {len(grid_settings(args))} points of {args.grid_minutes:g} min, seed {args.grid_seed}; "
-              f"transformers in {hf_precision}", flush=True)
-        points = run_grid(args, hf_precision, hf, selection, report_half, calibrations)
-        result["grid"] = {"minutes": args.grid_minutes, "seed": args.grid_seed, "warmup_ratio": args.hf_warmup,
-                          "selected_by": "final selection-half MLM accuracy", "points": points,
-                          "choice": grid_choice(points)}
-        if args.grid_only:
-            arms = []
-    elif TRAINER in arms:
-        result["grid"] = load_grid(args.grid_json)
-    for name in arms:
-        arm: dict[str, Any] = {"seeds": {}, "runs": {}, "steps": {}}
-        for seed in seeds:
-            print(f"# {name}, seed {seed} ...", flush=True)
-            if name == OURS:
-                with tempfile.TemporaryDirectory(prefix="ttq-ours-") as out:  # the trainer writes nothing there
-                    run = ours_run(args, seed, tok, vocab, data, report_half, out)
-            else:
-                assert hf is not None
-                if name == TRAINER:
-                    c = result["grid"]["choice"]
-                    setting = HFSetting(model=c["model"], batch_size=c["batch_size"], lr=c["lr"],
-                                        warmup_ratio=args.hf_warmup)
-                else:
-                    setting = same_recipe_setting()
-                run = hf_run(name, setting, seed, args.budget_minutes, hf_precision, hf, report_half, None, args,
-                             calibrations)
-            arm["settings"], arm["precision"] = run["settings"], run["precision"]
-            arm["seeds"][str(seed)] = run.pop("points")
-            arm["steps"][str(seed)] = run["steps"]
-            arm["runs"][str(seed)] = {k: v for k, v in run.items() if k not in ("settings", "precision")}
-            first, last = arm["seeds"][str(seed)][0], arm["seeds"][str(seed)][-1]
-            print(f"#   initial accuracy {first['mlm_accuracy']:.5f}, perplexity {first['perplexity']:,.0f}; final "
-                  f"{last['mlm_accuracy']:.4f} after {run['steps']} steps, {run['train_seconds']:.0f} s of clock "
-                  f"({run['stopped_by']}), {run['eval_seconds']:.0f} s evaluating; load {_loadavg()}", flush=True)
-        result["arms"][name] = arm
-    meta.update(wall_s=round(time.perf_counter() - started, 1), loadavg_after=_loadavg())
-    report(result, args)
+def report_folder(args: argparse.Namespace) -> int:
+    """What the folder holds as the report's structure: per model, transformers' speed options, its grid and top
+    points and the choice, each arm's curves per seed (`summarize`) and the ratios to bertforge's recipe."""
+    done = Work(args.work).done()
+    result: dict[str, Any] = {"levels": list(LEVELS), "models": {}, "sources": sorted({d["meta"]["command"]
+                                                                                      for d in done.values()})}
+    for model in _split(args.models):
+        entry: dict[str, Any] = {"speed": [d for k, d in done.items() if k.startswith(f"speed/{model}/")],
+                                 "grid": [_brief(d) for k, d in done.items() if k.startswith(f"grid/{model}/")],
+                                 "top": [_brief(d) for k, d in done.items() if k.startswith(f"top/{model}/")],
+                                 "arms": {}}
+        entry["fastest_options"] = fastest_options(done, model)
+        for arm in ARM_NAMES:
+            runs = {k.rsplit("/s", 1)[1]: d for k, d in done.items() if k.startswith(f"arm/{model}/{_slug(arm)}/s")}
+            if runs:
+                first = next(iter(runs.values()))
+                entry["arms"][arm_label(arm, model)] = summarize({
+                    "settings": first["settings"], "precision": first["precision"],
+                    "seeds": {s: d["points"] for s, d in runs.items()}, "steps": {s: d["steps"] for s, d in runs.items()},
+                    "runs": {s: {k: v for k, v in d.items() if k not in ("points", "settings", "job")}
+                             for s, d in runs.items()}})
+        result["models"][model] = entry
+        for name, arm in entry["arms"].items():
+            print(f"{name}: " + ", ".join(f"to {lv}: {_reach(arm, lv)}" for lv in arm["minutes_to"])
+                  + f"; best {arm['best']:.4f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 
-def merge(files: list[str], args: argparse.Namespace) -> int:
-    """Arms (or seeds of one arm) measured in separate processes, e.g. one pinned to each core: one table,
-    JSON and plot."""
-    parts = [json.loads(Path(f).read_text()) for f in files]
-    result = {k: v for k, v in parts[0].items() if k not in ("arms", "grid", "sources", "ratios")}
-    for key in ("cpu", "budget_minutes", "heldout", "torch", "transformers"):
-        if any(p[key] != result[key] for p in parts):
-            raise SystemExit(f"the files differ in {key}: {[p[key] for p in parts]}")
-    grids = [p["grid"] for p in parts if p.get("grid")]
-    if any(g["choice"] != grids[0]["choice"] for g in grids):
-        raise SystemExit(f"the files chose different grid settings: {[g['choice'] for g in grids]}")
-    result["grid"] = grids[0] if grids else None
-    result["sources"] = [m for p in parts for m in p["sources"]]
-    result["threads"] = sorted({p["threads"] for p in parts})
-    arms: dict[str, dict[str, Any]] = {}
-    for p in parts:
-        for name, arm in p["arms"].items():
-            into = arms.setdefault(name, {"settings": arm["settings"], "precision": arm["precision"], "seeds": {},
-                                          "runs": {}, "steps": {}})
-            if arm["settings"] != into["settings"] or arm["precision"] != into["precision"]:
-                raise SystemExit(f"{name}: the files ran it with different settings or precision")
-            for seed in arm["seeds"]:
-                if seed in into["seeds"]:
-                    raise SystemExit(f"{name}: seed {seed} is in more than one file")
-                for key in ("seeds", "runs", "steps"):
-                    into[key][seed] = arm[key][seed]
-    result["arms"] = arms
-    report(result, args)
-    return 0
+def _brief(d: dict[str, Any]) -> dict[str, Any]:
+    """A grid or top run without its curve's detail: its setting, seed and final accuracies."""
+    last = d["points"][-1]
+    return {"setting": d["job"]["setting"], "seed": d["job"]["seed"], "steps": d["steps"],
+            "selection_accuracy": last.get("selection_accuracy"), "report_accuracy": last["mlm_accuracy"],
+            "stopped_by": d["stopped_by"], "lost_seconds": d.get("lost_seconds"), "curve": d["points"]}
 
 
 if __name__ == "__main__":

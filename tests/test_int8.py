@@ -89,6 +89,22 @@ def test_each_kernel_s_integer_product_is_exact_with_the_weights_range_it_gets(k
 
 @pytest.mark.parametrize("kernel", _kernels())
 @torch.no_grad()
+def test_a_quantized_layer_copies_and_its_copy_quantizes_its_own_weights(kernel, monkeypatch):
+    """oneDNN's packed weights cannot be copied (an opaque tensor): a copied layer shares the quantized entry,
+    which its own weights, at other addresses, then replace on first use."""
+    monkeypatch.setattr(int8_module, "_kernel", lambda: (kernel, 63))
+    (layer,) = _layers((64, 16))
+    x = torch.randn(5, 64)
+    want = int8_linear(x, layer)
+    twin = copy.deepcopy(layer)
+    assert torch.equal(int8_linear(x, twin), want)
+    assert twin.__dict__[int8_module._INT8][1] is not layer.__dict__[int8_module._INT8][1]
+    twin.weight.mul_(2)
+    assert torch.equal(int8_linear(x, layer), want)
+
+
+@pytest.mark.parametrize("kernel", _kernels())
+@torch.no_grad()
 def test_six_bit_weights_stay_close_to_the_float_product(kernel, monkeypatch):
     monkeypatch.setattr(int8_module, "_kernel", lambda: (kernel, 63))
     (layer,) = _layers((64, 16))

@@ -253,6 +253,11 @@ class _Int8Weight:
         self.sources = [t.detach() for t in weights + [b for b in biases if b is not None]]
         self.versions = [t._version for t in self.sources]
 
+    def __deepcopy__(self, memo: dict) -> _Int8Weight:
+        # oneDNN's packed weights are opaque tensors, which cannot be copied; a copied layer's own weights live
+        # at other addresses, so `current` fails for them and they are quantized afresh on first use
+        return self
+
     def current(self, params: list[torch.Tensor]) -> bool:
         return len(params) == len(self.sources) and all(
             s.data_ptr() == t.data_ptr() and v == t._version for s, v, t in zip(self.sources, self.versions, params))
