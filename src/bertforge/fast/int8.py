@@ -387,22 +387,21 @@ def int8_feed_forward(layer: nn.Module, residual: torch.Tensor, y: torch.Tensor)
             or any(m.training and m.p > 0 for m in (attention.dropout, output.dropout))):
         return None
     a, i, o = (_weight((m,)) for m in denses)
-    unsigned = a.kernel != "int_mm"
-    xq, s = kernels.quantize_rows(y.contiguous(), unsigned)
-    h, hq, hs = _epilogue(kernels, a, xq, s, residual.contiguous(), attention.LayerNorm, quantize=True)
-    _, fq, fs = _epilogue(kernels, i, hq, hs, None, None, quantize=True, gelu=True)
+    xq, s = kernels.quantize_rows(y.contiguous(), a.kernel != "int_mm")  # onednn: q(x) + 128, unsigned
+    h, hq, hs = _epilogue(kernels, a, xq, s, residual.contiguous(), attention.LayerNorm, then=i)
+    _, fq, fs = _epilogue(kernels, i, hq, hs, None, None, then=o, gelu=True)
     return _epilogue(kernels, o, fq, fs, h, output.LayerNorm)[0]
 
 
 def _epilogue(kernels: Any, q: _Int8Weight, xq: torch.Tensor, s: torch.Tensor, residual: torch.Tensor | None,
-              norm: nn.LayerNorm | None, quantize: bool = False, gelu: bool = False) -> list[torch.Tensor]:
+              norm: nn.LayerNorm | None, then: _Int8Weight | None = None, gelu: bool = False) -> list[torch.Tensor]:
     """``epilogue_rows`` of the int8 rows ``xq`` (scales ``s``) through ``q``: [float32 rows (unless GELU's,
-    which only the next product reads), their int8 bytes and scales (``quantize``)]."""
+    which only the next product reads), the bytes and scales of the next product ``then`` reads]."""
     if q.kernel == "int_mm":
         acc, channel = torch._int_mm(xq, q.packed), q.scale
     else:
         acc, channel = _product(q.kernel, q.packed, xq, q.scale), None  # the channel scales applied by oneDNN
-    byte_form = 0 if not quantize else 1 if q.kernel == "int_mm" else 2
+    byte_form = 0 if then is None else 1 if then.kernel == "int_mm" else 2  # int8, or onednn's q(x) + 128
     return kernels.epilogue_rows(acc, channel, s, q.bias, residual, norm.weight if norm is not None else None,
                                  norm.bias if norm is not None else None, norm.eps if norm is not None else 0.0,
                                  gelu, not gelu, byte_form)

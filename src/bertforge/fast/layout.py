@@ -60,7 +60,7 @@ class LengthGroups:
     work is padding; up to four groups cut the work to 32 % (two: 45 %), and run all-MiniLM-L6-v2 3-4 %
     faster than two in fp32, bf16 and int8 (one thread, AMD EPYC Zen 4); more are no faster.
 
-    Each group's (b, t) layout is read from the unpadded (N, F) rows with one ``index_select``; a
+    Each group's (b, t) layout is read from the unpadded (N, F) rows with one gather; a
     padding slot reads its sequence's first real token (finite, masked as a key, its output dropped).
     """
 
