@@ -1,113 +1,72 @@
-"""Time to quality against transformers: minutes of pre-training until held-out MLM accuracy 0.1, 0.2, 0.3.
+"""Time to quality against transformers at its best: minutes of pre-training until held-out MLM accuracy 0.1,
+0.2, 0.3, at the tiny and mini presets, with each side's sources of speed separated.
 
-The question a user with a CPU and a deadline asks: how long until a model is as good as X, with
-bertforge, and with transformers as its users would run it, each side at its best. Three arms, on the
-same corpus, vocab and held-out instances:
+The question a user with a CPU and a deadline asks: how long until a model is as good as X, with bertforge,
+and with transformers as its users would run it, given every option its documentation offers a CPU user.
+Arms, per preset (``--models``; at mini each name gets `` (mini)``), on the same corpus, vocab and
+held-out instances, ``--seeds`` (0, 1, 2) each, 10 minutes of training clock:
 
-* ``bertforge (recipe)``: ``bertforge pretrain --recipe budget --budget-minutes B`` (tiny BERT, MLM
-  only, 15 % fresh masks every pass, dropout 0, lr 2e-3, AdamW (0.9, 0.98), 6 % warmup then linear
-  decay laid over the B minutes of training clock, batch 32; `bertforge.train.pretrain.RECIPES`), in
-  the precision ``--precision auto`` gives (bf16 where the CPU computes it natively and it is the
-  faster). Driven step by step through bertforge's own `bertforge.train.loop.Trainer` (``train_step``
-  and ``advance_clock``: what ``Trainer.fit`` does per step, without its checkpoints and log lines),
-  so the schedule follows the run's training clock.
-* ``transformers Trainer (best of grid)``: transformers' ``Trainer`` + ``TrainingArguments`` +
-  ``BertForMaskedLM`` + ``DataCollatorForLanguageModeling(mlm_probability=0.15)``, as its
-  ``run_mlm.py`` example runs them: the Trainer's AdamW (``adamw_torch_fused``, its default; betas
-  (0.9, 0.999), eps 1e-8), weight decay 0.01 (its exclusions: biases and LayerNorm), linear schedule
-  with warmup over ``--hf-warmup`` (0.06) of ``max_steps``, ``max_grad_norm`` 1.0, ``bf16=True`` with
-  ``use_cpu=True`` where the CPU has native bf16 (else fp32), ``dataloader_num_workers=0``, its
-  default dropout 0.1, sdpa attention. No checkpoints (``save_strategy="no"``), no progress bar. Its
-  examples are the same prepared training instances, unmasked ([CLS] A [SEP] B [SEP] with token type
-  ids), which the collator masks afresh in every batch (80 / 10 / 10). A transformers user sets
-  ``max_steps``, not minutes: each configuration is calibrated first (``--calibration-steps`` 20
-  steps after 2 of warm-up, on a throw-away model) and ``max_steps = budget seconds / seconds per
-  step``; a `transformers.TrainerCallback` stops the run when its training clock reaches the budget
-  (``control.should_training_stop``), or the Trainer stops at ``max_steps`` if that comes first. The
-  setting (model, batch, learning rate) is the best of a grid (below).
-* ``transformers (same recipe)``: the same Trainer, collator and model class at bertforge's budget
-  recipe exactly: tiny, dropout 0 (hidden and attention), batch 32, lr 2e-3, AdamW betas (0.9, 0.98)
-  and eps 1e-6 (bertforge's ``adam_eps``), weight decay 0.01 with transformers' exclusions, clip 1.0,
-  and bertforge's schedule laid over the training clock: its AdamW is the one the Trainer builds from
-  these arguments (``create_optimizer``) and its scheduler a ``LambdaLR`` whose factor is
-  `bertforge.train.optim.lr_factor` (6 % warmup, linear decay to 0) at the callback's training clock,
-  set on the Trainer before training (what passing ``optimizers=(AdamW, LambdaLR)`` does). Arms 2
-  and 3 differ in the recipe; arms 3 and 1 in the library.
+* ``bertforge (recipe)``: ``bertforge pretrain --recipe budget`` at the preset (MLM only, 15 % fresh masks
+  every pass, dropout 0, lr 2e-3, AdamW (0.9, 0.98), 6 % warmup then linear decay laid over the training
+  clock, batch 32; `bertforge.train.pretrain.RECIPES`), ``--precision auto``; driven step by step through
+  bertforge's own `bertforge.train.loop.Trainer` (``train_step`` and ``advance_clock``).
+* ``bertforge (recipe, dense head)``: the same with the vocabulary projection at every position, as
+  transformers' ``BertForMaskedLM`` computes it (`DenseHead`): what the sparse head gives bertforge.
+* ``transformers Trainer (best of grid)``: transformers' ``Trainer`` + ``BertForMaskedLM`` +
+  ``DataCollatorForLanguageModeling(mlm_probability=0.15)`` as its ``run_mlm.py`` runs them (the Trainer's
+  fused AdamW, weight decay 0.01 with its exclusions, linear schedule with warmup over ``max_steps``, clip
+  1.0, dropout 0.1, sdpa attention), at the setting chosen below, with the fastest of its speed options.
+  ``max_steps`` is what a user sets from a calibrated step time, here 3 % above the budget's steps so that
+  the clock ends the run (a run that still ends early reports its lost seconds).
+* ``transformers (same recipe)``: the same Trainer, collator and model class at bertforge's recipe exactly
+  (dropout 0, batch 32, lr 2e-3, AdamW (0.9, 0.98) and eps 1e-6, bertforge's schedule over the training
+  clock as a ``LambdaLR``), with the fastest speed options: this arm and bertforge's differ in the library.
+* ``transformers (same recipe, masked positions only)``: that arm with the MLM head run at the masked
+  positions only (`masked_only_model`): what the sparse head alone would give transformers.
 
-Corpus (``bertforge demo``'s): 95 % of the 10,033 Wikipedia lead sections plus the movie-review
-training sentences without labels (8 to a document), an 8,192-piece WordPiece vocab learned from
-them, instances of 64 tokens prepared with Google's algorithm (`bertforge.data.prepare.prepare`:
-sentence pairs, static 15 % masks, at most 10 predictions, dupe_factor 5; both libraries undo the
-static masks and mask afresh). The other 5 % of the leads, prepared the same way with dupe_factor 1
-and kept with Google's static masks, are the held-out instances, split by instance index: the even
-ones are the **selection** half (used only to choose the grid's setting), the odd ones the **report**
-half (every reported number): 591 instances and about 5,700 masked positions each
-(``--heldout-dupe-factor`` prepares more passes over the same held-out text). Built once, cached under
-``$TMPDIR/bertforge-bench``.
+How transformers' setting is chosen, on the selection half only (every stage a set of jobs, below):
 
-Evaluation: each library's own model, eval mode, float32 (autocast off), no gradient, on the whole
-report half (``--eval-instances`` caps it, for smoke runs): MLM accuracy (argmax at the static masked
-positions) and perplexity (exp of the mean cross-entropy there). transformers' model is evaluated as
-its encoder (``model.bert``) and its MLM head (``model.cls``) at the masked positions, which gives the
-full forward's logits there (checked on a batch before training) without the (B, T, V) logits no one
-reads. Every run reports the same count of masked positions, or the script stops.
+1. **speed options**: for each preset at batch 32, each combination of fp32 / bf16 (where the CPU has
+   native bf16), ``torch_compile`` off / on and the collator's ``pad_to_multiple_of`` none / 8 / 64 is
+   timed (``--calibration-steps`` steps after 2 of warm-up, 6 with compile); the fastest is kept for every
+   transformers run of that preset (an option that fails to run is reported, not chosen);
+2. **grid**: batch 8 / 16 / 32 / 64 x learning rate 5e-4 / 1e-3 / 2e-3 / 3e-3 / 5e-3, warmup 6 %, 3
+   minutes each, seed 0;
+3. **top points**: the grid's 3 best by final selection-half accuracy, and the best with warmup 0 and 15 %,
+   each for the full 10 minutes with seeds 0 and 1; the best mean final selection accuracy is the arm's.
 
-Clock: a run's clock counts training only (steps and batch loading, the collator's masking
-included); evaluations pause it, model building and calibration precede it. A run is evaluated at
-clock 0 (the initial weights), every 5 s of clock during the first minute, every 30 s after, and at
-its end (`eval_times`); each point records the clock, the step, the learning rate of the next step,
-report-half accuracy and perplexity (grid runs: selection-half accuracy too). The minutes to a level
-are where a seed's curve first reaches it, linear between evaluations (``minutes_to_reach``); an arm's
-figure is the mean over its seeds (``--seeds``, default 0, 1, 2: each seed sets model init, data order
-and masks), null where a seed never reaches the level (the JSON says how many did), with the seeds'
-range and a 95 % t interval (`bertforge.stats.mean_interval`).
+Every process applies the same allocator setting to both libraries (glibc keeps freed memory,
+`bertforge.fast.allocator.keep_freed_memory`), which bertforge's trainer would otherwise apply to itself.
 
-Grid (``transformers Trainer (best of grid)``), shared with no arm's knowledge of the report half:
-model tiny / mini (bertforge's presets: 2 layers of 128, 4 of 256; the transformers ``BertConfig``
-built with the same sizes, vocab 8,192, 512 positions), batch 32 / 128, learning rate 1e-4 / 5e-4 /
-2e-3: 12 points, each trained with seed 0 for ``--grid-minutes`` (default 3) of training clock, its
-max_steps calibrated for those minutes, and the point with the best final selection-half accuracy
-is the arm's setting, then run with ``--budget-minutes``. The grid runs 3 minutes per point rather
-than the full budget, to fit the measurement into a working day on 2 cores: a setting best at 3
-minutes need not be best at 10 (a larger model or smaller learning rate may catch up later), so the
-arm's figure is the grid's best guess for transformers, not a proven optimum. Every grid point's
-settings, final accuracies, steps and curve are in the JSON.
+Corpus (``bertforge demo``'s): 95 % of the 10,033 Wikipedia lead sections plus the movie-review training
+sentences without labels (8 to a document), an 8,192-piece WordPiece vocab learned from them, instances of
+64 tokens prepared with Google's algorithm (sentence pairs, static masks that both libraries undo and mask
+afresh, dupe_factor 5). The other 5 % of the leads are held out, split by document: the even-numbered
+documents are the **selection** half (choosing transformers' setting), the odd ones the **report** half
+(every reported number), each prepared on its own with Google's static masks (about 580 instances and
+5,500 masked positions each). Built once, cached under ``$TMPDIR/bertforge-bench``.
 
-Run (from the repository root), as the committed figures were made: one single-threaded process per
-core, each pinned with taskset, so that a run on one core does not slow the other::
+Evaluation: each library's own model, eval mode, float32, no gradient: MLM accuracy (argmax at the static
+masked positions) and perplexity, at clock 0, every 5 s in the first minute, every 30 s after, and at the end.
+The clock counts training only (steps, batch loading and masking; a compiled model's first steps, which
+compile, included); evaluations pause it. The minutes to a level are where a seed's curve first reaches it,
+linear between evaluations; an arm's figure is the mean over its seeds with their range and a 95 % interval.
+The bertforge (recipe) and Trainer arms keep their seed-0 models at 1, 2, 5 and 10 minutes (``checkpoints/``
+in the folder) for fine-tuning.
 
-    .venv/bin/python benchmarks/time_to_quality.py --corpus-only        # the corpus, once (under a minute)
-    # the grid, about 25 minutes: tiny on core 0, mini on core 1
-    taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --grid-only --grid-models tiny \\
-        --json /tmp/ttq-grid-tiny.json &
-    taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --grid-only --grid-models mini \\
-        --json /tmp/ttq-grid-mini.json; wait
-    # the arms, 3 seeds of 10 minutes each, about 55 minutes
-    (taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "bertforge (recipe)" \\
-        --json /tmp/ttq-ours.json &&
-     taskset -c 0 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "transformers (same recipe)" \\
-        --seeds 0 --json /tmp/ttq-same-0.json) &
-    (taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 \\
-        --only "transformers Trainer (best of grid)" --grid-json /tmp/ttq-grid-tiny.json /tmp/ttq-grid-mini.json \\
-        --json /tmp/ttq-trainer.json &&
-     taskset -c 1 .venv/bin/python benchmarks/time_to_quality.py --threads 1 --only "transformers (same recipe)" \\
-        --seeds 1,2 --json /tmp/ttq-same-12.json); wait
-    .venv/bin/python benchmarks/time_to_quality.py --merge /tmp/ttq-ours.json /tmp/ttq-trainer.json \\
-        /tmp/ttq-same-0.json /tmp/ttq-same-12.json \\
+Resumable, in a folder (``--work``): each job leaves ``jobs/ID.json`` when done, so rerunning the command
+continues where a stopped run left off (a half-done job starts afresh); several workers share the folder, each
+taking the next job whose inputs are measured. As the committed figures are made: one single-threaded worker
+pinned to each core, nothing else running on the machine, then the report::
+
+    .venv/bin/python -m pip install -e '.[bench]'                     # transformers' Trainer needs accelerate
+    .venv/bin/python benchmarks/time_to_quality.py --corpus-only
+    for c in 0 1; do taskset -c $c .venv/bin/python benchmarks/time_to_quality.py --threads 1 \\
+        --work runs/time-to-quality & done; wait                      # about 6.5 hours on 2 cores
+    .venv/bin/python benchmarks/time_to_quality.py --report --work runs/time-to-quality \\
         --json docs/results/time_to_quality.json --plot docs/images/time_to_quality.png
 
-About 1 h 25 min in all on 2 cores (grid 25 min, arms 55 min: each run's evaluations, about half a
-minute per 10-minute run, and the calibrations, up to 70 s for mini at batch 128, add to its training
-minutes). transformers' Trainer needs ``accelerate``: install the ``bench`` extra first
-(``.venv/bin/python -m pip install -e '.[bench]'``).
-
-Without ``--only`` a process runs the grid (unless ``--grid-json`` gives it) and then all three arms,
-one after the other (the transformers arms first: bertforge's trainer tunes the process's allocator,
-`bertforge.fast.allocator.keep_freed_memory`, which would speed up transformers' steps after it too).
-
-Writes a table (each arm's minutes to 0.10 / 0.20 / 0.30 and best accuracy with the seeds' ranges,
-and the ratios of transformers' minutes to bertforge's), the JSON (``--json``) and the curves
-(``--plot``).
+``--scale 0.02 --eval-instances 64`` runs the whole plan in minutes, as a smoke test.
 """
 
 from __future__ import annotations
@@ -146,7 +105,6 @@ from bertforge.train.pretrain import PretrainConfig, PretrainingObjective, build
 from bertforge.train.run import build_trainer  # noqa: E402
 
 OURS, TRAINER, SAME = "bertforge (recipe)", "transformers Trainer (best of grid)", "transformers (same recipe)"
-ARMS = (OURS, TRAINER, SAME)
 LEVELS = (0.1, 0.2, 0.3)
 FIRST_MINUTE_EVERY, LATER_EVERY = 5, 30
 """Seconds of training clock between evaluations: in the first minute, and after it."""
@@ -666,17 +624,42 @@ def summarize(arm: dict[str, Any], levels: tuple[float, ...] = LEVELS) -> dict[s
     return arm
 
 
-def ratios(arms: dict[str, dict[str, Any]], levels: tuple[float, ...] = LEVELS) -> dict[str, dict[str, float | None]]:
-    """Each transformers arm's mean minutes to a level over bertforge's (null where either is)."""
-    out = {}
-    if OURS not in arms:
+def ratios(arms: dict[str, dict[str, Any]], model: str = "tiny",
+           levels: tuple[float, ...] = LEVELS) -> dict[str, dict[str, float | str | None]]:
+    """Each other arm's mean minutes to a level over bertforge's recipe at the same preset: a number where both
+    reach it, "bertforge only" where only bertforge does (the target counts it as met), else null."""
+    ours = arms.get(arm_label(OURS, model))
+    out: dict[str, dict[str, float | str | None]] = {}
+    if ours is None:
         return out
-    ours = arms[OURS]["minutes_to"]
-    for name in (TRAINER, SAME):
-        if name in arms:
-            theirs = arms[name]["minutes_to"]
-            out[f"{name} / {OURS}"] = {f"{lv:g}": (round(theirs[f"{lv:g}"] / ours[f"{lv:g}"], 2)
-                                                   if theirs[f"{lv:g}"] and ours[f"{lv:g}"] else None) for lv in levels}
+    for name in ARM_NAMES:
+        theirs = arms.get(arm_label(name, model))
+        if name == OURS or theirs is None:
+            continue
+        by_level: dict[str, float | str | None] = {}
+        for lv in levels:
+            a, b = theirs["minutes_to"][f"{lv:g}"], ours["minutes_to"][f"{lv:g}"]
+            by_level[f"{lv:g}"] = round(a / b, 2) if a and b else "bertforge only" if b else None
+        out[f"{arm_label(name, model)} / {arm_label(OURS, model)}"] = by_level
+    return out
+
+
+def step_rates(arms: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
+    """Steps per second of training clock of each arm (mean over seeds), and what each source of bertforge's
+    speed gives, as ratios of step rates at the same recipe: its sparse MLM head (recipe over dense head), the
+    same head in transformers (masked positions only over same recipe), and the rest of the library
+    (bertforge's recipe over transformers' masked positions only: unpadding, fused kernels, its loop)."""
+    rate = {}
+    for name in ARM_NAMES:
+        arm = arms.get(arm_label(name, model))
+        if arm is not None:
+            rate[name] = statistics.mean(r["steps"] / r["train_seconds"] for r in arm["runs"].values())
+    out: dict[str, Any] = {"steps_per_second": {arm_label(k, model): round(v, 3) for k, v in rate.items()}}
+    pairs = {"bertforge's sparse head (recipe / dense head)": (OURS, DENSE),
+             "the sparse head in transformers (masked positions only / same recipe)": (MASKED_ONLY, SAME),
+             "the rest of bertforge (recipe / transformers masked positions only)": (OURS, MASKED_ONLY),
+             "all of it (bertforge recipe / transformers same recipe)": (OURS, SAME)}
+    out["sources"] = {k: round(rate[a] / rate[b], 2) for k, (a, b) in pairs.items() if a in rate and b in rate}
     return out
 
 
@@ -688,72 +671,45 @@ def _reach(arm: dict[str, Any], key: str) -> str:
     return f"not reached ({arm['reached_by'][key]}/{n})"
 
 
-def report(result: dict[str, Any], args: argparse.Namespace) -> None:
-    """Summaries, the table and ratios, the JSON and the plot."""
-    arms = {name: summarize(arm) for name, arm in result["arms"].items()}
-    result["arms"] = {name: arms[name] for name in ARMS if name in arms}
-    result["ratios"] = ratios(result["arms"])
-    levels = [f"{lv:g}" for lv in LEVELS]
-    head = ["arm", "setting", "precision", "steps", *[f"minutes to {lv}" for lv in levels], "best accuracy"]
-    if result["arms"]:
-        print("\n| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
-    for name, arm in result["arms"].items():
-        steps = "/".join(str(arm["steps"][s]) for s in sorted(arm["steps"], key=int))
-        best = f"{arm['best']:.4f}" + (f" [{arm['best_range'][0]:.4f}-{arm['best_range'][1]:.4f}]"
-                                       if len(arm["seeds"]) > 1 else "")
-        print(f"| {name} | {_short(arm['settings'])} | {arm['precision']} | {steps} | "
-              + " | ".join(_reach(arm, lv) for lv in levels) + f" | {best} |")
-    for pair, by_level in result["ratios"].items():
-        print(f"\n{pair}, minutes: " + ", ".join(f"to {lv}: {'-' if r is None else f'{r:.2f}x'}"
-                                                 for lv, r in by_level.items()))
-    grid = result.get("grid")
-    if grid:
-        c = grid["choice"]
-        print(f"\ngrid ({len(grid['points'])} points, {grid['minutes']:g} min each, seed {grid['seed']}): chose "
-              f"{c['model']}, batch {c['batch_size']}, lr {c['lr']:g} "
-              f"(selection accuracy {c['selection_accuracy']:.4f})")
-    for meta in result["sources"]:
-        print(f"{meta.get('command')}: wall {meta.get('wall_s', 0) / 60:.1f} min; load {meta.get('loadavg_before')} -> "
-              f"{meta.get('loadavg_after')}; {meta.get('threads')} thread(s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot(result, Path(args.plot))
-        print(f"wrote {args.plot}")
-
-
 def _short(settings: dict[str, Any]) -> str:
-    return f"{settings['model']}, batch {settings['batch_size']}, lr {settings['lr']:g}"
+    options = f", {settings['precision']}" if "precision" in settings else ""
+    if settings.get("torch_compile"):
+        options += ", compiled"
+    if settings.get("pad_to_multiple_of"):
+        options += f", padded to {settings['pad_to_multiple_of']}"
+    return f"{settings['model']}, batch {settings['batch_size']}, lr {settings['lr']:g}{options}"
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    """Each preset's arms: mean held-out accuracy over seeds against training minutes, band = the seeds' range."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5))
+    models = list(result["models"])
+    fig = Figure(figsize=(8, 4.5 * len(models)))
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    colours = {OURS: "tab:blue", TRAINER: "tab:red", SAME: "tab:orange"}
-    for name, arm in result["arms"].items():
-        curves = [arm["seeds"][s] for s in sorted(arm["seeds"], key=int)]
-        end = max(c[-1]["seconds"] for c in curves)
-        xs = np.linspace(0.0, end, 400)
-        ys = np.array([np.interp(xs, [p["seconds"] for p in c], [p["mlm_accuracy"] for p in c]) for c in curves])
-        label = f"{name}: {_short(arm['settings'])}, {arm['precision']}, {len(curves)} seed(s)"
-        ax.plot(xs / 60, ys.mean(0), color=colours.get(name), label=label)
-        if len(curves) > 1:
-            ax.fill_between(xs / 60, ys.min(0), ys.max(0), color=colours.get(name), alpha=0.2, linewidth=0)
-    for level in LEVELS:
-        ax.axhline(level, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("training minutes (evaluations excluded)")
-    ax.set_ylabel("held-out MLM accuracy (report half)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    threads = sorted({m.get("threads") for m in result["sources"]})
-    ax.set_title(f"Time to quality: mean over seeds, band = their range\n{result['cpu']}, "
-                 f"{'/'.join(map(str, threads))} thread(s) per run", fontsize=9)
+    axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
+    colours = {OURS: "tab:blue", DENSE: "tab:cyan", TRAINER: "tab:red", SAME: "tab:orange", MASKED_ONLY: "tab:brown"}
+    for ax, model in zip(axes, models):
+        for name in ARM_NAMES:
+            arm = result["models"][model]["arms"].get(arm_label(name, model))
+            if arm is None:
+                continue
+            curves = [arm["seeds"][s] for s in sorted(arm["seeds"], key=int)]
+            end = max(c[-1]["seconds"] for c in curves)
+            xs = np.linspace(0.0, end, 400)
+            ys = np.array([np.interp(xs, [p["seconds"] for p in c], [p["mlm_accuracy"] for p in c]) for c in curves])
+            ax.plot(xs / 60, ys.mean(0), color=colours[name],
+                    label=f"{name}: {_short(arm['settings'])}, {len(curves)} seed(s)")
+            if len(curves) > 1:
+                ax.fill_between(xs / 60, ys.min(0), ys.max(0), color=colours[name], alpha=0.2, linewidth=0)
+        for level in LEVELS:
+            ax.axhline(level, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("training minutes (evaluations excluded)")
+        ax.set_ylabel("held-out MLM accuracy (report half)")
+        ax.set_title(f"{model}: {result['cpu']}, one thread per run", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -1013,14 +969,28 @@ def report_folder(args: argparse.Namespace) -> int:
                     "seeds": {s: d["points"] for s, d in runs.items()}, "steps": {s: d["steps"] for s, d in runs.items()},
                     "runs": {s: {k: v for k, v in d.items() if k not in ("points", "settings", "job")}
                              for s, d in runs.items()}})
+        entry["ratios"] = ratios(entry["arms"], model)
+        entry["step_rates"] = step_rates(entry["arms"], model)
         result["models"][model] = entry
         for name, arm in entry["arms"].items():
-            print(f"{name}: " + ", ".join(f"to {lv}: {_reach(arm, lv)}" for lv in arm["minutes_to"])
+            print(f"{name} ({_short(arm['settings'])}): " + ", ".join(f"to {lv}: {_reach(arm, lv)}"
+                                                                      for lv in arm["minutes_to"])
                   + f"; best {arm['best']:.4f}")
+        for pair, by_level in entry["ratios"].items():
+            print(f"  {pair}, minutes: " + ", ".join(f"to {lv}: {r if r is None or isinstance(r, str) else f'{r:.2f}x'}"
+                                                     for lv, r in by_level.items()))
+        print(f"  step rates: {entry['step_rates']}")
+    metas = [d["meta"] for d in done.values()]
+    result["cpu"] = sorted({f"{m['cpu_name']} ({' '.join(m['cpu_flags'])})" for m in metas}) if metas else []
+    result["cpu"] = result["cpu"][0] if len(result["cpu"]) == 1 else result["cpu"]
+    result["pinned_cores"] = sorted({tuple(m["pinned_cores"]) for m in metas})
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.plot and any(e["arms"] for e in result["models"].values()):
+        plot(result, Path(args.plot))
+        print(f"wrote {args.plot}")
     return 0
 
 

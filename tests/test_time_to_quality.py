@@ -70,8 +70,23 @@ def test_summary_of_an_arm_over_seeds():
     assert got["best"] == pytest.approx(0.95 / 3, abs=1e-5) and got["best_range"] == [0.25, 0.4]
 
 
-def test_ratios_are_transformers_minutes_over_bertforge():
+def test_ratios_are_the_other_arms_minutes_over_bertforge_s_at_the_same_preset():
     ours = {"minutes_to": {"0.1": 0.5, "0.2": 1.0, "0.3": None}}
     theirs = {"minutes_to": {"0.1": 2.0, "0.2": None, "0.3": None}}
     got = ttq.ratios({ttq.OURS: ours, ttq.TRAINER: theirs})
-    assert got == {f"{ttq.TRAINER} / {ttq.OURS}": {"0.1": 4.0, "0.2": None, "0.3": None}}
+    assert got == {f"{ttq.TRAINER} / {ttq.OURS}": {"0.1": 4.0, "0.2": "bertforge only", "0.3": None}}
+    mini = ttq.ratios({f"{ttq.OURS} (mini)": ours, f"{ttq.SAME} (mini)": theirs, ttq.TRAINER: ours}, "mini")
+    assert list(mini) == [f"{ttq.SAME} (mini) / {ttq.OURS} (mini)"]
+
+
+def test_step_rates_separate_the_sources_of_speed():
+    def arm(steps):
+        return {"runs": {"0": {"steps": steps, "train_seconds": 100.0}, "1": {"steps": steps, "train_seconds": 50.0}}}
+
+    got = ttq.step_rates({ttq.OURS: arm(1200), ttq.DENSE: arm(600), ttq.SAME: arm(200), ttq.MASKED_ONLY: arm(400)},
+                         "tiny")
+    assert got["steps_per_second"][ttq.OURS] == 18.0  # the mean of 12 and 24 steps a second
+    assert got["sources"] == {"bertforge's sparse head (recipe / dense head)": 2.0,
+                              "the sparse head in transformers (masked positions only / same recipe)": 2.0,
+                              "the rest of bertforge (recipe / transformers masked positions only)": 3.0,
+                              "all of it (bertforge recipe / transformers same recipe)": 6.0}
