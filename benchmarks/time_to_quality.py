@@ -722,6 +722,9 @@ TOP, TOP_SEEDS, WARMUPS = 3, (0, 1), (0.0, 0.15)
 PADS = (0, 8, 64)
 CHECKPOINT_MINUTES = (1.0, 2.0, 5.0, 10.0)
 DENSE, MASKED_ONLY = "bertforge (recipe, dense head)", "transformers (same recipe, masked positions only)"
+FINETUNE_SIZE, FINETUNE_SEEDS = 1000, 5
+"""Item of the demo's protocol the checkpoints are fine-tuned at: part-of-speech tagging (Brown), 1,000 tagged
+sentences, the demo's subsets and seeds 0-4."""
 ARM_NAMES = (OURS, DENSE, TRAINER, SAME, MASKED_ONLY)
 
 
@@ -834,6 +837,25 @@ def plan(done: dict[str, dict[str, Any]], models: list[str], seeds: list[int], s
                                  "model": model, "minutes": 10 * scale, "seed": seed, "selection": False,
                                  "dense": arms[arm].get("dense", False), "setting": arms[arm].get("setting"),
                                  "checkpoints": seed == seeds[0] and arm in (OURS, TRAINER)})
+        jobs += finetune_jobs(done, model, seeds[0])
+    from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG
+
+    jobs += [{"id": f"finetune/classic/{_slug(b)}/s{s}", "kind": "finetune", "model": "", "baseline": b, "seed": s}
+             for b in (CRF, MOST_FREQUENT_TAG) for s in range(FINETUNE_SEEDS)]
+    return jobs
+
+
+def finetune_jobs(done: dict[str, dict[str, Any]], model: str, seed: int) -> list[dict[str, Any]]:
+    """The fine-tunings of item "time to a useful model": ``model``'s random initialisation, and each checkpoint
+    the bertforge-recipe and Trainer arms kept (their ``seed`` run), at `FINETUNE_SIZE` tagged sentences."""
+    jobs = [{"id": f"finetune/{model}/random/s{s}", "kind": "finetune", "model": model, "random": True, "seed": s}
+            for s in range(FINETUNE_SEEDS)]
+    for arm in (OURS, TRAINER):
+        run = done.get(f"arm/{model}/{_slug(arm)}/s{seed}")
+        for c in (run or {}).get("checkpoints", []):
+            jobs += [{"id": f"finetune/{model}/{_slug(arm)}/{c['minutes']:g}min/s{s}", "kind": "finetune",
+                      "model": model, "arm": arm, "minutes": c["minutes"], "folder": c["folder"], "seed": s}
+                     for s in range(FINETUNE_SEEDS)]
     return jobs
 
 
@@ -862,7 +884,9 @@ def worker(args: argparse.Namespace) -> int:
         jobs = [j for j in plan(done, models, seeds, args.scale) if j["id"] not in done]
         job = next((j for j in jobs if work.claim(j["id"])), None)
         if job is None:
-            if not jobs and all(f"arm/{m}/{_slug(TRAINER)}/s{s}" in done for m in models for s in seeds):
+            if not jobs and all(f"arm/{m}/{_slug(TRAINER)}/s{s}" in done for m in models for s in seeds) \
+                    and not any(j["kind"] == "finetune" and j["id"] not in done
+                                for j in plan(done, models, seeds, args.scale)):
                 print("# every job is done", flush=True)
                 return 0
             time.sleep(20)  # what is left waits for jobs another worker runs
@@ -878,6 +902,68 @@ def worker(args: argparse.Namespace) -> int:
               if result.get("s_per_step") else result.get("failed") or
               f"accuracy {last.get('mlm_accuracy')}, {result.get('steps')} steps, {result.get('stopped_by')}"),
               flush=True)
+
+
+def finetune(job: dict[str, Any], args: argparse.Namespace, work: Work) -> dict[str, Any]:
+    """One cell of the demo's protocol (`bertforge.demo.curve.run_cell`: a learning-rate range test on the
+    subset, then the fine-tuning, scored once on the demo's held-out sentences), or a classic baseline fitted on
+    the same subset."""
+    from bertforge.demo.curve import Cell, finetune_steps, run_cell
+
+    files, finetuning, task = pos_files(work.root / "finetune-data", args.scale)
+    seed = job["seed"]
+    if job.get("baseline"):
+        folder, steps = "", 0
+    elif job.get("random"):
+        vocab = corpus(bench_cache(), args.vocab_size, args.dupe_factor)[0]
+        folder = str(random_init(work.root / "random" / job["model"], job["model"], seed, vocab))
+        steps = finetune_steps(FINETUNE_SIZE, finetuning)
+    else:
+        folder, steps = job["folder"], finetune_steps(FINETUNE_SIZE, finetuning)
+    cell = Cell(job.get("baseline") or job["id"], FINETUNE_SIZE, seed, folder, str(files[seed]), str(files["heldout"]),
+                steps, task.settings(), finetuning, str(work.root / "finetune-runs" / _slug(job["id"])),
+                baseline=job.get("baseline", ""))
+    return run_cell(cell)
+
+
+@functools.cache
+def pos_files(root: Path, scale: float) -> tuple[dict[Any, Path], Any, Any]:
+    """The demo's part-of-speech subsets of `FINETUNE_SIZE` tagged sentences (one per seed) and its held-out
+    sentences as files under ``root``, its fine-tuning settings (a smoke run's, ``scale`` < 1: 10 steps), and
+    the task."""
+    import dataclasses
+
+    from bertforge.demo.curve import CurveTask, subset
+    from bertforge.demo.run import POS, _finetuning
+    from pretraining_crossing import demo_data
+
+    cfg, data = demo_data(root, pilot=False)
+    finetuning = _finetuning(cfg, "bf16" if native_bf16(DEVICE) else "fp32")
+    if scale < 1:
+        finetuning = dataclasses.replace(finetuning, epochs=0.01, min_steps=10, range_steps=8)
+    task = CurveTask(POS, "tagging", data.pos_train, data.pos_heldout, "tagged sentences", cfg.tag_piece)
+    files: dict[Any, Path] = {"heldout": root / "heldout-pos.conll"}
+    if not files["heldout"].is_file():
+        task.write(files["heldout"], task.heldout)
+    for seed in range(FINETUNE_SEEDS):
+        files[seed] = root / f"train-pos-{FINETUNE_SIZE}-seed{seed}.conll"
+        if not files[seed].is_file():
+            task.write(files[seed], [task.train[i] for i in subset(len(task.train), FINETUNE_SIZE, seed)])
+    return files, finetuning, task
+
+
+def random_init(root: Path, model: str, seed: int, vocab: Path) -> Path:
+    """The ``model`` preset from random initialisation under ``seed``, with the corpus's ``vocab``, as a folder."""
+    from bertforge.model.checkpoint import save_pretrained
+
+    folder = root / f"seed{seed}"
+    if not (folder / "config.json").is_file():
+        tok = BertTokenizer.from_pretrained(vocab)
+        cfg = PretrainConfig.from_recipe("budget", model=model)
+        torch.manual_seed(seed)
+        net = build_pretraining_model(cfg, tok.vocab_size, False, MAX_SEQ_LENGTH, "mlm")
+        save_pretrained(net, folder, tokenizer=tok)
+    return folder
 
 
 def machine_details() -> dict[str, Any]:
@@ -901,6 +987,8 @@ def run_job(job: dict[str, Any], args: argparse.Namespace, tok: BertTokenizer, v
         except Exception as e:  # noqa: BLE001 - an option that does not run here is reported, not chosen
             return {"options": o, "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
         return {"options": o, "s_per_step": s}
+    if job["kind"] == "finetune":
+        return finetune(job, args, work)
     if job["kind"] == "ours":
         with tempfile.TemporaryDirectory(prefix="ttq-ours-") as out:  # the trainer writes nothing there
             return ours_run(args, job["seed"], tok, vocab, data, report_half, out, model=job["model"],
@@ -969,6 +1057,7 @@ def report_folder(args: argparse.Namespace) -> int:
                     "seeds": {s: d["points"] for s, d in runs.items()}, "steps": {s: d["steps"] for s, d in runs.items()},
                     "runs": {s: {k: v for k, v in d.items() if k not in ("points", "settings", "job")}
                              for s, d in runs.items()}})
+        entry["useful_model"] = useful_model(done, model)
         entry["ratios"] = ratios(entry["arms"], model)
         entry["step_rates"] = step_rates(entry["arms"], model)
         result["models"][model] = entry
@@ -992,6 +1081,43 @@ def report_folder(args: argparse.Namespace) -> int:
         plot(result, Path(args.plot))
         print(f"wrote {args.plot}")
     return 0
+
+
+def useful_model(done: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
+    """Part-of-speech accuracy at `FINETUNE_SIZE` tagged sentences of each kept checkpoint, random initialisation
+    and the classic baselines, seed by seed; per arm the first checkpoint whose paired difference from random
+    initialisation, and from the CRF, has a 95 % interval above 0 ("not within N minutes" otherwise)."""
+    from bertforge.experiments.baselines import CRF, MOST_FREQUENT_TAG
+    from bertforge.stats import paired_difference
+
+    def accuracies(prefix: str) -> list[float] | None:
+        got = [done.get(f"{prefix}/s{s}") for s in range(FINETUNE_SEEDS)]
+        return [g["accuracy"] for g in got] if all(got) else None
+
+    lines = {"random initialisation": accuracies(f"finetune/{model}/random"),
+             CRF: accuracies(f"finetune/classic/{_slug(CRF)}"),
+             MOST_FREQUENT_TAG: accuracies(f"finetune/classic/{_slug(MOST_FREQUENT_TAG)}")}
+    out: dict[str, Any] = {"task": f"part-of-speech tagging, {FINETUNE_SIZE} tagged sentences, the demo's protocol",
+                           "seeds": list(range(FINETUNE_SEEDS)), "lines": lines, "arms": {}}
+    for arm in (OURS, TRAINER):
+        checkpoints = []
+        for minutes in CHECKPOINT_MINUTES:
+            acc = accuracies(f"finetune/{model}/{_slug(arm)}/{minutes:g}min")
+            if acc is None:
+                continue
+            point: dict[str, Any] = {"minutes": minutes, "accuracy": acc}
+            for name, ref in (("random initialisation", lines["random initialisation"]), ("CRF", lines[CRF])):
+                if ref is not None:
+                    point[f"minus {name}"] = paired_difference(acc, ref).to_json(5)
+            checkpoints.append(point)
+        beats = {}
+        for name in ("random initialisation", "CRF"):
+            first = next((c["minutes"] for c in checkpoints
+                          if (c.get(f"minus {name}", {}).get("low") or 0) > 0), None)
+            beats[name] = first if first is not None else (
+                f"not within {checkpoints[-1]['minutes']:g} minutes" if checkpoints else None)
+        out["arms"][arm_label(arm, model)] = {"checkpoints": checkpoints, "minutes_to_beat": beats}
+    return out
 
 
 def _brief(d: dict[str, Any]) -> dict[str, Any]:
