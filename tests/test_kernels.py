@@ -124,14 +124,19 @@ def test_the_per_head_layout_is_gathered_and_scattered_as_index_select_and_index
 
 
 # ------------------------------------------------------------------ int8's fused block
+def _sped_up(tiny_config, randomize, make_batch, int8: bool, lengths: tuple[int, ...]):
+    """(config, a sped-up tiny encoder for inference, a batch of ``lengths``, its real positions)."""
+    config = tiny_config()
+    model = speed_up(randomize(BertModel(config), std=0.05).eval(), freeze=True, int8=int8)
+    batch = make_batch(config, lengths=lengths)
+    return config, model, batch, batch["attention_mask"].bool()
+
+
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @torch.no_grad()
 def test_an_int8_layer_runs_its_block_fused_and_close_to_the_unfused_one(kernels, autocast, tiny_config, randomize,
                                                                          make_batch, monkeypatch):
-    config = tiny_config()
-    model = speed_up(randomize(BertModel(config), std=0.05).eval(), freeze=True, int8=True)
-    batch = make_batch(config, lengths=(11, 7, 4))
-    real = batch["attention_mask"].bool()
+    config, model, batch, real = _sped_up(tiny_config, randomize, make_batch, True, (11, 7, 4))
     calls = []
     fused = unpad.int8_feed_forward
 
@@ -155,13 +160,11 @@ def test_an_int8_layer_runs_its_block_fused_and_close_to_the_unfused_one(kernels
 @torch.no_grad()
 def test_the_fused_block_steps_aside_for_a_hook_another_activation_or_float_weights(kernels, tiny_config,
                                                                                     randomize, make_batch):
-    config = tiny_config()
-    model = speed_up(randomize(BertModel(config), std=0.05).eval(), freeze=True, int8=True)
+    config, model, _, _ = _sped_up(tiny_config, randomize, make_batch, True, (3,))
     layer = model.encoder.layer[0]
     x, y = torch.randn(9, config.hidden_size), torch.randn(9, config.hidden_size)
     assert int8_module.int8_feed_forward(layer, x, y) is not None
-    seen = []
-    handle = layer.output.LayerNorm.register_forward_hook(lambda *args: seen.append(1))
+    handle = layer.output.LayerNorm.register_forward_hook(lambda *args: None)
     assert int8_module.int8_feed_forward(layer, x, y) is None  # the hook must see its LayerNorm run
     handle.remove()
     tanh = copy.deepcopy(layer)
@@ -180,10 +183,7 @@ def test_without_the_kernels_inference_runs_pytorch_ops_to_the_same_outputs(kern
                                                                             make_batch, monkeypatch):
     from bertforge.fast import attention
 
-    config = tiny_config()
-    model = speed_up(randomize(BertModel(config), std=0.05).eval(), freeze=True, int8=int8)
-    batch = make_batch(config, lengths=(11, 7, 4, 9, 2))
-    real = batch["attention_mask"].bool()
+    _, model, batch, real = _sped_up(tiny_config, randomize, make_batch, int8, (11, 7, 4, 9, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = model(**batch).last_hidden_state
         for module in (attention, int8_module):
