@@ -397,10 +397,7 @@ def _epilogue(kernels: Any, q: _Int8Weight, xq: torch.Tensor, s: torch.Tensor, r
               norm: nn.LayerNorm | None, then: _Int8Weight | None = None, gelu: bool = False) -> list[torch.Tensor]:
     """``epilogue_rows`` of the int8 rows ``xq`` (scales ``s``) through ``q``: [float32 rows (unless GELU's,
     which only the next product reads), the bytes and scales of the next product ``then`` reads]."""
-    if q.kernel == "int_mm":
-        acc, channel = torch._int_mm(xq, q.packed), q.scale
-    else:
-        acc, channel = _product(q.kernel, q.packed, xq, q.scale), None  # the channel scales applied by oneDNN
+    acc, channel = _products(q, xq)
     byte_form = 0 if then is None else 1 if then.kernel == "int_mm" else 2  # int8, or onednn's q(x) + 128
     return kernels.epilogue_rows(acc, channel, s, q.bias, residual, norm.weight if norm is not None else None,
                                  norm.bias if norm is not None else None, norm.eps if norm is not None else 0.0,
@@ -414,10 +411,15 @@ def _linear(x: torch.Tensor, q: _Int8Weight, dtype: torch.dtype = torch.float32)
     if ops is None:
         return _linear_ops(x, q).to(dtype)
     xq, s = ops.quantize_rows(x.contiguous(), q.kernel != "int_mm")  # onednn: q(x) + 128, unsigned
+    return ops.dequantize_rows(*_products(q, xq), s, q.bias, dtype == torch.bfloat16)
+
+
+def _products(q: _Int8Weight, xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the int8 rows ``xq`` times ``q``'s weights, the channel scales still to apply): int32 and ``q.scale``
+    from ``int_mm``, float32 already scaled (None) from ``onednn``."""
     if q.kernel == "int_mm":
-        return ops.dequantize_rows(torch._int_mm(xq, q.packed), q.scale, s, q.bias, dtype == torch.bfloat16)
-    y = _product(q.kernel, q.packed, xq, q.scale)  # the channel scales applied by oneDNN
-    return ops.dequantize_rows(y, None, s, q.bias, dtype == torch.bfloat16)
+        return torch._int_mm(xq, q.packed), q.scale
+    return _product(q.kernel, q.packed, xq, q.scale), None
 
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)

@@ -49,23 +49,24 @@ _SOURCE = r"""
 #include <cstring>
 #include <vector>
 
+// One row of k values to bytes (plus `offset`) and its scale: what quantize_rows and epilogue_rows both write.
+template <typename T, typename Q>
+static inline void quantize_row(const T* row, int64_t k, Q* out, float* scale, float offset) {
+  float amax = 0.f;
+  for (int64_t j = 0; j < k; ++j) {
+    float v = std::fabs(static_cast<float>(row[j]));
+    amax = v > amax ? v : amax;
+  }
+  amax = amax > 0x1p-100f ? amax : 0x1p-100f;  // 127 / amax stays finite (int8._AMAX_FLOOR)
+  const float inv = (1.f / amax) * 127.f;  // as PyTorch's 127 / amax: the reciprocal, then the product
+  *scale = amax / 127.f;
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<Q>(std::nearbyint(static_cast<float>(row[j]) * inv) + offset);
+}
+
 template <typename T, typename Q>
 static void quantize(const T* x, int64_t m, int64_t k, Q* q, float* scale, float offset) {
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T* row = x + i * k;
-      float amax = 0.f;
-      for (int64_t j = 0; j < k; ++j) {
-        float v = std::fabs(static_cast<float>(row[j]));
-        amax = v > amax ? v : amax;
-      }
-      amax = amax > 0x1p-100f ? amax : 0x1p-100f;  // 127 / amax stays finite (int8._AMAX_FLOOR)
-      const float inv = (1.f / amax) * 127.f;  // as PyTorch's 127 / amax: the reciprocal, then the product
-      scale[i] = amax / 127.f;
-      Q* out = q + i * k;
-      for (int64_t j = 0; j < k; ++j)
-        out[j] = static_cast<Q>(std::nearbyint(static_cast<float>(row[j]) * inv) + offset);
-    }
+    for (int64_t i = begin; i < end; ++i) quantize_row(x + i * k, k, q + i * k, scale + i, offset);
   });
 }
 
@@ -209,18 +210,7 @@ static void epilogue(const A* acc, const float* ws, const float* s, const float*
       }
       if (gelu) gelu_row(v, n);
       if (out) std::memcpy(out + i * n, v, n * sizeof(float));
-      if (q) {
-        float amax = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float a = std::fabs(v[j]);
-          amax = a > amax ? a : amax;
-        }
-        amax = amax > 0x1p-100f ? amax : 0x1p-100f;
-        const float inv = (1.f / amax) * 127.f;
-        qs[i] = amax / 127.f;
-        Q* o = q + i * n;
-        for (int64_t j = 0; j < n; ++j) o[j] = static_cast<Q>(std::nearbyint(v[j] * inv) + offset);
-      }
+      if (q) quantize_row(v, n, q + i * n, qs + i, offset);
     }
   });
 }
@@ -354,7 +344,8 @@ static inline void copy_head(char* to, const char* from, int64_t bytes) {
 torch::Tensor gather_heads(torch::Tensor qkv, torch::Tensor rows, int64_t parts, int64_t heads) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) % (parts * heads) == 0,
               "gather_heads: contiguous (N, parts * heads * D) rows");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong && rows.is_contiguous(), "gather_heads: (M,) int64");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong && rows.is_contiguous(),
+              "gather_heads: (M,) int64");
   const int64_t n = qkv.size(0), m = rows.size(0), d = qkv.size(1) / (parts * heads);
   const int64_t bytes = d * qkv.element_size();
   auto out = torch::empty({parts, heads, m, d}, qkv.options());
