@@ -94,27 +94,41 @@ def corpus(cache: Path, vocab_size: int, dupe_factor: int, max_seq_length: int =
     root = cache / (f"{name}-v{vocab_size}-d{dupe_factor}" + (f"-t{max_seq_length}" if max_seq_length != 128 else ""))
     vocab, train = root / "vocab", root / "train"
     held = root / ("heldout" if heldout_dupe_factor == 1 else f"heldout-d{heldout_dupe_factor}")
-    settings = dict(format="text", max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions, seed=0,
-                    shard_chars=1_000_000)
     if _complete(train) and not _complete(held):  # another held-out dupe_factor than the one built
-        prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=heldout_dupe_factor, **settings),
-                workers=2, progress=False)
+        prepare([root / "heldout.txt"], held, vocab,
+                prepare_config(max_seq_length, max_predictions, heldout_dupe_factor), workers=2, progress=False)
     if all(_complete(p) for p in (train, held)):
         return vocab, train, held
     print(f"# building the corpus, vocab and instances in {root} ...", flush=True)
     root.mkdir(parents=True, exist_ok=True)
     articles = list(resources.iter_wikipedia_leads())
     (mr_train, _), _ = resources.movie_review_split(2005)
-    documents = [a for i, a in enumerate(articles) if i % 20]
+    documents = [a for i, a in enumerate(articles) if i % HELDOUT_EVERY]
     documents += [" ".join(mr_train[i:i + 8]) for i in range(0, len(mr_train), 8)]
-    for file, docs in (("train.txt", documents), ("heldout.txt", articles[::20])):
-        (root / file).write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
+    write_documents(root / "train.txt", documents)
+    write_documents(root / "heldout.txt", articles[::HELDOUT_EVERY])
     learn_vocab([root / "train.txt"], vocab, vocab_size=vocab_size, show_progress=False)
-    prepare([root / "train.txt"], train, vocab, PrepareConfig(dupe_factor=dupe_factor, **settings), workers=2,
-            progress=False)
-    prepare([root / "heldout.txt"], held, vocab, PrepareConfig(dupe_factor=heldout_dupe_factor, **settings),
+    prepare([root / "train.txt"], train, vocab, prepare_config(max_seq_length, max_predictions, dupe_factor),
+            workers=2, progress=False)
+    prepare([root / "heldout.txt"], held, vocab, prepare_config(max_seq_length, max_predictions, heldout_dupe_factor),
             workers=2, progress=False)
     return vocab, train, held
+
+
+HELDOUT_EVERY = 20
+"""Every this-many-th lead section is held-out text (`corpus`); the others are training text."""
+
+
+def write_documents(path: Path, documents: list[str]) -> Path:
+    """``documents`` as a text file for `prepare`: one line each, a blank line between them."""
+    path.write_text("".join(d.replace("\n", " ") + "\n\n" for d in documents), encoding="utf-8")
+    return path
+
+
+def prepare_config(max_seq_length: int, max_predictions: int, dupe_factor: int) -> PrepareConfig:
+    """How `corpus` prepares its text into instances (Google's algorithm, seed 0)."""
+    return PrepareConfig(format="text", max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions,
+                         seed=0, shard_chars=1_000_000, dupe_factor=dupe_factor)
 
 
 def _complete(folder: Path) -> bool:

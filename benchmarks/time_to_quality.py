@@ -89,7 +89,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_quality import _complete, add_shared_flags, corpus as quality_corpus, minutes_to_reach  # noqa: E402
+from pretrain_quality import (HELDOUT_EVERY, _complete, add_shared_flags, corpus as quality_corpus,  # noqa: E402
+                             minutes_to_reach, prepare_config, write_documents)
 from pretrain_throughput import bench_cache, run_meta  # noqa: E402
 from step_time import _loadavg  # noqa: E402
 
@@ -154,19 +155,16 @@ def heldout_corpus(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, Pa
     for choosing settings and the odd ones for every reported number, each prepared on its own (dupe_factor 1,
     Google's static masks; a NotNext pair draws its second segment from its own half)."""
     from bertforge import resources
-    from bertforge.data.prepare import PrepareConfig, prepare
+    from bertforge.data.prepare import prepare
 
     vocab, data, _ = corpus(bench_cache(), args.vocab_size, args.dupe_factor)
     root = vocab.parent
     folders = (root / "heldout-selection", root / "heldout-report")
     if not all(_complete(f) for f in folders):
-        held = list(resources.iter_wikipedia_leads())[::20]  # `pretrain_quality.corpus`'s held-out documents
+        held = list(resources.iter_wikipedia_leads())[::HELDOUT_EVERY]  # `pretrain_quality.corpus`'s held-out text
         for folder, docs in zip(folders, (held[0::2], held[1::2])):
-            text = folder.with_suffix(".txt")
-            text.write_text("".join(d.replace("\n", " ") + "\n\n" for d in docs), encoding="utf-8")
-            prepare([text], folder, vocab, PrepareConfig(format="text", max_seq_length=MAX_SEQ_LENGTH,
-                                                         max_predictions_per_seq=MAX_PREDICTIONS, seed=0,
-                                                         shard_chars=1_000_000, dupe_factor=1), workers=1,
+            text = write_documents(folder.with_suffix(".txt"), docs)
+            prepare([text], folder, vocab, prepare_config(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 1), workers=1,
                     progress=False)
     return vocab, data, folders
 
@@ -333,8 +331,9 @@ def ours_run(args: argparse.Namespace, seed: int, tok: BertTokenizer, vocab: Pat
     """bertforge's budget recipe at the ``model`` preset for ``minutes``, step by step through its Trainer;
     ``dense``: its vocabulary projection at every position (`DenseHead`), an ablation."""
     budget = minutes * 60
-    cfg = PretrainConfig.from_recipe("budget", budget_minutes=minutes, data=str(data), tokenizer=str(vocab), model=model,
-                                     seed=seed, progress=False, device="cpu", precision=args.precision, out=out)
+    cfg = PretrainConfig.from_recipe("budget", budget_minutes=minutes, data=str(data), tokenizer=str(vocab),
+                                     model=model, seed=seed, progress=False, device="cpu", precision=args.precision,
+                                     out=out)
     manifest = load_manifest(data)["config"]
     objective = cfg.resolve_objective(bool(manifest["nsp"]))
     torch.manual_seed(cfg.seed)  # as the recipe builds it (`bertforge.train.run.TrainingRun.run`)
@@ -884,9 +883,7 @@ def worker(args: argparse.Namespace) -> int:
         jobs = [j for j in plan(done, models, seeds, args.scale) if j["id"] not in done]
         job = next((j for j in jobs if work.claim(j["id"])), None)
         if job is None:
-            if not jobs and all(f"arm/{m}/{_slug(TRAINER)}/s{s}" in done for m in models for s in seeds) \
-                    and not any(j["kind"] == "finetune" and j["id"] not in done
-                                for j in plan(done, models, seeds, args.scale)):
+            if not jobs:  # the plan grows as stages finish: nothing left to plan is the end
                 print("# every job is done", flush=True)
                 return 0
             time.sleep(20)  # what is left waits for jobs another worker runs
@@ -1054,7 +1051,8 @@ def report_folder(args: argparse.Namespace) -> int:
                 first = next(iter(runs.values()))
                 entry["arms"][arm_label(arm, model)] = summarize({
                     "settings": first["settings"], "precision": first["precision"],
-                    "seeds": {s: d["points"] for s, d in runs.items()}, "steps": {s: d["steps"] for s, d in runs.items()},
+                    "seeds": {s: d["points"] for s, d in runs.items()},
+                    "steps": {s: d["steps"] for s, d in runs.items()},
                     "runs": {s: {k: v for k, v in d.items() if k not in ("points", "settings", "job")}
                              for s, d in runs.items()}})
         entry["useful_model"] = useful_model(done, model)

@@ -90,3 +90,51 @@ def test_step_rates_separate_the_sources_of_speed():
                               "the sparse head in transformers (masked positions only / same recipe)": 2.0,
                               "the rest of bertforge (recipe / transformers masked positions only)": 3.0,
                               "all of it (bertforge recipe / transformers same recipe)": 6.0}
+
+
+def test_the_plan_grows_stage_by_stage_from_what_is_measured(monkeypatch):
+    monkeypatch.setattr(ttq, "native_bf16", lambda device: True)
+    ids = lambda jobs, kind: [j["id"] for j in jobs if j["id"].startswith(kind)]  # noqa: E731
+    jobs = ttq.plan({}, ["tiny"], [0, 1], 1.0)
+    assert len(ids(jobs, "speed/tiny/")) == 2 * 2 * len(ttq.PADS) and not ids(jobs, "grid/")
+    assert not ids(jobs, "arm/") and len(ids(jobs, "finetune/classic/")) == 2 * ttq.FINETUNE_SEEDS
+
+    # every option timed, one failed: the grid runs with the fastest of the rest
+    done = {j["id"]: {"options": j["options"], "s_per_step": 0.3} for j in jobs if j["kind"] == "speed"}
+    fast = {"precision": "bf16", "torch_compile": False, "pad_to_multiple_of": 64}
+    done[f"speed/tiny/{ttq._option_id(fast)}"]["s_per_step"] = 0.1
+    done["speed/tiny/fp32-compile1-pad0"] = {"options": {}, "failed": "RuntimeError: no compiler"}
+    grid = [j for j in ttq.plan(done, ["tiny"], [0, 1], 1.0) if j["id"].startswith("grid/")]
+    assert len(grid) == len(ttq.GRID_BATCHES) * len(ttq.GRID_LRS)
+    assert all(j["setting"]["pad_to_multiple_of"] == 64 and j["minutes"] == 3 for j in grid)
+
+    # the grid measured: its best points run the full budget with two seeds, and the arms but the Trainer's start
+    for i, j in enumerate(grid):
+        done[j["id"]] = {"points": [{"selection_accuracy": i / 100}]}
+    jobs = ttq.plan(done, ["tiny"], [0, 1], 1.0)
+    tops = [j for j in jobs if j["id"].startswith("top/")]
+    assert len(tops) == (ttq.TOP + len(ttq.WARMUPS)) * len(ttq.TOP_SEEDS)
+    assert {j["setting"]["lr"] for j in tops} == {grid[-1]["setting"]["lr"], grid[-2]["setting"]["lr"],
+                                                  grid[-3]["setting"]["lr"]}
+    assert f"arm/tiny/{ttq._slug(ttq.OURS)}/s1" in ids(jobs, "arm/")
+    assert not ids(jobs, f"arm/tiny/{ttq._slug(ttq.TRAINER)}")
+
+    # the top points measured: the Trainer arm takes the best mean, and its seed-0 run keeps checkpoints
+    for j in tops:
+        done[j["id"]] = {"points": [{"selection_accuracy": 0.5 if j["setting"] is tops[2]["setting"] else 0.1}]}
+    trainer = [j for j in ttq.plan(done, ["tiny"], [0, 1], 1.0) if j.get("arm") == ttq.TRAINER]
+    assert [j["checkpoints"] for j in trainer] == [True, False]
+    assert all(j["setting"] == tops[2]["setting"] for j in trainer)
+
+
+def test_a_claim_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
+    import os
+
+    work = ttq.Work(tmp_path)
+    assert work.claim("grid/tiny/b8-lr0.001") and not work.claim("grid/tiny/b8-lr0.001")  # this process has it
+    (tmp_path / "claims" / "grid/tiny/b8-lr0.001").write_text("999999999")  # a process id no process has
+    assert work.claim("grid/tiny/b8-lr0.001")
+    assert (tmp_path / "claims" / "grid/tiny/b8-lr0.001").read_text() == str(os.getpid())
+    work.finish("grid/tiny/b8-lr0.001", {"steps": 3})
+    assert work.done() == {"grid/tiny/b8-lr0.001": {"steps": 3}}
+    assert not (tmp_path / "claims" / "grid/tiny/b8-lr0.001").exists()
